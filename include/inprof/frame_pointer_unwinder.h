@@ -1,0 +1,85 @@
+// inprof/frame_pointer_unwinder.h: walks the frame-pointer chain.
+//
+// Code built with -fno-omit-frame-pointer keeps a linked list of frame
+// records on the stack: [fp] holds the caller's fp, [fp + 8] the return
+// address (x86-64 and AArch64 alike). The walk follows it from the
+// interrupted registers and checks every step before reading memory: the
+// record must lie inside the thread's stack bounds, be 8-byte aligned and sit
+// strictly above the previous one, so a corrupt or foreign frame pointer ends
+// the walk (reported as truncated) and can never fault or loop.
+//
+// Thread-safety: stateless; Unwind is async-signal-safe and never allocates.
+//
+// Example:
+//   inprof::FramePointerUnwinder unwinder;
+//   uintptr_t pcs[64];
+//   auto r = unwinder.UnwindFrom({pc, sp, fp}, {stack_lo, stack_hi}, pcs);
+#ifndef INPROF_FRAME_POINTER_UNWINDER_H_
+#define INPROF_FRAME_POINTER_UNWINDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "inprof/internal/machine_context.h"
+#include "inprof/unwinder.h"
+
+namespace inprof {
+
+class FramePointerUnwinder {
+ public:
+  static constexpr const char* kName = "frame-pointer";
+
+  // True on architectures whose registers we can read (x86-64, AArch64).
+  static constexpr bool Supported() noexcept {
+    return internal::kMachineContextSupported;
+  }
+
+  // Walks from a signal handler's ucontext. Async-signal-safe.
+  UnwindResult Unwind(const void* ucontext, const StackBounds& bounds,
+                      std::span<uintptr_t> out) const noexcept {
+    return UnwindFrom(internal::RegistersFromContext(ucontext), bounds, out);
+  }
+
+  // Walks from explicit registers (tests, benchmarks, other unwinders'
+  // fallbacks). Async-signal-safe.
+  UnwindResult UnwindFrom(const RegisterState& regs, const StackBounds& bounds,
+                          std::span<uintptr_t> out) const noexcept {
+    UnwindResult result;
+    if (out.empty()) return result;
+    out[result.depth++] = regs.pc;
+    uintptr_t fp = regs.fp;
+    // A frame record must sit at or above the interrupted stack pointer.
+    uintptr_t lowest = regs.sp;
+    while (true) {
+      if (fp == 0) return result;  // the outermost frame: a complete walk
+      if ((fp & 7) != 0 || fp < lowest ||
+          !bounds.Contains(fp, 2 * sizeof(uintptr_t))) {
+        result.truncated = true;
+        return result;
+      }
+      const auto* record = reinterpret_cast<const uintptr_t*>(fp);
+      const uintptr_t next_fp = record[0];
+      const uintptr_t return_address = record[1];
+      if (return_address == 0) return result;  // thread entry convention
+      if (result.depth == out.size()) {
+        result.truncated = true;
+        return result;
+      }
+      out[result.depth++] = return_address;
+      // Strictly increasing: a cycle or a downward pointer ends the walk.
+      lowest = fp + 2 * sizeof(uintptr_t);
+      if (next_fp != 0 && next_fp < lowest) {
+        result.truncated = true;
+        return result;
+      }
+      fp = next_fp;
+    }
+  }
+};
+
+static_assert(Unwinder<FramePointerUnwinder>);
+
+}  // namespace inprof
+
+#endif  // INPROF_FRAME_POINTER_UNWINDER_H_

@@ -1,0 +1,57 @@
+// inprof/unwinder.h: the Unwinder concept and the types unwinders share.
+//
+// An unwinder turns the context a signal interrupted into return addresses.
+// It runs inside the signal handler, so everything it does must be
+// async-signal-safe: no allocation, no locks, no dl_iterate_phdr, no
+// libunwind/libgcc, and it must never fault, whatever the stack holds.
+//
+// Example:
+//   static_assert(inprof::Unwinder<inprof::FramePointerUnwinder>);
+//   uintptr_t pcs[512];
+//   inprof::UnwindResult r = unwinder.Unwind(ucontext, bounds, pcs);
+//   // pcs[0] is the interrupted pc; pcs[1..r.depth) are return addresses.
+#ifndef INPROF_UNWINDER_H_
+#define INPROF_UNWINDER_H_
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace inprof {
+
+// The part of the address space a thread's stack occupies: [lo, hi).
+// Captured when the thread registers.
+struct StackBounds {
+  uintptr_t lo = 0;
+  uintptr_t hi = 0;
+  bool Contains(uintptr_t address, size_t size) const noexcept {
+    return address >= lo && address <= hi && hi - address >= size;
+  }
+};
+
+// What one walk produced.
+struct UnwindResult {
+  size_t depth = 0;        // frames written, the interrupted pc included
+  bool truncated = false;  // the walk stopped at a bad frame or the limit
+};
+
+// Requirements of an Unwinder U:
+//   (1) U::Supported() -> bool: false where it cannot work (architecture,
+//       OS); the profiler then records no stacks instead of failing;
+//   (2) u.Unwind(const void* ucontext, const StackBounds&, std::span<uintptr_t>)
+//       -> UnwindResult, noexcept and async-signal-safe: writes the pc first,
+//       then return addresses, callers last; never writes past the span;
+//   (3) U::kName: a name for logs and the profile's comments.
+template <typename U>
+concept Unwinder =
+    requires(const U& u, const void* ucontext, const StackBounds& bounds,
+             std::span<uintptr_t> out) {
+      { U::Supported() } -> std::same_as<bool>;
+      { u.Unwind(ucontext, bounds, out) } noexcept -> std::same_as<UnwindResult>;
+      { U::kName } -> std::convertible_to<const char*>;
+    };
+
+}  // namespace inprof
+
+#endif  // INPROF_UNWINDER_H_
