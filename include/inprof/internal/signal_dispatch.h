@@ -1,0 +1,93 @@
+// internal: not part of the public API.
+//
+// The one process-wide profiling signal handler and the per-thread slot it
+// finds through initial-exec TLS.
+//
+// Every registered thread owns a slot whose first member is a
+// ThreadSlotHeader. Slots are never returned to the system (they are pooled
+// and reused), so a late signal or a stale TLS pointer always reads valid
+// memory. The handler samples only when the slot belongs to the session that
+// is currently started; otherwise it returns at once. The handler stays
+// installed after Stop so a late SIGPROF never terminates the process.
+#ifndef INPROF_INTERNAL_SIGNAL_DISPATCH_H_
+#define INPROF_INTERNAL_SIGNAL_DISPATCH_H_
+
+#include <signal.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "inprof/unwinder.h"
+
+namespace inprof::internal {
+
+// The signal timers and the wall sampler deliver.
+inline constexpr int kProfilingSignal = SIGPROF;
+
+// sigev_value tags: the high bits mark our signals, the low byte names the
+// provider, so a SIGPROF from kill(1) or another library is never sampled.
+inline constexpr int kSignalTagMagic = 0x1f0f0000;
+inline constexpr int MakeSignalTag(int provider) {
+  return kSignalTagMagic | provider;
+}
+
+struct ThreadSlotHeader;
+using SampleFn = void (*)(ThreadSlotHeader* slot, siginfo_t* info,
+                          void* ucontext) noexcept;
+
+// Signal-visible state of one registered thread. Counters are written by the
+// handler on the owning thread and read by the collector.
+struct ThreadSlotHeader {
+  // Session of the profiler the slot is registered with; 0 when free.
+  std::atomic<uint64_t> session{0};
+  // Set while the handler runs on this thread (Stop waits for it to clear).
+  std::atomic<uint32_t> in_handler{0};
+  // The provider-specific part; set once when the slot is created.
+  SampleFn sample = nullptr;
+  pid_t tid = 0;
+  clockid_t cpu_clock = 0;
+  StackBounds stack;
+  // Handler-side counters.
+  std::atomic<uint64_t> samples_taken{0};
+  std::atomic<uint64_t> samples_truncated{0};
+};
+
+// The calling thread's slot (initial-exec TLS: no __tls_get_addr).
+ThreadSlotHeader* CurrentThreadSlot() noexcept;
+void SetCurrentThreadSlot(ThreadSlotHeader* slot) noexcept;
+
+// A process-unique id for a profiler instance (never 0).
+uint64_t NewSessionId() noexcept;
+
+// Installs the process-wide handler for kProfilingSignal (SA_RESTART |
+// SA_SIGINFO) unless it is ours already. Fails, leaving the application's
+// handler in place, if somebody else installed one.
+absl::Status InstallSignalHandler();
+
+// Makes `session` the one whose slots are sampled. Fails if another session
+// is active (a second profiler started in the same process).
+absl::Status ActivateSession(uint64_t session);
+
+// Stops sampling `session`'s slots. After return no handler is inside a
+// slot of that session except those that began before; call
+// WaitForHandler(slot) on each slot to wait them out.
+void DeactivateSession(uint64_t session) noexcept;
+void WaitForHandler(const ThreadSlotHeader& slot) noexcept;
+
+// The active session id, 0 when none.
+uint64_t ActiveSession() noexcept;
+
+// Handler invocations that found no active slot, by reason (for tests).
+struct DispatchStats {
+  uint64_t no_slot = 0;
+  uint64_t inactive = 0;
+  uint64_t foreign = 0;  // SIGPROF not sent by inprof
+};
+DispatchStats GetDispatchStats() noexcept;
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_SIGNAL_DISPATCH_H_

@@ -1,0 +1,648 @@
+// inprof/profiler.h: the Profiler, composed from an unwinder, a ring and
+// sample providers; thread registration; ScopedProfiler.
+//
+// A Profiler samples the threads registered with it. Each registered thread
+// owns a slot with its own lock-free ring: the profiling signal's handler,
+// running on that thread, asks the provider that sent the signal for the
+// sample's values, unwinds the interrupted stack and pushes one record. A
+// collector thread drains the rings every collect_period into an aggregate
+// keyed by (thread, stack); Stop() symbolizes it and writes a pprof file.
+//
+// Thread-safety: Start, Stop and RegisterThread may be called from any
+// thread. A ThreadRegistration must be destroyed before the Profiler and is
+// meant to be destroyed on the thread that created it (destroying it
+// elsewhere is safe; its slot is then retired instead of reused). Only one
+// Profiler runs in a process at a time; a second Start() gets an error.
+//
+// Example:
+//   inprof::DefaultProfiler profiler(inprof::Options::FromEnv());
+//   inprof::ScopedProfiler running(profiler);   // Start(); Stop() at exit
+//   auto self = profiler.RegisterThread("main");
+//   std::thread worker([&] {
+//     auto registration = profiler.RegisterThread("worker");
+//     DoWork();
+//   });
+//   worker.join();
+#ifndef INPROF_PROFILER_H_
+#define INPROF_PROFILER_H_
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "inprof/cpu_time_provider.h"
+#include "inprof/frame_pointer_unwinder.h"
+#include "inprof/internal/log.h"
+#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/signal_dispatch.h"
+#include "inprof/internal/thread_info.h"
+#include "inprof/options.h"
+#include "inprof/sample_provider.h"
+#include "inprof/spsc_ring.h"
+#include "inprof/unwinder.h"
+
+namespace inprof {
+
+namespace internal {
+
+// What a ThreadRegistration calls back into; outlives the Profiler so that a
+// handle destroyed late finds out instead of touching freed memory.
+class Registry {
+ public:
+  struct Owner {
+    virtual void Unregister(ThreadSlotHeader* slot, bool on_owner_thread) = 0;
+
+   protected:
+    ~Owner() = default;
+  };
+  std::mutex mutex;
+  Owner* owner = nullptr;  // null once the Profiler is gone
+};
+
+// The part of a profiler that ScopedProfiler drives.
+class ProfilerControl {
+ public:
+  virtual absl::Status Start() = 0;
+  virtual absl::Status Stop() = 0;
+
+ protected:
+  ~ProfilerControl() = default;
+};
+
+
+}  // namespace internal
+
+// A registered thread. Move-only; unregisters on destruction.
+class ThreadRegistration {
+ public:
+  // An inert registration (profiler disabled, or registration failed).
+  ThreadRegistration() = default;
+  explicit ThreadRegistration(absl::Status why_inert)
+      : status_(std::move(why_inert)) {}
+  ThreadRegistration(std::shared_ptr<internal::Registry> registry,
+                     internal::ThreadSlotHeader* slot, pid_t tid)
+      : registry_(std::move(registry)), slot_(slot), tid_(tid) {}
+  ThreadRegistration(ThreadRegistration&& other) noexcept { *this = std::move(other); }
+  ThreadRegistration& operator=(ThreadRegistration&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      registry_ = std::move(other.registry_);
+      slot_ = std::exchange(other.slot_, nullptr);
+      tid_ = other.tid_;
+      status_ = std::move(other.status_);
+    }
+    return *this;
+  }
+  ThreadRegistration(const ThreadRegistration&) = delete;
+  ThreadRegistration& operator=(const ThreadRegistration&) = delete;
+  ~ThreadRegistration() { Reset(); }
+
+  // True while the thread is registered.
+  bool active() const { return slot_ != nullptr; }
+  // Why the registration is inert (OK for an active one, or when the
+  // profiler is disabled).
+  const absl::Status& status() const { return status_; }
+
+  // Unregisters now. Idempotent.
+  void Reset() {
+    if (slot_ == nullptr) return;
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    const bool own_thread = internal::CurrentTid() == tid_;
+    if (registry_->owner != nullptr) {
+      registry_->owner->Unregister(slot_, own_thread);
+    } else if (own_thread &&
+               internal::CurrentThreadSlot() == slot_) {
+      internal::SetCurrentThreadSlot(nullptr);
+    }
+    slot_ = nullptr;
+  }
+
+ private:
+  std::shared_ptr<internal::Registry> registry_;
+  internal::ThreadSlotHeader* slot_ = nullptr;
+  pid_t tid_ = 0;
+  absl::Status status_;
+};
+
+// A sampling profiler composed from components:
+//   U   an Unwinder (unwinder.h), e.g. FramePointerUnwinder;
+//   R   a SampleRing (spsc_ring.h), one per registered thread;
+//   Ps  one or more SampleProviders (sample_provider.h).
+template <Unwinder U, SampleRing R, SampleProvider... Ps>
+  requires(sizeof...(Ps) >= 1 && sizeof...(Ps) < 256)
+class Profiler final : public internal::ProfilerControl,
+                       private internal::Registry::Owner {
+  static constexpr size_t kNumProviders = sizeof...(Ps);
+  static constexpr std::array<size_t, kNumProviders> kValueCounts{
+      Ps::kSampleTypes.size()...};
+  static constexpr std::array<size_t, kNumProviders> kValueOffsets = [] {
+    std::array<size_t, kNumProviders> offsets{};
+    size_t at = 0;
+    for (size_t i = 0; i < kNumProviders; ++i) {
+      offsets[i] = at;
+      at += kValueCounts[i];
+    }
+    return offsets;
+  }();
+  static constexpr size_t kNumValues =
+      kValueOffsets[kNumProviders - 1] + kValueCounts[kNumProviders - 1];
+  static constexpr size_t kMaxValuesPerProvider = [] {
+    size_t m = 0;
+    for (size_t c : kValueCounts) m = c > m ? c : m;
+    return m;
+  }();
+  static constexpr size_t kMaxFrames = 512;  // the seed's limit
+  // Record: [meta][values...][frames...]; meta = provider | truncated << 8 |
+  // depth << 16.
+  static constexpr size_t kMaxRecordWords =
+      1 + kMaxValuesPerProvider + kMaxFrames < R::max_record_words()
+          ? 1 + kMaxValuesPerProvider + kMaxFrames
+          : R::max_record_words();
+  static_assert(kMaxRecordWords > 1 + kMaxValuesPerProvider,
+                "ring records too small for a sample");
+
+  // A registered thread. Derives from the header the signal handler reads.
+  struct alignas(kCacheLine) Slot : internal::ThreadSlotHeader {
+    std::tuple<typename Ps::ThreadData...> data;
+    // Values of samples dropped because the ring was full, per sample type.
+    std::array<std::atomic<int64_t>, kNumValues> dropped_values{};
+    int max_frames = static_cast<int>(kMaxFrames);
+    // Collector-owned (registry lock held).
+    std::string name;
+    uint32_t aggregate_thread = 0;
+    bool has_aggregate_thread = false;
+    uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
+    R ring;
+  };
+
+ public:
+  using unwinder_type = U;
+  using ring_type = R;
+
+  // Validates `options`; an invalid option is logged and the profiler stays
+  // disabled (Start() returns the error).
+  explicit Profiler(Options options = Options::FromEnv())
+      : options_(std::move(options)),
+        core_(options_, SampleTypes(), PeriodType(), PeriodOf<0>(), Engine()) {
+    config_status_ = options_.Validate();
+    if (!config_status_.ok()) internal::Log(config_status_.message());
+    registry_->owner = this;
+  }
+
+  ~Profiler() {
+    Stop().IgnoreError();
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    for (Slot* slot : active_) RetireLocked(slot, /*reusable=*/false);
+    active_.clear();
+    registry_->owner = nullptr;
+  }
+
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  // Starts sampling every registered thread (and those that register
+  // later). OK and a no-op when disabled; an error status, never a crash,
+  // when another profiler runs, SIGPROF belongs to someone else, or the
+  // options are invalid.
+  absl::Status Start() override {
+    if (!options_.enabled) return absl::OkStatus();
+    if (!config_status_.ok()) return config_status_;
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    if (running_) return absl::OkStatus();
+    if (!U::Supported()) {
+      internal::Log(absl::StrCat(U::kName,
+                                 " unwinding is not supported on this "
+                                 "architecture; profiling stays off"));
+      return absl::OkStatus();
+    }
+    if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;
+    if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
+    if (absl::Status s = internal::ActivateSession(session_); !s.ok()) return s;
+    running_ = true;
+    start_pid_ = getpid();
+    core_.BeginWindow();
+    for (Slot* slot : active_) ArmLocked(slot);
+    core_.StartCollector([this] { Drain(); });
+    return absl::OkStatus();
+  }
+
+  // Stops sampling, drains every ring and writes the profile to
+  // options().output. Idempotent. In a forked child it only forgets the
+  // parent's profiler (no file is written).
+  absl::Status Stop() override {
+    if (!running_) return absl::OkStatus();
+    if (getpid() != start_pid_) {
+      running_ = false;
+      core_.AbandonCollector();
+      return absl::OkStatus();
+    }
+    {
+      std::lock_guard<std::mutex> lock(registry_->mutex);
+      if (!running_) return absl::OkStatus();
+      for (Slot* slot : active_) DisarmLocked(slot);
+      internal::DeactivateSession(session_);
+      for (Slot* slot : active_) {
+        internal::WaitForHandler(*slot);
+        TakeTailsLocked(slot);
+      }
+      running_ = false;
+    }
+    core_.StopCollector();
+    Drain();
+    absl::Status status = core_.Export(stats());
+    if (status.ok()) {
+      ++profiles_written_;
+    } else {
+      internal::Log(status.message());
+    }
+    return status;
+  }
+
+  // Registers the calling thread under `name`. Works before and after
+  // Start(). The returned handle unregisters on destruction.
+  [[nodiscard]] ThreadRegistration RegisterThread(absl::string_view name) {
+    if (!options_.enabled) return ThreadRegistration();
+    if (internal::CurrentThreadSlot() != nullptr &&
+        internal::CurrentThreadSlot()->session.load() != 0) {
+      return ThreadRegistration(absl::AlreadyExistsError(absl::StrCat(
+          "thread '", name, "' is already registered with a profiler")));
+    }
+    auto info = internal::DescribeCurrentThread();
+    if (!info.ok()) {
+      internal::Log(absl::StrCat("cannot register thread '", name,
+                                 "': ", info.status().message()));
+      return ThreadRegistration(info.status());
+    }
+    Slot* slot = AcquireSlot();
+    slot->tid = info->tid;
+    slot->cpu_clock = info->cpu_clock;
+    slot->stack = info->stack;
+    slot->name = std::string(name);
+    slot->max_frames = options_.max_frames;
+    slot->has_aggregate_thread = false;
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    slot->session.store(session_, std::memory_order_release);
+    internal::SetCurrentThreadSlot(slot);
+    active_.push_back(slot);
+    ++threads_registered_;
+    if (running_ && getpid() == start_pid_) ArmLocked(slot);
+    return ThreadRegistration(registry_, slot, info->tid);
+  }
+
+  // True between a successful Start() and Stop().
+  bool running() const { return running_; }
+  const Options& options() const { return options_; }
+
+  // Counters so far. Any thread.
+  ProfilerStats stats() const {
+    ProfilerStats s;
+    s.samples_taken = taken_.load(std::memory_order_relaxed);
+    s.samples_recorded = recorded_.load(std::memory_order_relaxed);
+    s.samples_dropped = dropped_.load(std::memory_order_relaxed);
+    s.stacks_truncated = truncated_.load(std::memory_order_relaxed);
+    s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
+    s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  // The pprof sample types, in value order.
+  static std::vector<ValueType> SampleTypes() {
+    std::vector<ValueType> types;
+    (AppendTypes<Ps>(types), ...);
+    return types;
+  }
+
+  // "unwinder=frame-pointer providers=cpu".
+  static std::string Engine() {
+    std::vector<std::string> names{Ps::kName...};
+    return absl::StrCat("unwinder=", U::kName,
+                        " providers=", absl::StrJoin(names, ","));
+  }
+
+ private:
+  template <typename P>
+  static void AppendTypes(std::vector<ValueType>& types) {
+    for (const SampleTypeSpec& t : P::kSampleTypes) {
+      types.push_back({t.type, t.unit});
+    }
+  }
+
+  using FirstProvider = std::tuple_element_t<0, std::tuple<Ps...>>;
+  static ValueType PeriodType() {
+    const SampleTypeSpec& t =
+        FirstProvider::kSampleTypes[FirstProvider::kPeriodTypeIndex];
+    return {t.type, t.unit};
+  }
+  template <size_t I>
+  int64_t PeriodOf() {
+    // Configure before reading so the period reflects options_.
+    Options o = options_;
+    if (!std::get<I>(providers_).Configure(o).ok()) return 0;
+    return static_cast<int64_t>(std::get<I>(providers_).Period());
+  }
+
+  absl::Status ConfigureProviders() {
+    absl::Status status;
+    std::apply(
+        [&](auto&... p) {
+          ((status.ok() ? (void)status.Update(p.Configure(options_)) : void()),
+           ...);
+        },
+        providers_);
+    return status;
+  }
+
+  // The signal handler's provider-specific part. Async-signal-safe.
+  static void SampleThread(internal::ThreadSlotHeader* header,
+                           siginfo_t* info, void* ucontext) noexcept {
+    Slot* slot = static_cast<Slot*>(header);
+    const size_t provider = static_cast<size_t>(info->si_value.sival_int & 0xff);
+    if (provider >= kNumProviders) return;
+    int64_t values[kMaxValuesPerProvider];
+    if (!OnSignalAt(provider, *slot, *info,
+                    std::make_index_sequence<kNumProviders>{}, values)) {
+      return;
+    }
+    const size_t nvalues = kValueCounts[provider];
+    uint64_t record[kMaxRecordWords];
+    const size_t frame_room = kMaxRecordWords - 1 - nvalues;
+    const size_t max_frames =
+        static_cast<size_t>(slot->max_frames) < frame_room
+            ? static_cast<size_t>(slot->max_frames)
+            : frame_room;
+    U unwinder;
+    const UnwindResult unwound = unwinder.Unwind(
+        ucontext, slot->stack,
+        std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(record + 1 + nvalues),
+                             max_frames));
+    static_assert(sizeof(uintptr_t) == sizeof(uint64_t));
+    record[0] = provider | (unwound.truncated ? 1u << 8 : 0u) |
+                (static_cast<uint64_t>(unwound.depth) << 16);
+    for (size_t i = 0; i < nvalues; ++i) {
+      record[1 + i] = static_cast<uint64_t>(values[i]);
+    }
+    slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
+    if (unwound.truncated) {
+      slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (!slot->ring.TryPush(
+            std::span<const uint64_t>(record, 1 + nvalues + unwound.depth))) {
+      // Keep the values so totals stay true; the ring counted the drop.
+      const size_t offset = kValueOffsets[provider];
+      for (size_t i = 0; i < nvalues; ++i) {
+        slot->dropped_values[offset + i].fetch_add(values[i],
+                                                   std::memory_order_relaxed);
+      }
+    }
+  }
+
+  template <size_t... I>
+  static bool OnSignalAt(size_t provider, Slot& slot, const siginfo_t& info,
+                         std::index_sequence<I...>, int64_t* values) noexcept {
+    bool sampled = false;
+    ((provider == I
+          ? (sampled = std::tuple_element_t<I, std::tuple<Ps...>>::OnSignal(
+                 slot, std::get<I>(slot.data), info,
+                 std::span<int64_t>(values, kValueCounts[I])),
+             true)
+          : false) ||
+     ...);
+    return sampled;
+  }
+
+  // Registry lock held.
+  void ArmLocked(Slot* slot) {
+    ArmEach(slot, std::make_index_sequence<kNumProviders>{});
+  }
+  template <size_t... I>
+  void ArmEach(Slot* slot, std::index_sequence<I...>) {
+    (ArmOne<I>(slot), ...);
+  }
+  template <size_t I>
+  void ArmOne(Slot* slot) {
+    absl::Status s = std::get<I>(providers_).ArmThread(
+        *slot, std::get<I>(slot->data), internal::MakeSignalTag(I));
+    if (!s.ok()) {
+      internal::Log(absl::StrCat("cannot sample thread '", slot->name,
+                                 "': ", s.message()));
+    }
+  }
+  void DisarmLocked(Slot* slot) {
+    DisarmEach(slot, std::make_index_sequence<kNumProviders>{});
+  }
+  template <size_t... I>
+  void DisarmEach(Slot* slot, std::index_sequence<I...>) {
+    (std::get<I>(providers_).DisarmThread(*slot, std::get<I>(slot->data)), ...);
+  }
+
+  // Registry lock held; no handler can run for the slot. Credits what each
+  // provider measured since the thread's last sample to kTailFrame.
+  void TakeTailsLocked(Slot* slot) {
+    TakeTailsEach(slot, std::make_index_sequence<kNumProviders>{});
+  }
+  template <size_t... I>
+  void TakeTailsEach(Slot* slot, std::index_sequence<I...>) {
+    (TakeTailOne<I>(slot), ...);
+  }
+  template <size_t I>
+  void TakeTailOne(Slot* slot) {
+    using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+    if constexpr (ReportsTail<P>) {
+      int64_t values[kMaxValuesPerProvider] = {};
+      std::span<int64_t> v(values, kValueCounts[I]);
+      if (!std::get<I>(providers_).TakeTail(*slot, std::get<I>(slot->data), v)) {
+        return;
+      }
+      std::lock_guard<std::mutex> agg_lock(core_.mutex());
+      SampleAggregator& agg = core_.aggregator();
+      EnsureAggregateThread(slot, agg);
+      agg.AddSynthetic(slot->aggregate_thread, kTailFrame, kValueOffsets[I],
+                       std::span<const int64_t>(values, kValueCounts[I]));
+    }
+  }
+
+  static void EnsureAggregateThread(Slot* slot, SampleAggregator& agg) {
+    if (!slot->has_aggregate_thread) {
+      slot->aggregate_thread = agg.AddThread(slot->tid, slot->name);
+      slot->has_aggregate_thread = true;
+    }
+  }
+
+  // Registry lock held. Moves the slot's records into the aggregate.
+  void DrainSlotLocked(Slot* slot) {
+    std::lock_guard<std::mutex> agg_lock(core_.mutex());
+    SampleAggregator& agg = core_.aggregator();
+    EnsureAggregateThread(slot, agg);
+    uint64_t record[kMaxRecordWords];
+    uint64_t recorded = 0;
+    while (size_t n = slot->ring.TryPop(record)) {
+      const size_t provider = record[0] & 0xff;
+      const size_t depth = record[0] >> 16;
+      if (provider >= kNumProviders) continue;
+      const size_t nvalues = kValueCounts[provider];
+      if (n < 1 + nvalues + depth) continue;
+      int64_t values[kMaxValuesPerProvider];
+      for (size_t i = 0; i < nvalues; ++i) {
+        values[i] = static_cast<int64_t>(record[1 + i]);
+      }
+      agg.Add(slot->aggregate_thread,
+              std::span<const uint64_t>(record + 1 + nvalues, depth),
+              kValueOffsets[provider],
+              std::span<const int64_t>(values, nvalues));
+      ++recorded;
+    }
+    std::array<int64_t, kNumValues> lost{};
+    bool any_lost = false;
+    for (size_t i = 0; i < kNumValues; ++i) {
+      lost[i] = slot->dropped_values[i].exchange(0, std::memory_order_relaxed);
+      any_lost |= lost[i] != 0;
+    }
+    if (any_lost) {
+      agg.AddSynthetic(slot->aggregate_thread,
+                       "[inprof: samples dropped, ring full]", 0, lost);
+    }
+    const uint64_t taken = slot->samples_taken.load(std::memory_order_relaxed);
+    const uint64_t dropped = slot->ring.dropped();
+    const uint64_t truncated =
+        slot->samples_truncated.load(std::memory_order_relaxed);
+    taken_.fetch_add(taken - slot->seen_taken, std::memory_order_relaxed);
+    dropped_.fetch_add(dropped - slot->seen_dropped, std::memory_order_relaxed);
+    truncated_.fetch_add(truncated - slot->seen_truncated,
+                         std::memory_order_relaxed);
+    recorded_.fetch_add(recorded, std::memory_order_relaxed);
+    slot->seen_taken = taken;
+    slot->seen_dropped = dropped;
+    slot->seen_truncated = truncated;
+  }
+
+  // Collector step.
+  void Drain() {
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    for (Slot* slot : active_) DrainSlotLocked(slot);
+  }
+
+  // Registry::Owner. Registry lock held by the caller.
+  void Unregister(internal::ThreadSlotHeader* header,
+                  bool on_owner_thread) override {
+    Slot* slot = static_cast<Slot*>(header);
+    auto it = std::find(active_.begin(), active_.end(), slot);
+    if (it == active_.end()) return;
+    active_.erase(it);
+    DisarmLocked(slot);
+    // A handler cannot be running on this thread while we are here; on
+    // another thread it may be, so clear the session and wait it out.
+    slot->session.store(0, std::memory_order_seq_cst);
+    internal::WaitForHandler(*slot);
+    if (on_owner_thread && internal::CurrentThreadSlot() == slot) {
+      internal::SetCurrentThreadSlot(nullptr);
+    }
+    if (start_pid_ == 0 || getpid() == start_pid_) {
+      TakeTailsLocked(slot);
+      DrainSlotLocked(slot);
+    }
+    // A slot unregistered from another thread may still be the owner's TLS
+    // slot: never reuse it, so that thread can never push into a new owner's
+    // ring.
+    RetireLocked(slot, /*reusable=*/on_owner_thread);
+  }
+
+  void RetireLocked(Slot* slot, bool reusable) {
+    DisarmLocked(slot);
+    slot->session.store(0, std::memory_order_seq_cst);
+    internal::WaitForHandler(*slot);
+    if (reusable) ReleaseSlot(slot);
+  }
+
+  // Slots are pooled for the life of the process and never freed, so a
+  // late signal on a stale TLS pointer always reads valid memory.
+  struct SlotPool {
+    std::mutex mutex;
+    std::vector<Slot*> free;
+  };
+  static SlotPool& Pool() {
+    static SlotPool* pool = new SlotPool;  // intentionally never destroyed
+    return *pool;
+  }
+  static Slot* AcquireSlot() {
+    SlotPool& pool = Pool();
+    {
+      std::lock_guard<std::mutex> lock(pool.mutex);
+      if (!pool.free.empty()) {
+        Slot* slot = pool.free.back();
+        pool.free.pop_back();
+        return slot;
+      }
+    }
+    Slot* slot = new Slot;
+    slot->sample = &SampleThread;
+    return slot;
+  }
+  static void ReleaseSlot(Slot* slot) {
+    // Reset per-registration state; the ring is empty after the drain.
+    slot->data = {};
+    slot->seen_taken = slot->samples_taken.load();
+    slot->seen_dropped = slot->ring.dropped();
+    slot->seen_truncated = slot->samples_truncated.load();
+    SlotPool& pool = Pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    pool.free.push_back(slot);
+  }
+
+  Options options_;
+  absl::Status config_status_;
+  std::tuple<Ps...> providers_;
+  internal::ProfilerCore core_;
+  const uint64_t session_ = internal::NewSessionId();
+  std::shared_ptr<internal::Registry> registry_ =
+      std::make_shared<internal::Registry>();
+  std::vector<Slot*> active_;  // registry lock
+  std::atomic<bool> running_{false};  // written under the registry lock
+  pid_t start_pid_ = 0;
+
+  std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0};
+  std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
+};
+
+// Starts a profiler on construction and stops it (writing the profile) on
+// destruction. Errors are logged on one line; the host keeps running.
+class ScopedProfiler {
+ public:
+  explicit ScopedProfiler(internal::ProfilerControl& profiler)
+      : profiler_(profiler), start_status_(profiler.Start()) {
+    if (!start_status_.ok()) {
+      internal::Log(absl::StrCat("profiler not started: ",
+                                 start_status_.message()));
+    }
+  }
+  ~ScopedProfiler() {
+    if (start_status_.ok()) profiler_.Stop().IgnoreError();
+  }
+  ScopedProfiler(const ScopedProfiler&) = delete;
+  ScopedProfiler& operator=(const ScopedProfiler&) = delete;
+
+  // Why the profiler did not start (OK if it did).
+  const absl::Status& start_status() const { return start_status_; }
+
+ private:
+  internal::ProfilerControl& profiler_;
+  absl::Status start_status_;
+};
+
+}  // namespace inprof
+
+#endif  // INPROF_PROFILER_H_

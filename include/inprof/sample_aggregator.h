@@ -1,0 +1,111 @@
+// inprof/sample_aggregator.h: sums samples by thread and stack.
+//
+// The collector thread feeds every record it drains from the threads' rings
+// into one SampleAggregator; the exporter takes the totals out as a
+// ProfileData. Each distinct (thread, stack) is stored once with one value
+// per sample type; adding a known stack allocates nothing.
+//
+// Thread-safety: not thread-safe; the profiler guards it with a mutex. Never
+// used from a signal handler.
+//
+// Example:
+//   inprof::SampleAggregator agg({{"cpu-samples", "count"},
+//                                 {"cpu-time", "nanoseconds"}});
+//   uint32_t t = agg.AddThread(gettid(), "main");
+//   int64_t v[] = {1, 10'000'000};
+//   agg.Add(t, frames, /*value_offset=*/0, v);
+//   inprof::ProfileData data = agg.Take();
+#ifndef INPROF_SAMPLE_AGGREGATOR_H_
+#define INPROF_SAMPLE_AGGREGATOR_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/types/span.h"
+#include "inprof/profile_data.h"
+
+namespace inprof {
+
+class SampleAggregator {
+ public:
+  explicit SampleAggregator(std::vector<ValueType> sample_types);
+
+  // Registers a thread identity; returns its index for Add().
+  uint32_t AddThread(int64_t tid, absl::string_view name);
+
+  // Adds `values` to the stack's totals at positions [value_offset,
+  // value_offset + values.size()) of the sample-type vector. Values that do
+  // not fit the sample types (a caller bug) are ignored and counted in
+  // values_rejected().
+  void Add(uint32_t thread, std::span<const uint64_t> frames,
+           size_t value_offset, std::span<const int64_t> values);
+
+  // Same for a frame that names itself (e.g. "[dropped: ring full]").
+  void AddSynthetic(uint32_t thread, absl::string_view frame,
+                    size_t value_offset, std::span<const int64_t> values);
+
+  // Distinct stacks held now.
+  size_t num_stacks() const { return samples_.size(); }
+  // Add()/AddSynthetic() calls since construction.
+  uint64_t records_added() const { return records_added_; }
+  uint64_t values_rejected() const { return values_rejected_; }
+
+  // Moves the totals out (samples and the thread table) and starts empty;
+  // thread indices stay valid.
+  ProfileData Take();
+
+  const std::vector<ValueType>& sample_types() const { return sample_types_; }
+
+ private:
+  struct KeyView {
+    uint32_t thread;
+    std::span<const uint64_t> frames;
+    absl::string_view synthetic;
+  };
+  struct Key {
+    uint32_t thread;
+    std::vector<uint64_t> frames;
+    std::string synthetic;
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(const KeyView& k) const {
+      return absl::HashOf(k.thread, absl::MakeSpan(k.frames.data(), k.frames.size()),
+                          k.synthetic);
+    }
+    size_t operator()(const Key& k) const {
+      return (*this)(KeyView{k.thread, k.frames, k.synthetic});
+    }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    static KeyView View(const Key& k) { return {k.thread, k.frames, k.synthetic}; }
+    static KeyView View(const KeyView& k) { return k; }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      const KeyView x = View(a), y = View(b);
+      return x.thread == y.thread && x.synthetic == y.synthetic &&
+             std::equal(x.frames.begin(), x.frames.end(), y.frames.begin(),
+                        y.frames.end());
+    }
+  };
+
+  std::vector<int64_t>& Slot(const KeyView& key);
+
+  std::vector<ValueType> sample_types_;
+  std::vector<ThreadIdentity> threads_;
+  std::vector<ProfileSample> samples_;
+  absl::flat_hash_map<Key, size_t, KeyHash, KeyEq> index_;
+  uint64_t records_added_ = 0;
+  uint64_t values_rejected_ = 0;
+};
+
+}  // namespace inprof
+
+#endif  // INPROF_SAMPLE_AGGREGATOR_H_

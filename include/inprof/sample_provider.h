@@ -1,0 +1,103 @@
+// inprof/sample_provider.h: the SampleProvider concept.
+//
+// A provider decides when a registered thread is sampled and with which
+// values, and names those values (its pprof sample types). The Profiler
+// concatenates the sample types of all its providers; a sample taken by one
+// provider carries zeros for the others' types.
+//
+// Thread-safety: Configure/ArmThread/DisarmThread run on the profiler's
+// control paths (Start, Stop, RegisterThread) under the registry lock;
+// OnSignal runs in the signal handler on the sampled thread and must be
+// async-signal-safe.
+//
+// Example:
+//   struct CountingProvider {          // counts SIGPROFs sent some other way
+//     static constexpr const char* kName = "count";
+//     static constexpr std::array<inprof::SampleTypeSpec, 1> kSampleTypes{
+//         {{"hits", "count"}}};
+//     struct ThreadData {};
+//     ...
+//   };
+//   static_assert(inprof::SampleProvider<CountingProvider>);
+#ifndef INPROF_SAMPLE_PROVIDER_H_
+#define INPROF_SAMPLE_PROVIDER_H_
+
+#include <signal.h>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/status.h"
+#include "inprof/internal/signal_dispatch.h"
+#include "inprof/options.h"
+
+namespace inprof {
+
+// A pprof sample type known at compile time.
+struct SampleTypeSpec {
+  const char* type;
+  const char* unit;
+};
+
+// What a provider sees of a registered thread: its tid, CPU clock and stack.
+using ThreadContext = internal::ThreadSlotHeader;
+
+// Requirements of a SampleProvider P:
+//   (1) P::kName: a short name for logs and profile comments;
+//   (2) P::kSampleTypes: a constexpr std::array<SampleTypeSpec, N>, N >= 1,
+//       the values it contributes, in order;
+//   (3) typename P::ThreadData: default-constructible per-thread state that
+//       the profiler stores in each thread's slot;
+//   (4) p.Configure(const Options&) -> absl::Status: called at Start;
+//   (5) p.Period() -> int64_t: the sampling period in the unit of
+//       kSampleTypes[P::kPeriodTypeIndex] (pprof's period / period_type);
+//   (6) p.ArmThread(ThreadContext&, ThreadData&, int signal_tag)
+//       -> absl::Status: arrange for the profiling signal, carrying
+//       signal_tag in si_value, to reach the thread when it should be sampled;
+//   (7) p.DisarmThread(ThreadContext&, ThreadData&) noexcept: stop that; no
+//       new signal is generated for the thread after it returns;
+//   (8) P::OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+//       std::span<int64_t> values) noexcept -> bool: async-signal-safe;
+//       fills values (kSampleTypes.size() of them); false skips the sample.
+template <typename P>
+concept SampleProvider =
+    requires { typename P::ThreadData; } &&
+    std::default_initializable<typename P::ThreadData> &&
+    requires(P& p, const P& cp, const Options& options, ThreadContext& thread,
+             typename P::ThreadData& data, const siginfo_t& info,
+             std::span<int64_t> values, int tag) {
+      { P::kName } -> std::convertible_to<const char*>;
+      { P::kSampleTypes.size() } -> std::convertible_to<size_t>;
+      { P::kSampleTypes[0] } -> std::convertible_to<SampleTypeSpec>;
+      { P::kPeriodTypeIndex } -> std::convertible_to<size_t>;
+      { p.Configure(options) } -> std::same_as<absl::Status>;
+      { cp.Period() } -> std::convertible_to<int64_t>;
+      { p.ArmThread(thread, data, tag) } -> std::same_as<absl::Status>;
+      { p.DisarmThread(thread, data) } noexcept;
+      { P::OnSignal(thread, data, info, values) } noexcept -> std::same_as<bool>;
+    } && (P::kSampleTypes.size() >= 1) &&
+    (P::kPeriodTypeIndex < P::kSampleTypes.size());
+
+// Optional: a provider that can report what it measured since a thread's
+// last sample (for CPU time: the CPU the thread used after its last timer
+// signal). The profiler calls p.TakeTail(ThreadContext&, ThreadData&,
+// std::span<int64_t> values) -> bool, outside any signal handler and once no
+// handler can run for the thread, when the thread unregisters and at Stop,
+// and credits the values to a synthetic frame so that totals stay exact
+// (a thread shorter than a scheduler tick may never be signalled at all).
+template <typename P>
+concept ReportsTail = SampleProvider<P> &&
+    requires(P& p, ThreadContext& thread, typename P::ThreadData& data,
+             std::span<int64_t> values) {
+      { p.TakeTail(thread, data, values) } -> std::same_as<bool>;
+    };
+
+// The frame that tail values are credited to.
+inline constexpr const char* kTailFrame =
+    "[inprof: CPU since the thread's last sample]";
+
+}  // namespace inprof
+
+#endif  // INPROF_SAMPLE_PROVIDER_H_

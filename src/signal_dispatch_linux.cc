@@ -1,0 +1,136 @@
+#include "inprof/internal/signal_dispatch.h"
+
+#include <errno.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <sched.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace inprof::internal {
+namespace {
+
+// Initial-exec: the handler must not trap into __tls_get_addr (DESIGN.md).
+__thread ThreadSlotHeader* tls_slot __attribute__((tls_model("initial-exec"))) =
+    nullptr;
+
+std::atomic<uint64_t> g_next_session{1};
+std::atomic<uint64_t> g_active_session{0};
+std::atomic<uint64_t> g_no_slot{0};
+std::atomic<uint64_t> g_inactive{0};
+std::atomic<uint64_t> g_foreign{0};
+std::mutex g_install_mutex;
+bool g_installed = false;
+
+void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
+  const int saved_errno = errno;
+  ThreadSlotHeader* slot = tls_slot;
+  if (slot == nullptr) {
+    g_no_slot.fetch_add(1, std::memory_order_relaxed);
+  } else if (info == nullptr ||
+             (info->si_value.sival_int & ~0xff) != kSignalTagMagic ||
+             (info->si_code != SI_TIMER && info->si_code != SI_QUEUE)) {
+    g_foreign.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // Dekker handshake with DeactivateSession: publish that we are inside,
+    // then check the session; Stop clears the session, then waits for us.
+    slot->in_handler.store(1, std::memory_order_seq_cst);
+    const uint64_t active = g_active_session.load(std::memory_order_seq_cst);
+    if (active != 0 &&
+        slot->session.load(std::memory_order_relaxed) == active) {
+      slot->sample(slot, info, ucontext);
+    } else {
+      g_inactive.fetch_add(1, std::memory_order_relaxed);
+    }
+    slot->in_handler.store(0, std::memory_order_release);
+  }
+  errno = saved_errno;
+}
+
+}  // namespace
+
+ThreadSlotHeader* CurrentThreadSlot() noexcept { return tls_slot; }
+
+void SetCurrentThreadSlot(ThreadSlotHeader* slot) noexcept {
+  // The handler runs on this same thread, so a compiler fence orders the
+  // store against it.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  tls_slot = slot;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+uint64_t NewSessionId() noexcept {
+  return g_next_session.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::Status InstallSignalHandler() {
+  std::lock_guard<std::mutex> lock(g_install_mutex);
+  struct sigaction current;
+  if (sigaction(kProfilingSignal, nullptr, &current) != 0) {
+    return absl::InternalError(
+        absl::StrCat("sigaction(SIGPROF) query failed: ", strerror(errno)));
+  }
+  const bool ours = (current.sa_flags & SA_SIGINFO) != 0 &&
+                    current.sa_sigaction == &ProfilingSignalHandler;
+  if (ours) {
+    g_installed = true;
+    return absl::OkStatus();
+  }
+  const bool foreign = (current.sa_flags & SA_SIGINFO) != 0
+                           ? current.sa_sigaction != nullptr
+                           : (current.sa_handler != SIG_DFL &&
+                              current.sa_handler != SIG_IGN);
+  if (foreign) {
+    return absl::FailedPreconditionError(
+        "SIGPROF already has a handler installed by the application or "
+        "another profiler; inprof leaves it in place and does not start");
+  }
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_sigaction = &ProfilingSignalHandler;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  if (sigaction(kProfilingSignal, &action, nullptr) != 0) {
+    return absl::InternalError(
+        absl::StrCat("sigaction(SIGPROF) failed: ", strerror(errno)));
+  }
+  g_installed = true;
+  return absl::OkStatus();
+}
+
+absl::Status ActivateSession(uint64_t session) {
+  uint64_t expected = 0;
+  if (!g_active_session.compare_exchange_strong(expected, session,
+                                                std::memory_order_seq_cst)) {
+    if (expected == session) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "another inprof profiler is already running in this process; stop it "
+        "before starting a second one");
+  }
+  return absl::OkStatus();
+}
+
+void DeactivateSession(uint64_t session) noexcept {
+  uint64_t expected = session;
+  g_active_session.compare_exchange_strong(expected, 0,
+                                           std::memory_order_seq_cst);
+}
+
+void WaitForHandler(const ThreadSlotHeader& slot) noexcept {
+  while (slot.in_handler.load(std::memory_order_seq_cst) != 0) sched_yield();
+}
+
+uint64_t ActiveSession() noexcept {
+  return g_active_session.load(std::memory_order_acquire);
+}
+
+DispatchStats GetDispatchStats() noexcept {
+  return {g_no_slot.load(std::memory_order_relaxed),
+          g_inactive.load(std::memory_order_relaxed),
+          g_foreign.load(std::memory_order_relaxed)};
+}
+
+}  // namespace inprof::internal
