@@ -1,0 +1,387 @@
+#include "inprof/options.h"
+
+#include <stdlib.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/internal/log.h"
+
+namespace inprof {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+// FromLookup over a fixed set of variables.
+Options FromMap(const std::map<std::string, std::string>& vars,
+                std::vector<std::string>* errors) {
+  return Options::FromLookup(
+      [&vars](const char* name) -> const char* {
+        auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      },
+      errors);
+}
+
+void ExpectDefaults(const Options& o) {
+  const Options defaults;
+  EXPECT_EQ(o.enabled, defaults.enabled);
+  EXPECT_EQ(o.output, defaults.output);
+  EXPECT_EQ(o.cpu_period, defaults.cpu_period);
+  EXPECT_EQ(o.collect_period, defaults.collect_period);
+  EXPECT_EQ(o.max_frames, defaults.max_frames);
+}
+
+TEST(OptionsTest, DefaultsWhenNothingIsSet) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({}, &errors);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_TRUE(o.enabled);
+  EXPECT_EQ(o.output, "inprof.pb.gz");
+  EXPECT_EQ(o.cpu_period, absl::Milliseconds(10));
+  EXPECT_EQ(o.collect_period, absl::Milliseconds(50));
+  EXPECT_EQ(o.max_frames, 512);
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(OptionsTest, IgnoresUnrelatedVariables) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"INPROF_ENABLE", "0"},
+                             {"inprof_enabled", "0"},
+                             {"INPROF_CPU_PERIOD_X", "ten"}},
+                            &errors);
+  EXPECT_THAT(errors, IsEmpty());
+  ExpectDefaults(o);
+}
+
+TEST(OptionsTest, EnabledAcceptsEveryBooleanSpelling) {
+  struct Case {
+    const char* value;
+    bool expected;
+  };
+  const Case cases[] = {
+      {"1", true},      {"0", false},       {"true", true},  {"false", false},
+      {"yes", true},    {"no", false},      {"on", true},    {"off", false},
+      {"TRUE", true},   {"False", false},   {"YeS", true},   {"OFF", false},
+      {" on ", true},   {"\t0\n", false},   {"  No", false}, {"1  ", true},
+  };
+  for (const Case& c : cases) {
+    // The default is true, so the true spellings are also checked through
+    // ParseBoolFlag below, where a no-op cannot pass.
+    std::vector<std::string> errors;
+    const Options o = FromMap({{"INPROF_ENABLED", c.value}}, &errors);
+    EXPECT_EQ(o.enabled, c.expected) << "'" << c.value << "'";
+    EXPECT_THAT(errors, IsEmpty()) << "'" << c.value << "'";
+
+    absl::StatusOr<bool> parsed = ParseBoolFlag("INPROF_ENABLED", c.value);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, c.expected) << "'" << c.value << "'";
+  }
+}
+
+TEST(OptionsTest, OutputTakesAnyPath) {
+  for (const char* path : {"/tmp/service.pb.gz", "relative/dir/p.pb.gz",
+                           "with space.pb.gz", "x"}) {
+    std::vector<std::string> errors;
+    const Options o = FromMap({{"INPROF_OUTPUT", path}}, &errors);
+    EXPECT_EQ(o.output, path);
+    EXPECT_THAT(errors, IsEmpty());
+  }
+}
+
+TEST(OptionsTest, CpuPeriodAcceptsDurationsInRange) {
+  const std::pair<const char*, absl::Duration> cases[] = {
+      {"10ms", absl::Milliseconds(10)},
+      {"1ms", absl::Milliseconds(1)},  // the minimum, inclusive
+      {"2.5ms", absl::Microseconds(2500)},
+      {"1500us", absl::Microseconds(1500)},
+      {"1s", absl::Seconds(1)},
+      {"1h", absl::Hours(1)},  // the maximum, inclusive
+      {"20ms", absl::Milliseconds(20)},
+  };
+  for (const auto& [value, expected] : cases) {
+    std::vector<std::string> errors;
+    const Options o = FromMap({{"INPROF_CPU_PERIOD", value}}, &errors);
+    EXPECT_EQ(o.cpu_period, expected) << value;
+    EXPECT_THAT(errors, IsEmpty()) << value;
+  }
+}
+
+TEST(OptionsTest, AllVariablesTogether) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"INPROF_ENABLED", "off"},
+                             {"INPROF_OUTPUT", "/tmp/all.pb.gz"},
+                             {"INPROF_CPU_PERIOD", "5ms"}},
+                            &errors);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_FALSE(o.enabled);
+  EXPECT_EQ(o.output, "/tmp/all.pb.gz");
+  EXPECT_EQ(o.cpu_period, absl::Milliseconds(5));
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+// One invalid value: the default stays, and exactly one error line names the
+// variable, quotes the value, says what is accepted and what is used instead.
+struct InvalidCase {
+  const char* variable;
+  const char* value;
+  const char* expected;  // what the line says is accepted
+  const char* using_default;
+};
+
+TEST(OptionsTest, InvalidValueKeepsDefaultAndReportsOneLine) {
+  const InvalidCase cases[] = {
+      {"INPROF_CPU_PERIOD", "ten", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "0", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "-5ms", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "10", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "500us", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "999us", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "2h", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "inf", "expected a duration", "using 10ms"},
+      {"INPROF_CPU_PERIOD", "10 ms", "expected a duration", "using 10ms"},
+      {"INPROF_ENABLED", "maybe", "expected 1/0, true/false, yes/no or on/off",
+       "using 1"},
+      {"INPROF_ENABLED", "", "expected 1/0", "using 1"},
+      {"INPROF_ENABLED", "2", "expected 1/0", "using 1"},
+      {"INPROF_ENABLED", "y", "expected 1/0", "using 1"},
+      {"INPROF_OUTPUT", "", "expected a file path", "using inprof.pb.gz"},
+      {"INPROF_OUTPUT", "   ", "expected a file path", "using inprof.pb.gz"},
+  };
+  for (const InvalidCase& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.variable, "='", c.value, "'"));
+    std::vector<std::string> errors;
+    const Options o = FromMap({{c.variable, c.value}}, &errors);
+    ExpectDefaults(o);
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_THAT(errors[0],
+                AllOf(StartsWith(absl::StrCat(c.variable, "='", c.value, "'")),
+                      HasSubstr(c.expected), HasSubstr(c.using_default),
+                      Not(HasSubstr("\n"))));
+  }
+}
+
+TEST(OptionsTest, CpuPeriodErrorStatesRangeAndExample) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"INPROF_CPU_PERIOD", "ten"}}, &errors);
+  EXPECT_EQ(o.cpu_period, absl::Milliseconds(10));
+  EXPECT_THAT(errors, ElementsAre("INPROF_CPU_PERIOD='ten': expected a "
+                                  "duration from 1ms to 1h such as 10ms; "
+                                  "using 10ms"));
+}
+
+TEST(OptionsTest, EachInvalidVariableReportedOnceValidOnesApplied) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"INPROF_ENABLED", "maybe"},
+                             {"INPROF_OUTPUT", "/tmp/kept.pb.gz"},
+                             {"INPROF_CPU_PERIOD", "2h"}},
+                            &errors);
+  EXPECT_TRUE(o.enabled);
+  EXPECT_EQ(o.output, "/tmp/kept.pb.gz");
+  EXPECT_EQ(o.cpu_period, absl::Milliseconds(10));
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_THAT(errors[0], StartsWith("INPROF_ENABLED='maybe'"));
+  EXPECT_THAT(errors[1], StartsWith("INPROF_CPU_PERIOD='2h'"));
+}
+
+TEST(OptionsTest, NullErrorVectorStillKeepsDefaults) {
+  const Options o = FromMap(
+      {{"INPROF_ENABLED", "maybe"}, {"INPROF_CPU_PERIOD", "ten"}}, nullptr);
+  ExpectDefaults(o);
+}
+
+TEST(OptionsTest, ParseBoolFlagRejectsWithInvalidArgument) {
+  absl::StatusOr<bool> parsed = ParseBoolFlag("MY_FLAG", "perhaps");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(parsed.status().message()),
+              AllOf(StartsWith("MY_FLAG='perhaps'"), HasSubstr("expected")));
+}
+
+TEST(OptionsTest, ParseDurationFlagHonoursRangeAndZero) {
+  const absl::Duration lo = absl::Milliseconds(1);
+  const absl::Duration hi = absl::Seconds(10);
+  // A failed parse reads as InfiniteDuration, which no case expects.
+  auto value = [](const absl::StatusOr<absl::Duration>& d) {
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *d : absl::InfiniteDuration();
+  };
+  EXPECT_EQ(value(ParseDurationFlag("D", "1ms", lo, hi)), lo);
+  EXPECT_EQ(value(ParseDurationFlag("D", "10s", lo, hi)), hi);
+  EXPECT_EQ(value(ParseDurationFlag("D", "250ms", lo, hi)),
+            absl::Milliseconds(250));
+
+  absl::StatusOr<absl::Duration> zero = ParseDurationFlag("D", "0", lo, hi);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(zero.status().message()),
+              AllOf(StartsWith("D='0'"), HasSubstr("from 1ms to 10s"),
+                    Not(HasSubstr("or 0"))));
+
+  absl::StatusOr<absl::Duration> allowed =
+      ParseDurationFlag("D", "0", lo, hi, /*allow_zero=*/true);
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_EQ(*allowed, absl::ZeroDuration());
+
+  absl::StatusOr<absl::Duration> too_long =
+      ParseDurationFlag("D", "11s", lo, hi, /*allow_zero=*/true);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_THAT(std::string(too_long.status().message()),
+              AllOf(StartsWith("D='11s'"), HasSubstr("or 0 to disable")));
+}
+
+// ---------------------------------------------------------------------------
+// FromEnv: the real environment, errors logged.
+
+std::vector<std::string>* captured = nullptr;
+void Capture(absl::string_view line) {
+  if (captured != nullptr) captured->emplace_back(line);
+}
+
+class OptionsFromEnvTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kVariables[] = {
+      "INPROF_ENABLED", "INPROF_OUTPUT", "INPROF_CPU_PERIOD"};
+
+  void SetUp() override {
+    for (const char* name : kVariables) {
+      if (const char* v = getenv(name)) saved_[name] = v;
+      unsetenv(name);
+    }
+    captured = &lines_;
+    internal::SetLogSinkForTesting(&Capture);
+  }
+  void TearDown() override {
+    internal::SetLogSinkForTesting(nullptr);
+    captured = nullptr;
+    for (const char* name : kVariables) {
+      auto it = saved_.find(name);
+      if (it == saved_.end()) {
+        unsetenv(name);
+      } else {
+        setenv(name, it->second.c_str(), 1);
+      }
+    }
+  }
+
+  std::vector<std::string> lines_;
+  std::map<std::string, std::string> saved_;
+};
+
+TEST_F(OptionsFromEnvTest, ReadsValidValuesSilently) {
+  setenv("INPROF_ENABLED", "no", 1);
+  setenv("INPROF_OUTPUT", "/tmp/env.pb.gz", 1);
+  setenv("INPROF_CPU_PERIOD", "3ms", 1);
+  const Options o = Options::FromEnv();
+  EXPECT_FALSE(o.enabled);
+  EXPECT_EQ(o.output, "/tmp/env.pb.gz");
+  EXPECT_EQ(o.cpu_period, absl::Milliseconds(3));
+  EXPECT_THAT(lines_, IsEmpty());
+}
+
+TEST_F(OptionsFromEnvTest, LogsOneLinePerInvalidValueAndKeepsDefault) {
+  setenv("INPROF_ENABLED", "1", 1);
+  setenv("INPROF_CPU_PERIOD", "ten", 1);
+  const Options o = Options::FromEnv();
+  EXPECT_TRUE(o.enabled);
+  EXPECT_EQ(o.cpu_period, absl::Milliseconds(10));
+  EXPECT_THAT(lines_,
+              ElementsAre("inprof: INPROF_CPU_PERIOD='ten': expected a "
+                          "duration from 1ms to 1h such as 10ms; using "
+                          "10ms\n"));
+}
+
+TEST_F(OptionsFromEnvTest, EveryVariableInvalidStillReturns) {
+  setenv("INPROF_ENABLED", "maybe", 1);
+  setenv("INPROF_OUTPUT", "", 1);
+  setenv("INPROF_CPU_PERIOD", "-5ms", 1);
+  const Options o = Options::FromEnv();
+  ExpectDefaults(o);
+  ASSERT_EQ(lines_.size(), 3u);
+  EXPECT_THAT(lines_[0], StartsWith("inprof: INPROF_ENABLED='maybe'"));
+  EXPECT_THAT(lines_[1], StartsWith("inprof: INPROF_OUTPUT=''"));
+  EXPECT_THAT(lines_[2], StartsWith("inprof: INPROF_CPU_PERIOD='-5ms'"));
+}
+
+TEST_F(OptionsFromEnvTest, WritesLinesToStderrWithoutSink) {
+  internal::SetLogSinkForTesting(nullptr);
+  setenv("INPROF_CPU_PERIOD", "10", 1);
+  ::testing::internal::CaptureStderr();
+  const Options o = Options::FromEnv();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(o.cpu_period, absl::Milliseconds(10));
+  EXPECT_EQ(err,
+            "inprof: INPROF_CPU_PERIOD='10': expected a duration from 1ms to "
+            "1h such as 10ms; using 10ms\n");
+}
+
+// ---------------------------------------------------------------------------
+// Validate: fields set in code.
+
+TEST(OptionsValidateTest, AcceptsDefaultsAndBounds) {
+  Options o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.cpu_period = Options::kMinCpuPeriod;
+  EXPECT_TRUE(o.Validate().ok());
+  o.cpu_period = Options::kMaxCpuPeriod;
+  EXPECT_TRUE(o.Validate().ok());
+  o.max_frames = 1;
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(OptionsValidateTest, RejectsBadFieldsNamingTheField) {
+  struct Case {
+    const char* what;
+    void (*mutate)(Options&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {"empty output", [](Options& o) { o.output.clear(); }, "output"},
+      {"zero cpu_period",
+       [](Options& o) { o.cpu_period = absl::ZeroDuration(); },
+       "cpu_period=0"},
+      {"cpu_period below min",
+       [](Options& o) { o.cpu_period = absl::Microseconds(500); },
+       "cpu_period=500us"},
+      {"cpu_period above max",
+       [](Options& o) { o.cpu_period = absl::Hours(2); }, "cpu_period=2h"},
+      {"zero collect_period",
+       [](Options& o) { o.collect_period = absl::ZeroDuration(); },
+       "collect_period=0"},
+      {"huge collect_period",
+       [](Options& o) { o.collect_period = absl::Hours(1); },
+       "collect_period=1h"},
+      {"zero max_frames", [](Options& o) { o.max_frames = 0; },
+       "max_frames=0"},
+      {"negative max_frames", [](Options& o) { o.max_frames = -3; },
+       "max_frames=-3"},
+      {"too many max_frames", [](Options& o) { o.max_frames = 513; },
+       "max_frames=513"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Options o;
+    c.mutate(o);
+    const absl::Status status = o.Validate();
+    ASSERT_FALSE(status.ok());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()),
+                AllOf(HasSubstr(c.field), HasSubstr("expected")));
+  }
+}
+
+}  // namespace
+}  // namespace inprof

@@ -1,0 +1,289 @@
+#include "inprof/sample_aggregator.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/profile_data.h"
+
+// Counts heap allocations so a test can check that adding a known stack
+// allocates nothing.
+namespace {
+std::atomic<uint64_t> g_allocations{0};
+}  // namespace
+
+// noinline: once inlined, GCC's -Wmismatched-new-delete sees free() on a
+// pointer from operator new and (wrongly) rejects the pair.
+__attribute__((noinline)) void* operator new(size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+__attribute__((noinline)) void operator delete(void* p) noexcept {
+  std::free(p);
+}
+__attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+
+namespace inprof {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+const std::vector<ValueType> kTypes = {{"cpu-samples", "count"},
+                                       {"cpu-time", "nanoseconds"}};
+
+// Finds the one sample with this thread and these frames (or synthetic
+// frame); fails the test and returns nullptr when there is not exactly one.
+const ProfileSample* Find(const ProfileData& data, uint32_t thread,
+                          const std::vector<uint64_t>& frames,
+                          const std::string& synthetic = "") {
+  const ProfileSample* found = nullptr;
+  int matches = 0;
+  for (const ProfileSample& s : data.samples) {
+    if (s.thread == thread && s.frames == frames &&
+        s.synthetic_frame == synthetic) {
+      found = &s;
+      ++matches;
+    }
+  }
+  EXPECT_EQ(matches, 1) << "thread " << thread << ", " << frames.size()
+                        << " frames, synthetic '" << synthetic << "'";
+  return matches == 1 ? found : nullptr;
+}
+
+TEST(SampleAggregatorTest, SameStackAddedTwiceSums) {
+  SampleAggregator agg(kTypes);
+  const uint32_t t = agg.AddThread(100, "main");
+  const std::vector<uint64_t> frames = {0x401000, 0x402000, 0x403000};
+  const int64_t v1[] = {1, 10'000'000};
+  const int64_t v2[] = {2, 25'000'000};
+  agg.Add(t, frames, 0, v1);
+  agg.Add(t, frames, 0, v2);
+  EXPECT_EQ(agg.num_stacks(), 1u);
+
+  const ProfileData data = agg.Take();
+  ASSERT_EQ(data.samples.size(), 1u);
+  EXPECT_EQ(data.samples[0].thread, t);
+  EXPECT_EQ(data.samples[0].frames, frames);
+  EXPECT_THAT(data.samples[0].values, ElementsAre(3, 35'000'000));
+  EXPECT_THAT(data.samples[0].synthetic_frame, IsEmpty());
+}
+
+TEST(SampleAggregatorTest, DifferentStacksStaySeparate) {
+  SampleAggregator agg(kTypes);
+  const uint32_t t = agg.AddThread(100, "main");
+  const int64_t one[] = {1, 1};
+  // A prefix, an extension and a reordering are all different stacks.
+  const std::vector<std::vector<uint64_t>> stacks = {
+      {1, 2, 3}, {1, 2}, {1, 2, 3, 4}, {3, 2, 1}, {1, 2, 4}};
+  for (const auto& frames : stacks) agg.Add(t, frames, 0, one);
+  agg.Add(t, stacks[0], 0, one);
+  EXPECT_EQ(agg.num_stacks(), stacks.size());
+
+  const ProfileData data = agg.Take();
+  ASSERT_EQ(data.samples.size(), stacks.size());
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    const ProfileSample* s = Find(data, t, stacks[i]);
+    ASSERT_NE(s, nullptr);
+    const int64_t expected = i == 0 ? 2 : 1;
+    EXPECT_THAT(s->values, ElementsAre(expected, expected)) << "stack " << i;
+  }
+}
+
+TEST(SampleAggregatorTest, DifferentThreadsWithSameStackStaySeparate) {
+  SampleAggregator agg(kTypes);
+  const uint32_t a = agg.AddThread(100, "main");
+  const uint32_t b = agg.AddThread(101, "worker");
+  ASSERT_NE(a, b);
+  const std::vector<uint64_t> frames = {0x10, 0x20};
+  const int64_t va[] = {1, 100};
+  const int64_t vb[] = {5, 500};
+  agg.Add(a, frames, 0, va);
+  agg.Add(b, frames, 0, vb);
+  agg.Add(a, frames, 0, va);
+  EXPECT_EQ(agg.num_stacks(), 2u);
+
+  const ProfileData data = agg.Take();
+  ASSERT_EQ(data.samples.size(), 2u);
+  const ProfileSample* sa = Find(data, a, frames);
+  const ProfileSample* sb = Find(data, b, frames);
+  ASSERT_NE(sa, nullptr);
+  ASSERT_NE(sb, nullptr);
+  EXPECT_THAT(sa->values, ElementsAre(2, 200));
+  EXPECT_THAT(sb->values, ElementsAre(5, 500));
+  ASSERT_EQ(data.threads.size(), 2u);
+  EXPECT_EQ(data.threads[a].tid, 100);
+  EXPECT_EQ(data.threads[a].name, "main");
+  EXPECT_EQ(data.threads[b].tid, 101);
+  EXPECT_EQ(data.threads[b].name, "worker");
+}
+
+TEST(SampleAggregatorTest, ValueOffsetsPlaceValuesAndLeaveZerosElsewhere) {
+  SampleAggregator agg({{"cpu-samples", "count"},
+                        {"cpu-time", "nanoseconds"},
+                        {"wall-samples", "count"},
+                        {"wall-time", "nanoseconds"}});
+  const uint32_t t = agg.AddThread(7, "t");
+  const std::vector<uint64_t> cpu_stack = {1, 2};
+  const std::vector<uint64_t> wall_stack = {3, 4};
+  const int64_t cpu[] = {1, 10};
+  const int64_t wall[] = {1, 50};
+  const int64_t just_wall_time[] = {25};
+  agg.Add(t, cpu_stack, 0, cpu);
+  agg.Add(t, wall_stack, 2, wall);
+  agg.Add(t, wall_stack, 3, just_wall_time);
+
+  const ProfileData data = agg.Take();
+  ASSERT_EQ(data.samples.size(), 2u);
+  const ProfileSample* c = Find(data, t, cpu_stack);
+  const ProfileSample* w = Find(data, t, wall_stack);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(w, nullptr);
+  EXPECT_THAT(c->values, ElementsAre(1, 10, 0, 0));
+  EXPECT_THAT(w->values, ElementsAre(0, 0, 1, 75));
+}
+
+TEST(SampleAggregatorTest, SyntheticFramesAggregateSeparately) {
+  SampleAggregator agg(kTypes);
+  const uint32_t a = agg.AddThread(1, "a");
+  const uint32_t b = agg.AddThread(2, "b");
+  const int64_t one[] = {1, 10};
+  const std::vector<uint64_t> frames = {0x10};
+  agg.AddSynthetic(a, "[dropped: ring full]", 0, one);
+  agg.AddSynthetic(a, "[dropped: ring full]", 0, one);
+  agg.AddSynthetic(a, "[truncated]", 0, one);
+  agg.AddSynthetic(b, "[dropped: ring full]", 0, one);
+  agg.Add(a, frames, 0, one);
+  EXPECT_EQ(agg.num_stacks(), 4u);
+
+  const ProfileData data = agg.Take();
+  ASSERT_EQ(data.samples.size(), 4u);
+  const ProfileSample* dropped_a = Find(data, a, {}, "[dropped: ring full]");
+  const ProfileSample* truncated_a = Find(data, a, {}, "[truncated]");
+  const ProfileSample* dropped_b = Find(data, b, {}, "[dropped: ring full]");
+  const ProfileSample* real_a = Find(data, a, frames);
+  ASSERT_NE(dropped_a, nullptr);
+  ASSERT_NE(truncated_a, nullptr);
+  ASSERT_NE(dropped_b, nullptr);
+  ASSERT_NE(real_a, nullptr);
+  EXPECT_THAT(dropped_a->values, ElementsAre(2, 20));
+  EXPECT_THAT(truncated_a->values, ElementsAre(1, 10));
+  EXPECT_THAT(dropped_b->values, ElementsAre(1, 10));
+  EXPECT_THAT(real_a->values, ElementsAre(1, 10));
+  EXPECT_THAT(dropped_a->frames, IsEmpty());
+}
+
+TEST(SampleAggregatorTest, TakeReturnsEverythingAndStartsEmpty) {
+  SampleAggregator agg(kTypes);
+  const uint32_t a = agg.AddThread(10, "main");
+  const uint32_t b = agg.AddThread(11, "worker");
+  const int64_t v[] = {1, 10};
+  agg.Add(a, std::vector<uint64_t>{1, 2}, 0, v);
+  agg.Add(b, std::vector<uint64_t>{3}, 0, v);
+  agg.AddSynthetic(b, "[dropped: ring full]", 0, v);
+
+  const ProfileData first = agg.Take();
+  EXPECT_EQ(first.sample_types, kTypes);
+  EXPECT_EQ(first.samples.size(), 3u);
+  ASSERT_EQ(first.threads.size(), 2u);
+  EXPECT_EQ(agg.num_stacks(), 0u);
+
+  // Nothing is carried over into the next window.
+  const ProfileData empty = agg.Take();
+  EXPECT_THAT(empty.samples, IsEmpty());
+  EXPECT_EQ(empty.sample_types, kTypes);
+
+  // Thread indices from before the Take still name the same threads, and
+  // a stack seen before starts again from zero.
+  agg.Add(b, std::vector<uint64_t>{3}, 0, v);
+  EXPECT_EQ(agg.num_stacks(), 1u);
+  const ProfileData second = agg.Take();
+  ASSERT_EQ(second.samples.size(), 1u);
+  EXPECT_EQ(second.samples[0].thread, b);
+  EXPECT_THAT(second.samples[0].frames, ElementsAre(3u));
+  EXPECT_THAT(second.samples[0].values, ElementsAre(1, 10));
+  ASSERT_GT(second.threads.size(), b);
+  EXPECT_EQ(second.threads[b].tid, 11);
+  EXPECT_EQ(second.threads[b].name, "worker");
+
+  // Threads added after a Take get fresh indices.
+  const uint32_t c = agg.AddThread(12, "late");
+  EXPECT_NE(c, a);
+  EXPECT_NE(c, b);
+  agg.Add(c, std::vector<uint64_t>{9}, 0, v);
+  const ProfileData third = agg.Take();
+  ASSERT_EQ(third.samples.size(), 1u);
+  ASSERT_GT(third.threads.size(), c);
+  EXPECT_EQ(third.threads[third.samples[0].thread].tid, 12);
+}
+
+TEST(SampleAggregatorTest, RecordsAddedCountsEveryCall) {
+  SampleAggregator agg(kTypes);
+  EXPECT_EQ(agg.records_added(), 0u);
+  const uint32_t t = agg.AddThread(1, "t");
+  const int64_t v[] = {1, 1};
+  const std::vector<uint64_t> frames = {5, 6};
+  agg.Add(t, frames, 0, v);
+  agg.Add(t, frames, 0, v);  // known stack: still a record
+  agg.AddSynthetic(t, "[x]", 0, v);
+  EXPECT_EQ(agg.records_added(), 3u);
+  EXPECT_EQ(agg.num_stacks(), 2u);
+  (void)agg.Take();
+  // Counted since construction, not per window.
+  agg.Add(t, frames, 0, v);
+  EXPECT_EQ(agg.records_added(), 4u);
+}
+
+TEST(SampleAggregatorTest, AddThreadKeepsIdentities) {
+  SampleAggregator agg(kTypes);
+  EXPECT_EQ(agg.sample_types(), kTypes);
+  const uint32_t a = agg.AddThread(42, "main");
+  const uint32_t b = agg.AddThread(43, "");
+  const uint32_t c = agg.AddThread(42, "main");  // a reused tid is a new entry
+  EXPECT_NE(a, b);
+  EXPECT_NE(b, c);
+  EXPECT_NE(a, c);
+  const ProfileData data = agg.Take();
+  ASSERT_EQ(data.threads.size(), 3u);
+  EXPECT_EQ(data.threads[b].tid, 43);
+  EXPECT_EQ(data.threads[b].name, "");
+  EXPECT_EQ(data.threads[c].tid, 42);
+  EXPECT_THAT(data.samples, IsEmpty());
+}
+
+TEST(SampleAggregatorTest, AddingKnownStackAllocatesNothing) {
+  SampleAggregator agg(kTypes);
+  const uint32_t t = agg.AddThread(1, "t");
+  const std::vector<uint64_t> frames = {0x401000, 0x402000, 0x403000};
+  const int64_t v[] = {1, 10};
+  agg.Add(t, frames, 0, v);
+  agg.AddSynthetic(t, "[dropped: ring full]", 0, v);
+
+  const uint64_t before = g_allocations.load(std::memory_order_relaxed);
+  for (int i = 0; i < 100; ++i) {
+    agg.Add(t, frames, 0, v);
+    agg.AddSynthetic(t, "[dropped: ring full]", 0, v);
+  }
+  const uint64_t after = g_allocations.load(std::memory_order_relaxed);
+  EXPECT_EQ(after - before, 0u);
+
+  // The counter does see allocations: a new stack makes some.
+  agg.Add(t, std::vector<uint64_t>{7, 8, 9}, 0, v);
+  EXPECT_GT(g_allocations.load(std::memory_order_relaxed), after);
+
+  const ProfileData data = agg.Take();
+  const ProfileSample* s = Find(data, t, frames);
+  ASSERT_NE(s, nullptr);
+  EXPECT_THAT(s->values, ElementsAre(101, 1010));
+}
+
+}  // namespace
+}  // namespace inprof
