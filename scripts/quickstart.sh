@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The README's two commands:
+#   scripts/quickstart.sh demo   build and run the demo (profile a program, show the result)
+#   scripts/quickstart.sh test   build and run the whole test suite
+# Installs the Debian packages it needs when they are missing (needs root or sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
+          libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev
+          golang-go)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "quickstart: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+build=${INPROF_BUILD_DIR:-build}
+[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
+
+case "${1:-}" in
+  demo)
+    ninja -C "$build" examples/demo >/dev/null
+    mkdir -p "$build/demo-out"
+    INPROF_OUTPUT="${INPROF_OUTPUT:-$PWD/$build/demo-out/demo.pb.gz}" "$build/examples/demo"
+    ;;
+  test)
+    ninja -C "$build"
+    meson test -C "$build" --print-errorlogs
+    ;;
+  *)
+    echo "usage: $0 demo|test" >&2
+    exit 2
+    ;;
+esac
