@@ -55,6 +55,14 @@ Options Options::FromLookup(const Lookup& lookup,
       report(parsed.status(), "1");
     }
   }
+  if (const char* v = lookup("INPROF_SYMBOLIZE")) {
+    auto parsed = ParseBoolFlag("INPROF_SYMBOLIZE", v);
+    if (parsed.ok()) {
+      options.symbolize = *parsed;
+    } else {
+      report(parsed.status(), "1");
+    }
+  }
   if (const char* v = lookup("INPROF_OUTPUT")) {
     if (absl::StripAsciiWhitespace(v).empty()) {
       report(absl::InvalidArgumentError(absl::StrCat(

@@ -81,7 +81,9 @@ absl::Status ProfilerCore::Export(const ProfilerStats& stats) {
   data.comments.push_back(
       absl::StrCat("stacks truncated=", stats.stacks_truncated));
   window_start_ns_ = now;
-  if (symbolizer_ == nullptr) symbolizer_ = std::make_unique<Symbolizer>();
+  if (symbolizer_ == nullptr) {
+    symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
+  }
   symbolizer_->Refresh();
   return WritePprofFile(options_.output, data, *symbolizer_);
 }

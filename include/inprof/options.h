@@ -10,6 +10,8 @@
 // | INPROF_ENABLED    | 1             | 1/0, true/false, yes/no, on/off       |
 // | INPROF_OUTPUT     | inprof.pb.gz  | a file path (non-empty)               |
 // | INPROF_CPU_PERIOD | 10ms          | a duration from 1ms to 1h, e.g. 10ms  |
+// | INPROF_SYMBOLIZE  | 1             | 1/0, ...: 0 writes addresses, mappings |
+// |                   |               | and build-ids only                    |
 //
 // Thread-safety: FromEnv reads the environment; call it before starting
 // threads that call setenv.
@@ -45,6 +47,9 @@ struct Options {
   absl::Duration collect_period = absl::Milliseconds(50);
   // Deepest stack recorded (the seed's limit).
   int max_frames = 512;
+  // False: the profile carries addresses and mappings with build-ids only,
+  // for symbolizing later (go tool pprof with the binaries at hand).
+  bool symbolize = true;
 
   // Accepted range of cpu_period. Below 1 ms the kernel's CPU-timer checks
   // (at scheduler ticks) bunch samples together and the handler's cost grows.
