@@ -41,6 +41,23 @@ class FramePointerUnwinder {
     return UnwindFrom(internal::RegistersFromContext(ucontext), bounds, out);
   }
 
+  // Words copied at the interrupted sp for the collector's frameless-leaf
+  // repair (see internal/leaf_frame_resolver.h).
+  static constexpr size_t kLeafStackWords = 8;
+
+  // Copies up to out.size() words starting at the interrupted sp; words
+  // beyond the stack bounds are zero. Async-signal-safe.
+  void CopyLeafStack(const void* ucontext, const StackBounds& bounds,
+                     std::span<uint64_t> out) const noexcept {
+    const uintptr_t sp = internal::RegistersFromContext(ucontext).sp;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uintptr_t at = sp + i * sizeof(uint64_t);
+      out[i] = (sp & 7) == 0 && bounds.Contains(at, sizeof(uint64_t))
+                   ? *reinterpret_cast<const uint64_t*>(at)
+                   : 0;
+    }
+  }
+
   // Walks from explicit registers (tests, benchmarks, other unwinders'
   // fallbacks). Async-signal-safe.
   UnwindResult UnwindFrom(const RegisterState& regs, const StackBounds& bounds,
@@ -79,6 +96,7 @@ class FramePointerUnwinder {
 };
 
 static_assert(Unwinder<FramePointerUnwinder>);
+static_assert(CopiesLeafStack<FramePointerUnwinder>);
 
 }  // namespace inprof
 

@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "inprof/cpu_time_provider.h"
 #include "inprof/frame_pointer_unwinder.h"
+#include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/log.h"
 #include "inprof/internal/profiler_core.h"
 #include "inprof/internal/signal_dispatch.h"
@@ -167,13 +168,24 @@ class Profiler final : public internal::ProfilerControl,
     return m;
   }();
   static constexpr size_t kMaxFrames = 512;  // the seed's limit
-  // Record: [meta][values...][frames...]; meta = provider | truncated << 8 |
-  // depth << 16.
+  static constexpr size_t kLeafWords = [] {
+    if constexpr (CopiesLeafStack<U>) {
+      return U::kLeafStackWords;
+    } else {
+      return size_t{0};
+    }
+  }();
+  static_assert(kLeafWords <= internal::LeafFrameResolver::kStackWords);
+  // Record: [meta][values...][leaf stack words...][frames...];
+  // meta = provider | truncated << 8 | has leaf words << 9 | depth << 16.
+  static constexpr uint64_t kTruncatedBit = 1u << 8;
+  static constexpr uint64_t kLeafWordsBit = 1u << 9;
+  static constexpr size_t kHeaderWords = 1 + kMaxValuesPerProvider + kLeafWords;
   static constexpr size_t kMaxRecordWords =
-      1 + kMaxValuesPerProvider + kMaxFrames < R::max_record_words()
-          ? 1 + kMaxValuesPerProvider + kMaxFrames
+      kHeaderWords + kMaxFrames < R::max_record_words()
+          ? kHeaderWords + kMaxFrames
           : R::max_record_words();
-  static_assert(kMaxRecordWords > 1 + kMaxValuesPerProvider,
+  static_assert(kMaxRecordWords > kHeaderWords,
                 "ring records too small for a sample");
 
   // A registered thread. Derives from the header the signal handler reads.
@@ -380,18 +392,25 @@ class Profiler final : public internal::ProfilerControl,
     }
     const size_t nvalues = kValueCounts[provider];
     uint64_t record[kMaxRecordWords];
-    const size_t frame_room = kMaxRecordWords - 1 - nvalues;
+    const size_t header_words = 1 + nvalues + kLeafWords;
+    const size_t frame_room = kMaxRecordWords - header_words;
     const size_t max_frames =
         static_cast<size_t>(slot->max_frames) < frame_room
             ? static_cast<size_t>(slot->max_frames)
             : frame_room;
     U unwinder;
+    if constexpr (kLeafWords > 0) {
+      unwinder.CopyLeafStack(
+          ucontext, slot->stack,
+          std::span<uint64_t>(record + 1 + nvalues, kLeafWords));
+    }
     const UnwindResult unwound = unwinder.Unwind(
         ucontext, slot->stack,
-        std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(record + 1 + nvalues),
-                             max_frames));
+        std::span<uintptr_t>(
+            reinterpret_cast<uintptr_t*>(record + header_words), max_frames));
     static_assert(sizeof(uintptr_t) == sizeof(uint64_t));
-    record[0] = provider | (unwound.truncated ? 1u << 8 : 0u) |
+    record[0] = provider | (unwound.truncated ? kTruncatedBit : 0u) |
+                (kLeafWords > 0 ? kLeafWordsBit : 0u) |
                 (static_cast<uint64_t>(unwound.depth) << 16);
     for (size_t i = 0; i < nvalues; ++i) {
       record[1 + i] = static_cast<uint64_t>(values[i]);
@@ -401,7 +420,7 @@ class Profiler final : public internal::ProfilerControl,
       slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
     }
     if (!slot->ring.TryPush(
-            std::span<const uint64_t>(record, 1 + nvalues + unwound.depth))) {
+            std::span<const uint64_t>(record, header_words + unwound.depth))) {
       // Keep the values so totals stay true; the ring counted the drop.
       const size_t offset = kValueOffsets[provider];
       for (size_t i = 0; i < nvalues; ++i) {
@@ -489,20 +508,29 @@ class Profiler final : public internal::ProfilerControl,
     SampleAggregator& agg = core_.aggregator();
     EnsureAggregateThread(slot, agg);
     uint64_t record[kMaxRecordWords];
+    // Room for one inserted caller frame.
+    uint64_t repaired[kMaxRecordWords + 1];
     uint64_t recorded = 0;
     while (size_t n = slot->ring.TryPop(record)) {
       const size_t provider = record[0] & 0xff;
       const size_t depth = record[0] >> 16;
+      const size_t leaf_words = (record[0] & kLeafWordsBit) ? kLeafWords : 0;
       if (provider >= kNumProviders) continue;
       const size_t nvalues = kValueCounts[provider];
-      if (n < 1 + nvalues + depth) continue;
+      const size_t header = 1 + nvalues + leaf_words;
+      if (n < header + depth) continue;
       int64_t values[kMaxValuesPerProvider];
       for (size_t i = 0; i < nvalues; ++i) {
         values[i] = static_cast<int64_t>(record[1 + i]);
       }
-      agg.Add(slot->aggregate_thread,
-              std::span<const uint64_t>(record + 1 + nvalues, depth),
-              kValueOffsets[provider],
+      std::span<const uint64_t> frames(record + header, depth);
+      if (leaf_words > 0 && depth >= 1) {
+        frames = RepairLeaf(frames,
+                            std::span<const uint64_t>(record + 1 + nvalues,
+                                                      leaf_words),
+                            repaired);
+      }
+      agg.Add(slot->aggregate_thread, frames, kValueOffsets[provider],
               std::span<const int64_t>(values, nvalues));
       ++recorded;
     }
@@ -530,9 +558,32 @@ class Profiler final : public internal::ProfilerControl,
     slot->seen_truncated = truncated;
   }
 
+  // Registry lock held. When the leaf pc has no frame record of its own
+  // (its CFA is sp-based), the frame-pointer walk skipped its caller: insert
+  // the return address found on the stack. `out` must hold frames.size()+1.
+  std::span<const uint64_t> RepairLeaf(std::span<const uint64_t> frames,
+                                       std::span<const uint64_t> stack_words,
+                                       uint64_t* out) {
+    const int slot = leaf_resolver_.ReturnAddressSlot(frames[0]);
+    if (slot < 0 || static_cast<size_t>(slot) >= stack_words.size()) {
+      return frames;
+    }
+    const uint64_t caller = stack_words[static_cast<size_t>(slot)];
+    if (caller == 0 || (frames.size() > 1 && frames[1] == caller) ||
+        !leaf_resolver_.InModule(caller)) {
+      return frames;
+    }
+    out[0] = frames[0];
+    out[1] = caller;
+    std::copy(frames.begin() + 1, frames.end(), out + 2);
+    ++leaf_callers_recovered_;
+    return std::span<const uint64_t>(out, frames.size() + 1);
+  }
+
   // Collector step.
   void Drain() {
     std::lock_guard<std::mutex> lock(registry_->mutex);
+    if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
     for (Slot* slot : active_) DrainSlotLocked(slot);
   }
 
@@ -553,6 +604,7 @@ class Profiler final : public internal::ProfilerControl,
     }
     if (start_pid_ == 0 || getpid() == start_pid_) {
       TakeTailsLocked(slot);
+      if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
       DrainSlotLocked(slot);
     }
     // A slot unregistered from another thread may still be the owner's TLS
@@ -614,6 +666,8 @@ class Profiler final : public internal::ProfilerControl,
   std::atomic<bool> running_{false};  // written under the registry lock
   pid_t start_pid_ = 0;
 
+  internal::LeafFrameResolver leaf_resolver_;  // registry lock
+  uint64_t leaf_callers_recovered_ = 0;        // registry lock
   std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0};
   std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
 };

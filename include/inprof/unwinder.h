@@ -52,6 +52,21 @@ concept Unwinder =
       { U::kName } -> std::convertible_to<const char*>;
     };
 
+// Optional: an unwinder that can also copy the first words at the
+// interrupted stack pointer, so the collector can recover the caller of a
+// frameless leaf from call-frame information (internal/leaf_frame_resolver.h).
+//   (1) U::kLeafStackWords > 0: how many words it copies;
+//   (2) u.CopyLeafStack(const void* ucontext, const StackBounds&,
+//       std::span<uint64_t>) noexcept: async-signal-safe; fills the span,
+//       zeros for words outside the stack.
+template <typename U>
+concept CopiesLeafStack =
+    Unwinder<U> && (U::kLeafStackWords > 0) &&
+    requires(const U& u, const void* ucontext, const StackBounds& bounds,
+             std::span<uint64_t> out) {
+      { u.CopyLeafStack(ucontext, bounds, out) } noexcept;
+    };
+
 }  // namespace inprof
 
 #endif  // INPROF_UNWINDER_H_

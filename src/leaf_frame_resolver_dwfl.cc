@@ -1,0 +1,135 @@
+#include "inprof/internal/leaf_frame_resolver.h"
+
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <link.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace inprof::internal {
+namespace {
+
+// DWARF register numbers (System V AMD64 psABI, figure 3.36).
+#if defined(__x86_64__)
+constexpr int kDwarfSp = 7;
+constexpr int kDwarfFp = 6;
+constexpr bool kSupported = true;
+#else
+// AArch64 keeps a leaf's return address in x30, not on the stack; the
+// handler would have to record lr instead. Not done yet.
+constexpr int kDwarfSp = -1;
+constexpr int kDwarfFp = -1;
+constexpr bool kSupported = false;
+#endif
+
+// Only .eh_frame is needed, which lives in the loaded file itself: never
+// look for separate debug files (and so never reach debuginfod) here.
+int NoDebuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*,
+                const char*, GElf_Word, char**) {
+  return -1;
+}
+
+const Dwfl_Callbacks kCallbacks = {
+    dwfl_linux_proc_find_elf, NoDebuginfo, nullptr, nullptr};
+
+// Decodes a CFA expression of the form "breg N + offset".
+bool CfaRegisterOffset(Dwarf_Op* ops, size_t nops, int* reg, int64_t* offset) {
+  if (nops != 1) return false;
+  if (ops[0].atom >= DW_OP_breg0 && ops[0].atom <= DW_OP_breg31) {
+    *reg = ops[0].atom - DW_OP_breg0;
+    *offset = static_cast<int64_t>(ops[0].number);
+    return true;
+  }
+  if (ops[0].atom == DW_OP_bregx) {
+    *reg = static_cast<int>(ops[0].number);
+    *offset = static_cast<int64_t>(ops[0].number2);
+    return true;
+  }
+  return false;
+}
+
+void ReadLoaderCounters(unsigned long long* adds, unsigned long long* subs) {
+  struct Counters {
+    unsigned long long adds = 0, subs = 0;
+  } c;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* data) {
+        auto* out = static_cast<Counters*>(data);
+        if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+          out->adds = info->dlpi_adds;
+          out->subs = info->dlpi_subs;
+        }
+        return 1;  // the counters are the same in every entry
+      },
+      &c);
+  *adds = c.adds;
+  *subs = c.subs;
+}
+
+}  // namespace
+
+struct LeafFrameResolver::Session {
+  Dwfl* dwfl = nullptr;
+  ~Session() {
+    if (dwfl != nullptr) dwfl_end(dwfl);
+  }
+};
+
+LeafFrameResolver::LeafFrameResolver() = default;
+LeafFrameResolver::~LeafFrameResolver() = default;
+
+void LeafFrameResolver::Refresh() {
+  if (!kSupported) return;
+  unsigned long long adds = 0, subs = 0;
+  ReadLoaderCounters(&adds, &subs);
+  if (session_ != nullptr && adds == adds_ && subs == subs_) return;
+  adds_ = adds;
+  subs_ = subs;
+  slots_.clear();  // a pc may now belong to another module
+  auto session = std::make_unique<Session>();
+  session->dwfl = dwfl_begin(&kCallbacks);
+  if (session->dwfl == nullptr) return;
+  dwfl_report_begin(session->dwfl);
+  const int rc = dwfl_linux_proc_report(session->dwfl, getpid());
+  dwfl_report_end(session->dwfl, nullptr, nullptr);
+  if (rc != 0) return;  // no /proc: resolve nothing, insert nothing
+  session_ = std::move(session);
+}
+
+bool LeafFrameResolver::InModule(uint64_t address) {
+  if (session_ == nullptr) return false;
+  return dwfl_addrmodule(session_->dwfl, address) != nullptr;
+}
+
+int LeafFrameResolver::ReturnAddressSlot(uint64_t pc) {
+  if (session_ == nullptr) return -1;
+  auto it = slots_.find(pc);
+  if (it != slots_.end()) return it->second;
+  int slot = -1;
+  if (Dwfl_Module* module = dwfl_addrmodule(session_->dwfl, pc)) {
+    Dwarf_Addr bias = 0;
+    Dwarf_CFI* cfi = dwfl_module_eh_cfi(module, &bias);
+    if (cfi == nullptr) cfi = dwfl_module_dwarf_cfi(module, &bias);
+    Dwarf_Frame* frame = nullptr;
+    if (cfi != nullptr && dwarf_cfi_addrframe(cfi, pc - bias, &frame) == 0) {
+      Dwarf_Op* ops = nullptr;
+      size_t nops = 0;
+      int reg = -1;
+      int64_t offset = 0;
+      if (dwarf_frame_cfa(frame, &ops, &nops) == 0 &&
+          CfaRegisterOffset(ops, nops, &reg, &offset) && reg == kDwarfSp &&
+          offset >= 8 && offset % 8 == 0 &&
+          offset <= static_cast<int64_t>(8 * kStackWords)) {
+        slot = static_cast<int>(offset / 8 - 1);
+      }
+      (void)kDwarfFp;  // an rbp-based CFA means a frame record: slot -1
+      free(frame);
+    }
+  }
+  slots_.emplace(pc, static_cast<int8_t>(slot));
+  return slot;
+}
+
+}  // namespace inprof::internal
