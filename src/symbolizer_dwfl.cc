@@ -8,12 +8,20 @@
 // session per object keeps a broken file from affecting the others, lets
 // SymbolizeFile() share the code with the live path, and makes unloading a
 // module a matter of dropping its session.
+//
+// Separate debug files are found by our own find_debuginfo callback rather
+// than dwfl_standard_find_debuginfo: in elfutils 0.188 the standard one ends
+// every unsuccessful search by dlopen()ing libdebuginfod and, when
+// DEBUGINFOD_URLS is set (Debian sets it in /etc/profile.d), downloading the
+// file over the network, inside the profiled process, for up to
+// DEBUGINFOD_TIMEOUT per module.
 
 #include "inprof/symbolizer.h"
 
 #include <cxxabi.h>
 #include <dwarf.h>
 #include <elfutils/libdw.h>
+#include <elfutils/libdwelf.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -23,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -41,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "inprof/internal/log.h"
 
 namespace inprof {
@@ -229,30 +239,454 @@ void CallSite(Dwarf_Die* inlined, std::string* file, int64_t* line) {
   if (name != nullptr) *file = name;
 }
 
+// libdwfl's default debuginfo_path (libdwflP.h's DEFAULT_DEBUGINFO_PATH).
+constexpr char kDefaultDebugInfoPath[] = ":.debug:/usr/lib/debug";
+
+// Modules are always reported with an open file, so libdwfl has no reason to
+// look for one; this keeps dwfl_build_id_find_elf (and its debuginfod
+// fallback) out of the picture should it ever try.
+int NoFindElf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) {
+  errno = 0;
+  return -1;
+}
+
+// CRC-32 of the whole file, as .gnu_debuglink records it (zlib's polynomial).
+bool FileCrc32(int fd, uint32_t* crc) {
+  uLong value = crc32(0L, Z_NULL, 0);
+  unsigned char buf[1 << 16];
+  off_t offset = 0;
+  for (;;) {
+    ssize_t n = pread(fd, buf, sizeof buf, offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n == 0) break;
+    value = crc32(value, buf, static_cast<uInt>(n));
+    offset += n;
+  }
+  *crc = static_cast<uint32_t>(value);
+  return true;
+}
+
+// Whether the debug file open at `fd` belongs to `mod`: same GNU build-id
+// when the module has one, else the CRC the debuglink recorded.
+bool DebugFileMatches(Dwfl_Module* mod, int fd, GElf_Word debuglink_crc) {
+  const unsigned char* module_id = nullptr;
+  GElf_Addr vaddr = 0;
+  const int module_id_len = dwfl_module_build_id(mod, &module_id, &vaddr);
+  if (module_id_len > 0) {
+    Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+    if (elf == nullptr) return false;
+    const void* debug_id = nullptr;
+    const ssize_t debug_id_len = dwelf_elf_gnu_build_id(elf, &debug_id);
+    const bool same = debug_id_len == module_id_len &&
+                      std::memcmp(debug_id, module_id, module_id_len) == 0;
+    elf_end(elf);
+    return same;
+  }
+  uint32_t crc = 0;
+  return debuglink_crc != 0 && FileCrc32(fd, &crc) && crc == debuglink_crc;
+}
+
+// Opens `candidate` if it exists, is not the module's own file, and matches.
+int TryDebugFile(Dwfl_Module* mod, const std::string& candidate,
+                 const struct stat& main_stat, GElf_Word debuglink_crc,
+                 char** debuginfo_file_name) {
+  int fd = open(candidate.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0 ||
+      (st.st_dev == main_stat.st_dev && st.st_ino == main_stat.st_ino) ||
+      !DebugFileMatches(mod, fd, debuglink_crc)) {
+    close(fd);
+    return -1;
+  }
+  *debuginfo_file_name = strdup(candidate.c_str());
+  if (*debuginfo_file_name == nullptr) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Dwfl_Callbacks::find_debuginfo without the network: libdwfl's build-id
+// search (which also finds dwz "alt" files by build-id), then the
+// .gnu_debuglink name in the directories of the debuginfo_path.
+int FindDebugInfoOffline(Dwfl_Module* mod, void** userdata, const char* modname,
+                         Dwarf_Addr base, const char* file_name,
+                         const char* debuglink_file, GElf_Word debuglink_crc,
+                         char** debuginfo_file_name) {
+  errno = 0;
+  int fd = dwfl_build_id_find_debuginfo(mod, userdata, modname, base,
+                                        file_name, debuglink_file,
+                                        debuglink_crc, debuginfo_file_name);
+  if (fd >= 0) return fd;
+  free(*debuginfo_file_name);
+  *debuginfo_file_name = nullptr;
+  // A .gnu_debuglink always carries a CRC; libdwfl passes 0 when it asks for
+  // a dwz alt file, which only the build-id search above can validate.
+  if (debuglink_file == nullptr || debuglink_crc == 0 || file_name == nullptr) {
+    errno = 0;
+    return -1;
+  }
+  struct stat main_stat{};
+  if (stat(file_name, &main_stat) != 0) main_stat = {};
+
+  // ElfSymbols::Open makes the module's userdata the session's
+  // Dwfl_Callbacks::debuginfo_path, which dwfl_build_id_find_debuginfo reads.
+  char* const* path_setting = static_cast<char* const*>(*userdata);
+  const std::string path = path_setting != nullptr && *path_setting != nullptr
+                               ? *path_setting
+                               : kDefaultDebugInfoPath;
+
+  std::vector<std::string> dirs;
+  const std::string name(file_name);
+  if (const size_t slash = name.rfind('/'); slash != std::string::npos) {
+    dirs.push_back(name.substr(0, slash));
+  } else {
+    dirs.push_back(".");
+  }
+  // A module loaded through a symlink may have its debug file next to the
+  // target instead.
+  if (char* canon = realpath(file_name, nullptr); canon != nullptr) {
+    std::string real(canon);
+    std::free(canon);
+    if (const size_t slash = real.rfind('/');
+        slash != std::string::npos && real.substr(0, slash) != dirs[0]) {
+      dirs.push_back(real.substr(0, slash));
+    }
+  }
+  for (const std::string& dir : dirs) {
+    for (absl::string_view entry : absl::StrSplit(path, ':')) {
+      if (!entry.empty() && (entry[0] == '+' || entry[0] == '-')) {
+        entry.remove_prefix(1);  // CRC on/off flags: we always validate
+      }
+      std::string candidate;
+      if (entry.empty()) {
+        candidate = absl::StrCat(dir, "/", debuglink_file);
+      } else if (entry[0] == '/') {
+        if (dir.empty() || dir[0] != '/') continue;
+        candidate = absl::StrCat(entry, dir, "/", debuglink_file);
+      } else {
+        candidate = absl::StrCat(dir, "/", entry, "/", debuglink_file);
+      }
+      fd = TryDebugFile(mod, candidate, main_stat, debuglink_crc,
+                        debuginfo_file_name);
+      if (fd >= 0) return fd;
+    }
+  }
+  errno = 0;
+  return -1;
+}
+
+// The module's symbols (.symtab, else .dynsym, plus a MiniDebugInfo table)
+// sorted by address, for the symbol "closest" to an address as
+// dwfl_module_addrinfo() defines it: the nearest symbol at or below it whose
+// st_size covers it, global binding preferred; failing that, the nearest
+// sizeless one (assembly labels) in the same section that no sized symbol
+// overlaps. dwfl_module_addrinfo() scans the whole table on each call (tens
+// of microseconds per address in a large program).
+class SymbolTable {
+ public:
+  explicit SymbolTable(Dwfl_Module* mod) {
+    const int count = dwfl_module_getsymtab(mod);
+    for (int i = 0; i < count; ++i) {
+      GElf_Sym sym;
+      GElf_Addr value = 0;
+      GElf_Word shndx = 0;
+      Elf* elf = nullptr;
+      Dwarf_Addr bias = 0;
+      const char* name =
+          dwfl_module_getsym_info(mod, i, &sym, &value, &shndx, &elf, &bias);
+      const int type = GELF_ST_TYPE(sym.st_info);
+      if (name == nullptr || name[0] == '\0' || sym.st_shndx == SHN_UNDEF ||
+          type == STT_SECTION || type == STT_FILE || type == STT_TLS) {
+        continue;
+      }
+      Entry e;
+      e.start = value;
+      e.size = sym.st_size;
+      e.name = name;
+      e.type = type;
+      e.binding = BindingRank(GELF_ST_BIND(sym.st_info));
+      e.order = i;
+      if (e.size != 0) {
+        e.end = value + sym.st_size;
+      } else {
+        e.end = SectionEnd(elf, shndx, value, sym.st_value);
+      }
+      entries_.push_back(e);
+    }
+    std::sort(entries_.begin(), entries_.end(),
+              [](const Entry& a, const Entry& b) {
+                return a.start != b.start ? a.start < b.start
+                                          : a.order < b.order;
+              });
+    // reach_[i]: the furthest any symbol in entries_[0..i] extends (sizeless
+    // ones count as their own address), for stopping backward scans.
+    reach_.resize(entries_.size());
+    uint64_t reach = 0;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      reach = std::max(reach, entries_[i].start + entries_[i].size);
+      reach_[i] = reach;
+    }
+  }
+
+  // The symbol's name and type (STT_*), or nullptr.
+  const char* Find(uint64_t addr, int* type) const {
+    auto it = std::upper_bound(
+        entries_.begin(), entries_.end(), addr,
+        [](uint64_t a, const Entry& e) { return a < e.start; });
+    if (it == entries_.begin()) return nullptr;
+    const size_t last = static_cast<size_t>(it - entries_.begin()) - 1;
+    // Any symbol at or below addr ending past a sizeless one hides it.
+    const uint64_t min_label = reach_[last];
+    const Entry* sized = nullptr;
+    const Entry* sizeless = nullptr;
+    for (size_t i = last + 1; i-- > 0;) {
+      if (reach_[i] <= addr) break;  // nothing at or before i reaches addr
+      const Entry& e = entries_[i];
+      if (sized != nullptr && e.start < sized->start) break;
+      if (e.size != 0 && addr - e.start < e.size) {
+        if (sized == nullptr || Better(e, *sized)) sized = &e;
+      }
+    }
+    if (sized == nullptr) {
+      for (size_t i = last + 1; i-- > 0;) {
+        const Entry& e = entries_[i];
+        if (e.start < min_label) break;
+        if (sizeless != nullptr && e.start < sizeless->start) break;
+        if (e.size == 0 && addr < e.end &&
+            (sizeless == nullptr || e.binding > sizeless->binding ||
+             (e.binding == sizeless->binding && e.order < sizeless->order))) {
+          sizeless = &e;
+        }
+      }
+    }
+    const Entry* best = sized != nullptr ? sized : sizeless;
+    if (best == nullptr) return nullptr;
+    *type = best->type;
+    return best->name;
+  }
+
+ private:
+  struct Entry {
+    uint64_t start = 0;
+    uint64_t size = 0;
+    uint64_t end = 0;  // sized: start + size; sizeless: its section's end
+    const char* name = nullptr;  // in libelf's string table
+    int type = 0;
+    int binding = 0;  // higher is preferred
+    int order = 0;    // index in the module's table
+  };
+
+  static int BindingRank(int bind) {
+    switch (bind) {
+      case STB_GLOBAL:
+        return 3;
+      case STB_WEAK:
+        return 2;
+      case STB_LOCAL:
+        return 1;
+      default:
+        return 0;
+    }
+  }
+
+  // Between two sized symbols at the same address that both cover it: the
+  // global one, then the smaller, then the first in the table.
+  static bool Better(const Entry& a, const Entry& b) {
+    if (a.binding != b.binding) return a.binding > b.binding;
+    if (a.size != b.size) return a.size < b.size;
+    return a.order < b.order;
+  }
+
+  // End of the section holding a sizeless symbol, in the symbol's adjusted
+  // address space; absolute symbols cover only their own address.
+  static uint64_t SectionEnd(Elf* elf, GElf_Word shndx, uint64_t value,
+                             uint64_t st_value) {
+    if (shndx == SHN_UNDEF || shndx >= SHN_LORESERVE || elf == nullptr) {
+      return value + 1;
+    }
+    GElf_Shdr shdr;
+    Elf_Scn* scn = elf_getscn(elf, shndx);
+    if (scn == nullptr || gelf_getshdr(scn, &shdr) == nullptr ||
+        st_value < shdr.sh_addr) {
+      return value + 1;
+    }
+    return value + (shdr.sh_addr + shdr.sh_size - st_value);
+  }
+
+  std::vector<Entry> entries_;  // by address, then table order
+  std::vector<uint64_t> reach_;
+};
+
+// The functions (DW_TAG_subprogram) and inlined instances
+// (DW_TAG_inlined_subroutine) of one compilation unit that have code, with
+// their address ranges and nesting, read in one walk of the CU's DIE tree.
+// dwarf_getscopes() walks the tree on every call, which costs milliseconds
+// per address in the CUs of template-heavy C++ (measured with
+// bench/symbolizer_benchmark: 3-4 ms per address before this index).
+class CuScopes {
+ public:
+  explicit CuScopes(Dwarf_Die* cu) {
+    Collect(cu, -1, 0);
+    std::sort(ranges_.begin(), ranges_.end(),
+              [](const Range& a, const Range& b) {
+                return a.low != b.low ? a.low < b.low : a.node < b.node;
+              });
+  }
+
+  // Appends the chain at DWARF address `pc`: inlined instances innermost
+  // first, then the enclosing function. Empty when no function covers pc.
+  void Chain(uint64_t pc, std::vector<Dwarf_Die>* chain) const {
+    // Ranges nest (a scope's code lies inside its parent's), so the
+    // innermost scope covering pc is the last range starting at or before pc
+    // or one of that range's ancestors.
+    auto it = std::upper_bound(
+        ranges_.begin(), ranges_.end(), pc,
+        [](uint64_t a, const Range& r) { return a < r.low; });
+    int node = -1;
+    // A few ranges back, in case a sibling's range begins inside a scope
+    // split into several ranges.
+    for (int tries = 0; tries < 8 && it != ranges_.begin() && node < 0;
+         ++tries) {
+      --it;
+      for (int n = it->node; n >= 0; n = nodes_[n].parent) {
+        if (Covers(n, pc)) {
+          node = n;
+          break;
+        }
+      }
+    }
+    for (int n = node; n >= 0; n = nodes_[n].parent) {
+      chain->push_back(nodes_[n].die);
+      if (!nodes_[n].inlined) break;
+    }
+  }
+
+ private:
+  struct Node {
+    Dwarf_Die die;
+    int parent;        // index into nodes_; -1: none
+    bool inlined;      // DW_TAG_inlined_subroutine, else a subprogram
+    size_t first_range;  // [first_range, end_range) in node_ranges_
+    size_t end_range;
+  };
+  struct Range {
+    uint64_t low;
+    uint64_t high;  // exclusive
+    int node;
+  };
+
+  // Deeper nesting only comes from corrupt DWARF; stop before the stack
+  // does.
+  static constexpr int kMaxDepth = 256;
+
+  bool Covers(int node, uint64_t pc) const {
+    for (size_t i = nodes_[node].first_range; i < nodes_[node].end_range;
+         ++i) {
+      if (node_ranges_[i].low <= pc && pc < node_ranges_[i].high) return true;
+    }
+    return false;
+  }
+
+  void Collect(Dwarf_Die* parent_die, int parent, int depth) {
+    if (depth > kMaxDepth) return;
+    Dwarf_Die child;
+    if (dwarf_child(parent_die, &child) != 0) return;
+    do {
+      const int tag = dwarf_tag(&child);
+      int node = parent;
+      switch (tag) {
+        case DW_TAG_subprogram:
+        case DW_TAG_inlined_subroutine: {
+          const size_t first = node_ranges_.size();
+          Dwarf_Addr base = 0, start = 0, end = 0;
+          ptrdiff_t offset = 0;
+          while ((offset = dwarf_ranges(&child, offset, &base, &start, &end)) >
+                 0) {
+            if (start < end) {
+              node_ranges_.push_back(
+                  {start, end, static_cast<int>(nodes_.size())});
+            }
+          }
+          // Declarations and abstract instances have no code of their own
+          // and nothing concrete inside.
+          if (node_ranges_.size() == first) continue;
+          node = static_cast<int>(nodes_.size());
+          nodes_.push_back({child, parent, tag == DW_TAG_inlined_subroutine,
+                            first, node_ranges_.size()});
+          ranges_.insert(ranges_.end(), node_ranges_.begin() + first,
+                         node_ranges_.end());
+          break;
+        }
+        case DW_TAG_lexical_block:
+        case DW_TAG_namespace:
+        case DW_TAG_module:
+        case DW_TAG_class_type:
+        case DW_TAG_structure_type:
+        case DW_TAG_union_type:
+        case DW_TAG_try_block:
+        case DW_TAG_catch_block:
+          break;  // may hold functions: look inside
+        default:
+          continue;  // types, variables, parameters: no code inside
+      }
+      Collect(&child, node, depth + 1);
+    } while (dwarf_siblingof(&child, &child) == 0);
+  }
+
+  std::vector<Node> nodes_;
+  std::vector<Range> node_ranges_;  // grouped by node
+  std::vector<Range> ranges_;       // all of them, sorted by low
+};
+
+// Callbacks for sessions whose debug-info path is `*debuginfo_path` (null:
+// the default). Offline only: see FindDebugInfoOffline.
+Dwfl_Callbacks MakeCallbacks(char** debuginfo_path) {
+  return Dwfl_Callbacks{
+      .find_elf = NoFindElf,
+      .find_debuginfo = FindDebugInfoOffline,
+      .section_address = dwfl_offline_section_address,
+      .debuginfo_path = debuginfo_path,
+  };
+}
+
+// Heap bytes one cache entry holds (its node, frames and out-of-line
+// strings) plus its slot in the hash table.
+size_t EntryBytes(const SymbolizedAddress& entry) {
+  auto string_bytes = [](const std::string& s) {
+    // Strings up to the small-string capacity live inside the object.
+    return s.capacity() > std::string().capacity() ? s.capacity() + 1 : 0;
+  };
+  size_t bytes = sizeof(SymbolizedAddress) + sizeof(uint64_t) +
+                 sizeof(std::unique_ptr<SymbolizedAddress>) +
+                 entry.frames.capacity() * sizeof(SourceFrame);
+  for (const SourceFrame& f : entry.frames) {
+    bytes += string_bytes(f.function) + string_bytes(f.system_name) +
+             string_bytes(f.file);
+  }
+  return bytes;
+}
+
 // Symbols and debug info of one ELF object: a Dwfl session with one module
 // placed at bias 0.
 class ElfSymbols {
  public:
   // Takes ownership of `fd` in all cases. `path` names the object in errors
-  // and is where libdwfl looks for .gnu_debuglink files; `expected_build_id`
+  // and is where .gnu_debuglink files are looked for; `expected_build_id`
   // (if non-empty) must match the file's, so that a file replaced on disk
-  // after loading is not used to name the old code.
+  // after loading is not used to name the old code. `callbacks` (from
+  // MakeCallbacks) must outlive the session.
   static absl::StatusOr<std::unique_ptr<ElfSymbols>> Open(
-      int fd, const std::string& path, const std::string& expected_build_id) {
+      int fd, const std::string& path, const std::string& expected_build_id,
+      const Dwfl_Callbacks* callbacks) {
     absl::Status fits = CheckElfFits(fd, path);
     if (!fits.ok()) {
       close(fd);
       return fits;
     }
-    static const Dwfl_Callbacks kCallbacks = {
-        .find_elf = dwfl_build_id_find_elf,
-        // .gnu_debuglink next to the file, and /usr/lib/debug/.build-id.
-        // (libdw may also ask debuginfod when DEBUGINFOD_URLS is set.)
-        .find_debuginfo = dwfl_standard_find_debuginfo,
-        .section_address = dwfl_offline_section_address,
-        .debuginfo_path = nullptr,
-    };
-    Dwfl* dwfl = dwfl_begin(&kCallbacks);
+    Dwfl* dwfl = dwfl_begin(callbacks);
     if (dwfl == nullptr) {
       close(fd);
       return CannotRead(path, DwflError());
@@ -268,6 +702,10 @@ class ElfSymbols {
     if (dwfl_report_end(dwfl, nullptr, nullptr) != 0) {
       return CannotRead(path, DwflError());
     }
+    void** userdata = nullptr;
+    dwfl_module_info(mod, &userdata, nullptr, nullptr, nullptr, nullptr,
+                     nullptr, nullptr);
+    if (userdata != nullptr) *userdata = callbacks->debuginfo_path;
     symbols->mod_ = mod;
     if (!expected_build_id.empty()) {
       const unsigned char* bits = nullptr;
@@ -293,20 +731,18 @@ class ElfSymbols {
 
   // Frames at file virtual address `addr`, innermost first; records in
   // `caps` what kinds of information were found.
-  std::vector<SourceFrame> Lookup(uint64_t addr, Caps* caps) const {
+  std::vector<SourceFrame> Lookup(uint64_t addr, Caps* caps) {
     std::vector<SourceFrame> frames;
 
     // Out-of-line function: the symbol table (.symtab covers static
     // functions; .dynsym when stripped).
     std::string sym_function, sym_system;
     {
-      GElf_Off offset = 0;
-      GElf_Sym sym;
-      const char* name = dwfl_module_addrinfo(mod_, addr, &offset, &sym,
-                                              nullptr, nullptr, nullptr);
+      if (symbols_ == nullptr) symbols_ = std::make_unique<SymbolTable>(mod_);
+      int type = STT_NOTYPE;
+      const char* name = symbols_->Find(addr, &type);
       // Code symbols only: data, section and version symbols (such as the
       // vDSO's "LINUX_2.6" at offset 0) would misname the address.
-      const int type = GELF_ST_TYPE(sym.st_info);
       if (name != nullptr && name[0] != '\0' &&
           (type == STT_FUNC || type == STT_GNU_IFUNC || type == STT_NOTYPE)) {
         sym_system = name;
@@ -326,33 +762,14 @@ class ElfSymbols {
     }
 
     // Chain of inlined subroutines and the enclosing subprogram, innermost
-    // first. dwarf_getscopes stops at the innermost inlined instance (it
-    // continues into the abstract origin), so the concrete parents come from
-    // dwarf_getscopes_die on the innermost scope.
+    // first, from the CU's scope index.
     std::vector<Dwarf_Die> chain;
     bool have_dwarf = false;
     Dwarf_Addr cu_bias = 0;
     if (Dwarf_Die* cu = dwfl_module_addrdie(mod_, addr, &cu_bias);
         cu != nullptr) {
       have_dwarf = true;
-      Dwarf_Die* scopes = nullptr;
-      const int n = dwarf_getscopes(cu, addr - cu_bias, &scopes);
-      if (n > 0) {
-        Dwarf_Die innermost = scopes[0];
-        std::free(scopes);
-        scopes = nullptr;
-        const int m = dwarf_getscopes_die(&innermost, &scopes);
-        for (int i = 0; i < m; ++i) {
-          const int tag = dwarf_tag(&scopes[i]);
-          if (tag == DW_TAG_inlined_subroutine) {
-            chain.push_back(scopes[i]);
-          } else if (tag == DW_TAG_subprogram) {
-            chain.push_back(scopes[i]);
-            break;
-          }
-        }
-      }
-      std::free(scopes);
+      ScopesOf(cu).Chain(addr - cu_bias, &chain);
     }
 
     if (chain.empty()) {
@@ -405,8 +822,18 @@ class ElfSymbols {
  private:
   explicit ElfSymbols(Dwfl* dwfl) : dwfl_(dwfl) {}
 
+  // The scope index of `cu`, built on first use.
+  const CuScopes& ScopesOf(Dwarf_Die* cu) {
+    std::unique_ptr<CuScopes>& slot = cu_scopes_[dwarf_dieoffset(cu)];
+    if (slot == nullptr) slot = std::make_unique<CuScopes>(cu);
+    return *slot;
+  }
+
   Dwfl* dwfl_;
   Dwfl_Module* mod_ = nullptr;
+  std::unique_ptr<SymbolTable> symbols_;  // built on first use
+  // By CU DIE offset. Dwarf_Dies stay valid while dwfl_ lives.
+  absl::flat_hash_map<Dwarf_Off, std::unique_ptr<CuScopes>> cu_scopes_;
 };
 
 // The vDSO has no file: copy its image into a memfd for libdwfl.
@@ -553,8 +980,19 @@ struct Symbolizer::Impl {
     int module;
   };
 
+  Impl() : callbacks(MakeCallbacks(&debuginfo_path_ptr)) {}
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // Declared before `objects`: the sessions point at them.
+  std::string debuginfo_path = kDefaultDebugInfoPath;
+  char* debuginfo_path_ptr = debuginfo_path.data();
+  const Dwfl_Callbacks callbacks;
+
   bool symbolize = true;
   bool scanned = false;
+  size_t max_cached_bytes = kDefaultMaxCachedBytes;
+  size_t cached_bytes = 0;
   unsigned long long adds = 0;
   unsigned long long subs = 0;
   std::vector<ModuleInfo> modules;
@@ -622,6 +1060,7 @@ void Symbolizer::Impl::Rebuild() {
     const int old_module = it->second->module;
     const int new_module = old_module >= 0 ? remap[old_module] : -1;
     if (new_module < 0) {
+      cached_bytes -= EntryBytes(*it->second);
       cache.erase(it++);
     } else {
       it->second->module = new_module;
@@ -667,7 +1106,7 @@ ElfSymbols* Symbolizer::Impl::SymbolsOf(Object& object) {
     }
   }
   absl::StatusOr<std::unique_ptr<ElfSymbols>> symbols =
-      fd.ok() ? ElfSymbols::Open(*fd, loaded.path, loaded.build_id)
+      fd.ok() ? ElfSymbols::Open(*fd, loaded.path, loaded.build_id, &callbacks)
               : absl::StatusOr<std::unique_ptr<ElfSymbols>>(fd.status());
   if (!symbols.ok()) {
     if (warned.insert(loaded.path).second) Warn(symbols.status());
@@ -687,6 +1126,10 @@ Symbolizer::Symbolizer(bool symbolize) : impl_(std::make_unique<Impl>()) {
 Symbolizer::~Symbolizer() = default;
 
 void Symbolizer::Refresh() {
+  if (impl_->cached_bytes > impl_->max_cached_bytes) {
+    impl_->cache = {};  // also gives the table's memory back
+    impl_->cached_bytes = 0;
+  }
   auto [adds, subs] = LoaderCounters();
   if (impl_->scanned && adds == impl_->adds && subs == impl_->subs) return;
   impl_->Rebuild();
@@ -694,6 +1137,23 @@ void Symbolizer::Refresh() {
 
 const std::vector<ModuleInfo>& Symbolizer::modules() const {
   return impl_->modules;
+}
+
+void Symbolizer::SetDebugInfoPath(absl::string_view path) {
+  impl_->debuginfo_path = std::string(path);
+  impl_->debuginfo_path_ptr = impl_->debuginfo_path.data();
+}
+
+size_t Symbolizer::cached_addresses() const { return impl_->cache.size(); }
+
+size_t Symbolizer::cached_bytes() const { return impl_->cached_bytes; }
+
+size_t Symbolizer::max_cached_bytes() const {
+  return impl_->max_cached_bytes;
+}
+
+void Symbolizer::set_max_cached_bytes(size_t max) {
+  impl_->max_cached_bytes = max;
 }
 
 const SymbolizedAddress& Symbolizer::Lookup(uint64_t address,
@@ -713,6 +1173,7 @@ const SymbolizedAddress& Symbolizer::Lookup(uint64_t address,
       slot->frames = symbols->Lookup(lookup - object.loaded.bias, &object.caps);
     }
   }
+  impl_->cached_bytes += EntryBytes(*slot);
   return *slot;
 }
 
@@ -728,8 +1189,9 @@ absl::StatusOr<std::vector<std::vector<SourceFrame>>> Symbolizer::SymbolizeFile(
   elf_version(EV_CURRENT);
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return CannotRead(path, std::strerror(errno));
+  static const Dwfl_Callbacks kCallbacks = MakeCallbacks(nullptr);
   absl::StatusOr<std::unique_ptr<ElfSymbols>> symbols =
-      ElfSymbols::Open(fd, path, /*expected_build_id=*/"");
+      ElfSymbols::Open(fd, path, /*expected_build_id=*/"", &kCallbacks);
   if (!symbols.ok()) return symbols.status();
   std::vector<std::vector<SourceFrame>> result;
   result.reserve(file_addresses.size());

@@ -39,18 +39,6 @@ void MakeDirs(const std::string& path) {
   }
 }
 
-// Single-quotes `s` for /bin/sh.
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -130,9 +118,22 @@ struct RawLocation {
   std::string address;
   std::vector<std::string> functions;
   std::vector<std::string> file_lines;
+  std::vector<std::string> system_names;
 };
 
 }  // namespace
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
 
 std::string TestTmpDir() {
   std::string dir = Env("INPROF_TEST_TMPDIR");
@@ -287,10 +288,15 @@ absl::StatusOr<std::vector<RawSample>> ParseGoPprofRaw(const std::string& raw) {
         if (rest == "??") {
           current_location->functions.push_back("??");
           current_location->file_lines.push_back("");
+          current_location->system_names.push_back("");
         } else if (std::regex_match(rest, lm, kLine)) {
           current_location->functions.push_back(lm[1].str());
           current_location->file_lines.push_back(
               absl::StrCat(lm[2].str(), ":", lm[3].str()));
+          // "(sysname)" only when it differs from the name.
+          const std::string sys = lm[5].str();
+          current_location->system_names.push_back(
+              sys.size() >= 2 ? sys.substr(1, sys.size() - 2) : lm[1].str());
         } else {
           return error("'<function> <file>:<line> s=<n>'");
         }
@@ -312,12 +318,19 @@ absl::StatusOr<std::vector<RawSample>> ParseGoPprofRaw(const std::string& raw) {
       if (loc.functions.empty()) {
         p.sample.stack.push_back(loc.address);
         p.sample.file_lines.push_back("");
+        p.sample.system_names.push_back("");
+        p.sample.location_ids.push_back(id);
       } else {
         p.sample.stack.insert(p.sample.stack.end(), loc.functions.begin(),
                               loc.functions.end());
         p.sample.file_lines.insert(p.sample.file_lines.end(),
                                    loc.file_lines.begin(),
                                    loc.file_lines.end());
+        p.sample.system_names.insert(p.sample.system_names.end(),
+                                     loc.system_names.begin(),
+                                     loc.system_names.end());
+        p.sample.location_ids.insert(p.sample.location_ids.end(),
+                                     loc.functions.size(), id);
       }
     }
     samples.push_back(std::move(p.sample));

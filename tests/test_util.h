@@ -27,6 +27,9 @@
 
 namespace inprof::testing {
 
+// `s` single-quoted for /bin/sh.
+std::string ShellQuote(const std::string& s);
+
 // $INPROF_TEST_TMPDIR (created if missing), else /tmp.
 std::string TestTmpDir();
 
@@ -65,6 +68,11 @@ struct RawSample {
   std::vector<std::string> stack;
   // The same frames' "file:line" ("" when pprof shows no line).
   std::vector<std::string> file_lines;
+  // The same frames' Function.system_name ("" without a function).
+  std::vector<std::string> system_names;
+  // The same frames' pprof location id: a location's inline frames share
+  // one, its caller's frames have the next location's.
+  std::vector<uint64_t> location_ids;
   // String and numeric labels, e.g. {"thread name": "main"}; several values
   // of one key are joined with a space.
   std::map<std::string, std::string> labels;

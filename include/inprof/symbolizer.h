@@ -4,7 +4,20 @@
 // executable segments and GNU build-id) and a Symbolizer that resolves
 // addresses against it with elfutils' libdwfl: .symtab names (static
 // functions included), demangled C++ names, file:line and inlined frames.
-// Results are cached per address across exports.
+// Results are cached per address across exports, up to a byte cap. Per
+// module, the first lookup also builds a sorted symbol table and, per
+// compilation unit touched, an index of functions and inlined instances;
+// those stay while the module is loaded (bounded by its size: ~4 MiB for
+// all CUs of an 8 MiB test binary with full debug info).
+//
+// Separate debug info is found offline only, in the debug-info path (default
+// ":.debug:/usr/lib/debug", libdwfl's): /usr/lib/debug/.build-id/xx/yyyy.debug
+// by GNU build-id, then the file that .gnu_debuglink names, next to the
+// module, in its .debug/ subdirectory or under /usr/lib/debug/<its dir>/. A
+// candidate is used only when its build-id (or, without one, the debuglink
+// CRC) matches. debuginfod is never consulted, whatever DEBUGINFOD_URLS says:
+// libdwfl's standard search would dlopen libdebuginfod and download from the
+// network inside the host process.
 //
 // Thread-safety: not thread-safe; the exporter owns one. Never call it from a
 // signal handler (it allocates and reads files).
@@ -17,12 +30,14 @@
 #ifndef INPROF_SYMBOLIZER_H_
 #define INPROF_SYMBOLIZER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace inprof {
 
@@ -58,11 +73,36 @@ class Symbolizer {
   Symbolizer& operator=(const Symbolizer&) = delete;
 
   // Re-reads the module list when modules were loaded or unloaded since the
-  // last call (cheap otherwise). Keeps cached results of unchanged modules.
+  // last call (cheap otherwise). Keeps cached results of unchanged modules,
+  // unless the cache holds more than max_cached_bytes(): then it is emptied,
+  // so that a long-running process's memory stays bounded.
   void Refresh();
 
   // The modules known after the last Refresh().
   const std::vector<ModuleInfo>& modules() const;
+
+  // Directories searched for separate debug info, in libdwfl's debuginfo_path
+  // syntax: ':'-separated; "" is the module's directory, a relative entry a
+  // subdirectory of it, an absolute one a root holding .build-id/ and a copy
+  // of the module's directory tree. Applies to modules whose debug info is
+  // looked for after the call. Default: ":.debug:/usr/lib/debug".
+  void SetDebugInfoPath(absl::string_view path);
+
+  // Addresses whose results are cached (each Lookup() of a new address adds
+  // one; Refresh() drops those of unloaded modules).
+  size_t cached_addresses() const;
+
+  // Estimated heap bytes held by the cached results (entries, frames,
+  // names). About 1.4 KiB per address in C++ code with inline frames
+  // (bench/symbolizer_benchmark), so the default cap keeps ~45,000.
+  size_t cached_bytes() const;
+
+  // Cache cap that Refresh() enforces. Within one export the cache may
+  // exceed it by that export's new addresses. After a purge, addresses are
+  // resolved again (about 10 us each, bench/symbolizer_benchmark).
+  static constexpr size_t kDefaultMaxCachedBytes = size_t{64} << 20;
+  size_t max_cached_bytes() const;
+  void set_max_cached_bytes(size_t max);
 
   // Resolves one address. `is_return_address` looks the line up at
   // address - 1 so that it names the call site. Cached. The reference stays
