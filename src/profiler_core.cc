@@ -7,10 +7,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "inprof/datadog_uploader.h"
+#include "inprof/internal/log.h"
 #include "inprof/pprof_writer.h"
+#include "inprof/pyroscope_uploader.h"
 #include "inprof/symbolizer.h"
 
 namespace inprof::internal {
+namespace {
+
+ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
+  ProfilerStats d = now;
+  d.samples_taken -= before.samples_taken;
+  d.samples_recorded -= before.samples_recorded;
+  d.samples_dropped -= before.samples_dropped;
+  d.stacks_truncated -= before.stacks_truncated;
+  return d;
+}
+
+}  // namespace
+
+struct ProfilerCore::Threads {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread collector;
+  std::thread exporter;
+};
 
 ProfilerCore::ProfilerCore(const Options& options,
                            std::vector<ValueType> sample_types,
@@ -22,70 +45,210 @@ ProfilerCore::ProfilerCore(const Options& options,
       engine_(std::move(engine)),
       aggregator_(std::move(sample_types)) {}
 
-ProfilerCore::~ProfilerCore() { StopCollector(); }
+ProfilerCore::~ProfilerCore() {
+  StopCollector();
+  // Sinks with threads stop them in their destructors (aborting what is in
+  // flight); Export() normally flushed them already.
+}
 
-void ProfilerCore::StartCollector(std::function<void()> drain) {
+void ProfilerCore::EnsureSinks() {
+  if (sinks_built_) return;
+  sinks_built_ = true;
+  if (options_.write_output) {
+    sinks_.push_back(std::make_shared<FileSink>(options_.output));
+  }
+  if (options_.datadog.enabled) {
+    sinks_.push_back(
+        std::make_shared<DatadogUploader>(options_.datadog, options_.upload));
+  }
+  if (!options_.pyroscope.url.empty()) {
+    sinks_.push_back(std::make_shared<PyroscopeUploader>(
+        options_.pyroscope, options_.upload, options_.cpu_period));
+  }
+  for (const auto& sink : options_.sinks) {
+    if (sink != nullptr) sinks_.push_back(sink);
+  }
+  sink_failing_.assign(sinks_.size(), false);
+}
+
+void ProfilerCore::StartCollector(std::function<void()> drain,
+                                  StatsFunction stats) {
   StopCollector();
   {
-    std::lock_guard<std::mutex> lock(collector_mutex_);
-    collector_stop_ = false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_ = std::move(stats);
   }
+  {
+    std::lock_guard<std::mutex> lock(export_mutex_);
+    EnsureSinks();
+  }
+  threads_ = std::make_unique<Threads>();
+  Threads* t = threads_.get();
   const auto period = absl::ToChronoNanoseconds(options_.collect_period);
-  collector_ = std::thread([this, drain = std::move(drain), period] {
+  t->collector = std::thread([t, drain, period] {
     pthread_setname_np(pthread_self(), "inprof-collect");
-    std::unique_lock<std::mutex> lock(collector_mutex_);
-    while (!collector_stop_) {
-      collector_cv_.wait_for(lock, period, [this] { return collector_stop_; });
-      if (collector_stop_) break;
+    std::unique_lock<std::mutex> lock(t->mutex);
+    while (!t->stop) {
+      t->cv.wait_for(lock, period, [t] { return t->stop; });
+      if (t->stop) break;
       lock.unlock();
       drain();
       lock.lock();
     }
   });
+  if (options_.export_period > absl::ZeroDuration()) {
+    t->exporter = std::thread([this, t, drain = std::move(drain)] {
+      pthread_setname_np(pthread_self(), "inprof-export");
+      ExporterLoop(t, drain);
+    });
+  }
+}
+
+void ProfilerCore::ExporterLoop(Threads* t,
+                                const std::function<void()>& drain) {
+  using Clock = std::chrono::steady_clock;
+  const auto period = std::chrono::duration_cast<Clock::duration>(
+      absl::ToChronoNanoseconds(options_.export_period));
+  auto next = Clock::now() + period;
+  std::unique_lock<std::mutex> lock(t->mutex);
+  while (!t->stop) {
+    if (t->cv.wait_until(lock, next, [t] { return t->stop; })) break;
+    lock.unlock();
+    // Samples still in the rings belong to this window.
+    drain();
+    {
+      std::lock_guard<std::mutex> export_lock(export_mutex_);
+      ExportWindow(nullptr, /*last=*/false).IgnoreError();
+    }
+    lock.lock();
+    // Keep the schedule; after a stall, restart it rather than catch up.
+    next += period;
+    if (next <= Clock::now()) next = Clock::now() + period;
+  }
 }
 
 void ProfilerCore::StopCollector() {
-  if (!collector_.joinable()) return;
+  if (threads_ == nullptr) return;
   {
-    std::lock_guard<std::mutex> lock(collector_mutex_);
-    collector_stop_ = true;
+    std::lock_guard<std::mutex> lock(threads_->mutex);
+    threads_->stop = true;
   }
-  collector_cv_.notify_all();
-  collector_.join();
+  threads_->cv.notify_all();
+  if (threads_->collector.joinable()) threads_->collector.join();
+  if (threads_->exporter.joinable()) threads_->exporter.join();
+  threads_.reset();
 }
 
 void ProfilerCore::AbandonCollector() {
-  if (collector_.joinable()) collector_.detach();
+  // Leaked, never destroyed or detached: the std::thread objects name
+  // threads that do not exist here (pthread_detach on them fails or reads
+  // the parent's reclaimed thread descriptors), and destroying a joinable
+  // std::thread would terminate the process.
+  (void)threads_.release();
+  // No lock: in the child the lock may be held by a thread that is gone.
+  for (const auto& sink : sinks_) sink->Abandon();
 }
 
 void ProfilerCore::BeginWindow() {
+  std::lock_guard<std::mutex> lock(mutex_);
   window_start_ns_ = absl::GetCurrentTimeNanos();
 }
 
-absl::Status ProfilerCore::Export(const ProfilerStats& stats) {
+absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
+                                        bool last) {
+  EnsureSinks();
   ProfileData data;
+  ProfilerStats window_stats;
+  int64_t start = 0;
+  int64_t end = 0;
   {
+    // The cut: the drain step adds under this lock too.
     std::lock_guard<std::mutex> lock(mutex_);
     data = aggregator_.Take();
+    end = absl::GetCurrentTimeNanos();
+    start = window_start_ns_;
+    window_start_ns_ = end;
+    const ProfilerStats now =
+        stats_ ? stats_() : (stats != nullptr ? *stats : baseline_);
+    window_stats = Delta(now, baseline_);
+    baseline_ = now;
   }
-  const int64_t now = absl::GetCurrentTimeNanos();
+  if (sinks_.empty()) return absl::OkStatus();
+
   data.period_type = period_type_;
   data.period = period_;
-  data.time_nanos = window_start_ns_;
-  data.duration_nanos = now - window_start_ns_;
+  data.time_nanos = start;
+  data.duration_nanos = end - start;
   data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
   data.comments.push_back(absl::StrCat(
-      "samples taken=", stats.samples_taken,
-      " recorded=", stats.samples_recorded,
-      " dropped=", stats.samples_dropped, " (ring full)"));
+      "samples taken=", window_stats.samples_taken,
+      " recorded=", window_stats.samples_recorded,
+      " dropped=", window_stats.samples_dropped, " (ring full)"));
   data.comments.push_back(
-      absl::StrCat("stacks truncated=", stats.stacks_truncated));
-  window_start_ns_ = now;
+      absl::StrCat("stacks truncated=", window_stats.stacks_truncated));
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
   }
   symbolizer_->Refresh();
-  return WritePprofFile(options_.output, data, *symbolizer_);
+  absl::StatusOr<std::string> encoded = EncodePprof(data, *symbolizer_);
+  if (encoded.ok()) encoded = GzipCompress(*encoded);
+  if (!encoded.ok()) {
+    if (last) return encoded.status();
+    if (!encode_failing_) {
+      Log(absl::StrCat("profile window not exported: ",
+                       encoded.status().message()));
+    }
+    encode_failing_ = true;
+    return encoded.status();
+  }
+  encode_failing_ = false;
+  data = ProfileData();  // free the window before the sinks run
+
+  auto profile = std::make_shared<ExportedProfile>();
+  profile->pprof = std::move(*encoded);
+  profile->start = absl::FromUnixNanos(start);
+  profile->end = absl::FromUnixNanos(end);
+  profile->sequence = sequence_++;
+  profile->last = last;
+  windows_exported_.fetch_add(1, std::memory_order_relaxed);
+
+  absl::Status first_error;
+  for (size_t i = 0; i < sinks_.size(); ++i) {
+    absl::Status s = sinks_[i]->Consume(profile);
+    if (s.ok()) {
+      sink_failing_[i] = false;
+      continue;
+    }
+    if (last) {
+      first_error.Update(absl::Status(
+          s.code(), absl::StrCat(sinks_[i]->name(), ": ", s.message())));
+    } else if (!sink_failing_[i]) {
+      Log(absl::StrCat(sinks_[i]->name(), ": ", s.message(),
+                       " (further failures are not logged until one "
+                       "succeeds)"));
+    }
+    sink_failing_[i] = true;
+  }
+  return first_error;
+}
+
+absl::Status ProfilerCore::Export(const ProfilerStats& stats) {
+  const absl::Time deadline = absl::Now() + options_.stop_timeout;
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  absl::Status status = ExportWindow(&stats, /*last=*/true);
+  // Each uploader has been delivering on its own thread since Consume(), so
+  // waiting for them one after the other shares one deadline fairly.
+  std::string late;
+  for (const auto& sink : sinks_) {
+    absl::Status flushed = sink->Flush(deadline);
+    if (!flushed.ok()) absl::StrAppend(&late, late.empty() ? "" : "; ", flushed.message());
+  }
+  if (!late.empty()) {
+    status.Update(absl::DeadlineExceededError(
+        absl::StrCat(late, " (INPROF_STOP_TIMEOUT=",
+                     absl::FormatDuration(options_.stop_timeout), ")")));
+  }
+  return status;
 }
 
 }  // namespace inprof::internal

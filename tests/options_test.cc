@@ -383,5 +383,291 @@ TEST(OptionsValidateTest, RejectsBadFieldsNamingTheField) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Periodic export and uploads.
+
+TEST(OptionsExportTest, DefaultsWhenNothingIsSet) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({}, &errors);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_EQ(o.export_period, absl::Seconds(60));
+  EXPECT_EQ(o.stop_timeout, absl::Seconds(5));
+  EXPECT_TRUE(o.write_output);
+  EXPECT_FALSE(o.datadog.enabled);
+  EXPECT_EQ(o.datadog.agent_url, "http://localhost:8126");
+  EXPECT_THAT(o.datadog.tags, IsEmpty());
+  EXPECT_EQ(o.pyroscope.url, "");
+  EXPECT_EQ(o.upload.timeout, absl::Seconds(10));
+  EXPECT_EQ(o.upload.max_retries, 3);
+  EXPECT_EQ(o.upload.backoff, absl::Seconds(1));
+  EXPECT_EQ(o.upload.max_queued, 4);
+}
+
+TEST(OptionsExportTest, ExportPeriodAndStopTimeoutAcceptTheirRanges) {
+  const std::pair<const char*, absl::Duration> periods[] = {
+      {"0", absl::ZeroDuration()}, {"100ms", absl::Milliseconds(100)},
+      {"60s", absl::Seconds(60)},  {"5m", absl::Minutes(5)},
+      {"24h", absl::Hours(24)}};
+  for (const auto& [value, expected] : periods) {
+    std::vector<std::string> errors;
+    const Options o = FromMap({{"INPROF_EXPORT_PERIOD", value}}, &errors);
+    EXPECT_EQ(o.export_period, expected) << value;
+    EXPECT_THAT(errors, IsEmpty()) << value;
+    EXPECT_TRUE(o.Validate().ok()) << value;
+  }
+  const std::pair<const char*, absl::Duration> timeouts[] = {
+      {"0", absl::ZeroDuration()}, {"250ms", absl::Milliseconds(250)},
+      {"10m", absl::Minutes(10)}};
+  for (const auto& [value, expected] : timeouts) {
+    std::vector<std::string> errors;
+    const Options o = FromMap({{"INPROF_STOP_TIMEOUT", value}}, &errors);
+    EXPECT_EQ(o.stop_timeout, expected) << value;
+    EXPECT_THAT(errors, IsEmpty()) << value;
+  }
+}
+
+TEST(OptionsExportTest, DatadogAgentFromHostAndPort) {
+  std::vector<std::string> errors;
+  Options o = FromMap({{"DD_AGENT_HOST", "datadog-agent"}}, &errors);
+  EXPECT_TRUE(o.datadog.enabled);
+  EXPECT_EQ(o.datadog.agent_url, "http://datadog-agent:8126");
+  o = FromMap({{"DD_AGENT_HOST", " 10.0.0.7 "}, {"DD_TRACE_AGENT_PORT", "9126"}},
+              &errors);
+  EXPECT_EQ(o.datadog.agent_url, "http://10.0.0.7:9126");
+  o = FromMap({{"DD_AGENT_HOST", "::1"}}, &errors);
+  EXPECT_EQ(o.datadog.agent_url, "http://[::1]:8126");
+  // A port alone does not turn the upload on.
+  o = FromMap({{"DD_TRACE_AGENT_PORT", "9126"}}, &errors);
+  EXPECT_FALSE(o.datadog.enabled);
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+TEST(OptionsExportTest, DatadogAgentUrlWinsAndUnixSocketsWork) {
+  std::vector<std::string> errors;
+  Options o = FromMap({{"DD_AGENT_HOST", "ignored"},
+                       {"DD_TRACE_AGENT_URL", "http://127.0.0.1:18126/"}},
+                      &errors);
+  EXPECT_TRUE(o.datadog.enabled);
+  EXPECT_EQ(o.datadog.agent_url, "http://127.0.0.1:18126");
+  o = FromMap({{"DD_TRACE_AGENT_URL", "unix:///var/run/datadog/apm.socket"}},
+              &errors);
+  EXPECT_TRUE(o.datadog.enabled);
+  EXPECT_EQ(o.datadog.agent_url, "unix:///var/run/datadog/apm.socket");
+  o = FromMap({{"DD_TRACE_AGENT_URL", "https://agent.example:443"}}, &errors);
+  EXPECT_EQ(o.datadog.agent_url, "https://agent.example:443");
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(OptionsExportTest, InprofDatadogSwitchesTheUploadExplicitly) {
+  std::vector<std::string> errors;
+  Options o = FromMap({{"INPROF_DATADOG", "1"}}, &errors);
+  EXPECT_TRUE(o.datadog.enabled);
+  EXPECT_EQ(o.datadog.agent_url, "http://localhost:8126");
+  o = FromMap({{"INPROF_DATADOG", "off"}, {"DD_AGENT_HOST", "agent"}}, &errors);
+  EXPECT_FALSE(o.datadog.enabled);
+  EXPECT_TRUE(o.write_output);  // nothing uploads: the file is written
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+TEST(OptionsExportTest, DatadogTagsAndIdentity) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"DD_SERVICE", " checkout "},
+                             {"DD_ENV", "prod"},
+                             {"DD_VERSION", "1.2.3"},
+                             {"DD_HOSTNAME", "web-1"},
+                             {"DD_TAGS", "team:perf, region:eu  zone:b,,"},
+                             {"INPROF_DATADOG", "yes"}},
+                            &errors);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_EQ(o.datadog.service, "checkout");
+  EXPECT_EQ(o.datadog.env, "prod");
+  EXPECT_EQ(o.datadog.version, "1.2.3");
+  EXPECT_EQ(o.datadog.hostname, "web-1");
+  EXPECT_THAT(o.datadog.tags, ElementsAre("team:perf", "region:eu", "zone:b"));
+}
+
+TEST(OptionsExportTest, UploadsTurnTheFileOffUnlessOutputIsSet) {
+  std::vector<std::string> errors;
+  EXPECT_FALSE(FromMap({{"DD_AGENT_HOST", "a"}}, &errors).write_output);
+  EXPECT_FALSE(
+      FromMap({{"INPROF_PYROSCOPE_URL", "http://p:4040"}}, &errors).write_output);
+  const Options o = FromMap(
+      {{"DD_AGENT_HOST", "a"}, {"INPROF_OUTPUT", "/tmp/also-%t.pb.gz"}},
+      &errors);
+  EXPECT_TRUE(o.write_output);
+  EXPECT_EQ(o.output, "/tmp/also-%t.pb.gz");
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+TEST(OptionsExportTest, PyroscopeVariables) {
+  std::vector<std::string> errors;
+  const Options o =
+      FromMap({{"INPROF_PYROSCOPE_URL", "https://profiles.example/prefix/"},
+               {"INPROF_APPLICATION_NAME", "checkout{region=eu,pod=a-1}"},
+               {"INPROF_PYROSCOPE_BASIC_AUTH_USER", "123"},
+               {"INPROF_PYROSCOPE_BASIC_AUTH_PASSWORD", "secret"},
+               {"INPROF_PYROSCOPE_AUTH_TOKEN", "tok"},
+               {"INPROF_PYROSCOPE_TENANT_ID", "team-a"}},
+              &errors);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_EQ(o.pyroscope.url, "https://profiles.example/prefix");
+  EXPECT_EQ(o.pyroscope.application_name, "checkout{region=eu,pod=a-1}");
+  EXPECT_EQ(o.pyroscope.basic_auth_user, "123");
+  EXPECT_EQ(o.pyroscope.basic_auth_password, "secret");
+  EXPECT_EQ(o.pyroscope.auth_token, "tok");
+  EXPECT_EQ(o.pyroscope.tenant_id, "team-a");
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(OptionsExportTest, ApplicationNames) {
+  for (const char* ok : {"app", "my.app", "my-app_2", "app{}", "app{k=v}",
+                         "app{region=eu,pod=a-1,x.y=1}"}) {
+    EXPECT_TRUE(IsValidApplicationName(ok)) << ok;
+  }
+  for (const char* bad : {"", "my app", "{k=v}", "app{k}", "app{1k=v}",
+                          "app{k=v", "app{k=}", "app{k=v,}", "a=b", "app?x"}) {
+    EXPECT_FALSE(IsValidApplicationName(bad)) << bad;
+  }
+}
+
+TEST(OptionsExportTest, UploadTuning) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"INPROF_UPLOAD_TIMEOUT", "30s"},
+                             {"INPROF_UPLOAD_RETRIES", "0"},
+                             {"INPROF_UPLOAD_BACKOFF", "250ms"},
+                             {"INPROF_UPLOAD_QUEUE", "16"}},
+                            &errors);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_EQ(o.upload.timeout, absl::Seconds(30));
+  EXPECT_EQ(o.upload.max_retries, 0);
+  EXPECT_EQ(o.upload.backoff, absl::Milliseconds(250));
+  EXPECT_EQ(o.upload.max_queued, 16);
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(OptionsExportTest, InvalidValueKeepsDefaultAndReportsOneLine) {
+  const InvalidCase cases[] = {
+      {"INPROF_EXPORT_PERIOD", "ten", "expected a duration from 100ms to 24h "
+       "(or 0 to disable) such as 60s", "using 1m"},
+      {"INPROF_EXPORT_PERIOD", "50ms", "from 100ms to 24h", "using 1m"},
+      {"INPROF_EXPORT_PERIOD", "25h", "from 100ms to 24h", "using 1m"},
+      {"INPROF_STOP_TIMEOUT", "11m", "(or 0 to disable) such as 5s",
+       "using 5s"},
+      {"INPROF_STOP_TIMEOUT", "-1s", "expected a duration", "using 5s"},
+      {"INPROF_DATADOG", "maybe", "expected 1/0", "using 0"},
+      {"DD_TRACE_AGENT_URL", "localhost:8126",
+       "expected http://host:port, https://host:port or unix:///path/to/socket",
+       "using http://localhost:8126"},
+      {"DD_TRACE_AGENT_URL", "ftp://x", "expected http://", "using http://"},
+      {"DD_TRACE_AGENT_URL", "unix://relative", "unix:///path", "using http://"},
+      {"DD_TRACE_AGENT_URL", "http://", "expected http://", "using http://"},
+      {"DD_AGENT_HOST", "", "expected a host name", "using localhost"},
+      {"DD_AGENT_HOST", "http://x", "expected a host name", "using localhost"},
+      {"DD_TRACE_AGENT_PORT", "70000", "expected an integer from 1 to 65535",
+       "using 8126"},
+      {"DD_TRACE_AGENT_PORT", "http", "expected an integer", "using 8126"},
+      {"INPROF_PYROSCOPE_URL", "localhost:4040",
+       "expected http://host:port or https://host:port",
+       "using no Pyroscope upload"},
+      {"INPROF_APPLICATION_NAME", "my app",
+       "expected a name such as my.app or my.app{region=eu,pod=a}",
+       "using the program's name"},
+      {"INPROF_UPLOAD_TIMEOUT", "50ms", "from 100ms to 10m", "using 10s"},
+      {"INPROF_UPLOAD_RETRIES", "11", "expected an integer from 0 to 10",
+       "using 3"},
+      {"INPROF_UPLOAD_RETRIES", "-1", "expected an integer", "using 3"},
+      {"INPROF_UPLOAD_BACKOFF", "1us", "from 10ms to 10m", "using 1s"},
+      {"INPROF_UPLOAD_QUEUE", "0", "expected an integer from 1 to 64",
+       "using 4"},
+      {"INPROF_UPLOAD_QUEUE", "65", "from 1 to 64", "using 4"},
+  };
+  const Options defaults;
+  for (const InvalidCase& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.variable, "='", c.value, "'"));
+    std::vector<std::string> errors;
+    const Options o = FromMap({{c.variable, c.value}}, &errors);
+    ExpectDefaults(o);
+    EXPECT_EQ(o.export_period, defaults.export_period);
+    EXPECT_EQ(o.stop_timeout, defaults.stop_timeout);
+    EXPECT_FALSE(o.datadog.enabled);
+    EXPECT_EQ(o.datadog.agent_url, defaults.datadog.agent_url);
+    EXPECT_EQ(o.pyroscope.url, "");
+    EXPECT_EQ(o.pyroscope.application_name, "");
+    EXPECT_EQ(o.upload.timeout, defaults.upload.timeout);
+    EXPECT_EQ(o.upload.max_retries, defaults.upload.max_retries);
+    EXPECT_EQ(o.upload.backoff, defaults.upload.backoff);
+    EXPECT_EQ(o.upload.max_queued, defaults.upload.max_queued);
+    EXPECT_TRUE(o.write_output);
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_THAT(errors[0],
+                AllOf(StartsWith(absl::StrCat(c.variable, "='", c.value, "'")),
+                      HasSubstr(c.expected), HasSubstr(c.using_default),
+                      Not(HasSubstr("\n"))));
+  }
+}
+
+TEST(OptionsValidateTest, RejectsBadExportAndUploadFields) {
+  struct Case {
+    const char* what;
+    void (*mutate)(Options&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {"export_period below min",
+       [](Options& o) { o.export_period = absl::Milliseconds(10); },
+       "export_period=10ms"},
+      {"negative stop_timeout",
+       [](Options& o) { o.stop_timeout = absl::Seconds(-1); },
+       "stop_timeout=-1s"},
+      {"bad agent url",
+       [](Options& o) {
+         o.datadog.enabled = true;
+         o.datadog.agent_url = "agent:8126";
+       },
+       "datadog.agent_url"},
+      {"bad pyroscope url",
+       [](Options& o) { o.pyroscope.url = "pyroscope"; }, "pyroscope.url"},
+      {"bad application name",
+       [](Options& o) { o.pyroscope.application_name = "a b"; },
+       "pyroscope.application_name"},
+      {"zero upload timeout",
+       [](Options& o) { o.upload.timeout = absl::ZeroDuration(); },
+       "upload.timeout"},
+      {"zero backoff",
+       [](Options& o) { o.upload.backoff = absl::ZeroDuration(); },
+       "upload.backoff"},
+      {"too many retries", [](Options& o) { o.upload.max_retries = 11; },
+       "upload.max_retries=11"},
+      {"empty queue", [](Options& o) { o.upload.max_queued = 0; },
+       "upload.max_queued=0"},
+      {"null sink", [](Options& o) { o.sinks.push_back(nullptr); }, "sinks"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Options o;
+    c.mutate(o);
+    const absl::Status status = o.Validate();
+    ASSERT_FALSE(status.ok());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()),
+                AllOf(HasSubstr(c.field), HasSubstr("expected")));
+  }
+  Options zero;
+  zero.export_period = absl::ZeroDuration();
+  zero.stop_timeout = absl::ZeroDuration();
+  EXPECT_TRUE(zero.Validate().ok());
+}
+
+TEST(OptionsExportTest, ParseIntFlag) {
+  absl::StatusOr<int64_t> n = ParseIntFlag("N", " 42 ", 0, 100);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 42);
+  n = ParseIntFlag("N", "4x", 0, 100);
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(std::string(n.status().message()),
+            "N='4x': expected an integer from 0 to 100");
+}
+
 }  // namespace
 }  // namespace inprof

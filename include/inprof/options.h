@@ -12,6 +12,27 @@
 // | INPROF_CPU_PERIOD | 10ms          | a duration from 1ms to 1h, e.g. 10ms  |
 // | INPROF_SYMBOLIZE  | 1             | 1/0, ...: 0 writes addresses, mappings |
 // |                   |               | and build-ids only                    |
+// | INPROF_WALL_PERIOD | 10ms         | 0 (off) or a duration from 1ms to 1h  |
+// | INPROF_WALL_THREADS_PER_TICK | 5  | 1 to 10000                            |
+// | INPROF_EXPORT_PERIOD | 60s | 0 (one profile at Stop) or 100ms to 24h   |
+// | INPROF_STOP_TIMEOUT  | 5s  | 0 to 10m: how long Stop() waits for uploads |
+// | INPROF_DATADOG       | off | 1/0, ...; on when DD_TRACE_AGENT_URL or     |
+// |                      |     | DD_AGENT_HOST is set                        |
+// | DD_TRACE_AGENT_URL   | http://localhost:8126 | http(s)://host:port,      |
+// |                      |     | unix:///path                                |
+// | DD_AGENT_HOST, DD_TRACE_AGENT_PORT | localhost, 8126 | host; 1 to 65535  |
+// | DD_SERVICE, DD_ENV, DD_VERSION, DD_HOSTNAME | | any text                  |
+// | DD_TAGS              |     | key:value pairs, comma or space separated   |
+// | INPROF_PYROSCOPE_URL |     | http(s)://host:port[/prefix]                |
+// | INPROF_APPLICATION_NAME | program name | name or name{key=value,...}    |
+// | INPROF_PYROSCOPE_BASIC_AUTH_USER, _PASSWORD, _AUTH_TOKEN, _TENANT_ID     |
+// | INPROF_UPLOAD_TIMEOUT | 10s | 100ms to 10m                               |
+// | INPROF_UPLOAD_RETRIES | 3   | 0 to 10                                    |
+// | INPROF_UPLOAD_BACKOFF | 1s  | 10ms to 10m                                |
+// | INPROF_UPLOAD_QUEUE   | 4   | 1 to 64 profiles waiting per endpoint      |
+//
+// When an upload is enabled and INPROF_OUTPUT is not set, no file is written
+// (write_output = false).
 //
 // Thread-safety: FromEnv reads the environment; call it before starting
 // threads that call setenv.
@@ -23,16 +44,59 @@
 #ifndef INPROF_OPTIONS_H_
 #define INPROF_OPTIONS_H_
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace inprof {
+
+class ProfileSink;  // sink.h
+
+// Upload to a Datadog agent (datadog_uploader.h).
+struct DatadogOptions {
+  // INPROF_DATADOG, or implied by DD_TRACE_AGENT_URL / DD_AGENT_HOST.
+  bool enabled = false;
+  // http://host:port, https://host:port or unix:///path/to/socket.
+  std::string agent_url = "http://localhost:8126";
+  std::string service;  // DD_SERVICE; empty: the program's name
+  std::string env;      // DD_ENV
+  std::string version;  // DD_VERSION
+  // DD_TAGS, one "key:value" per element.
+  std::vector<std::string> tags;
+  std::string hostname;  // DD_HOSTNAME; empty: gethostname()
+};
+
+// Upload to Grafana Pyroscope's /ingest (pyroscope_uploader.h).
+struct PyroscopeOptions {
+  // http(s)://host:port[/prefix]; empty: no upload.
+  std::string url;
+  // "name" or "name{key=value,...}"; empty: the program's name.
+  std::string application_name;
+  std::string basic_auth_user;
+  std::string basic_auth_password;
+  std::string auth_token;  // sent as "Authorization: Bearer <token>"
+  std::string tenant_id;   // sent as X-Scope-OrgID
+};
+
+// How uploads behave when the endpoint is slow or failing.
+struct UploadOptions {
+  // Whole-request limit (connect, send, response).
+  absl::Duration timeout = absl::Seconds(10);
+  // Further attempts after a failed one (network error, timeout, 5xx, 408,
+  // 429); other 4xx are never retried.
+  int max_retries = 3;
+  // Wait before the first retry; doubles each retry, at most 60s.
+  absl::Duration backoff = absl::Seconds(1);
+  // Profiles waiting per endpoint; when full the oldest is dropped.
+  int max_queued = 4;
+};
 
 struct Options {
   // False turns the profiler into a no-op: no thread, timer, signal handler
@@ -50,11 +114,37 @@ struct Options {
   // False: the profile carries addresses and mappings with build-ids only,
   // for symbolizing later (go tool pprof with the binaries at hand).
   bool symbolize = true;
+  // Wall time: every `wall_period` up to `wall_threads_per_tick` registered
+  // threads (round-robin) are credited with the wall time since their last
+  // wall sample, running or blocked. Zero disables wall sampling.
+  absl::Duration wall_period = absl::Milliseconds(10);
+  int wall_threads_per_tick = 5;  // the dd-win-prof seed's default
+  // Length of each profile window: every export_period a profile covering
+  // [start, end) goes to the sinks; Stop() exports the last, partial one.
+  // Zero: one profile covering Start() to Stop(). (dd-win-prof: 60 s.)
+  absl::Duration export_period = absl::Seconds(60);
+  // How long Stop() waits for the last profiles to be delivered.
+  absl::Duration stop_timeout = absl::Seconds(5);
+  // False: no file is written (only uploads and `sinks` get profiles).
+  // `output` may contain %p (pid) and %t (window start, UTC, sortable).
+  bool write_output = true;
+  DatadogOptions datadog;
+  PyroscopeOptions pyroscope;
+  UploadOptions upload;
+  // Extra destinations, set in code.
+  std::vector<std::shared_ptr<ProfileSink>> sinks;
 
   // Accepted range of cpu_period. Below 1 ms the kernel's CPU-timer checks
   // (at scheduler ticks) bunch samples together and the handler's cost grows.
   static constexpr absl::Duration kMinCpuPeriod = absl::Milliseconds(1);
   static constexpr absl::Duration kMaxCpuPeriod = absl::Hours(1);
+  // Accepted range of export_period (besides 0). Below 100 ms the cost of
+  // symbolizing and encoding each window dominates.
+  static constexpr absl::Duration kMinExportPeriod = absl::Milliseconds(100);
+  static constexpr absl::Duration kMaxExportPeriod = absl::Hours(24);
+  static constexpr absl::Duration kMaxStopTimeout = absl::Minutes(10);
+  static constexpr int kMaxUploadRetries = 10;
+  static constexpr int kMaxUploadQueue = 64;
 
   // Reads INPROF_* from the process environment; logs each invalid value.
   static Options FromEnv();
@@ -78,7 +168,17 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(absl::string_view name,
                                                  absl::string_view value,
                                                  absl::Duration min,
                                                  absl::Duration max,
-                                                 bool allow_zero = false);
+                                                 bool allow_zero = false,
+                                                 absl::string_view example =
+                                                     "10ms");
+// Whether `name` is a Pyroscope application name: "name" or
+// "name{key=value,...}" (keys like Prometheus label names).
+bool IsValidApplicationName(absl::string_view name);
+
+// An integer in [min, max].
+absl::StatusOr<int64_t> ParseIntFlag(absl::string_view name,
+                                     absl::string_view value, int64_t min,
+                                     int64_t max);
 
 }  // namespace inprof
 

@@ -1,11 +1,24 @@
 // internal: not part of the public API.
 //
 // The type-independent half of Profiler: the aggregate, the collector thread
-// that drains rings into it, and the export to pprof. The Profiler template
-// supplies the drain step (it knows its ring and provider types).
+// that drains rings into it, the exporter thread that cuts the aggregate
+// into consecutive profile windows, and the sinks the windows go to (file,
+// Datadog, Pyroscope, Options::sinks). The Profiler template supplies the
+// drain step (it knows its ring and provider types).
+//
+// Windows: a window is cut by taking the aggregate under mutex(), the same
+// lock the drain step holds while it adds samples, and the cut's time is both
+// this window's end and the next one's start. So every sample lands in
+// exactly one window, and consecutive windows tile time.
+//
+// Threads: "inprof-collect" (drain every collect_period), "inprof-export"
+// (every export_period: drain, cut, symbolize, encode, hand to sinks;
+// only when export_period > 0) and one "inprof-upload" per HTTP sink. None
+// of them is ever waited for by a sampled thread.
 #ifndef INPROF_INTERNAL_PROFILER_CORE_H_
 #define INPROF_INTERNAL_PROFILER_CORE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -19,6 +32,7 @@
 #include "inprof/options.h"
 #include "inprof/profile_data.h"
 #include "inprof/sample_aggregator.h"
+#include "inprof/sink.h"
 
 namespace inprof {
 class Symbolizer;
@@ -37,6 +51,8 @@ namespace internal {
 
 class ProfilerCore {
  public:
+  using StatsFunction = std::function<ProfilerStats()>;
+
   ProfilerCore(const Options& options, std::vector<ValueType> sample_types,
                ValueType period_type, int64_t period, std::string engine);
   ~ProfilerCore();
@@ -46,11 +62,18 @@ class ProfilerCore {
   const Options& options() const { return options_; }
 
   // Runs `drain` every collect_period on the collector thread
-  // ("inprof-collect") until StopCollector.
-  void StartCollector(std::function<void()> drain);
-  // Wakes and joins the collector. Safe to call when not started.
+  // ("inprof-collect") until StopCollector; with options().export_period >
+  // 0 also starts the exporter thread ("inprof-export"), which calls `drain`
+  // and then exports a window every export_period. `stats`, when given, is
+  // called with mutex() held at each cut, so that each window's comments
+  // count exactly the samples it holds; it must not take locks.
+  void StartCollector(std::function<void()> drain,
+                      StatsFunction stats = nullptr);
+  // Wakes and joins the collector and the exporter (an export in progress
+  // finishes first). Safe to call when not started.
   void StopCollector();
-  // In a forked child the collector thread does not exist: forget it.
+  // In a forked child the threads do not exist: forget them (their state is
+  // leaked, never destroyed) and the sinks' threads too.
   void AbandonCollector();
 
   // Starts a profile window now.
@@ -60,26 +83,51 @@ class ProfilerCore {
   SampleAggregator& aggregator() { return aggregator_; }
   std::mutex& mutex() { return mutex_; }
 
-  // Takes everything aggregated since BeginWindow and writes it to
-  // options().output. `stats` goes into the profile's comments.
+  // Cuts the last window (everything aggregated since the previous cut),
+  // hands it to every sink, then lets the sinks deliver until
+  // options().stop_timeout has passed since the call. `stats` goes into the
+  // comments unless StartCollector got a stats function. Returns the first
+  // sink error, or DeadlineExceeded when a sink could not deliver in time.
   absl::Status Export(const ProfilerStats& stats);
 
+  // Windows handed to the sinks since construction.
+  uint64_t windows_exported() const {
+    return windows_exported_.load(std::memory_order_relaxed);
+  }
+
  private:
+  struct Threads;
+  void EnsureSinks();
+  // Cuts, encodes and hands one window to the sinks. `last`: errors are
+  // returned rather than logged. export_mutex_ held.
+  absl::Status ExportWindow(const ProfilerStats* stats, bool last);
+  void ExporterLoop(Threads* threads, const std::function<void()>& drain);
+
   Options options_;
   ValueType period_type_;
   int64_t period_;
   std::string engine_;
 
-  std::mutex mutex_;  // guards aggregator_
+  std::mutex mutex_;  // guards aggregator_, window_start_ns_, baseline_
   SampleAggregator aggregator_;
   int64_t window_start_ns_ = 0;
+  StatsFunction stats_;     // set before the threads start
+  ProfilerStats baseline_;  // counters at the previous cut
 
+  // Serializes exports; guards symbolizer_, sinks_ and their failure state.
+  std::mutex export_mutex_;
   std::unique_ptr<Symbolizer> symbolizer_;  // kept: caches across exports
+  bool sinks_built_ = false;
+  std::vector<std::shared_ptr<ProfileSink>> sinks_;
+  std::vector<bool> sink_failing_;  // one log line per failure streak
+  bool encode_failing_ = false;
+  uint64_t sequence_ = 0;
+  std::atomic<uint64_t> windows_exported_{0};
 
-  std::mutex collector_mutex_;
-  std::condition_variable collector_cv_;
-  bool collector_stop_ = false;
-  std::thread collector_;
+  // Collector and exporter threads; on the heap so that a forked child can
+  // leak them (a condition variable that a vanished thread waited on cannot
+  // be destroyed).
+  std::unique_ptr<Threads> threads_;
 };
 
 }  // namespace internal

@@ -1,0 +1,77 @@
+// internal: not part of the public API.
+//
+// A small blocking HTTP client on libcurl for the uploaders: one request at
+// a time, a whole-request timeout, connection reuse, HTTP over a unix
+// socket, multipart/form-data bodies, and Abort() from another thread,
+// which makes the request in progress return within milliseconds.
+//
+// Thread-safety: Send() from one thread at a time; Abort() from any thread.
+#ifndef INPROF_INTERNAL_HTTP_CLIENT_H_
+#define INPROF_INTERNAL_HTTP_CLIENT_H_
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace inprof::internal {
+
+// One part of a multipart/form-data body.
+struct HttpPart {
+  std::string name;          // form field name
+  std::string filename;      // empty: no filename
+  std::string content_type;  // empty: curl's default
+  absl::string_view data;    // not copied; must outlive Send()
+  std::string owned;         // sent instead of `data` when non-empty
+};
+
+struct HttpRequest {
+  std::string url;          // http(s)://host[:port]/path?query
+  std::string unix_socket;  // non-empty: connect to this socket instead
+  std::vector<std::string> headers;  // "Name: value"
+  // With `parts` empty: a POST of `body` (not copied) as `content_type`.
+  absl::string_view body;
+  std::string content_type = "application/octet-stream";
+  std::vector<HttpPart> parts;  // non-empty: multipart/form-data POST
+  std::string basic_auth_user;  // non-empty: HTTP basic authentication
+  std::string basic_auth_password;
+  std::string bearer_token;  // non-empty: "Authorization: Bearer ..."
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+struct HttpResponse {
+  long status = 0;   // HTTP status code
+  std::string body;  // at most kMaxResponseBody bytes kept
+};
+
+class HttpClient {
+ public:
+  // Response bytes kept (error pages can be large; one line is logged).
+  static constexpr size_t kMaxResponseBody = 4096;
+
+  HttpClient();
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // Performs `request`. An HTTP response of any status is a value; a
+  // transport failure is an error: DeadlineExceeded for the timeout,
+  // Cancelled after Abort(), Unavailable otherwise, with curl's reason.
+  absl::StatusOr<HttpResponse> Send(const HttpRequest& request);
+
+  // Any thread: the Send() in progress, and every later one, returns
+  // Cancelled.
+  void Abort();
+
+ private:
+  void* multi_ = nullptr;  // CURLM*
+  void* easy_ = nullptr;   // CURL*
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_HTTP_CLIENT_H_

@@ -1,0 +1,172 @@
+#include "inprof/internal/http_client.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace inprof::internal {
+namespace {
+
+void GlobalInit() {
+  // Not thread-safe in every libcurl; once, before any handle. Never cleaned
+  // up: other code in the process may use libcurl too.
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+size_t KeepBody(char* data, size_t size, size_t n, void* user) {
+  auto* body = static_cast<std::string*>(user);
+  const size_t bytes = size * n;
+  if (body->size() < HttpClient::kMaxResponseBody) {
+    body->append(data, std::min(bytes, HttpClient::kMaxResponseBody -
+                                           body->size()));
+  }
+  return bytes;
+}
+
+// Frees what one request allocated.
+struct RequestResources {
+  curl_slist* headers = nullptr;
+  curl_mime* mime = nullptr;
+  ~RequestResources() {
+    curl_slist_free_all(headers);
+    curl_mime_free(mime);
+  }
+};
+
+}  // namespace
+
+HttpClient::HttpClient() {
+  GlobalInit();
+  multi_ = curl_multi_init();
+  easy_ = curl_easy_init();
+}
+
+HttpClient::~HttpClient() {
+  if (easy_ != nullptr) curl_easy_cleanup(static_cast<CURL*>(easy_));
+  if (multi_ != nullptr) curl_multi_cleanup(static_cast<CURLM*>(multi_));
+}
+
+void HttpClient::Abort() {
+  aborted_.store(true, std::memory_order_release);
+  if (multi_ != nullptr) curl_multi_wakeup(static_cast<CURLM*>(multi_));
+}
+
+absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
+  CURLM* multi = static_cast<CURLM*>(multi_);
+  CURL* easy = static_cast<CURL*>(easy_);
+  if (multi == nullptr || easy == nullptr) {
+    return absl::InternalError("libcurl could not be initialized");
+  }
+  if (aborted_.load(std::memory_order_acquire)) {
+    return absl::CancelledError(absl::StrCat("POST ", request.url, ": aborted"));
+  }
+  // Keeps the connection cache (in the multi handle) across requests.
+  curl_easy_reset(easy);
+  HttpResponse response;
+  RequestResources res;
+  char error[CURL_ERROR_SIZE] = {};
+  curl_easy_setopt(easy, CURLOPT_URL, request.url.c_str());
+  if (!request.unix_socket.empty()) {
+    curl_easy_setopt(easy, CURLOPT_UNIX_SOCKET_PATH,
+                     request.unix_socket.c_str());
+  }
+  curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);  // we run beside other threads
+  curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, error);
+  curl_easy_setopt(easy, CURLOPT_USERAGENT, "inprof/0.1.0");
+  const long timeout_ms =
+      std::max<long>(1, static_cast<long>(absl::ToInt64Milliseconds(request.timeout)));
+  curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &KeepBody);
+  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &response.body);
+  curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (!request.basic_auth_user.empty()) {
+    curl_easy_setopt(easy, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
+    curl_easy_setopt(easy, CURLOPT_USERNAME, request.basic_auth_user.c_str());
+    curl_easy_setopt(easy, CURLOPT_PASSWORD,
+                     request.basic_auth_password.c_str());
+  } else if (!request.bearer_token.empty()) {
+    curl_easy_setopt(easy, CURLOPT_HTTPAUTH, CURLAUTH_BEARER);
+    curl_easy_setopt(easy, CURLOPT_XOAUTH2_BEARER,
+                     request.bearer_token.c_str());
+  }
+  for (const std::string& h : request.headers) {
+    res.headers = curl_slist_append(res.headers, h.c_str());
+  }
+  // No "Expect: 100-continue" round trip (a receiver that ignores it costs
+  // curl a 1 s wait).
+  res.headers = curl_slist_append(res.headers, "Expect:");
+  if (request.parts.empty()) {
+    res.headers = curl_slist_append(
+        res.headers, absl::StrCat("Content-Type: ", request.content_type).c_str());
+    curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(request.body.size()));
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, request.body.data());
+  } else {
+    res.mime = curl_mime_init(easy);
+    for (const HttpPart& p : request.parts) {
+      curl_mimepart* part = curl_mime_addpart(res.mime);
+      curl_mime_name(part, p.name.c_str());
+      if (!p.filename.empty()) curl_mime_filename(part, p.filename.c_str());
+      if (!p.content_type.empty()) curl_mime_type(part, p.content_type.c_str());
+      const absl::string_view data = p.owned.empty() ? p.data : p.owned;
+      curl_mime_data(part, data.data(), data.size());
+    }
+    curl_easy_setopt(easy, CURLOPT_MIMEPOST, res.mime);
+  }
+  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, res.headers);
+
+  if (curl_multi_add_handle(multi, easy) != CURLM_OK) {
+    return absl::InternalError("curl_multi_add_handle failed");
+  }
+  CURLcode result = CURLE_OK;
+  bool done = false;
+  bool aborted = false;
+  while (!done) {
+    int running = 0;
+    if (curl_multi_perform(multi, &running) != CURLM_OK) {
+      result = CURLE_FAILED_INIT;
+      break;
+    }
+    int left = 0;
+    while (CURLMsg* msg = curl_multi_info_read(multi, &left)) {
+      if (msg->msg == CURLMSG_DONE && msg->easy_handle == easy) {
+        result = msg->data.result;
+        done = true;
+      }
+    }
+    if (done) break;
+    if (aborted_.load(std::memory_order_acquire)) {
+      aborted = true;
+      break;
+    }
+    // Wakes on socket activity, curl's own timers, or Abort().
+    curl_multi_poll(multi, nullptr, 0, 1000, nullptr);
+    if (aborted_.load(std::memory_order_acquire)) {
+      aborted = true;
+      break;
+    }
+  }
+  curl_multi_remove_handle(multi, easy);
+  if (aborted) {
+    return absl::CancelledError(absl::StrCat("POST ", request.url, ": aborted"));
+  }
+  if (result != CURLE_OK) {
+    const std::string reason =
+        error[0] != '\0' ? std::string(error) : curl_easy_strerror(result);
+    const std::string message = absl::StrCat("POST ", request.url, ": ", reason);
+    if (result == CURLE_OPERATION_TIMEDOUT) {
+      return absl::DeadlineExceededError(message);
+    }
+    return absl::UnavailableError(message);
+  }
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &response.status);
+  return response;
+}
+
+}  // namespace inprof::internal
