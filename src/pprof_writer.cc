@@ -119,6 +119,15 @@ class Encoder {
         name->set_key(thread_name_key);
         name->set_str(strings_.Index(thread.name));
       }
+      for (const SampleLabel& label : s.labels) {
+        pb::Label* l = sample->add_label();
+        l->set_key(strings_.Index(label.key));
+        if (label.numeric) {
+          l->set_num(label.num);
+        } else {
+          l->set_str(strings_.Index(label.str));
+        }
+      }
     }
 
     for (size_t i = 0; i < modules.size(); ++i) {

@@ -1,5 +1,7 @@
 #include "inprof/sample_aggregator.h"
 
+#include "inprof/internal/label_table.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -21,9 +23,24 @@ std::vector<int64_t>& SampleAggregator::Slot(const KeyView& key) {
     sample.frames.assign(key.frames.begin(), key.frames.end());
     sample.synthetic_frame = std::string(key.synthetic);
     sample.values.assign(sample_types_.size(), 0);
+    // Decoded once per distinct key: new keys are rare next to Add()s.
+    const internal::LabelTable& table = internal::LabelTable::Global();
+    for (size_t i = 0; i + 1 < key.labels.size(); i += 2) {
+      SampleLabel label;
+      label.key = table.Lookup(static_cast<uint32_t>(key.labels[i]));
+      label.numeric = (key.labels[i] & internal::kNumericLabel) != 0;
+      if (label.numeric) {
+        label.num = static_cast<int64_t>(key.labels[i + 1]);
+      } else {
+        label.str = table.Lookup(static_cast<uint32_t>(key.labels[i + 1]));
+      }
+      sample.labels.push_back(std::move(label));
+    }
     samples_.push_back(std::move(sample));
     it = index_
              .emplace(Key{key.thread, samples_.back().frames,
+                          std::vector<uint64_t>(key.labels.begin(),
+                                                key.labels.end()),
                           samples_.back().synthetic_frame},
                       samples_.size() - 1)
              .first;
@@ -32,6 +49,7 @@ std::vector<int64_t>& SampleAggregator::Slot(const KeyView& key) {
 }
 
 void SampleAggregator::Add(uint32_t thread, std::span<const uint64_t> frames,
+                           std::span<const uint64_t> label_words,
                            size_t value_offset,
                            std::span<const int64_t> values) {
   ++records_added_;
@@ -39,7 +57,7 @@ void SampleAggregator::Add(uint32_t thread, std::span<const uint64_t> frames,
     ++values_rejected_;
     return;
   }
-  std::vector<int64_t>& totals = Slot({thread, frames, {}});
+  std::vector<int64_t>& totals = Slot({thread, frames, label_words, {}});
   for (size_t i = 0; i < values.size(); ++i) totals[value_offset + i] += values[i];
 }
 
@@ -51,7 +69,7 @@ void SampleAggregator::AddSynthetic(uint32_t thread, absl::string_view frame,
     ++values_rejected_;
     return;
   }
-  std::vector<int64_t>& totals = Slot({thread, {}, frame});
+  std::vector<int64_t>& totals = Slot({thread, {}, {}, frame});
   for (size_t i = 0; i < values.size(); ++i) totals[value_offset + i] += values[i];
 }
 

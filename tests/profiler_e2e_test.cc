@@ -113,7 +113,7 @@ TEST_F(ProfilerE2eTest, FunctionSharesMatchMeasuredCpu) {
   int64_t profiled_total = 0;
   const std::array<std::string, 3> names{"SpinAlpha", "SpinBravo", "SpinCharlie"};
   for (const auto& s : *samples) {
-    ASSERT_EQ(s.values.size(), 2u);
+    ASSERT_EQ(s.values.size(), 4u);  // cpu-samples, cpu-time, wall-samples, wall-time
     if (s.labels.count("thread name") == 0 ||
         s.labels.at("thread name") != "main") {
       continue;

@@ -164,6 +164,48 @@ TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
   EXPECT_GT(flat[kTailFrame], 0);
 }
 
+// Thousands of threads that each live 1-2 ms, shorter than a scheduler
+// tick: their CPU reaches the profile through the samples the random first
+// expiry gives them and through the tail credited at unregistration.
+TEST(ProfilerTest, ThousandsOfOneToTwoMillisecondThreadsAreAccountedFor) {
+  Options options = TestOptions("short_threads");
+  options.cpu_period = absl::Milliseconds(1);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  std::atomic<int64_t> measured{0};
+  constexpr int kThreads = 2000;
+  for (int batch = 0; batch < kThreads / 4; ++batch) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      const int64_t ns = 1'000'000 + ((batch * 4 + i) % 5) * 250'000;
+      threads.emplace_back([&, ns] {
+        auto r = profiler.RegisterThread("short");
+        const int64_t t0 = ThreadCpuNow();
+        BurnCpu(ns);
+        measured += ThreadCpuNow() - t0;
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int cpu = profile->ValueIndex("cpu-time");
+  const int64_t in_profile = profile->ByLabel("thread name", cpu)["short"];
+  int64_t sampled = 0;  // the part attributed to real stacks
+  for (const auto& s : profile->samples) {
+    if (s.str_labels.count("thread name") && s.str_labels.at("thread name") == "short" &&
+        !s.stack.empty() && s.stack[0] != kTailFrame) {
+      sampled += s.values[cpu];
+    }
+  }
+  std::printf("%d threads: measured %.3fs, in profile %.3fs (%.1f%% on sampled stacks)\n",
+              kThreads, measured / 1e9, in_profile / 1e9,
+              in_profile ? 100.0 * sampled / in_profile : 0.0);
+  EXPECT_NEAR(static_cast<double>(in_profile), static_cast<double>(measured),
+              0.2 * static_cast<double>(measured));
+}
+
 TEST(ProfilerTest, RegistrationDestroyedOnAnotherThreadIsSafe) {
   DefaultProfiler profiler(TestOptions("foreign_unregister"));
   ASSERT_TRUE(profiler.Start().ok());

@@ -34,6 +34,15 @@ struct ThreadIdentity {
   std::string name;
 };
 
+// A pprof Label on a sample: a string or a numeric value.
+struct SampleLabel {
+  std::string key;
+  std::string str;
+  int64_t num = 0;
+  bool numeric = false;
+  bool operator==(const SampleLabel&) const = default;
+};
+
 // One aggregated stack.
 struct ProfileSample {
   uint32_t thread = 0;           // index into ProfileData::threads
@@ -43,6 +52,8 @@ struct ProfileSample {
   // A frame that names itself rather than an address (for example
   // "[dropped: ring full]"); when set, `frames` is empty.
   std::string synthetic_frame;
+  // Labels besides "thread id"/"thread name" (ScopedLabels, thread state).
+  std::vector<SampleLabel> labels;
 };
 
 struct ProfileData {

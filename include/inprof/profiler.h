@@ -26,10 +26,14 @@
 #ifndef INPROF_PROFILER_H_
 #define INPROF_PROFILER_H_
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -47,6 +51,7 @@
 #include "absl/time/time.h"
 #include "inprof/cpu_time_provider.h"
 #include "inprof/frame_pointer_unwinder.h"
+#include "inprof/internal/label_table.h"
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/log.h"
 #include "inprof/internal/profiler_core.h"
@@ -56,6 +61,7 @@
 #include "inprof/sample_provider.h"
 #include "inprof/spsc_ring.h"
 #include "inprof/unwinder.h"
+#include "inprof/wall_time_provider.h"
 
 namespace inprof {
 
@@ -176,11 +182,16 @@ class Profiler final : public internal::ProfilerControl,
     }
   }();
   static_assert(kLeafWords <= internal::LeafFrameResolver::kStackWords);
-  // Record: [meta][values...][leaf stack words...][frames...];
-  // meta = provider | truncated << 8 | has leaf words << 9 | depth << 16.
+  // Record: [meta][values...][leaf stack words...][label words...][frames...];
+  // meta = provider | truncated << 8 | has leaf words << 9 |
+  //        label count << 10 (6 bits) | depth << 16.
   static constexpr uint64_t kTruncatedBit = 1u << 8;
   static constexpr uint64_t kLeafWordsBit = 1u << 9;
-  static constexpr size_t kHeaderWords = 1 + kMaxValuesPerProvider + kLeafWords;
+  static constexpr int kLabelCountShift = 10;
+  static constexpr size_t kMaxLabelWords =
+      2 * internal::ThreadSlotHeader::kMaxLabels;
+  static constexpr size_t kHeaderWords =
+      1 + kMaxValuesPerProvider + kLeafWords + kMaxLabelWords;
   static constexpr size_t kMaxRecordWords =
       kHeaderWords + kMaxFrames < R::max_record_words()
           ? kHeaderWords + kMaxFrames
@@ -196,6 +207,10 @@ class Profiler final : public internal::ProfilerControl,
     int max_frames = static_cast<int>(kMaxFrames);
     // Collector-owned (registry lock held).
     std::string name;
+    // The newest stack and labels drained for the thread: where a blocked
+    // thread still is (wall time credits it without a signal).
+    std::vector<uint64_t> last_stack;
+    std::vector<uint64_t> last_labels;
     uint32_t aggregate_thread = 0;
     bool has_aggregate_thread = false;
     uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
@@ -242,6 +257,7 @@ class Profiler final : public internal::ProfilerControl,
                                  "architecture; profiling stays off"));
       return absl::OkStatus();
     }
+    if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
     if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;
     if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
     if (absl::Status s = internal::ActivateSession(session_); !s.ok()) return s;
@@ -249,7 +265,8 @@ class Profiler final : public internal::ProfilerControl,
     start_pid_ = getpid();
     core_.BeginWindow();
     for (Slot* slot : active_) ArmLocked(slot);
-    core_.StartCollector([this] { Drain(); });
+    core_.StartCollector([this] { Drain(); }, [this] { return stats(); });
+    StartTicker();
     return absl::OkStatus();
   }
 
@@ -261,8 +278,10 @@ class Profiler final : public internal::ProfilerControl,
     if (getpid() != start_pid_) {
       running_ = false;
       core_.AbandonCollector();
+      StopTicker();
       return absl::OkStatus();
     }
+    StopTicker();  // before taking the registry lock: Tick() takes it
     {
       std::lock_guard<std::mutex> lock(registry_->mutex);
       if (!running_) return absl::OkStatus();
@@ -307,6 +326,10 @@ class Profiler final : public internal::ProfilerControl,
     slot->name = std::string(name);
     slot->max_frames = options_.max_frames;
     slot->has_aggregate_thread = false;
+    slot->label_count = 0;
+    slot->last_stack.clear();
+    slot->last_labels.clear();
+    ++slot->generation;
     std::lock_guard<std::mutex> lock(registry_->mutex);
     slot->session.store(session_, std::memory_order_release);
     internal::SetCurrentThreadSlot(slot);
@@ -392,7 +415,16 @@ class Profiler final : public internal::ProfilerControl,
     }
     const size_t nvalues = kValueCounts[provider];
     uint64_t record[kMaxRecordWords];
-    const size_t header_words = 1 + nvalues + kLeafWords;
+    // The thread's labels: written only by this thread, so a plain copy
+    // after a signal fence sees a consistent set.
+    std::atomic_signal_fence(std::memory_order_acquire);
+    uint32_t nlabels = slot->label_count;
+    if (nlabels > internal::ThreadSlotHeader::kMaxLabels) nlabels = 0;
+    const size_t label_at = 1 + nvalues + kLeafWords;
+    for (size_t i = 0; i < 2 * nlabels; ++i) {
+      record[label_at + i] = slot->label_words[i];
+    }
+    const size_t header_words = label_at + 2 * nlabels;
     const size_t frame_room = kMaxRecordWords - header_words;
     const size_t max_frames =
         static_cast<size_t>(slot->max_frames) < frame_room
@@ -411,6 +443,7 @@ class Profiler final : public internal::ProfilerControl,
     static_assert(sizeof(uintptr_t) == sizeof(uint64_t));
     record[0] = provider | (unwound.truncated ? kTruncatedBit : 0u) |
                 (kLeafWords > 0 ? kLeafWordsBit : 0u) |
+                (static_cast<uint64_t>(nlabels) << kLabelCountShift) |
                 (static_cast<uint64_t>(unwound.depth) << 16);
     for (size_t i = 0; i < nvalues; ++i) {
       record[1 + i] = static_cast<uint64_t>(values[i]);
@@ -490,7 +523,9 @@ class Profiler final : public internal::ProfilerControl,
       std::lock_guard<std::mutex> agg_lock(core_.mutex());
       SampleAggregator& agg = core_.aggregator();
       EnsureAggregateThread(slot, agg);
-      agg.AddSynthetic(slot->aggregate_thread, kTailFrame, kValueOffsets[I],
+      const char* frame = kTailFrame;
+      if constexpr (requires { P::kTailFrame; }) frame = P::kTailFrame;
+      agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I],
                        std::span<const int64_t>(values, kValueCounts[I]));
     }
   }
@@ -505,7 +540,12 @@ class Profiler final : public internal::ProfilerControl,
   // Registry lock held. Moves the slot's records into the aggregate.
   void DrainSlotLocked(Slot* slot) {
     std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    SampleAggregator& agg = core_.aggregator();
+    DrainSlotIntoLocked(slot, core_.aggregator());
+  }
+
+  // Registry and aggregate locks held. Cheap for an idle thread (an empty
+  // ring and unchanged counters): no atomic read-modify-write, no lookup.
+  void DrainSlotIntoLocked(Slot* slot, SampleAggregator& agg) {
     EnsureAggregateThread(slot, agg);
     uint64_t record[kMaxRecordWords];
     // Room for one inserted caller frame.
@@ -515,9 +555,11 @@ class Profiler final : public internal::ProfilerControl,
       const size_t provider = record[0] & 0xff;
       const size_t depth = record[0] >> 16;
       const size_t leaf_words = (record[0] & kLeafWordsBit) ? kLeafWords : 0;
+      const size_t nlabels = (record[0] >> kLabelCountShift) & 0x3f;
       if (provider >= kNumProviders) continue;
       const size_t nvalues = kValueCounts[provider];
-      const size_t header = 1 + nvalues + leaf_words;
+      const size_t label_at = 1 + nvalues + leaf_words;
+      const size_t header = label_at + 2 * nlabels;
       if (n < header + depth) continue;
       int64_t values[kMaxValuesPerProvider];
       for (size_t i = 0; i < nvalues; ++i) {
@@ -530,22 +572,30 @@ class Profiler final : public internal::ProfilerControl,
                                                       leaf_words),
                             repaired);
       }
-      agg.Add(slot->aggregate_thread, frames, kValueOffsets[provider],
+      uint64_t labels[kMaxLabelWords + 2];
+      const size_t label_words = CanonicalLabels(
+          std::span<const uint64_t>(record + label_at, 2 * nlabels), provider,
+          labels);
+      agg.Add(slot->aggregate_thread, frames,
+              std::span<const uint64_t>(labels, label_words),
+              kValueOffsets[provider],
               std::span<const int64_t>(values, nvalues));
+      slot->last_stack.assign(frames.begin(), frames.end());
+      // The stack's own labels, without the provider's state label.
+      slot->last_labels.assign(record + label_at,
+                               record + label_at + 2 * nlabels);
       ++recorded;
     }
-    std::array<int64_t, kNumValues> lost{};
-    bool any_lost = false;
-    for (size_t i = 0; i < kNumValues; ++i) {
-      lost[i] = slot->dropped_values[i].exchange(0, std::memory_order_relaxed);
-      any_lost |= lost[i] != 0;
-    }
-    if (any_lost) {
+    const uint64_t dropped = slot->ring.dropped();
+    if (dropped != slot->seen_dropped) {
+      std::array<int64_t, kNumValues> lost{};
+      for (size_t i = 0; i < kNumValues; ++i) {
+        lost[i] = slot->dropped_values[i].exchange(0, std::memory_order_relaxed);
+      }
       agg.AddSynthetic(slot->aggregate_thread,
                        "[inprof: samples dropped, ring full]", 0, lost);
     }
     const uint64_t taken = slot->samples_taken.load(std::memory_order_relaxed);
-    const uint64_t dropped = slot->ring.dropped();
     const uint64_t truncated =
         slot->samples_truncated.load(std::memory_order_relaxed);
     taken_.fetch_add(taken - slot->seen_taken, std::memory_order_relaxed);
@@ -556,6 +606,192 @@ class Profiler final : public internal::ProfilerControl,
     slot->seen_taken = taken;
     slot->seen_dropped = dropped;
     slot->seen_truncated = truncated;
+  }
+
+  // Canonical label words for the aggregate: one entry per key (the
+  // innermost scope wins), sorted by key, plus the provider's state label
+  // ("thread state"="running" for a signalled wall sample). Returns the
+  // number of words written to `out` (room for kMaxLabelWords + 2).
+  size_t CanonicalLabels(std::span<const uint64_t> words, size_t provider,
+                         uint64_t* out) const {
+    size_t n = 0;
+    auto put = [&](uint64_t key, uint64_t value) {
+      const uint64_t key_id = key & ~internal::kNumericLabel;
+      for (size_t i = 0; i < n; i += 2) {
+        if ((out[i] & ~internal::kNumericLabel) == key_id) {
+          out[i] = key;
+          out[i + 1] = value;
+          return;
+        }
+      }
+      out[n] = key;
+      out[n + 1] = value;
+      n += 2;
+    };
+    for (size_t i = 0; i + 1 < words.size(); i += 2) put(words[i], words[i + 1]);
+    if (state_label_provider_[provider]) put(state_key_, running_value_);
+    // Insertion sort by key: at most 17 pairs.
+    for (size_t i = 2; i < n; i += 2) {
+      for (size_t j = i; j >= 2 && out[j - 2] > out[j]; j -= 2) {
+        std::swap(out[j - 2], out[j]);
+        std::swap(out[j - 1], out[j + 1]);
+      }
+    }
+    return n;
+  }
+
+  // The ticker thread ("inprof-tick"): drives providers that model
+  // TicksThreads (wall time).
+  static constexpr bool kHasTicker = (TicksThreads<Ps> || ...);
+
+  absl::Duration TickerPeriod() const {
+    absl::Duration period = absl::InfiniteDuration();
+    TickerPeriodEach(period, std::make_index_sequence<kNumProviders>{});
+    return period;
+  }
+  template <size_t... I>
+  void TickerPeriodEach(absl::Duration& period, std::index_sequence<I...>) const {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (TicksThreads<P>) {
+            const absl::Duration d = std::get<I>(providers_).TickPeriod();
+            if (d > absl::ZeroDuration() && d < period) period = d;
+          }
+        }(),
+        ...);
+  }
+
+  void StartTicker() {
+    if constexpr (kHasTicker) {
+      const absl::Duration period = TickerPeriod();
+      if (period == absl::InfiniteDuration()) return;
+      {
+        std::lock_guard<std::mutex> lock(ticker_mutex_);
+        ticker_stop_ = false;
+      }
+      ticker_ = std::thread([this, period] {
+        pthread_setname_np(pthread_self(), "inprof-tick");
+        const auto step = absl::ToChronoNanoseconds(period);
+        auto next = std::chrono::steady_clock::now() + step;
+        std::unique_lock<std::mutex> lock(ticker_mutex_);
+        while (!ticker_stop_) {
+          ticker_cv_.wait_until(lock, next, [this] { return ticker_stop_; });
+          if (ticker_stop_) break;
+          lock.unlock();
+          Tick();
+          lock.lock();
+          next += step;
+          const auto now = std::chrono::steady_clock::now();
+          if (next < now) next = now + step;  // fell behind: do not burst
+        }
+      });
+    }
+  }
+
+  void StopTicker() {
+    if (!ticker_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(ticker_mutex_);
+      ticker_stop_ = true;
+    }
+    ticker_cv_.notify_all();
+    if (getpid() == start_pid_) {
+      ticker_.join();
+    } else {
+      ticker_.detach();  // a forked child has no such thread
+    }
+  }
+
+  void Tick() {
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    if (!running_) return;
+    const int64_t now = WallTimeProvider::NowNanos();
+    TickEach(now, std::make_index_sequence<kNumProviders>{});
+  }
+  template <size_t... I>
+  void TickEach(int64_t now, std::index_sequence<I...>) {
+    (TickOne<I>(now), ...);
+  }
+  // Registry lock held.
+  template <size_t I>
+  void TickOne(int64_t now) {
+    using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+    if constexpr (TicksThreads<P>) {
+      P& provider = std::get<I>(providers_);
+      if (provider.TickPeriod() <= absl::ZeroDuration()) return;
+      const size_t n = active_.size();
+      if (n == 0) return;
+      const size_t visits = std::min(n, provider.ThreadsPerTick());
+      size_t& cursor = tick_cursor_[I];
+      for (size_t j = 0; j < visits; ++j) {
+        Slot* slot = active_[(cursor + j) % n];
+        // A sample signalled on an earlier tick may still be in the ring:
+        // without draining it the thread would look stackless and be
+        // signalled (and its blocking call interrupted) again.
+        if (slot->last_stack.empty()) DrainSlotLocked(slot);
+        int64_t values[kMaxValuesPerProvider] = {};
+        std::span<int64_t> v(values, kValueCounts[I]);
+        switch (provider.VisitThread(*slot, std::get<I>(slot->data), now,
+                                     !slot->last_stack.empty(), v)) {
+          case TickDecision::kSkip:
+            break;
+          case TickDecision::kSignal:
+            SendProfilingSignal(*slot, internal::MakeSignalTag(I));
+            break;
+          case TickDecision::kCreditBlocked:
+            CreditBlocked<I>(slot, v);
+            break;
+        }
+      }
+      cursor = (cursor + visits) % n;
+    }
+  }
+
+  // Registry lock held. The thread has not run since it was last seen: add
+  // the values to its newest stack, labelled blocked.
+  template <size_t I>
+  void CreditBlocked(Slot* slot, std::span<const int64_t> values) {
+    std::lock_guard<std::mutex> agg_lock(core_.mutex());
+    SampleAggregator& agg = core_.aggregator();
+    DrainSlotIntoLocked(slot, agg);  // the newest stack may still be in the ring
+    uint64_t labels[kMaxLabelWords + 2];
+    size_t n = 0;
+    for (size_t i = 0; i + 1 < slot->last_labels.size() && n < kMaxLabelWords;
+         i += 2) {
+      labels[n++] = slot->last_labels[i];
+      labels[n++] = slot->last_labels[i + 1];
+    }
+    uint64_t canonical[kMaxLabelWords + 2];
+    size_t words = CanonicalLabels(std::span<const uint64_t>(labels, n),
+                                   kNumProviders, canonical);
+    // The state label: blocked (CanonicalLabels adds none for kNumProviders).
+    canonical[words] = state_key_;
+    canonical[words + 1] = blocked_value_;
+    words += 2;
+    for (size_t i = words - 2; i >= 2 && canonical[i - 2] > canonical[i]; i -= 2) {
+      std::swap(canonical[i - 2], canonical[i]);
+      std::swap(canonical[i - 1], canonical[i + 1]);
+    }
+    agg.Add(slot->aggregate_thread, slot->last_stack,
+            std::span<const uint64_t>(canonical, words), kValueOffsets[I],
+            values);
+    ++wall_blocked_credits_;
+  }
+
+  static void SendProfilingSignal(const internal::ThreadSlotHeader& slot,
+                                  int tag) {
+    siginfo_t info;
+    std::memset(&info, 0, sizeof(info));
+    info.si_signo = internal::kProfilingSignal;
+    info.si_code = SI_QUEUE;
+    info.si_pid = getpid();
+    info.si_uid = getuid();
+    info.si_value.sival_int = tag;
+    // rt_tgsigqueueinfo: the same delivery a timer's SIGEV_THREAD_ID gives,
+    // with our tag in si_value; ESRCH (thread gone) is harmless.
+    syscall(SYS_rt_tgsigqueueinfo, getpid(), slot.tid,
+            internal::kProfilingSignal, &info);
   }
 
   // Registry lock held. When the leaf pc has no frame record of its own
@@ -584,7 +820,12 @@ class Profiler final : public internal::ProfilerControl,
   void Drain() {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
-    for (Slot* slot : active_) DrainSlotLocked(slot);
+    // Unwinders with per-module tables (built off the hot path, read by the
+    // handler) pick up modules loaded or unloaded since the last pass.
+    if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
+    std::lock_guard<std::mutex> agg_lock(core_.mutex());
+    SampleAggregator& agg = core_.aggregator();
+    for (Slot* slot : active_) DrainSlotIntoLocked(slot, agg);
   }
 
   // Registry::Owner. Registry lock held by the caller.
@@ -646,7 +887,9 @@ class Profiler final : public internal::ProfilerControl,
   }
   static void ReleaseSlot(Slot* slot) {
     // Reset per-registration state; the ring is empty after the drain.
-    slot->data = {};
+    using Data = std::tuple<typename Ps::ThreadData...>;
+    slot->data.~Data();
+    new (&slot->data) Data();
     slot->seen_taken = slot->samples_taken.load();
     slot->seen_dropped = slot->ring.dropped();
     slot->seen_truncated = slot->samples_truncated.load();
@@ -666,6 +909,21 @@ class Profiler final : public internal::ProfilerControl,
   std::atomic<bool> running_{false};  // written under the registry lock
   pid_t start_pid_ = 0;
 
+  // Interned ids of the state label (wall samples).
+  static constexpr std::array<bool, kNumProviders> state_label_provider_{
+      requires { Ps::kStateLabel; }...};
+  const uint64_t state_key_ =
+      internal::LabelTable::Global().Intern(WallTimeProvider::kStateLabel);
+  const uint64_t running_value_ =
+      internal::LabelTable::Global().Intern(WallTimeProvider::kRunning);
+  const uint64_t blocked_value_ =
+      internal::LabelTable::Global().Intern(WallTimeProvider::kBlocked);
+  std::array<size_t, kNumProviders> tick_cursor_{};  // registry lock
+  uint64_t wall_blocked_credits_ = 0;                // registry lock
+  std::mutex ticker_mutex_;
+  std::condition_variable ticker_cv_;
+  bool ticker_stop_ = false;
+  std::thread ticker_;
   internal::LeafFrameResolver leaf_resolver_;  // registry lock
   uint64_t leaf_callers_recovered_ = 0;        // registry lock
   std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0};

@@ -44,7 +44,16 @@ class SampleAggregator {
   // not fit the sample types (a caller bug) are ignored and counted in
   // values_rejected().
   void Add(uint32_t thread, std::span<const uint64_t> frames,
-           size_t value_offset, std::span<const int64_t> values);
+           size_t value_offset, std::span<const int64_t> values) {
+    Add(thread, frames, {}, value_offset, values);
+  }
+
+  // Same, for a sample carrying labels: pairs of words as the signal
+  // handler copies them (internal/label_table.h), in a canonical order
+  // (sorted by key, one per key) so equal label sets aggregate together.
+  void Add(uint32_t thread, std::span<const uint64_t> frames,
+           std::span<const uint64_t> label_words, size_t value_offset,
+           std::span<const int64_t> values);
 
   // Same for a frame that names itself (e.g. "[dropped: ring full]").
   void AddSynthetic(uint32_t thread, absl::string_view frame,
@@ -66,33 +75,41 @@ class SampleAggregator {
   struct KeyView {
     uint32_t thread;
     std::span<const uint64_t> frames;
+    std::span<const uint64_t> labels;
     absl::string_view synthetic;
   };
   struct Key {
     uint32_t thread;
     std::vector<uint64_t> frames;
+    std::vector<uint64_t> labels;
     std::string synthetic;
   };
   struct KeyHash {
     using is_transparent = void;
     size_t operator()(const KeyView& k) const {
-      return absl::HashOf(k.thread, absl::MakeSpan(k.frames.data(), k.frames.size()),
+      return absl::HashOf(k.thread,
+                          absl::MakeSpan(k.frames.data(), k.frames.size()),
+                          absl::MakeSpan(k.labels.data(), k.labels.size()),
                           k.synthetic);
     }
     size_t operator()(const Key& k) const {
-      return (*this)(KeyView{k.thread, k.frames, k.synthetic});
+      return (*this)(KeyView{k.thread, k.frames, k.labels, k.synthetic});
     }
   };
   struct KeyEq {
     using is_transparent = void;
-    static KeyView View(const Key& k) { return {k.thread, k.frames, k.synthetic}; }
+    static KeyView View(const Key& k) {
+      return {k.thread, k.frames, k.labels, k.synthetic};
+    }
     static KeyView View(const KeyView& k) { return k; }
     template <typename A, typename B>
     bool operator()(const A& a, const B& b) const {
       const KeyView x = View(a), y = View(b);
       return x.thread == y.thread && x.synthetic == y.synthetic &&
              std::equal(x.frames.begin(), x.frames.end(), y.frames.begin(),
-                        y.frames.end());
+                        y.frames.end()) &&
+             std::equal(x.labels.begin(), x.labels.end(), y.labels.begin(),
+                        y.labels.end());
     }
   };
 

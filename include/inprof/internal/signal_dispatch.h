@@ -53,6 +53,19 @@ struct ThreadSlotHeader {
   // Handler-side counters.
   std::atomic<uint64_t> samples_taken{0};
   std::atomic<uint64_t> samples_truncated{0};
+
+  // Labels the thread attached with ScopedLabels (labels.h), as pairs of
+  // words (internal/label_table.h). Written only by the owning thread and
+  // read by the handler on that same thread: entries are written before
+  // label_count grows, with signal fences between.
+  static constexpr uint32_t kMaxLabels = 16;
+  uint64_t label_words[2 * kMaxLabels] = {};
+  uint32_t label_count = 0;
+  // Labels not attached because kMaxLabels were active (owning thread).
+  uint64_t labels_overflowed = 0;
+  // Bumped at each registration, so a ScopedLabels that outlives its
+  // thread's registration never writes into a reused slot.
+  uint64_t generation = 0;
 };
 
 // The calling thread's slot (initial-exec TLS: no __tls_get_addr).
