@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Builds inprof's libFuzzer targets with clang (ASan + UBSan + libFuzzer)
+# and runs each for a bounded time from the seed corpus in fuzz/seeds/.
+#
+#   fuzz/run.sh [BUILD_DIR]     default BUILD_DIR: build-fuzz
+#
+# Environment:
+#   FUZZ_SECONDS   time per target (default 20; -max_total_time)
+#   FUZZ_TARGETS   space-separated subset (default: all)
+#   CXX            clang++ to use (default: clang++)
+#
+# Targets, one per parser of untrusted input:
+#   options_fuzzer        INPROF_* environment (Options::FromLookup)
+#   pprof_reader_fuzzer   pprof files, gzip or raw (DecodePprof)
+#   symbolizer_fuzzer     ELF/DWARF files (Symbolizer::SymbolizeFile)
+# Each is linked with only the sources it needs (compiled with coverage
+# instrumentation) and the Debian libraries (GCC-built, libstdc++ ABI).
+# New inputs go to BUILD_DIR/corpus/<target>; crashes to
+# BUILD_DIR/artifacts/. Needs: clang, libclang-rt-14-dev (libFuzzer).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=${1:-build-fuzz}
+seconds=${FUZZ_SECONDS:-20}
+cxx=${CXX:-clang++}
+targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer symbolizer_fuzzer}
+
+mkdir -p "$out/obj" "$out/gen" "$out/corpus" "$out/artifacts"
+protoc --proto_path=proto --cpp_out="$out/gen" proto/profile.proto
+
+absl="absl_status absl_statusor absl_strings absl_str_format absl_time
+      absl_flat_hash_map absl_hash absl_synchronization absl_random_random"
+cflags="-std=c++20 -O1 -g -fno-omit-frame-pointer -Iinclude -I$out/gen
+        -fsanitize=address,undefined -fno-sanitize-recover=undefined
+        $(pkg-config --cflags $absl protobuf zlib libdw)"
+libs="$(pkg-config --libs $absl protobuf zlib libdw) -lpthread -ldl"
+
+# name -> sources besides the target itself
+declare -A sources=(
+  [options_fuzzer]="src/options.cc src/log.cc"
+  [pprof_reader_fuzzer]="src/pprof_reader.cc $out/gen/profile.pb.cc"
+  [symbolizer_fuzzer]="src/symbolizer_dwfl.cc src/log.cc"
+)
+
+# Compile every needed source once, two at a time, with coverage for
+# libFuzzer (generated protobuf code without: it is not ours to explore).
+objects=()
+compile_list=()
+for t in $targets; do
+  for src in fuzz/$t.cc ${sources[$t]}; do
+    obj="$out/obj/$(echo "$src" | tr '/' '_').o"
+    objects+=("$obj")
+    if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
+      cov="-fsanitize=fuzzer-no-link"
+      case "$src" in *.pb.cc) cov="" ;; esac
+      compile_list+=("$src|$obj|$cov")
+    fi
+  done
+done
+if ((${#compile_list[@]})); then
+  printf '%s\n' "${compile_list[@]}" | sort -u |
+    CXX="$cxx" CFLAGS="$cflags" xargs -P 2 -I{} bash -c '
+      IFS="|" read -r src obj cov <<< "{}"
+      echo "fuzz: compiling $src"
+      $CXX $CFLAGS $cov -c "$src" -o "$obj"'
+fi
+
+status=0
+for t in $targets; do
+  objs=""
+  for src in fuzz/$t.cc ${sources[$t]}; do
+    objs+=" $out/obj/$(echo "$src" | tr '/' '_').o"
+  done
+  # shellcheck disable=SC2086
+  $cxx -fsanitize=fuzzer,address,undefined $objs $libs -o "$out/$t"
+  mkdir -p "$out/corpus/$t"
+  echo "fuzz: running $t for ${seconds}s"
+  if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+       "$out/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+         -max_len=65536 -print_final_stats=1 \
+         -artifact_prefix="$out/artifacts/$t-" \
+         "$out/corpus/$t" "fuzz/seeds/${t%_fuzzer}" \
+         > "$out/$t.log" 2>&1; then
+    echo "fuzz: $t FAILED; last lines of $out/$t.log:"
+    tail -40 "$out/$t.log"
+    status=1
+  else
+    grep -E "stat::number_of_executed_units|stat::new_units_added" \
+      "$out/$t.log" | sed "s/^/fuzz: $t /"
+  fi
+done
+exit $status

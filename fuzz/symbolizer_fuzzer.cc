@@ -1,0 +1,46 @@
+// libFuzzer target: ELF/DWARF module loading (Symbolizer::SymbolizeFile,
+// elfutils libdwfl underneath), which reads whatever file a mapping names.
+//
+// The input is written to a memfd and symbolized by path
+// (/proc/self/fd/N) at a few addresses: 0, the ELF entry point read from the
+// input, and addresses around it. Checked: nothing crashes; a failure is an
+// error status naming the path.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "inprof/symbolizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const int fd = memfd_create("inprof-fuzz-elf", 0);
+  if (fd < 0) std::abort();
+  if (ftruncate(fd, 0) != 0) std::abort();
+  if (size > 0 && pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) {
+    std::abort();
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  uint64_t entry = 0x1000;
+  if (size >= 32) std::memcpy(&entry, data + 24, sizeof entry);  // e_entry
+  const std::vector<uint64_t> addresses = {0, entry, entry + 0x10,
+                                           entry - 0x10, 0x1000, 0x1100};
+  auto frames = inprof::Symbolizer::SymbolizeFile(path, addresses);
+  if (frames.ok()) {
+    if (frames->size() != addresses.size()) {
+      std::fprintf(stderr, "%zu frame lists for %zu addresses\n",
+                   frames->size(), addresses.size());
+      std::abort();
+    }
+  } else if (frames.status().message().find(path) == std::string::npos) {
+    std::fprintf(stderr, "error does not name the file: %s\n",
+                 std::string(frames.status().message()).c_str());
+    std::abort();
+  }
+  return 0;
+}

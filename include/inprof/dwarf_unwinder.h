@@ -1,0 +1,107 @@
+// inprof/dwarf_unwinder.h: unwinds code built without frame pointers, from
+// the modules' call-frame information (CFI).
+//
+// Off the hot path, RefreshModules() interprets each loaded module's
+// .eh_frame (and .debug_frame where .eh_frame has no entry) once with
+// elfutils libdw, flattens it into a sorted table of rows (CFA = sp or fp +
+// offset, return address at CFA - 8, where the caller's rbp was saved), and
+// publishes an immutable snapshot of all modules' tables through an atomic
+// pointer. In the signal handler, Unwind() binary-searches the row of each
+// pc and steps to the caller, every read checked against the thread's stack
+// bounds; a pc without CFI gets one frame-pointer step if rbp looks like a
+// frame record, otherwise the walk ends truncated. Rows whose CFI marks the
+// return address undefined (_start, the thread entry) end it complete, and
+// rt_sigreturn trampolines (the 'S' augmentation) are stepped through by
+// reading the interrupted registers from the saved ucontext.
+//
+// Thread-safety: Unwind/UnwindFrom are async-signal-safe: no allocation, no
+// locks, no dl_iterate_phdr, no libunwind/libgcc, and never a fault.
+// RefreshModules and Stats may be called from any thread (they take a
+// mutex; never from a signal handler). A Profiler calls RefreshModules at
+// Start() and on every collector pass, so modules dlopen()ed later are
+// unwound from the pass after they were loaded.
+//
+// Example:
+//   inprof::DwarfProfiler profiler(inprof::Options::FromEnv());
+//   inprof::ScopedProfiler running(profiler);
+//   auto self = profiler.RegisterThread("main");
+//   // or directly:
+//   inprof::DwarfUnwinder::RefreshModules();
+//   uintptr_t pcs[64];
+//   auto r = inprof::DwarfUnwinder().UnwindFrom({pc, sp, fp}, bounds, pcs);
+#ifndef INPROF_DWARF_UNWINDER_H_
+#define INPROF_DWARF_UNWINDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "inprof/internal/cfi_table.h"
+#include "inprof/internal/machine_context.h"
+#include "inprof/unwinder.h"
+
+namespace inprof {
+
+// What the DWARF unwinder holds (DwarfUnwinder::Stats()).
+struct DwarfUnwinderStats {
+  struct Module {
+    std::string path;         // file the table was built from
+    uintptr_t load_address;   // runtime address of its first executable byte
+    size_t text_bytes = 0;    // size of its executable range
+    size_t rows = 0;          // table rows (one per CFI row change)
+    size_t rules = 0;         // distinct rules the rows point to
+    size_t table_bytes = 0;   // memory of its table
+  };
+  std::vector<Module> modules;    // in the current snapshot, by address
+  size_t modules_without_cfi = 0; // loaded, but no usable table
+  size_t rows = 0;                // sums over `modules`
+  size_t table_bytes = 0;
+  size_t cached_tables = 0;       // built tables kept (current + recently unloaded)
+  size_t cached_bytes = 0;
+  size_t retired_snapshots = 0;   // replaced, waiting for readers to leave
+  uint64_t refreshes = 0;         // RefreshModules calls
+  uint64_t rebuilds = 0;          // calls that found the module list changed
+  uint64_t tables_built = 0;      // module tables built (cache misses)
+  double last_rebuild_seconds = 0;  // time of the latest rebuild
+};
+
+class DwarfUnwinder {
+ public:
+  static constexpr const char* kName = "dwarf";
+
+  // True on x86-64 Linux, the architecture whose CFI rules the walk models.
+  static constexpr bool Supported() noexcept {
+    return internal::kMachineContextSupported && internal::kCfiWalkSupported;
+  }
+
+  // Walks from a signal handler's ucontext. Async-signal-safe.
+  UnwindResult Unwind(const void* ucontext, const StackBounds& bounds,
+                      std::span<uintptr_t> out) const noexcept {
+    return UnwindFrom(internal::RegistersFromContext(ucontext), bounds, out);
+  }
+
+  // Walks from explicit registers (tests, benchmarks). Before the first
+  // RefreshModules() it follows frame pointers only. Async-signal-safe.
+  UnwindResult UnwindFrom(const RegisterState& regs, const StackBounds& bounds,
+                          std::span<uintptr_t> out) const noexcept {
+    internal::CfiReadGuard guard;
+    return internal::CfiWalk(guard.snapshot(), regs, bounds, out);
+  }
+
+  // Rebuilds the snapshot if modules were loaded or unloaded since the last
+  // call (dl_iterate_phdr's adds/subs counters); a module's table is built
+  // once and reused while it stays loaded (and for a few unloads after).
+  // Cheap when nothing changed. Not async-signal-safe.
+  static void RefreshModules();
+
+  // The current tables and counters. Not async-signal-safe.
+  static DwarfUnwinderStats Stats();
+};
+
+static_assert(Unwinder<DwarfUnwinder>);
+
+}  // namespace inprof
+
+#endif  // INPROF_DWARF_UNWINDER_H_

@@ -1,0 +1,569 @@
+// internal: not part of the public API.
+//
+// Compact call-frame tables for the DWARF unwinder (dwarf_unwinder.h), and
+// the async-signal-safe walk over them.
+//
+// Off the hot path, each loaded module's call-frame information (.eh_frame,
+// and .debug_frame where .eh_frame has no entry) is interpreted once with
+// elfutils libdw and flattened into sorted rows: from this pc on, the CFA
+// (the caller's stack pointer) is sp or fp plus an offset, the return
+// address is at CFA - 8 and the caller's rbp is unchanged or saved at a
+// given offset. A CfiSnapshot gathers the tables of every loaded module at
+// their load addresses; the signal handler looks each pc up (a per-table
+// cache of recent lookups, else a binary search) and walks the stack,
+// checking every read against the thread's stack bounds.
+//
+// Thread-safety: CfiModuleTable and CfiSnapshot are immutable once built
+// (but for their lookup caches: single atomic words, relaxed, which any
+// thread may overwrite with another valid entry), and their lookups and
+// CfiWalk are async-signal-safe (no allocation, no
+// locks, no syscalls; memory reads only inside the given StackBounds and at
+// or above the interrupted stack pointer). The builders allocate and open
+// files: never call them from a signal handler.
+#ifndef INPROF_INTERNAL_CFI_TABLE_H_
+#define INPROF_INTERNAL_CFI_TABLE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "inprof/internal/machine_context.h"
+#include "inprof/unwinder.h"
+
+namespace inprof::internal {
+
+#if defined(__x86_64__)
+inline constexpr bool kCfiWalkSupported = true;
+#else
+// The rules below model x86-64 (return address at CFA - 8, rbp as the frame
+// pointer). AArch64 keeps the return address in x30 at a leaf: not done yet.
+inline constexpr bool kCfiWalkSupported = false;
+#endif
+
+// How to find the caller's registers at one pc.
+struct CfiRule {
+  enum Kind : uint8_t {
+    kNone = 0,     // no CFI covers the pc (the walk may try a frame-pointer step)
+    kCfaSp,        // CFA = sp + cfa_offset
+    kCfaFp,        // CFA = fp + cfa_offset
+    kCfaDerefSp,   // CFA = *(sp + cfa_offset): a signal trampoline's saved rsp
+    kOutermost,    // the return address is undefined: the thread's first frame
+    kUnsupported,  // CFI exists in a form the walk does not model
+  };
+  enum Flags : uint8_t {
+    kRaFromSp = 1,     // ra at sp + ra_offset (else CFA + ra_offset)
+    kFpSaved = 2,      // caller's rbp at (kFpFromSp ? sp : CFA) + fp_offset
+    kFpFromSp = 4,
+    kFpLost = 8,       // caller's rbp cannot be recovered
+    kSignalFrame = 16, // the caller's pc is the interrupted one, not a return
+  };
+
+  int32_t cfa_offset = 0;
+  int16_t ra_offset = -8;
+  int16_t fp_offset = 0;
+  uint8_t kind = kNone;
+  uint8_t flags = 0;
+
+  friend bool operator==(const CfiRule&, const CfiRule&) = default;
+};
+
+// One row as the builders produce it: `rule` holds from `pc` (an offset
+// from the table's text start) up to the next row.
+struct CfiRow {
+  uint32_t pc = 0;
+  CfiRule rule;
+};
+
+// A rule in one 64-bit word, the form the tables store and the walk decodes
+// in registers: kind in bits 0-2, flags 3-7, cfa_offset 8-39, ra_offset
+// 40-51 and fp_offset 52-63 (signed 12-bit). Every kNone rule is 0.
+inline constexpr int64_t kRuleWordMaxOffset = 2047;
+inline constexpr bool RuleWordFits(const CfiRule& r) {
+  return r.ra_offset >= -kRuleWordMaxOffset - 1 &&
+         r.ra_offset <= kRuleWordMaxOffset &&
+         r.fp_offset >= -kRuleWordMaxOffset - 1 &&
+         r.fp_offset <= kRuleWordMaxOffset && r.kind <= CfiRule::kUnsupported &&
+         r.flags < 32;
+}
+// A rule that does not fit becomes kUnsupported.
+inline constexpr uint64_t EncodeRule(const CfiRule& r) {
+  if (r.kind == CfiRule::kNone) return 0;
+  if (!RuleWordFits(r)) return CfiRule::kUnsupported;
+  return uint64_t{r.kind} | (uint64_t{r.flags} << 3) |
+         (uint64_t{static_cast<uint32_t>(r.cfa_offset)} << 8) |
+         ((static_cast<uint64_t>(r.ra_offset) & 0xfff) << 40) |
+         ((static_cast<uint64_t>(r.fp_offset) & 0xfff) << 52);
+}
+inline constexpr unsigned RuleKind(uint64_t w) { return w & 7; }
+inline constexpr unsigned RuleFlags(uint64_t w) { return (w >> 3) & 31; }
+inline constexpr int64_t RuleCfaOffset(uint64_t w) {
+  return static_cast<int32_t>(static_cast<uint32_t>(w >> 8));
+}
+inline constexpr int64_t RuleRaOffset(uint64_t w) {
+  return static_cast<int64_t>(w << 12) >> 52;
+}
+inline constexpr int64_t RuleFpOffset(uint64_t w) {
+  return static_cast<int64_t>(w) >> 52;
+}
+inline constexpr CfiRule DecodeRule(uint64_t w) {
+  CfiRule r;
+  if (w == 0) return r;
+  r.kind = static_cast<uint8_t>(RuleKind(w));
+  r.flags = static_cast<uint8_t>(RuleFlags(w));
+  r.cfa_offset = static_cast<int32_t>(RuleCfaOffset(w));
+  r.ra_offset = static_cast<int16_t>(RuleRaOffset(w));
+  r.fp_offset = static_cast<int16_t>(RuleFpOffset(w));
+  return r;
+}
+
+// A rule as the walk uses it, decoded into registers.
+struct CfiStep {
+  int64_t cfa_offset = 0;
+  int64_t ra_offset = 0;
+  int64_t fp_offset = 0;
+  unsigned kind = CfiRule::kNone;
+  unsigned flags = 0;
+};
+[[gnu::always_inline]] inline CfiStep StepFromWord(uint64_t w) {
+  return {RuleCfaOffset(w), RuleRaOffset(w), RuleFpOffset(w), RuleKind(w),
+          RuleFlags(w)};
+}
+inline CfiRule RuleFromStep(const CfiStep& step) {
+  CfiRule r;
+  if (step.kind == CfiRule::kNone) return r;
+  r.kind = static_cast<uint8_t>(step.kind);
+  r.flags = static_cast<uint8_t>(step.flags);
+  r.cfa_offset = static_cast<int32_t>(step.cfa_offset);
+  r.ra_offset = static_cast<int16_t>(step.ra_offset);
+  r.fp_offset = static_cast<int16_t>(step.fp_offset);
+  return r;
+}
+
+// A DWARF expression operation as libdw decodes it (atom: DW_OP_*).
+struct CfiOp {
+  uint8_t atom = 0;
+  uint64_t number = 0;
+  uint64_t number2 = 0;
+};
+
+// Evaluates a CFA expression at `pc` (a link-time address) as
+// sp + *offset: true only when the expression reads no memory, no register
+// but rsp and rip, and is sp plus a constant for this pc (the linker's
+// .plt rule, "rsp + 8 + ((rip & 15) >= 11 ? 8 : 0)", is the case seen).
+bool EvaluateCfaOffset(std::span<const CfiOp> ops, uint64_t pc,
+                       int64_t* offset);
+
+// The rows of one module's executable text, in link-time addresses.
+// Immutable after construction; Find is async-signal-safe.
+class CfiModuleTable {
+ public:
+  // Rows must be sorted by pc (equal pcs: the last wins); consecutive rows
+  // with equal rules are merged. A row's rule holds up to the next row; the
+  // last row should be kNone to close the table. `text_lo`/`text_hi`: the
+  // link-time range the offsets are relative to.
+  CfiModuleTable(uint64_t text_lo, uint64_t text_hi,
+                 const std::vector<CfiRow>& rows, std::string path = "",
+                 std::string build_id = "");
+
+  // The rule for `offset` from text_lo (kind kNone when no CFI covers it).
+  // Looks in a small direct-mapped cache of recent lookups first (return
+  // addresses repeat from sample to sample; a hit costs one load and a few
+  // shifts), then searches the rows.
+  [[gnu::always_inline]] CfiStep FindStep(uint64_t offset) const noexcept {
+    if (offset >= text_size_ || cache_ == nullptr) return CfiStep();
+    const auto key = static_cast<uint32_t>(offset);
+    // Return addresses sit at arbitrary byte offsets: their low bits index
+    // the cache well enough, with no hashing on the walk's critical path.
+    std::atomic<uint64_t>& slot = cache_[key & cache_mask_];
+    const uint64_t cached = slot.load(std::memory_order_relaxed);
+    if ((cached >> 32) == key &&
+        (cached & (kSlotValid | kSlotPacked)) == (kSlotValid | kSlotPacked)) {
+      CfiStep step;
+      step.cfa_offset = static_cast<int16_t>(cached >> 16);
+      step.ra_offset = -8;
+      step.fp_offset = (static_cast<int64_t>(cached << 48) >> 58) * 8;
+      step.kind = (cached >> 2) & 7;
+      step.flags = (cached >> 5) & 31;
+      return step;
+    }
+    return StepFromWord(FindSlow(key, cached, &slot));
+  }
+
+  // The rule word (EncodeRule) without the cache (tests, benchmarks).
+  uint64_t FindWordUncached(uint64_t offset) const noexcept {
+    if (offset >= text_size_ || row_pc_.empty()) return 0;
+    return rules_[row_rule_[SearchRow(static_cast<uint32_t>(offset))]];
+  }
+
+  // The rule for `offset` into *rule; false when no CFI covers it.
+  bool Find(uint64_t offset, CfiRule* rule) const noexcept {
+    *rule = RuleFromStep(FindStep(offset));
+    return rule->kind != CfiRule::kNone;
+  }
+  bool FindUncached(uint64_t offset, CfiRule* rule) const noexcept {
+    *rule = DecodeRule(FindWordUncached(offset));
+    return rule->kind != CfiRule::kNone;
+  }
+
+  uint64_t text_lo() const { return text_lo_; }
+  uint64_t text_hi() const { return text_lo_ + text_size_; }
+  size_t rows() const { return row_pc_.size(); }
+  size_t distinct_rules() const { return rules_.size(); }
+  const std::string& path() const { return path_; }
+  const std::string& build_id() const { return build_id_; }
+  // Heap and object bytes this table holds.
+  size_t MemoryBytes() const;
+  // The rows back (tests).
+  std::vector<CfiRow> Rows() const;
+
+ private:
+  // Cache slots: key << 32 | payload | kSlotPacked | kSlotValid (0:
+  // empty). A rule with ra at CFA - 8, a 16-bit CFA offset and rbp within
+  // 256 bytes of its base (all seen in practice but signal trampolines) is
+  // packed: kind in bits 2-4, flags 5-9, rbp offset / 8 in 10-15 and the
+  // CFA offset in 16-31. Other rules store their index (bits 2-17).
+  static constexpr uint64_t kSlotValid = 1;
+  static constexpr uint64_t kSlotPacked = 2;
+  static uint64_t MakeSlot(uint32_t key, uint16_t index, uint64_t w) {
+    const uint64_t slot = (uint64_t{key} << 32) | kSlotValid;
+    const int64_t cfa = RuleCfaOffset(w);
+    const int64_t fp = RuleFpOffset(w);
+    const bool packable = RuleRaOffset(w) == -8 && cfa >= -32768 &&
+                          cfa <= 32767 && fp % 8 == 0 && fp >= -256 &&
+                          fp <= 248 && w != 0;
+    if (!packable) return slot | (uint64_t{index} << 2);
+    return slot | kSlotPacked | (uint64_t{RuleKind(w)} << 2) |
+           (uint64_t{RuleFlags(w)} << 5) |
+           ((static_cast<uint64_t>(fp / 8) & 63) << 10) |
+           (uint64_t{static_cast<uint16_t>(cfa)} << 16);
+  }
+
+  // FindStep's cache miss (or unpacked entry): searches, fills the slot.
+  [[gnu::noinline]] uint64_t FindSlow(uint32_t key, uint64_t cached,
+                                      std::atomic<uint64_t>* slot) const noexcept {
+    if ((cached >> 32) == key && (cached & kSlotValid) != 0) {
+      return rules_[static_cast<uint16_t>(cached >> 2)];
+    }
+    const uint16_t index = row_rule_[SearchRow(key)];
+    const uint64_t w = rules_[index];
+    slot->store(MakeSlot(key, index, w), std::memory_order_relaxed);
+    return w;
+  }
+
+  // The row in force at `key` (< text size). Row 0 starts at 0 (the
+  // constructor puts a kNone row there), so there always is one.
+  size_t SearchRow(uint32_t key) const noexcept {
+    const size_t bucket = key >> kBucketShift;
+    size_t lo = bucket_row_[bucket];
+    size_t hi = bucket + 1 < bucket_row_.size() ? bucket_row_[bucket + 1] + 1
+                                                 : row_pc_.size();
+    // Invariant: row_pc_[lo] <= key < row_pc_[hi] (or hi is the end).
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (row_pc_[mid] <= key) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
+
+  // A coarse index: bucket_row_[b] is the last row starting at or before
+  // b << kBucketShift, so a lookup searches only the rows of one bucket.
+  // 256-byte buckets cost 4 bytes per 256 bytes of text (1.6%) and leave a
+  // search a handful of probes (in the benchmark's own binary at most 33
+  // rows, mostly under 8, share a bucket).
+  static constexpr int kBucketShift = 8;
+
+  uint64_t text_lo_ = 0;
+  uint64_t text_size_ = 0;
+  std::vector<uint32_t> row_pc_;     // sorted offsets from text_lo_
+  std::vector<uint16_t> row_rule_;   // index into rules_
+  std::vector<uint64_t> rules_;      // distinct rule words; [0] is kNone
+  std::vector<uint32_t> bucket_row_;
+  // Lookup cache (slot format: MakeSlot). One word per slot, so concurrent
+  // handlers never see a torn entry; a lost update only costs a later
+  // search. At least a quarter as many slots as rows, 64 to 4096.
+  std::unique_ptr<std::atomic<uint64_t>[]> cache_;
+  int cache_bits_ = 6;
+  uint32_t cache_mask_ = 0;
+  std::string path_;
+  std::string build_id_;
+};
+
+// All loaded modules' tables at their load addresses. Immutable after
+// construction; Find is async-signal-safe.
+class CfiSnapshot {
+ public:
+  struct Module {
+    uintptr_t lo = 0;    // runtime address of the table's text_lo
+    uintptr_t hi = 0;    // runtime end of its text
+    const CfiModuleTable* table = nullptr;
+  };
+
+  CfiSnapshot() = default;
+  // `modules` need not be sorted; the tables are kept alive by the snapshot.
+  // A table without rows still marks its range as a module's text.
+  CfiSnapshot(std::vector<std::pair<uintptr_t, std::shared_ptr<const CfiModuleTable>>>
+                  modules,
+              uint64_t generation = 0);
+
+  // The rule for runtime `pc` (kind kNone: no CFI covers it). `hint`
+  // caches the module of the previous lookup (consecutive frames are often
+  // in one module); pass a pointer initialised to nullptr.
+  // kCached = false bypasses the tables' lookup caches (benchmarks).
+  template <bool kCached = true>
+  [[gnu::always_inline]] CfiStep FindStep(uintptr_t pc,
+                                          const Module** hint) const noexcept {
+    const Module* m = FindModule(pc, hint);
+    if (m == nullptr) return CfiStep();
+    if constexpr (kCached) {
+      return m->table->FindStep(pc - m->lo);
+    } else {
+      return StepFromWord(m->table->FindWordUncached(pc - m->lo));
+    }
+  }
+  bool Find(uintptr_t pc, const Module** hint, CfiRule* rule) const noexcept {
+    *rule = RuleFromStep(FindStep(pc, hint));
+    return rule->kind != CfiRule::kNone;
+  }
+
+  // The module whose text holds `pc`, or nullptr; `hint` as for Find.
+  // Between modules, a direct-mapped cache of 4 KiB pages (two modules'
+  // text never share a page) usually saves the binary search.
+  const Module* FindModule(uintptr_t pc, const Module** hint) const noexcept {
+    const Module* m = *hint;
+    if (m != nullptr && pc >= m->lo && pc < m->hi) return m;
+    const uint64_t page = pc >> 12;
+    std::atomic<uint64_t>& slot =
+        page_cache_[(page * 0x9e3779b97f4a7c15ULL) >> (64 - kPageCacheBits)];
+    const uint64_t cached = slot.load(std::memory_order_relaxed);
+    if ((cached >> 16) == page && (cached & 0xffff) != 0) {
+      m = &modules_[(cached & 0xffff) - 1];
+      if (pc < m->lo || pc >= m->hi) return nullptr;
+      *hint = m;
+      return m;
+    }
+    size_t lo = 0, hi = modules_.size();
+    while (lo < hi) {  // first module with lo > pc
+      const size_t mid = lo + (hi - lo) / 2;
+      if (modules_[mid].lo <= pc) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    if (lo == 0) return nullptr;
+    m = &modules_[lo - 1];
+    if (pc >= m->hi) return nullptr;
+    if (lo < 0xffff) {
+      slot.store((page << 16) | lo, std::memory_order_relaxed);
+    }
+    *hint = m;
+    return m;
+  }
+
+  // True if `pc` lies in a loaded module's text (with or without CFI).
+  bool InModule(uintptr_t pc) const noexcept {
+    const Module* hint = nullptr;
+    return FindModule(pc, &hint) != nullptr;
+  }
+
+  std::span<const Module> modules() const { return modules_; }
+  uint64_t generation() const { return generation_; }
+
+ private:
+  static constexpr int kPageCacheBits = 8;
+  std::vector<Module> modules_;  // sorted by lo, non-overlapping
+  // Slots: page << 16 | (module index + 1); 0: empty.
+  std::unique_ptr<std::atomic<uint64_t>[]> page_cache_ =
+      std::make_unique<std::atomic<uint64_t>[]>(size_t{1} << kPageCacheBits);
+  std::vector<std::shared_ptr<const CfiModuleTable>> owned_;
+  uint64_t generation_ = 0;
+};
+
+// Builds the table of the ELF file at `path` (opened read-only; for the
+// main program pass "/proc/self/exe"). `text_lo`/`text_hi`: the link-time
+// range of its executable segments. Fails when the file cannot be read or
+// has no usable CFI. When `expected_build_id` is not empty the file's
+// GNU build-id must equal it (a file replaced on disk is refused).
+absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
+    const std::string& path, uint64_t text_lo, uint64_t text_hi,
+    const std::string& expected_build_id = "");
+
+// The same from an ELF image in memory (the vDSO); the bytes are copied.
+absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
+    std::span<const uint8_t> image, const std::string& name, uint64_t text_lo,
+    uint64_t text_hi);
+
+// The snapshot the signal handler reads, and the count of handlers reading
+// one: a snapshot replaced by a newer one is freed only once the count has
+// been seen at zero after the replacement (see dwarf_unwinder_linux.cc).
+struct CfiGlobalState {
+  alignas(64) std::atomic<uint64_t> readers{0};
+  alignas(64) std::atomic<const CfiSnapshot*> current{nullptr};
+};
+extern CfiGlobalState g_cfi_state;
+
+// Pins the current snapshot for the duration of one walk.
+// Async-signal-safe: two atomic read-modify-writes and one load.
+class CfiReadGuard {
+ public:
+  CfiReadGuard() noexcept {
+    g_cfi_state.readers.fetch_add(1, std::memory_order_seq_cst);
+    snapshot_ = g_cfi_state.current.load(std::memory_order_seq_cst);
+  }
+  ~CfiReadGuard() { g_cfi_state.readers.fetch_sub(1, std::memory_order_release); }
+  CfiReadGuard(const CfiReadGuard&) = delete;
+  CfiReadGuard& operator=(const CfiReadGuard&) = delete;
+  const CfiSnapshot* snapshot() const noexcept { return snapshot_; }
+
+ private:
+  const CfiSnapshot* snapshot_;
+};
+
+// Reads the word at `address` if it lies inside `bounds` and at or above
+// `floor` (the current frame's stack pointer: memory below it may be an
+// unmapped part of a growable stack).
+inline bool ReadStackWord(const StackBounds& bounds, uintptr_t floor,
+                          uintptr_t address, uintptr_t* value) noexcept {
+  if (address < floor || !bounds.Contains(address, sizeof(uintptr_t))) {
+    return false;
+  }
+  *value = *reinterpret_cast<const uintptr_t*>(address);
+  return true;
+}
+
+// Walks the stack from `regs` with the rules of `snapshot` (null: frame
+// pointers only). Writes the pc, then return addresses; stops complete at a
+// frame whose CFI marks the return address undefined (thread entry, _start)
+// or at a zero return address; stops truncated at a pc without CFI where a
+// frame-pointer step is not possible either, at a CFA that does not
+// increase, at a read outside the stack, at a frame-pointer step whose
+// return address lies in no loaded module, or when `out` is full.
+// Async-signal-safe; never faults whatever the stack and rules hold.
+// kCached = false bypasses the tables' lookup caches (benchmarks).
+template <bool kCached = true>
+inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
+                            const RegisterState& regs,
+                            const StackBounds& stack,
+                            std::span<uintptr_t> out) noexcept {
+  UnwindResult result;
+  if (out.empty()) return result;
+  out[result.depth++] = regs.pc;
+  if constexpr (!kCfiWalkSupported) {
+    result.truncated = true;
+    return result;
+  }
+  // Locals: stores into `out` may alias anything of type uintptr_t, so
+  // the compiler would otherwise reload these on every frame.
+  const StackBounds bounds{stack.lo, stack.hi};
+  uintptr_t pc = regs.pc;
+  uintptr_t sp = regs.sp;
+  uintptr_t fp = regs.fp;
+  bool fp_known = true;
+  bool exact_pc = true;  // pc is not a return address: look it up as is
+  const CfiSnapshot::Module* hint = nullptr;
+  while (true) {
+    const CfiStep rule =
+        snapshot != nullptr
+            ? snapshot->template FindStep<kCached>(exact_pc ? pc : pc - 1, &hint)
+            : CfiStep();
+    const unsigned kind = rule.kind;
+    uintptr_t cfa = 0;
+    uintptr_t return_address = 0;
+    uintptr_t next_fp = fp;
+    bool next_fp_known = fp_known;
+    bool next_exact = false;
+    if (kind == CfiRule::kNone || kind == CfiRule::kUnsupported) {
+      // No usable CFI: one frame-pointer step, as FramePointerUnwinder
+      // would take it, if rbp looks like a frame record above sp.
+      if (!fp_known || (fp & 7) != 0 ||
+          !ReadStackWord(bounds, sp, fp, &next_fp) ||
+          !ReadStackWord(bounds, sp, fp + sizeof(uintptr_t), &return_address)) {
+        result.truncated = true;
+        return result;
+      }
+      // Without CFI to vouch for it, a return address must at least point
+      // into a loaded module; anything else is a stale or foreign word.
+      if (snapshot != nullptr && !snapshot->InModule(return_address) &&
+          return_address != 0) {
+        result.truncated = true;
+        return result;
+      }
+      cfa = fp + 2 * sizeof(uintptr_t);
+      next_fp_known = true;
+    } else {
+      const intptr_t cfa_offset = rule.cfa_offset;
+      switch (kind) {
+        case CfiRule::kOutermost:
+          return result;
+        case CfiRule::kCfaSp:
+          cfa = sp + cfa_offset;
+          break;
+        case CfiRule::kCfaFp:
+          if (!fp_known) {
+            result.truncated = true;
+            return result;
+          }
+          cfa = fp + cfa_offset;
+          break;
+        case CfiRule::kCfaDerefSp:
+          if (!ReadStackWord(bounds, sp, sp + cfa_offset, &cfa)) {
+            result.truncated = true;
+            return result;
+          }
+          break;
+        default:
+          result.truncated = true;
+          return result;
+      }
+      const unsigned flags = rule.flags;
+      const uintptr_t ra_base = (flags & CfiRule::kRaFromSp) ? sp : cfa;
+      if (!ReadStackWord(bounds, sp, ra_base + rule.ra_offset,
+                         &return_address)) {
+        result.truncated = true;
+        return result;
+      }
+      if (flags & CfiRule::kFpSaved) {
+        const uintptr_t fp_base = (flags & CfiRule::kFpFromSp) ? sp : cfa;
+        if (!ReadStackWord(bounds, sp, fp_base + rule.fp_offset,
+                           &next_fp)) {
+          result.truncated = true;
+          return result;
+        }
+        next_fp_known = true;
+      } else if (flags & CfiRule::kFpLost) {
+        next_fp_known = false;
+      }
+      next_exact = (flags & CfiRule::kSignalFrame) != 0;
+    }
+    // The caller's frame lies strictly above this one: a cycle, a
+    // downward CFA or a CFA off the stack ends the walk.
+    if (cfa <= sp || cfa > bounds.hi) {
+      result.truncated = true;
+      return result;
+    }
+    if (return_address == 0) return result;  // thread-entry convention
+    if (result.depth == out.size()) {
+      result.truncated = true;
+      return result;
+    }
+    out[result.depth++] = return_address;
+    pc = return_address;
+    sp = cfa;
+    fp = next_fp;
+    fp_known = next_fp_known;
+    exact_pc = next_exact;
+  }
+}
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_CFI_TABLE_H_

@@ -1,0 +1,766 @@
+// Builds CfiModuleTables (internal/cfi_table.h) from ELF call-frame
+// information with elfutils libdw: the FDEs are enumerated with
+// dwarf_next_cfi, and within each FDE the row in force at each pc is asked
+// of dwarf_cfi_addrframe, starting at the FDE's first pc and moving to the
+// end of the row libdw reports (dwarf_frame_info), so every row of every
+// FDE is visited once. Runs off the hot path (the collector thread).
+#include "inprof/internal/cfi_table.h"
+
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <elfutils/libdwelf.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace inprof::internal {
+
+CfiGlobalState g_cfi_state;
+
+namespace {
+
+// DWARF register numbers (System V AMD64 psABI, figure 3.36).
+constexpr uint64_t kDwarfFp = 6;
+constexpr uint64_t kDwarfSp = 7;
+constexpr uint64_t kDwarfRa = 16;
+
+// Bounds on the work one module may cause: a corrupt FDE claiming
+// gigabytes must not turn into billions of probes.
+constexpr size_t kMaxRowsPerModule = size_t{1} << 23;
+// Expression CFAs are evaluated byte by byte (.plt: 16 bytes per entry);
+// larger ranges are left unsupported.
+constexpr uint64_t kMaxPerByteRange = 1 << 16;
+
+// --- CFA expressions ---------------------------------------------------------
+
+bool Evaluate(std::span<const CfiOp> ops, uint64_t sp, uint64_t pc,
+              uint64_t* result) {
+  uint64_t stack[16];
+  size_t n = 0;
+  auto push = [&](uint64_t v) {
+    if (n == std::size(stack)) return false;
+    stack[n++] = v;
+    return true;
+  };
+  auto reg = [&](uint64_t r, uint64_t* v) {
+    if (r == kDwarfSp) {
+      *v = sp;
+      return true;
+    }
+    if (r == kDwarfRa) {
+      *v = pc;
+      return true;
+    }
+    return false;
+  };
+  for (const CfiOp& op : ops) {
+    const uint8_t a = op.atom;
+    if (a >= DW_OP_lit0 && a <= DW_OP_lit31) {
+      if (!push(a - DW_OP_lit0)) return false;
+      continue;
+    }
+    if ((a >= DW_OP_breg0 && a <= DW_OP_breg31) || a == DW_OP_bregx) {
+      const uint64_t r = a == DW_OP_bregx ? op.number : uint64_t{a} - DW_OP_breg0;
+      const uint64_t offset = a == DW_OP_bregx ? op.number2 : op.number;
+      uint64_t v = 0;
+      if (!reg(r, &v) || !push(v + offset)) return false;
+      continue;
+    }
+    switch (a) {
+      case DW_OP_const1u:
+      case DW_OP_const1s:
+      case DW_OP_const2u:
+      case DW_OP_const2s:
+      case DW_OP_const4u:
+      case DW_OP_const4s:
+      case DW_OP_const8u:
+      case DW_OP_const8s:
+      case DW_OP_constu:
+      case DW_OP_consts:
+        if (!push(op.number)) return false;
+        continue;
+      case DW_OP_dup:
+        if (n < 1 || !push(stack[n - 1])) return false;
+        continue;
+      case DW_OP_drop:
+        if (n < 1) return false;
+        --n;
+        continue;
+      case DW_OP_over:
+        if (n < 2 || !push(stack[n - 2])) return false;
+        continue;
+      case DW_OP_swap:
+        if (n < 2) return false;
+        std::swap(stack[n - 1], stack[n - 2]);
+        continue;
+      case DW_OP_neg:
+        if (n < 1) return false;
+        stack[n - 1] = 0 - stack[n - 1];
+        continue;
+      case DW_OP_not:
+        if (n < 1) return false;
+        stack[n - 1] = ~stack[n - 1];
+        continue;
+      case DW_OP_plus_uconst:
+        if (n < 1) return false;
+        stack[n - 1] += op.number;
+        continue;
+      default:
+        break;
+    }
+    // Binary operators: b is the top, a the one below.
+    if (n < 2) return false;
+    const uint64_t b = stack[n - 1];
+    const uint64_t x = stack[n - 2];
+    const auto sx = static_cast<int64_t>(x);
+    const auto sb = static_cast<int64_t>(b);
+    uint64_t r = 0;
+    switch (a) {
+      case DW_OP_and: r = x & b; break;
+      case DW_OP_or: r = x | b; break;
+      case DW_OP_xor: r = x ^ b; break;
+      case DW_OP_plus: r = x + b; break;
+      case DW_OP_minus: r = x - b; break;
+      case DW_OP_mul: r = x * b; break;
+      case DW_OP_shl: r = b >= 64 ? 0 : x << b; break;
+      case DW_OP_shr: r = b >= 64 ? 0 : x >> b; break;
+      case DW_OP_shra:
+        r = static_cast<uint64_t>(sx >> (b >= 63 ? 63 : b));
+        break;
+      case DW_OP_eq: r = sx == sb; break;
+      case DW_OP_ne: r = sx != sb; break;
+      case DW_OP_ge: r = sx >= sb; break;
+      case DW_OP_gt: r = sx > sb; break;
+      case DW_OP_le: r = sx <= sb; break;
+      case DW_OP_lt: r = sx < sb; break;
+      default:
+        return false;  // memory reads, branches, other registers
+    }
+    --n;
+    stack[n - 1] = r;
+  }
+  if (n == 0) return false;
+  *result = stack[n - 1];
+  return true;
+}
+
+// --- Rules from libdw's frame state -------------------------------------------
+
+std::vector<CfiOp> ToCfiOps(const Dwarf_Op* ops, size_t nops) {
+  std::vector<CfiOp> out(nops);
+  for (size_t i = 0; i < nops; ++i) {
+    out[i] = {ops[i].atom, ops[i].number, ops[i].number2};
+  }
+  return out;
+}
+
+// Where ra and rbp may be saved relative to their base (rule words hold
+// 12 bits; the largest seen is 168, in signal trampolines).
+bool FitsRegisterOffset(int64_t v) {
+  return v >= -kRuleWordMaxOffset - 1 && v <= kRuleWordMaxOffset;
+}
+bool FitsInt32(int64_t v) {
+  return v >= std::numeric_limits<int32_t>::min() &&
+         v <= std::numeric_limits<int32_t>::max();
+}
+
+// A register's saved location as libdw describes it: "CFA + N"
+// ([call_frame_cfa] or [call_frame_cfa, plus_uconst N]) or, for a
+// DW_CFA_expression evaluated on top of the CFA, "sp + N"
+// ([call_frame_cfa, breg7 N]).
+bool SavedAt(const Dwarf_Op* ops, size_t nops, int64_t* offset, bool* from_sp) {
+  if (nops == 0 || ops[0].atom != DW_OP_call_frame_cfa) return false;
+  if (nops == 1) {
+    *offset = 0;
+    *from_sp = false;
+    return true;
+  }
+  if (nops != 2) return false;
+  if (ops[1].atom == DW_OP_plus_uconst) {
+    *offset = static_cast<int64_t>(ops[1].number);
+    *from_sp = false;
+    return true;
+  }
+  if (ops[1].atom == DW_OP_breg0 + kDwarfSp) {
+    *offset = static_cast<int64_t>(ops[1].number);
+    *from_sp = true;
+    return true;
+  }
+  if (ops[1].atom == DW_OP_bregx && ops[1].number == kDwarfSp) {
+    *offset = static_cast<int64_t>(ops[1].number2);
+    *from_sp = true;
+    return true;
+  }
+  return false;
+}
+
+// "breg N + offset" in either encoding.
+bool RegisterPlusOffset(const Dwarf_Op& op, uint64_t* reg, int64_t* offset) {
+  if (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31) {
+    *reg = op.atom - DW_OP_breg0;
+    *offset = static_cast<int64_t>(op.number);
+    return true;
+  }
+  if (op.atom == DW_OP_bregx) {
+    *reg = op.number;
+    *offset = static_cast<int64_t>(op.number2);
+    return true;
+  }
+  return false;
+}
+
+// The rule of one frame state. When the CFA is an expression that must be
+// evaluated per pc, returns it in `cfa_expression` (rule.kind kCfaSp, offset
+// to be filled in per pc).
+CfiRule ConvertFrame(Dwarf_Frame* frame, std::vector<CfiOp>* cfa_expression) {
+  cfa_expression->clear();
+  CfiRule rule;
+  bool signal = false;
+  const int ra_column = dwarf_frame_info(frame, nullptr, nullptr, &signal);
+  if (ra_column != static_cast<int>(kDwarfRa)) {
+    rule.kind = CfiRule::kUnsupported;
+    return rule;
+  }
+  if (signal) rule.flags |= CfiRule::kSignalFrame;
+
+  // The return address.
+  Dwarf_Op mem[3];
+  Dwarf_Op* ops = nullptr;
+  size_t nops = 0;
+  if (dwarf_frame_register(frame, static_cast<int>(kDwarfRa), mem, &ops,
+                           &nops) != 0) {
+    rule.kind = CfiRule::kUnsupported;
+    return rule;
+  }
+  if (nops == 0) {
+    // Undefined (ops == mem): the outermost frame. Same-value makes no
+    // sense for a return address.
+    rule.kind = ops != nullptr ? CfiRule::kOutermost : CfiRule::kUnsupported;
+    return rule;
+  }
+  int64_t offset = 0;
+  bool from_sp = false;
+  if (!SavedAt(ops, nops, &offset, &from_sp) || !FitsRegisterOffset(offset)) {
+    rule.kind = CfiRule::kUnsupported;
+    return rule;
+  }
+  rule.ra_offset = static_cast<int16_t>(offset);
+  if (from_sp) rule.flags |= CfiRule::kRaFromSp;
+
+  // The caller's rbp.
+  if (dwarf_frame_register(frame, static_cast<int>(kDwarfFp), mem, &ops,
+                           &nops) != 0) {
+    rule.flags |= CfiRule::kFpLost;
+  } else if (nops == 0) {
+    if (ops != nullptr) rule.flags |= CfiRule::kFpLost;  // undefined
+    // else same value: unchanged.
+  } else if (SavedAt(ops, nops, &offset, &from_sp) && FitsRegisterOffset(offset)) {
+    rule.flags |= CfiRule::kFpSaved;
+    rule.fp_offset = static_cast<int16_t>(offset);
+    if (from_sp) rule.flags |= CfiRule::kFpFromSp;
+  } else {
+    rule.flags |= CfiRule::kFpLost;  // in a register, or a value rule
+  }
+
+  // The CFA.
+  if (dwarf_frame_cfa(frame, &ops, &nops) != 0 || nops == 0) {
+    rule.kind = CfiRule::kUnsupported;
+    return rule;
+  }
+  uint64_t reg = 0;
+  if (nops == 1 && RegisterPlusOffset(ops[0], &reg, &offset) &&
+      (reg == kDwarfSp || reg == kDwarfFp) && FitsInt32(offset)) {
+    rule.kind = reg == kDwarfSp ? CfiRule::kCfaSp : CfiRule::kCfaFp;
+    rule.cfa_offset = static_cast<int32_t>(offset);
+    return rule;
+  }
+  if (nops == 2 && RegisterPlusOffset(ops[0], &reg, &offset) &&
+      reg == kDwarfSp && ops[1].atom == DW_OP_deref && FitsInt32(offset)) {
+    rule.kind = CfiRule::kCfaDerefSp;  // rt_sigreturn trampolines
+    rule.cfa_offset = static_cast<int32_t>(offset);
+    return rule;
+  }
+  *cfa_expression = ToCfiOps(ops, nops);
+  rule.kind = CfiRule::kCfaSp;
+  return rule;
+}
+
+// --- FDE enumeration -----------------------------------------------------------
+
+struct Fde {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  bool debug_frame = false;
+};
+
+// Reads a DW_EH_PE-encoded pointer at *p; `field_address` is the address
+// the field is loaded at (for pc-relative encodings).
+bool ReadEncoded(uint8_t encoding, const uint8_t** p, const uint8_t* end,
+                 uint64_t field_address, bool apply_relative, uint64_t* out) {
+  if (encoding == DW_EH_PE_omit) return false;
+  uint64_t value = 0;
+  const uint8_t* q = *p;
+  auto fixed = [&](size_t size, bool is_signed) {
+    if (static_cast<size_t>(end - q) < size) return false;
+    uint64_t v = 0;
+    std::memcpy(&v, q, size);  // little-endian host and file (x86-64)
+    if (is_signed && size < 8 && (v >> (8 * size - 1)) != 0) {
+      v |= ~uint64_t{0} << (8 * size);
+    }
+    value = v;
+    q += size;
+    return true;
+  };
+  auto leb = [&](bool is_signed) {
+    uint64_t v = 0;
+    int shift = 0;
+    uint8_t byte = 0;
+    do {
+      if (q == end || shift >= 64) return false;
+      byte = *q++;
+      v |= uint64_t{byte & 0x7fu} << shift;
+      shift += 7;
+    } while (byte & 0x80);
+    if (is_signed && shift < 64 && (byte & 0x40)) v |= ~uint64_t{0} << shift;
+    value = v;
+    return true;
+  };
+  bool ok = false;
+  switch (encoding & 0x0f) {
+    case DW_EH_PE_absptr: ok = fixed(8, false); break;
+    case DW_EH_PE_uleb128: ok = leb(false); break;
+    case DW_EH_PE_udata2: ok = fixed(2, false); break;
+    case DW_EH_PE_udata4: ok = fixed(4, false); break;
+    case DW_EH_PE_udata8: ok = fixed(8, false); break;
+    case DW_EH_PE_sleb128: ok = leb(true); break;
+    case DW_EH_PE_sdata2: ok = fixed(2, true); break;
+    case DW_EH_PE_sdata4: ok = fixed(4, true); break;
+    case DW_EH_PE_sdata8: ok = fixed(8, true); break;
+    default: return false;
+  }
+  if (!ok) return false;
+  if (apply_relative) {
+    switch (encoding & 0x70) {
+      case DW_EH_PE_absptr: break;
+      case DW_EH_PE_pcrel: value += field_address; break;
+      default: return false;  // textrel/datarel/funcrel: not used for FDEs
+    }
+    if (encoding & DW_EH_PE_indirect) return false;
+  }
+  *p = q;
+  *out = value;
+  return true;
+}
+
+// The FDE pointer encoding a CIE announces ('R' in a 'z' augmentation);
+// false when the augmentation is not understood.
+bool FdeEncoding(const Dwarf_CIE& cie, bool eh_frame, uint8_t* encoding) {
+  *encoding = DW_EH_PE_absptr;
+  const char* aug = cie.augmentation;
+  if (aug == nullptr || aug[0] == '\0') return true;
+  if (aug[0] != 'z') return false;
+  const uint8_t* p = cie.augmentation_data;
+  const uint8_t* end = p + cie.augmentation_data_size;
+  for (const char* c = aug + 1; *c != '\0'; ++c) {
+    switch (*c) {
+      case 'R':
+        if (p == end) return false;
+        *encoding = *p++;
+        break;
+      case 'P': {
+        if (p == end) return false;
+        const uint8_t personality_encoding = *p++;
+        uint64_t ignored = 0;
+        if (!ReadEncoded(personality_encoding & 0x0f, &p, end, 0, false,
+                         &ignored)) {
+          return false;
+        }
+        break;
+      }
+      case 'L':
+        if (p == end) return false;
+        ++p;
+        break;
+      case 'S':
+      case 'B':
+      case 'G':
+        break;
+      default:
+        // Unknown letters after what we need are harmless; before 'R'
+        // they hide its position.
+        return std::strchr(c, 'R') == nullptr;
+    }
+  }
+  (void)eh_frame;
+  return true;
+}
+
+Elf_Scn* FindSection(Elf* elf, const char* name, GElf_Shdr* shdr) {
+  size_t shstrndx = 0;
+  if (elf_getshdrstrndx(elf, &shstrndx) != 0) return nullptr;
+  for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn != nullptr;
+       scn = elf_nextscn(elf, scn)) {
+    if (gelf_getshdr(scn, shdr) == nullptr) continue;
+    const char* n = elf_strptr(elf, shstrndx, shdr->sh_name);
+    if (n != nullptr && std::strcmp(n, name) == 0) return scn;
+  }
+  return nullptr;
+}
+
+// Appends the [lo, hi) ranges of the FDEs of one CFI section.
+void CollectFdes(Elf* elf, const char* section, bool eh_frame,
+                 std::vector<Fde>* fdes) {
+  GElf_Shdr shdr;
+  Elf_Scn* scn = FindSection(elf, section, &shdr);
+  if (scn == nullptr || shdr.sh_type == SHT_NOBITS) return;
+  if ((shdr.sh_flags & SHF_COMPRESSED) != 0 && elf_compress(scn, 0, 0) < 0) {
+    return;
+  }
+  Elf_Data* data = elf_getdata(scn, nullptr);
+  if (data == nullptr || data->d_buf == nullptr || data->d_size == 0) return;
+  const unsigned char* ident = reinterpret_cast<const unsigned char*>(
+      elf_getident(elf, nullptr));
+  if (ident == nullptr) return;
+  const auto* base = static_cast<const uint8_t*>(data->d_buf);
+  // CIE offset -> FDE pointer encoding (or none when not understood).
+  absl::flat_hash_map<Dwarf_Off, int> encodings;
+  std::vector<std::pair<Dwarf_Off, Dwarf_FDE>> pending;
+  Dwarf_Off offset = 0;
+  while (offset != static_cast<Dwarf_Off>(-1)) {
+    Dwarf_Off next = 0;
+    Dwarf_CFI_Entry entry;
+    const int rc = dwarf_next_cfi(ident, data, eh_frame, offset, &next, &entry);
+    if (rc > 0) break;
+    if (rc == 0) {
+      if (dwarf_cfi_cie_p(&entry)) {
+        uint8_t enc = 0;
+        encodings[offset] = FdeEncoding(entry.cie, eh_frame, &enc) ? enc : -1;
+      } else {
+        pending.emplace_back(offset, entry.fde);
+      }
+    }
+    if (next <= offset) break;  // no progress: corrupt section
+    offset = next;
+  }
+  for (const auto& [at, fde] : pending) {
+    auto it = encodings.find(fde.CIE_pointer);
+    if (it == encodings.end() || it->second < 0) continue;
+    const auto enc = static_cast<uint8_t>(it->second);
+    const uint8_t* p = fde.start;
+    const uint64_t field = shdr.sh_addr + static_cast<uint64_t>(p - base);
+    uint64_t lo = 0, range = 0;
+    if (!ReadEncoded(enc, &p, fde.end, field, /*apply_relative=*/true, &lo) ||
+        !ReadEncoded(enc & 0x0f, &p, fde.end, 0, false, &range) ||
+        range == 0 || lo + range < lo) {
+      continue;
+    }
+    fdes->push_back({lo, lo + range, !eh_frame});
+  }
+}
+
+// Appends rows, merging a row into the previous one when the rules match.
+class RowSink {
+ public:
+  explicit RowSink(uint64_t text_lo) : text_lo_(text_lo) {}
+  void Add(uint64_t pc, const CfiRule& rule) {
+    const auto offset = static_cast<uint32_t>(pc - text_lo_);
+    if (!rows_.empty() && rows_.back().pc == offset) {
+      rows_.back().rule = rule;
+      if (rows_.size() >= 2 && rows_[rows_.size() - 2].rule == rule) {
+        rows_.pop_back();
+      }
+      return;
+    }
+    if (!rows_.empty() && rows_.back().rule == rule) return;
+    rows_.push_back({offset, rule});
+  }
+  bool full() const { return rows_.size() >= kMaxRowsPerModule; }
+  std::vector<CfiRow>& rows() { return rows_; }
+
+ private:
+  uint64_t text_lo_;
+  std::vector<CfiRow> rows_;
+};
+
+// Adds the rows of [lo, hi) under one frame state whose CFA is `expression`.
+void AddPerByteRows(std::span<const CfiOp> expression, const CfiRule& base,
+                    uint64_t lo, uint64_t hi, RowSink* sink) {
+  if (hi - lo > kMaxPerByteRange) {
+    CfiRule unsupported;
+    unsupported.kind = CfiRule::kUnsupported;
+    sink->Add(lo, unsupported);
+    return;
+  }
+  for (uint64_t pc = lo; pc < hi; ++pc) {
+    CfiRule rule = base;
+    int64_t offset = 0;
+    if (EvaluateCfaOffset(expression, pc, &offset) && FitsInt32(offset)) {
+      rule.cfa_offset = static_cast<int32_t>(offset);
+    } else {
+      rule = CfiRule();
+      rule.kind = CfiRule::kUnsupported;
+    }
+    sink->Add(pc, rule);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
+    Elf* elf, const std::string& name, uint64_t text_lo, uint64_t text_hi,
+    const std::string& expected_build_id) {
+  if (elf_kind(elf) != ELF_K_ELF) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not an ELF file"));
+  }
+  if (gelf_getclass(elf) != ELFCLASS64) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not ELF64"));
+  }
+  std::string build_id;
+  const void* id = nullptr;
+  const ssize_t id_size = dwelf_elf_gnu_build_id(elf, &id);
+  if (id_size > 0) build_id.assign(static_cast<const char*>(id), id_size);
+  if (!expected_build_id.empty() && build_id != expected_build_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": the file's build-id differs from the loaded module's"));
+  }
+  if (text_hi <= text_lo || text_hi - text_lo > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": executable range empty or over 4 GiB"));
+  }
+
+  std::vector<Fde> fdes;
+  CollectFdes(elf, ".eh_frame", /*eh_frame=*/true, &fdes);
+  const size_t eh_fdes = fdes.size();
+  CollectFdes(elf, ".debug_frame", /*eh_frame=*/false, &fdes);
+  if (fdes.empty()) {
+    return absl::NotFoundError(absl::StrCat(name, ": no call-frame information"));
+  }
+  // .eh_frame first at equal starts; .debug_frame only fills gaps.
+  std::stable_sort(fdes.begin(), fdes.end(), [](const Fde& a, const Fde& b) {
+    return a.lo != b.lo ? a.lo < b.lo : (!a.debug_frame && b.debug_frame);
+  });
+
+  Dwarf_CFI* eh_cfi = eh_fdes > 0 ? dwarf_getcfi_elf(elf) : nullptr;
+  Dwarf* dwarf = nullptr;
+  Dwarf_CFI* debug_cfi = nullptr;
+  if (fdes.size() > eh_fdes) {
+    dwarf = dwarf_begin_elf(elf, DWARF_C_READ, nullptr);
+    if (dwarf != nullptr) debug_cfi = dwarf_getcfi(dwarf);
+  }
+
+  RowSink sink(text_lo);
+  std::vector<CfiOp> expression;
+  uint64_t covered_to = text_lo;  // end of the last FDE processed
+  bool any = false;
+  for (const Fde& fde : fdes) {
+    Dwarf_CFI* cfi = fde.debug_frame ? debug_cfi : eh_cfi;
+    const uint64_t lo = std::max({fde.lo, covered_to, text_lo});
+    const uint64_t hi = std::min(fde.hi, text_hi);
+    if (cfi == nullptr || lo >= hi) continue;
+    if (sink.full()) break;
+    if (any && lo > covered_to) sink.Add(covered_to, CfiRule());  // a gap
+    uint64_t pc = lo;
+    while (pc < hi && !sink.full()) {
+      Dwarf_Frame* frame = nullptr;
+      if (dwarf_cfi_addrframe(cfi, pc, &frame) != 0) {
+        CfiRule unsupported;
+        unsupported.kind = CfiRule::kUnsupported;
+        sink.Add(pc, unsupported);
+        break;
+      }
+      Dwarf_Addr start = 0, end = 0;
+      dwarf_frame_info(frame, &start, &end, nullptr);
+      // libdw reports the row's range; after DW_CFA_restore_state its start
+      // can lie before pc, so only its end is used.
+      uint64_t next = end > pc ? std::min<uint64_t>(end, hi) : pc + 1;
+      const CfiRule rule = ConvertFrame(frame, &expression);
+      if (expression.empty()) {
+        sink.Add(pc, rule);
+      } else {
+        AddPerByteRows(expression, rule, pc, next, &sink);
+      }
+      free(frame);
+      pc = next;
+    }
+    covered_to = hi;
+    any = true;
+  }
+  if (any) sink.Add(covered_to, CfiRule());
+  if (eh_cfi != nullptr) dwarf_cfi_end(eh_cfi);
+  if (dwarf != nullptr) dwarf_end(dwarf);
+  if (!any) {
+    return absl::NotFoundError(
+        absl::StrCat(name, ": no call-frame information for its text"));
+  }
+  return std::make_shared<const CfiModuleTable>(text_lo, text_hi, sink.rows(),
+                                                name, std::move(build_id));
+}
+
+}  // namespace
+
+bool EvaluateCfaOffset(std::span<const CfiOp> ops, uint64_t pc,
+                       int64_t* offset) {
+  // Evaluated at three stack pointers: the result must move with sp one
+  // for one (sp + a constant), or the expression is not modelled.
+  constexpr uint64_t kSps[] = {0, uint64_t{1} << 32, 0x7ffd12345670};
+  uint64_t results[3];
+  for (size_t i = 0; i < 3; ++i) {
+    if (!Evaluate(ops, kSps[i], pc, &results[i])) return false;
+  }
+  for (size_t i = 1; i < 3; ++i) {
+    if (results[i] - kSps[i] != results[0]) return false;
+  }
+  *offset = static_cast<int64_t>(results[0]);
+  return true;
+}
+
+CfiModuleTable::CfiModuleTable(uint64_t text_lo, uint64_t text_hi,
+                               const std::vector<CfiRow>& rows,
+                               std::string path, std::string build_id)
+    : text_lo_(text_lo),
+      text_size_(text_hi > text_lo ? text_hi - text_lo : 0),
+      path_(std::move(path)),
+      build_id_(std::move(build_id)) {
+  if (text_size_ > std::numeric_limits<uint32_t>::max()) text_size_ = 0;
+  absl::flat_hash_map<uint64_t, uint16_t> index;
+  rules_.push_back(0);  // [0]: kNone
+  index[0] = 0;
+  CfiRule unsupported_rule;
+  unsupported_rule.kind = CfiRule::kUnsupported;
+  const uint64_t unsupported = EncodeRule(unsupported_rule);
+  rules_.push_back(unsupported);  // [1]: the overflow rule
+  index[unsupported] = 1;
+  auto rule_index = [&](const CfiRule& rule) -> uint16_t {
+    const uint64_t word = EncodeRule(rule);
+    auto it = index.find(word);
+    if (it != index.end()) return it->second;
+    if (rules_.size() > std::numeric_limits<uint16_t>::max()) return 1;
+    const auto i = static_cast<uint16_t>(rules_.size());
+    rules_.push_back(word);
+    index[word] = i;
+    return i;
+  };
+  // A leading kNone row at 0, so every offset has a row in force.
+  row_pc_.push_back(0);
+  row_rule_.push_back(0);
+  bool any = false;
+  for (const CfiRow& row : rows) {
+    if (row.pc >= text_size_) continue;
+    if (row.rule.kind != CfiRule::kNone) any = true;
+    const uint16_t r = rule_index(row.rule);
+    if (!row_pc_.empty() && row_pc_.back() > row.pc) continue;  // unsorted
+    if (!row_pc_.empty() && row_pc_.back() == row.pc) {
+      row_rule_.back() = r;  // the last of equal pcs wins
+      if (row_rule_.size() >= 2 && row_rule_[row_rule_.size() - 2] == r) {
+        row_pc_.pop_back();
+        row_rule_.pop_back();
+      }
+      continue;
+    }
+    if (!row_rule_.empty() && row_rule_.back() == r) continue;
+    row_pc_.push_back(row.pc);
+    row_rule_.push_back(r);
+  }
+  if (!any) {
+    row_pc_.clear();
+    row_rule_.clear();
+  }
+  row_pc_.shrink_to_fit();
+  row_rule_.shrink_to_fit();
+  rules_.shrink_to_fit();
+  if (row_pc_.empty()) return;
+  while (cache_bits_ < 12 && (size_t{1} << cache_bits_) * 4 < row_pc_.size()) {
+    ++cache_bits_;
+  }
+  cache_ = std::make_unique<std::atomic<uint64_t>[]>(size_t{1} << cache_bits_);
+  cache_mask_ = (uint32_t{1} << cache_bits_) - 1;
+  const size_t buckets = static_cast<size_t>((text_size_ - 1) >> kBucketShift) + 1;
+  bucket_row_.resize(buckets);
+  size_t row = 0;
+  for (size_t b = 0; b < buckets; ++b) {
+    const uint64_t start = uint64_t{b} << kBucketShift;
+    while (row + 1 < row_pc_.size() && row_pc_[row + 1] <= start) ++row;
+    bucket_row_[b] = static_cast<uint32_t>(row);
+  }
+}
+
+size_t CfiModuleTable::MemoryBytes() const {
+  return sizeof(*this) + row_pc_.capacity() * sizeof(uint32_t) +
+         row_rule_.capacity() * sizeof(uint16_t) +
+         rules_.capacity() * sizeof(uint64_t) +
+         bucket_row_.capacity() * sizeof(uint32_t) +
+         (cache_ != nullptr ? (size_t{1} << cache_bits_) * sizeof(uint64_t) : 0) +
+         path_.capacity() +
+         build_id_.capacity();
+}
+
+std::vector<CfiRow> CfiModuleTable::Rows() const {
+  std::vector<CfiRow> rows(row_pc_.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = {row_pc_[i], DecodeRule(rules_[row_rule_[i]])};
+  }
+  return rows;
+}
+
+CfiSnapshot::CfiSnapshot(
+    std::vector<std::pair<uintptr_t, std::shared_ptr<const CfiModuleTable>>>
+        modules,
+    uint64_t generation)
+    : generation_(generation) {
+  std::sort(modules.begin(), modules.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [lo, table] : modules) {
+    if (table == nullptr) continue;
+    const uintptr_t hi = lo + (table->text_hi() - table->text_lo());
+    if (!modules_.empty() && lo < modules_.back().hi) continue;  // overlap
+    modules_.push_back({lo, hi, table.get()});
+    owned_.push_back(std::move(table));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
+    const std::string& path, uint64_t text_lo, uint64_t text_hi,
+    const std::string& expected_build_id) {
+  elf_version(EV_CURRENT);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  if (elf == nullptr) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", elf_errmsg(-1)));
+  }
+  auto table = BuildFromElf(elf, path, text_lo, text_hi, expected_build_id);
+  elf_end(elf);
+  close(fd);
+  return table;
+}
+
+absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
+    std::span<const uint8_t> image, const std::string& name, uint64_t text_lo,
+    uint64_t text_hi) {
+  elf_version(EV_CURRENT);
+  // libelf may write to the buffer it reads from: give it a copy.
+  std::vector<char> copy(image.begin(), image.end());
+  Elf* elf = elf_memory(copy.data(), copy.size());
+  if (elf == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", elf_errmsg(-1)));
+  }
+  auto table = BuildFromElf(elf, name, text_lo, text_hi, "");
+  elf_end(elf);
+  return table;
+}
+
+}  // namespace inprof::internal

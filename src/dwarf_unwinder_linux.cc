@@ -1,0 +1,317 @@
+// DwarfUnwinder's module tracking (dwarf_unwinder.h): finds the loaded
+// modules with dl_iterate_phdr, builds or reuses each one's CfiModuleTable,
+// and publishes snapshots for the signal handler.
+//
+// Publication is RCU-like. The handler pins a snapshot with CfiReadGuard:
+// it increments g_cfi_state.readers, then loads g_cfi_state.current, and
+// decrements the count when its walk is done. A refresh swaps in the new
+// snapshot and keeps the old one on a retired list; retired snapshots are
+// freed when a later check (this refresh or a following one) reads the
+// count as zero. With sequentially consistent increments, loads and swaps,
+// a reader that could have loaded a retired pointer incremented the count
+// before the swap, so seeing zero after the swap means it has finished.
+// Retired snapshots only hold pointers (the module tables are shared), and
+// the list grows only while modules keep changing and handlers are always
+// mid-walk at the 50 ms collector checks.
+#include "inprof/dwarf_unwinder.h"
+
+#include <elf.h>
+#include <link.h>
+#include <sys/auxv.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "inprof/internal/cfi_table.h"
+
+namespace inprof {
+namespace {
+
+using internal::CfiModuleTable;
+using internal::CfiSnapshot;
+using internal::g_cfi_state;
+
+// Tables of unloaded modules kept for a module that comes back (a plugin
+// dlopen()ed and dlclose()d in a loop): the most recently used ones.
+constexpr size_t kKeptUnloadedTables = 16;
+
+struct LoadedModule {
+  std::string open_path;  // what to open ("/proc/self/exe" for the program)
+  std::string path;       // its name, for keys and stats
+  uintptr_t bias = 0;
+  uint64_t text_lo = 0;   // link-time range of the executable segments
+  uint64_t text_hi = 0;
+  std::string build_id;   // raw bytes from the loaded notes; may be empty
+  std::vector<uint8_t> image;  // the vDSO's bytes (it has no file)
+};
+
+struct CacheEntry {
+  std::shared_ptr<const CfiModuleTable> table;  // no rows: no usable CFI
+  uint64_t last_used = 0;                       // refresh generation
+};
+
+struct CurrentModule {
+  std::string path;
+  uintptr_t load_address = 0;
+  std::shared_ptr<const CfiModuleTable> table;
+};
+
+struct State {
+  std::mutex mutex;
+  bool initialized = false;
+  unsigned long long adds = 0, subs = 0;
+  uint64_t generation = 0;
+  absl::flat_hash_map<std::string, CacheEntry> cache;
+  std::vector<CurrentModule> current;
+  size_t modules_without_cfi = 0;
+  std::vector<const CfiSnapshot*> retired;
+  uint64_t refreshes = 0, rebuilds = 0, tables_built = 0;
+  double last_rebuild_seconds = 0;
+};
+
+// Never destroyed: a late signal may still read the published snapshot.
+State& GlobalState() {
+  static State* state = new State;
+  return *state;
+}
+
+void ReadLoaderCounters(unsigned long long* adds, unsigned long long* subs) {
+  struct Counters {
+    unsigned long long adds = 0, subs = 0;
+  } c;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* data) {
+        auto* out = static_cast<Counters*>(data);
+        if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+          out->adds = info->dlpi_adds;
+          out->subs = info->dlpi_subs;
+        }
+        return 1;  // the counters are the same in every entry
+      },
+      &c);
+  *adds = c.adds;
+  *subs = c.subs;
+}
+
+// The GNU build-id in a loaded PT_NOTE segment.
+std::string BuildIdAt(const uint8_t* notes, size_t size) {
+  size_t at = 0;
+  while (at + sizeof(ElfW(Nhdr)) <= size) {
+    ElfW(Nhdr) header;
+    std::memcpy(&header, notes + at, sizeof(header));
+    const size_t name_at = at + sizeof(header);
+    const size_t desc_at = name_at + ((header.n_namesz + 3) & ~size_t{3});
+    const size_t next = desc_at + ((header.n_descsz + 3) & ~size_t{3});
+    if (next > size || next <= at) break;
+    if (header.n_type == NT_GNU_BUILD_ID && header.n_namesz == 4 &&
+        std::memcmp(notes + name_at, "GNU", 4) == 0) {
+      return std::string(reinterpret_cast<const char*>(notes + desc_at),
+                         header.n_descsz);
+    }
+    at = next;
+  }
+  return "";
+}
+
+std::string ExecutablePath() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "[exe]";
+}
+
+// dl_iterate_phdr callback: runs with the loader lock held, so the module
+// cannot be unmapped while its notes (and the vDSO's image) are read.
+int CollectModule(dl_phdr_info* info, size_t, void* data) {
+  auto* modules = static_cast<std::vector<LoadedModule>*>(data);
+  const bool first = modules->empty();
+  LoadedModule m;
+  m.bias = info->dlpi_addr;
+  uint64_t lo = UINT64_MAX, hi = 0;
+  uintptr_t header_address = 0;
+  uint64_t image_size = 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type == PT_LOAD) {
+      if (ph.p_offset == 0) header_address = m.bias + ph.p_vaddr;
+      image_size = std::max<uint64_t>(image_size, ph.p_offset + ph.p_filesz);
+      if (ph.p_flags & PF_X) {
+        lo = std::min<uint64_t>(lo, ph.p_vaddr);
+        hi = std::max<uint64_t>(hi, ph.p_vaddr + ph.p_memsz);
+      }
+    } else if (ph.p_type == PT_NOTE && m.build_id.empty()) {
+      m.build_id = BuildIdAt(
+          reinterpret_cast<const uint8_t*>(m.bias + ph.p_vaddr), ph.p_filesz);
+    }
+  }
+  const char* name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+  const uintptr_t vdso = getauxval(AT_SYSINFO_EHDR);
+  if (vdso != 0 && header_address == vdso) {
+    // The whole vDSO image is mapped, section headers included.
+    const auto* ehdr = reinterpret_cast<const ElfW(Ehdr)*>(vdso);
+    image_size = std::max<uint64_t>(
+        image_size, ehdr->e_shoff + uint64_t{ehdr->e_shnum} * ehdr->e_shentsize);
+    if (image_size > (1u << 20)) return 0;  // not a vDSO after all
+    const auto* bytes = reinterpret_cast<const uint8_t*>(vdso);
+    m.image.assign(bytes, bytes + image_size);
+    m.path = name[0] != '\0' ? name : "[vdso]";
+  } else if (name[0] == '\0') {
+    if (!first) return 0;  // only the main program has no name
+    m.open_path = "/proc/self/exe";
+    m.path = ExecutablePath();
+  } else {
+    m.open_path = name;
+    m.path = name;
+  }
+  if (hi <= lo) {
+    modules->push_back(LoadedModule());  // keep `first` meaningful
+    modules->back().path = m.path;
+    return 0;
+  }
+  m.text_lo = lo;
+  m.text_hi = hi;
+  modules->push_back(std::move(m));
+  return 0;
+}
+
+std::string CacheKey(const LoadedModule& m) {
+  // The same file at another address reuses the table (it holds link-time
+  // offsets); a file rebuilt under the same name has another build-id.
+  return absl::StrCat(m.path, "|", m.build_id, "|", m.text_lo, "-", m.text_hi,
+                      "|", m.image.size());
+}
+
+std::shared_ptr<const CfiModuleTable> BuildTable(const LoadedModule& m) {
+  absl::StatusOr<std::shared_ptr<const CfiModuleTable>> table =
+      m.image.empty()
+          ? internal::BuildCfiTableFromFile(m.open_path, m.text_lo, m.text_hi,
+                                            m.build_id)
+          : internal::BuildCfiTableFromImage(m.image, m.path, m.text_lo,
+                                             m.text_hi);
+  if (table.ok()) return *std::move(table);
+  // No usable CFI: an empty table still tells the walk that the range is
+  // code (its frame-pointer fallback accepts return addresses there).
+  return std::make_shared<const CfiModuleTable>(
+      m.text_lo, m.text_hi, std::vector<internal::CfiRow>(), m.path);
+}
+
+// Frees retired snapshots if no handler is reading one. Lock held.
+void ReclaimLocked(State& s) {
+  if (s.retired.empty()) return;
+  if (g_cfi_state.readers.load(std::memory_order_seq_cst) != 0) return;
+  for (const CfiSnapshot* old : s.retired) delete old;
+  s.retired.clear();
+}
+
+void RebuildLocked(State& s) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<LoadedModule> modules;
+  dl_iterate_phdr(&CollectModule, &modules);
+  ++s.generation;
+  std::vector<std::pair<uintptr_t, std::shared_ptr<const CfiModuleTable>>>
+      published;
+  std::vector<CurrentModule> current;
+  size_t without_cfi = 0;
+  for (const LoadedModule& m : modules) {
+    if (m.text_hi <= m.text_lo) continue;  // no executable segment
+    const std::string key = CacheKey(m);
+    auto it = s.cache.find(key);
+    if (it == s.cache.end()) {
+      it = s.cache.emplace(key, CacheEntry{BuildTable(m), 0}).first;
+      ++s.tables_built;
+    }
+    it->second.last_used = s.generation;
+    const std::shared_ptr<const CfiModuleTable>& table = it->second.table;
+    const uintptr_t load = m.bias + table->text_lo();
+    published.emplace_back(load, table);
+    if (table->rows() == 0) {
+      ++without_cfi;
+      continue;
+    }
+    current.push_back({m.path, load, table});
+  }
+  auto* snapshot = new CfiSnapshot(std::move(published), s.generation);
+  const CfiSnapshot* old =
+      g_cfi_state.current.exchange(snapshot, std::memory_order_seq_cst);
+  if (old != nullptr) s.retired.push_back(old);
+  std::sort(current.begin(), current.end(),
+            [](const CurrentModule& a, const CurrentModule& b) {
+              return a.load_address < b.load_address;
+            });
+  s.current = std::move(current);
+  s.modules_without_cfi = without_cfi;
+
+  // Keep the tables of loaded modules and a few recently unloaded ones.
+  std::vector<std::pair<uint64_t, std::string>> unused;
+  for (const auto& [key, entry] : s.cache) {
+    if (entry.last_used != s.generation) unused.emplace_back(entry.last_used, key);
+  }
+  if (unused.size() > kKeptUnloadedTables) {
+    std::sort(unused.begin(), unused.end());
+    for (size_t i = 0; i + kKeptUnloadedTables < unused.size(); ++i) {
+      s.cache.erase(unused[i].second);
+    }
+  }
+  ++s.rebuilds;
+  s.last_rebuild_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+}
+
+}  // namespace
+
+void DwarfUnwinder::RefreshModules() {
+  if (!Supported()) return;
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.refreshes;
+  unsigned long long adds = 0, subs = 0;
+  ReadLoaderCounters(&adds, &subs);
+  if (!s.initialized || adds != s.adds || subs != s.subs) {
+    s.initialized = true;
+    s.adds = adds;
+    s.subs = subs;
+    RebuildLocked(s);
+  }
+  ReclaimLocked(s);
+}
+
+DwarfUnwinderStats DwarfUnwinder::Stats() {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  DwarfUnwinderStats stats;
+  for (const CurrentModule& m : s.current) {
+    DwarfUnwinderStats::Module out;
+    out.path = m.path;
+    out.load_address = m.load_address;
+    out.text_bytes = m.table->text_hi() - m.table->text_lo();
+    out.rows = m.table->rows();
+    out.rules = m.table->distinct_rules();
+    out.table_bytes = m.table->MemoryBytes();
+    stats.rows += out.rows;
+    stats.table_bytes += out.table_bytes;
+    stats.modules.push_back(std::move(out));
+  }
+  stats.modules_without_cfi = s.modules_without_cfi;
+  for (const auto& [key, entry] : s.cache) {
+    ++stats.cached_tables;
+    stats.cached_bytes += entry.table->MemoryBytes();
+  }
+  stats.retired_snapshots = s.retired.size();
+  stats.refreshes = s.refreshes;
+  stats.rebuilds = s.rebuilds;
+  stats.tables_built = s.tables_built;
+  stats.last_rebuild_seconds = s.last_rebuild_seconds;
+  return stats;
+}
+
+}  // namespace inprof
