@@ -666,18 +666,19 @@ class Profiler final : public internal::ProfilerControl,
     if constexpr (kHasTicker) {
       const absl::Duration period = TickerPeriod();
       if (period == absl::InfiniteDuration()) return;
+      Ticker* t = ticker_.get();
       {
-        std::lock_guard<std::mutex> lock(ticker_mutex_);
-        ticker_stop_ = false;
+        std::lock_guard<std::mutex> lock(t->mutex);
+        t->stop = false;
       }
-      ticker_ = std::thread([this, period] {
+      t->thread = std::thread([this, t, period] {
         pthread_setname_np(pthread_self(), "inprof-tick");
         const auto step = absl::ToChronoNanoseconds(period);
         auto next = std::chrono::steady_clock::now() + step;
-        std::unique_lock<std::mutex> lock(ticker_mutex_);
-        while (!ticker_stop_) {
-          ticker_cv_.wait_until(lock, next, [this] { return ticker_stop_; });
-          if (ticker_stop_) break;
+        std::unique_lock<std::mutex> lock(t->mutex);
+        while (!t->stop) {
+          t->cv.wait_until(lock, next, [t] { return t->stop; });
+          if (t->stop) break;
           lock.unlock();
           Tick();
           lock.lock();
@@ -690,17 +691,21 @@ class Profiler final : public internal::ProfilerControl,
   }
 
   void StopTicker() {
-    if (!ticker_.joinable()) return;
+    if (!ticker_->thread.joinable()) return;
+    if (getpid() != start_pid_) {
+      // A forked child has no ticker thread: detaching it throws, and
+      // destroying a condition variable it waited on can hang. Leak the
+      // parent's ticker state (a few dozen bytes) and start afresh.
+      (void)ticker_.release();
+      ticker_ = std::make_unique<Ticker>();
+      return;
+    }
     {
-      std::lock_guard<std::mutex> lock(ticker_mutex_);
-      ticker_stop_ = true;
+      std::lock_guard<std::mutex> lock(ticker_->mutex);
+      ticker_->stop = true;
     }
-    ticker_cv_.notify_all();
-    if (getpid() == start_pid_) {
-      ticker_.join();
-    } else {
-      ticker_.detach();  // a forked child has no such thread
-    }
+    ticker_->cv.notify_all();
+    ticker_->thread.join();
   }
 
   void Tick() {
@@ -920,10 +925,13 @@ class Profiler final : public internal::ProfilerControl,
       internal::LabelTable::Global().Intern(WallTimeProvider::kBlocked);
   std::array<size_t, kNumProviders> tick_cursor_{};  // registry lock
   uint64_t wall_blocked_credits_ = 0;                // registry lock
-  std::mutex ticker_mutex_;
-  std::condition_variable ticker_cv_;
-  bool ticker_stop_ = false;
-  std::thread ticker_;
+  struct Ticker {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool stop = false;
+    std::thread thread;
+  };
+  std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();
   internal::LeafFrameResolver leaf_resolver_;  // registry lock
   uint64_t leaf_callers_recovered_ = 0;        // registry lock
   std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0};
