@@ -26,6 +26,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+
+#include "inprof/internal/fork_guard.h"
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,7 +83,11 @@ struct State {
 
 // Never destroyed: a late signal may still read the published snapshot.
 State& GlobalState() {
-  static State* state = new State;
+  static State* state = [] {
+    auto* st = new State;
+    internal::RegisterForkLock(&st->mutex, internal::kForkRankGlobal);
+    return st;
+  }();
   return *state;
 }
 

@@ -1,5 +1,7 @@
 #include "inprof/internal/label_table.h"
 
+#include "inprof/internal/fork_guard.h"
+
 namespace inprof::internal {
 
 LabelTable& LabelTable::Global() {
@@ -7,7 +9,10 @@ LabelTable& LabelTable::Global() {
   return *table;
 }
 
-LabelTable::LabelTable() { strings_.emplace_back("[inprof: label table full]"); }
+LabelTable::LabelTable() {
+  strings_.emplace_back("[inprof: label table full]");
+  RegisterForkLock(&mutex_, kForkRankGlobal);  // a forked child may Intern
+}
 
 uint32_t LabelTable::Intern(absl::string_view s) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -1,5 +1,7 @@
 #include "inprof/internal/signal_dispatch.h"
 
+#include "inprof/internal/fork_guard.h"
+
 #include <errno.h>
 #include <signal.h>
 
@@ -67,6 +69,9 @@ uint64_t NewSessionId() noexcept {
 }
 
 absl::Status InstallSignalHandler() {
+  static const bool fork_safe =
+      (RegisterForkLock(&g_install_mutex, kForkRankGlobal), true);
+  (void)fork_safe;
   std::lock_guard<std::mutex> lock(g_install_mutex);
   struct sigaction current;
   if (sigaction(kProfilingSignal, nullptr, &current) != 0) {

@@ -51,6 +51,7 @@
 #include "absl/time/time.h"
 #include "inprof/cpu_time_provider.h"
 #include "inprof/frame_pointer_unwinder.h"
+#include "inprof/internal/fork_guard.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/log.h"
@@ -229,10 +230,16 @@ class Profiler final : public internal::ProfilerControl,
     config_status_ = options_.Validate();
     if (!config_status_.ok()) internal::Log(config_status_.message());
     registry_->owner = this;
+    // A child forked while one of our threads holds these must find them
+    // free (internal/fork_guard.h).
+    internal::RegisterForkLock(&registry_->mutex, internal::kForkRankRegistry);
+    internal::RegisterForkLock(&core_.mutex(), internal::kForkRankAggregate);
   }
 
   ~Profiler() {
     Stop().IgnoreError();
+    internal::UnregisterForkLock(&core_.mutex());
+    internal::UnregisterForkLock(&registry_->mutex);
     std::lock_guard<std::mutex> lock(registry_->mutex);
     for (Slot* slot : active_) RetireLocked(slot, /*reusable=*/false);
     active_.clear();
@@ -251,6 +258,12 @@ class Profiler final : public internal::ProfilerControl,
     if (!config_status_.ok()) return config_status_;
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if (running_) return absl::OkStatus();
+    if (start_pid_ != 0 && getpid() != start_pid_) {
+      // Its collector's and sinks' state belongs to the parent.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this profiler was started in process ", start_pid_,
+          "; a forked child must construct its own Profiler to profile"));
+    }
     if (!U::Supported()) {
       internal::Log(absl::StrCat(U::kName,
                                  " unwinding is not supported on this "
@@ -276,7 +289,14 @@ class Profiler final : public internal::ProfilerControl,
   absl::Status Stop() override {
     if (!running_) return absl::OkStatus();
     if (getpid() != start_pid_) {
-      running_ = false;
+      // A forked child: the registry lock is free (internal/fork_guard.h).
+      {
+        std::lock_guard<std::mutex> lock(registry_->mutex);
+        for (Slot* slot : active_) ForgetSlotLocked(slot);
+        active_.clear();
+        internal::DeactivateSession(session_);
+        running_ = false;
+      }
       core_.AbandonCollector();
       StopTicker();
       return absl::OkStatus();
@@ -840,6 +860,10 @@ class Profiler final : public internal::ProfilerControl,
     auto it = std::find(active_.begin(), active_.end(), slot);
     if (it == active_.end()) return;
     active_.erase(it);
+    if (start_pid_ != 0 && getpid() != start_pid_) {
+      ForgetSlotLocked(slot);  // a forked child
+      return;
+    }
     DisarmLocked(slot);
     // A handler cannot be running on this thread while we are here; on
     // another thread it may be, so clear the session and wait it out.
@@ -859,6 +883,20 @@ class Profiler final : public internal::ProfilerControl,
     RetireLocked(slot, /*reusable=*/on_owner_thread);
   }
 
+  // Registry lock held, in a forked child of the process that started the
+  // profiler. The parent's timers, threads and collector do not exist here:
+  // forget the slot's per-provider state without deleting any timer (its id
+  // may now name one of the child's own), take no tail, never reuse it.
+  void ForgetSlotLocked(Slot* slot) {
+    slot->session.store(0, std::memory_order_seq_cst);
+    using Data = std::tuple<typename Ps::ThreadData...>;
+    slot->data.~Data();
+    new (&slot->data) Data();
+    if (internal::CurrentThreadSlot() == slot) {
+      internal::SetCurrentThreadSlot(nullptr);
+    }
+  }
+
   void RetireLocked(Slot* slot, bool reusable) {
     DisarmLocked(slot);
     slot->session.store(0, std::memory_order_seq_cst);
@@ -873,7 +911,11 @@ class Profiler final : public internal::ProfilerControl,
     std::vector<Slot*> free;
   };
   static SlotPool& Pool() {
-    static SlotPool* pool = new SlotPool;  // intentionally never destroyed
+    static SlotPool* pool = [] {  // intentionally never destroyed
+      auto* p = new SlotPool;
+      internal::RegisterForkLock(&p->mutex, internal::kForkRankSlotPool);
+      return p;
+    }();
     return *pool;
   }
   static Slot* AcquireSlot() {

@@ -1,0 +1,37 @@
+// internal: not part of the public API.
+//
+// fork() copies only the calling thread. A lock that another thread (the
+// collector, the wall ticker, a thread registering) holds at that moment
+// stays locked forever in the child, whose first ThreadRegistration::Reset(),
+// RegisterThread() or Stop() then hangs: 13% of the children forked while the
+// collector drained every millisecond did (tests/safety_fork_test.cc).
+//
+// pthread_atfork handlers therefore take every lock a child may need just
+// before fork() and release them in both processes after it, like glibc does
+// for malloc's arenas. They are taken in rank order, which is the order in
+// which inprof's threads nest them, so the handler cannot deadlock with them:
+// a fork() waits at most for the longest critical section (a collector pass:
+// microseconds, or the DWARF tables' rebuild after a dlopen: tens of ms).
+#ifndef INPROF_INTERNAL_FORK_GUARD_H_
+#define INPROF_INTERNAL_FORK_GUARD_H_
+
+#include <mutex>
+
+namespace inprof::internal {
+
+enum ForkLockRank {
+  kForkRankRegistry = 0,   // a profiler's registry lock
+  kForkRankAggregate = 1,  // its aggregate lock (taken under the registry's)
+  kForkRankSlotPool = 2,   // slot pools (taken under the registry's)
+  kForkRankGlobal = 3,     // label table, DWARF module state, handler install
+};
+
+// Adds `mutex` to the locks held across fork(). Thread-safe; the first call
+// installs the pthread_atfork handlers.
+void RegisterForkLock(std::mutex* mutex, ForkLockRank rank);
+// Removes it (before the mutex is destroyed).
+void UnregisterForkLock(std::mutex* mutex);
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_FORK_GUARD_H_
