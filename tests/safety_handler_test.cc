@@ -96,8 +96,9 @@ TEST(SafetyHandlerTest, ErrnoIsNeverChangedUnderSampling) {
   b.join();
   ASSERT_TRUE(profiler.Stop().ok());
   EXPECT_EQ(changed.load(), 0);
-  // The spins alone yield a sample every tick (4 ms at HZ=250).
-  EXPECT_GE(samples.load(), 2u * self_signals + 20u);
+  // The spins alone yield a sample every tick (4 ms at HZ=250); TSan
+  // delivers timer signals late, at its next interceptor call.
+  EXPECT_GE(samples.load(), 2u * self_signals + (safety::kTsan ? 0u : 20u));
   std::printf("safety_errno: %llu samples on the checking threads, errno "
               "changed %d times\n",
               static_cast<unsigned long long>(samples.load()), changed.load());

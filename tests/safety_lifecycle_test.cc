@@ -305,6 +305,10 @@ Footprint SessionFootprint(const char* enabled, const std::string& output,
   return during;
 }
 
+// Creates and joins one thread, so that threads a runtime starts with the
+// first pthread_create (TSan's background thread) exist before counting.
+void StartRuntimeThreads() { std::thread([] {}).join(); }
+
 TEST(SafetyLifecycleTest, KillSwitchFromEnvironmentCreatesNothing) {
   if (safety::CountPosixTimers() < 0) {
     GTEST_SKIP() << "/proc/self/timers missing (CONFIG_CHECKPOINT_RESTORE)";
@@ -316,6 +320,7 @@ TEST(SafetyLifecycleTest, KillSwitchFromEnvironmentCreatesNothing) {
     EXPECT_EQ(safety::RunInChild(
                   [&]() -> int {
                     signal(SIGPROF, SIG_DFL);  // the parent's is inherited
+                    StartRuntimeThreads();
                     const Footprint before = MeasureFootprint();
                     bool wrote = false;
                     const Footprint during =
@@ -338,6 +343,7 @@ TEST(SafetyLifecycleTest, KillSwitchFromEnvironmentCreatesNothing) {
   EXPECT_EQ(safety::RunInChild(
                 [&]() -> int {
                   signal(SIGPROF, SIG_DFL);
+                  StartRuntimeThreads();
                   const Footprint before = MeasureFootprint();
                   bool wrote = false;
                   const Footprint during = SessionFootprint("1", output, &wrote);

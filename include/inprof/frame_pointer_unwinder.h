@@ -46,8 +46,10 @@ class FramePointerUnwinder {
   static constexpr size_t kLeafStackWords = 8;
 
   // Copies up to out.size() words starting at the interrupted sp; words
-  // beyond the stack bounds are zero. Async-signal-safe.
-  void CopyLeafStack(const void* ucontext, const StackBounds& bounds,
+  // beyond the stack bounds are zero. Async-signal-safe. The words may lie
+  // in another function's AddressSanitizer redzones: reading them is the
+  // point, so ASan is told not to check.
+  __attribute__((no_sanitize_address)) void CopyLeafStack(const void* ucontext, const StackBounds& bounds,
                      std::span<uint64_t> out) const noexcept {
     const uintptr_t sp = internal::RegistersFromContext(ucontext).sp;
     for (size_t i = 0; i < out.size(); ++i) {

@@ -428,12 +428,17 @@ class CfiReadGuard {
   const CfiSnapshot* snapshot_;
 };
 
-// Reads the word at `address` if it lies inside `bounds` and at or above
+// Reads the word at `address` if it is 8-byte aligned (x86-64 keeps rsp,
+// and so every CFA and register save slot, 8-byte aligned: anything else is
+// a bad rule or a corrupt stack), lies inside `bounds` and at or above
 // `floor` (the current frame's stack pointer: memory below it may be an
-// unmapped part of a growable stack).
-inline bool ReadStackWord(const StackBounds& bounds, uintptr_t floor,
-                          uintptr_t address, uintptr_t* value) noexcept {
-  if (address < floor || !bounds.Contains(address, sizeof(uintptr_t))) {
+// unmapped part of a growable stack). Reading other frames' slots is the
+// point, so AddressSanitizer (whose redzones they may be) is told so.
+__attribute__((no_sanitize_address)) inline bool ReadStackWord(
+    const StackBounds& bounds, uintptr_t floor, uintptr_t address,
+    uintptr_t* value) noexcept {
+  if ((address & 7) != 0 || address < floor ||
+      !bounds.Contains(address, sizeof(uintptr_t))) {
     return false;
   }
   *value = *reinterpret_cast<const uintptr_t*>(address);
