@@ -11,8 +11,18 @@ SampleAggregator::SampleAggregator(std::vector<ValueType> sample_types)
     : sample_types_(std::move(sample_types)) {}
 
 uint32_t SampleAggregator::AddThread(int64_t tid, absl::string_view name) {
+  if (!reusable_.empty()) {
+    const uint32_t index = reusable_.back();
+    reusable_.pop_back();
+    threads_[index] = {tid, std::string(name)};
+    return index;
+  }
   threads_.push_back({tid, std::string(name)});
   return static_cast<uint32_t>(threads_.size() - 1);
+}
+
+void SampleAggregator::RemoveThread(uint32_t thread) {
+  if (thread < threads_.size()) retired_.push_back(thread);
 }
 
 std::vector<int64_t>& SampleAggregator::Slot(const KeyView& key) {
@@ -80,6 +90,9 @@ ProfileData SampleAggregator::Take() {
   data.samples = std::move(samples_);
   samples_.clear();
   index_.clear();
+  // No sample refers to the retired threads any more.
+  reusable_.insert(reusable_.end(), retired_.begin(), retired_.end());
+  retired_.clear();
   return data;
 }
 

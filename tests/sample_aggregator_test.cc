@@ -285,5 +285,31 @@ TEST(SampleAggregatorTest, AddingKnownStackAllocatesNothing) {
   EXPECT_THAT(s->values, ElementsAre(101, 1010));
 }
 
+// A removed thread's entry keeps naming its samples until they are taken
+// out, and is reused only after that: the table stays the size of the
+// threads alive in one window however many come and go.
+TEST(SampleAggregatorTest, RemovedThreadEntriesAreReusedAfterTake) {
+  SampleAggregator agg(kTypes);
+  const uint64_t frames[] = {0x1000, 0x2000};
+  const int64_t v[] = {1, 10};
+  const uint32_t a = agg.AddThread(100, "a");
+  agg.Add(a, frames, 0, v);
+  agg.RemoveThread(a);
+  const uint32_t b = agg.AddThread(101, "b");
+  EXPECT_NE(b, a) << "reused before a's samples were taken out";
+  ProfileData first = agg.Take();
+  ASSERT_EQ(first.samples.size(), 1u);
+  EXPECT_EQ(first.threads[first.samples[0].thread].name, "a");
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t t = agg.AddThread(1000 + i, "churn");
+    agg.Add(t, frames, 0, v);
+    agg.RemoveThread(t);
+    ProfileData window = agg.Take();
+    ASSERT_EQ(window.samples.size(), 1u);
+    EXPECT_EQ(window.threads[window.samples[0].thread].tid, 1000 + i);
+  }
+  EXPECT_EQ(agg.thread_table_size(), 2u);  // b, and a's entry reused by each
+}
+
 }  // namespace
 }  // namespace inprof

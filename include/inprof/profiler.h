@@ -876,6 +876,12 @@ class Profiler final : public internal::ProfilerControl,
       TakeTailsLocked(slot);
       if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
       DrainSlotLocked(slot);
+      if (slot->has_aggregate_thread) {
+        // Its entry in the thread table is reused after the next export.
+        std::lock_guard<std::mutex> agg_lock(core_.mutex());
+        core_.aggregator().RemoveThread(slot->aggregate_thread);
+        slot->has_aggregate_thread = false;
+      }
     }
     // A slot unregistered from another thread may still be the owner's TLS
     // slot: never reuse it, so that thread can never push into a new owner's

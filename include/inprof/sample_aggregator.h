@@ -39,6 +39,14 @@ class SampleAggregator {
   // Registers a thread identity; returns its index for Add().
   uint32_t AddThread(int64_t tid, absl::string_view name);
 
+  // The thread is gone: its index may be handed out again by AddThread()
+  // once the samples it has now were taken out (after the next Take()), so
+  // the thread table stays as large as the threads alive in one window,
+  // however many come and go over the process's life.
+  void RemoveThread(uint32_t thread);
+  // Entries in the thread table (alive, retired, reusable).
+  size_t thread_table_size() const { return threads_.size(); }
+
   // Adds `values` to the stack's totals at positions [value_offset,
   // value_offset + values.size()) of the sample-type vector. Values that do
   // not fit the sample types (a caller bug) are ignored and counted in
@@ -66,7 +74,7 @@ class SampleAggregator {
   uint64_t values_rejected() const { return values_rejected_; }
 
   // Moves the totals out (samples and the thread table) and starts empty;
-  // thread indices stay valid.
+  // indices of threads not removed stay valid.
   ProfileData Take();
 
   const std::vector<ValueType>& sample_types() const { return sample_types_; }
@@ -117,6 +125,8 @@ class SampleAggregator {
 
   std::vector<ValueType> sample_types_;
   std::vector<ThreadIdentity> threads_;
+  std::vector<uint32_t> retired_;   // removed; samples not yet taken out
+  std::vector<uint32_t> reusable_;  // removed before the last Take()
   std::vector<ProfileSample> samples_;
   absl::flat_hash_map<Key, size_t, KeyHash, KeyEq> index_;
   uint64_t records_added_ = 0;
