@@ -1145,14 +1145,30 @@ TEST(DwarfProfilerTest, LeafSamplesInFramelessCodeCarryTheStackUpToMain) {
       << "e.g. " << (r.example_incomplete.empty() ? "" : r.example_incomplete[0]);
 }
 
-TEST(DwarfProfilerTest, DefaultProfilerSurvivesTheSameProgram) {
+// Frame pointers alone lose the callers above the -fomit-frame-pointer
+// frames, and the program still runs to the end.
+TEST(DwarfProfilerTest, FramePointerProfilerSurvivesTheSameProgram) {
   if (!testing::GoPprofAvailable()) GTEST_SKIP() << "go tool pprof not found";
-  const LeafStacks r = ProfileFramelessLeaf<DefaultProfiler>("fp_e2e");
-  std::printf("DefaultProfiler: %lld of %lld leaf CPU samples complete (%.1f%%)\n",
+  const LeafStacks r = ProfileFramelessLeaf<FramePointerProfiler>("fp_e2e");
+  std::printf("FramePointerProfiler: %lld of %lld leaf CPU samples complete (%.1f%%)\n",
               static_cast<long long>(r.complete),
               static_cast<long long>(r.leaf_samples),
               r.leaf_samples > 0 ? 100.0 * r.complete / r.leaf_samples : 0.0);
   EXPECT_GE(r.leaf_samples, 50);
+  EXPECT_LT(r.complete * 10, r.leaf_samples)
+      << "frame pointers alone should not recover these stacks";
+}
+
+// DefaultProfiler is the CFI composition where CFI unwinding works.
+TEST(DwarfProfilerTest, DefaultProfilerUnwindsWithCfiWhereSupported) {
+  if constexpr (DwarfUnwinder::Supported()) {
+    EXPECT_TRUE((std::is_same_v<DefaultProfiler, DwarfProfiler>));
+    EXPECT_EQ(DefaultProfiler::Engine(), "unwinder=dwarf providers=cpu,wall");
+  } else {
+    EXPECT_TRUE((std::is_same_v<DefaultProfiler, FramePointerProfiler>));
+    EXPECT_EQ(DefaultProfiler::Engine(),
+              "unwinder=frame-pointer providers=cpu,wall");
+  }
 }
 
 }  // namespace

@@ -206,11 +206,14 @@ __attribute__((noinline)) size_t CallsLibcLeaf(const char* buffer, size_t n,
   return found;
 }
 
-TEST_F(ProfilerE2eTest, FramelessLeavesKeepTheirCaller) {
+// Both unwinders keep the callers of frameless leaves: frame pointers with
+// the collector's repair, CFI by itself.
+template <typename P>
+void CheckFramelessLeavesKeepTheirCaller(const std::string& name) {
   Options options;
-  options.output = testing::TestTmpDir() + "/e2e_leaf.pb.gz";
+  options.output = testing::TestTmpDir() + "/e2e_leaf_" + name + ".pb.gz";
   options.cpu_period = absl::Milliseconds(1);
-  DefaultProfiler profiler(options);
+  P profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   {
     auto self = profiler.RegisterThread("main");
@@ -247,7 +250,8 @@ TEST_F(ProfilerE2eTest, FramelessLeavesKeepTheirCaller) {
       }
     }
   }
-  std::printf("frameless leaf with caller: %.1f%% of %.3fs; libc leaf: %.1f%% of %.3fs\n",
+  std::printf("%s: frameless leaf with caller: %.1f%% of %.3fs; libc leaf: %.1f%% of %.3fs\n",
+              name.c_str(),
               own_leaf ? 100.0 * own_leaf_with_caller / own_leaf : 0.0, own_leaf / 1e9,
               libc_leaf ? 100.0 * libc_leaf_with_caller / libc_leaf : 0.0,
               libc_leaf / 1e9);
@@ -255,6 +259,14 @@ TEST_F(ProfilerE2eTest, FramelessLeavesKeepTheirCaller) {
   ASSERT_GT(libc_leaf, 100'000'000);
   EXPECT_GE(own_leaf_with_caller, 0.95 * own_leaf);
   EXPECT_GE(libc_leaf_with_caller, 0.90 * libc_leaf);
+}
+
+TEST_F(ProfilerE2eTest, FramelessLeavesKeepTheirCallerWithFramePointers) {
+  CheckFramelessLeavesKeepTheirCaller<FramePointerProfiler>("frame-pointer");
+}
+
+TEST_F(ProfilerE2eTest, FramelessLeavesKeepTheirCallerWithCfi) {
+  CheckFramelessLeavesKeepTheirCaller<DwarfProfiler>("dwarf");
 }
 
 TEST_F(ProfilerE2eTest, GoPprofReadsProfileWithoutWarnings) {

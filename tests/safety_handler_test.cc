@@ -230,15 +230,14 @@ CorruptRun RunCase(const BadFramePointer& bad, int signals) {
   return r;
 }
 
-TEST(SafetyHandlerTest, CorruptFramePointersAreTruncatedNeverFault) {
-  if (!kCanCorruptRbp) GTEST_SKIP() << "needs x86-64 inline asm";
-  if (safety::kTsan) {
-    GTEST_SKIP() << "TSan defers asynchronous signals to its next interceptor "
-                    "call, so the handler no longer runs while rbp is bad";
-  }
+// With `P`'s unwinder. rbp = 0 ends a frame-pointer walk as the outermost
+// frame (not truncated); for the CFI walk it is a corrupt CFA base
+// (RunWithFramePointer's CFA is rbp + 16), so truncated.
+template <typename P>
+void CheckCorruptFramePointers(const std::string& name, bool zero_truncates) {
   constexpr int kSignals = 500;  // per case; CI and full run alike
-  Options options = SafetyOptions("corrupt_fp");
-  DefaultProfiler profiler(options);
+  Options options = SafetyOptions("corrupt_fp_" + name);
+  P profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
 
   const long page = sysconf(_SC_PAGESIZE);
@@ -290,14 +289,14 @@ TEST(SafetyHandlerTest, CorruptFramePointersAreTruncatedNeverFault) {
          true},
         {"top edge of the stack", bounds.hi - 8, true},
         {"stack top", bounds.hi, true},
-        {"zero (outermost frame)", 0, false},
+        {"zero (outermost frame)", 0, zero_truncates},
     };
     for (const BadFramePointer& c : cases) {
       const CorruptRun r = RunCase(c, kSignals);
       total_signals += kSignals;
       total_truncated += r.truncated;
-      std::printf("safety_corrupt_fp: %-24s samples=%llu truncated=%llu\n",
-                  c.what.c_str(), static_cast<unsigned long long>(r.taken),
+      std::printf("safety_corrupt_fp(%s): %-24s samples=%llu truncated=%llu\n",
+                  name.c_str(), c.what.c_str(), static_cast<unsigned long long>(r.taken),
                   static_cast<unsigned long long>(r.truncated));
       if (r.taken < static_cast<uint64_t>(kSignals)) {
         failures.push_back(c.what + ": only " + std::to_string(r.taken) +
@@ -326,6 +325,26 @@ TEST(SafetyHandlerTest, CorruptFramePointersAreTruncatedNeverFault) {
   }
   EXPECT_TRUE(found) << "no 'stacks truncated=" << stats.stacks_truncated
                      << "' comment";
+}
+
+#define INPROF_SKIP_UNLESS_RBP_CAN_BE_CORRUPTED()                            \
+  if (!kCanCorruptRbp) GTEST_SKIP() << "needs x86-64 inline asm";           \
+  if (safety::kTsan) {                                                       \
+    GTEST_SKIP() << "TSan defers asynchronous signals to its next "          \
+                    "interceptor call, so the handler no longer runs while " \
+                    "rbp is bad";                                            \
+  }
+
+TEST(SafetyHandlerTest, CorruptFramePointersAreTruncatedNeverFault) {
+  INPROF_SKIP_UNLESS_RBP_CAN_BE_CORRUPTED();
+  CheckCorruptFramePointers<FramePointerProfiler>("frame-pointer",
+                                                  /*zero_truncates=*/false);
+}
+
+TEST(SafetyHandlerTest, CorruptFramePointersUnderCfiAreTruncatedNeverFault) {
+  INPROF_SKIP_UNLESS_RBP_CAN_BE_CORRUPTED();
+  if (!DwarfUnwinder::Supported()) GTEST_SKIP() << "no CFI unwinder here";
+  CheckCorruptFramePointers<DwarfProfiler>("dwarf", /*zero_truncates=*/true);
 }
 
 // A thread on a stack the application allocated, with its own guard page
