@@ -13,6 +13,7 @@
 #   options_fuzzer        INPROF_* environment (Options::FromLookup)
 #   pprof_reader_fuzzer   pprof files, gzip or raw (DecodePprof)
 #   symbolizer_fuzzer     ELF/DWARF files (Symbolizer::SymbolizeFile)
+#   cfi_table_fuzzer      ELF call-frame information (BuildCfiTableFromFile)
 # Each is linked with only the sources it needs (compiled with coverage
 # instrumentation) and the Debian libraries (GCC-built, libstdc++ ABI).
 # New inputs go to BUILD_DIR/corpus/<target>; crashes to
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 out=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 cxx=${CXX:-clang++}
-targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer symbolizer_fuzzer}
+targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer symbolizer_fuzzer cfi_table_fuzzer}
 
 mkdir -p "$out/obj" "$out/gen" "$out/corpus" "$out/artifacts"
 protoc --proto_path=proto --cpp_out="$out/gen" proto/profile.proto
@@ -40,6 +41,7 @@ declare -A sources=(
   [options_fuzzer]="src/options.cc src/log.cc"
   [pprof_reader_fuzzer]="src/pprof_reader.cc $out/gen/profile.pb.cc"
   [symbolizer_fuzzer]="src/symbolizer_dwfl.cc src/log.cc"
+  [cfi_table_fuzzer]="src/cfi_table_libdw.cc src/log.cc"
 )
 
 # Compile every needed source once, two at a time, with coverage for

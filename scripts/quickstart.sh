@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The README's two commands:
 #   scripts/quickstart.sh demo   build and run the demo (profile a program, show the result)
-#   scripts/quickstart.sh test   build and run the whole test suite
+#   scripts/quickstart.sh test   build and run the whole test suite, then again
+#                                under sanitizers, then the fuzzers
 # Installs the Debian packages it needs when they are missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev
-          libcurl4-openssl-dev golang-go)
+          libcurl4-openssl-dev golang-go clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,6 +34,11 @@ case "${1:-}" in
   test)
     ninja -C "$build"
     meson test -C "$build" --print-errorlogs
+    # Then the suite under ASan+UBSan and TSan (INPROF_SANITIZERS, default
+    # "asan tsan"; "" skips) and each fuzzer for FUZZ_SECONDS (default 20; 0
+    # skips).
+    [ -z "${INPROF_SANITIZERS-asan tsan}" ] || bash scripts/sanitizers.sh "$build"
+    [ "${FUZZ_SECONDS:-20}" = 0 ] || bash fuzz/run.sh "$build-fuzz"
     ;;
   *)
     echo "usage: $0 demo|test" >&2

@@ -91,6 +91,10 @@ State& GlobalState() {
   return *state;
 }
 
+// Created at static initialisation, so that its lock joins the fork guard
+// while no lock is held (internal/fork_guard.h).
+[[maybe_unused]] const bool g_state_created = (GlobalState(), true);
+
 void ReadLoaderCounters(unsigned long long* adds, unsigned long long* subs) {
   struct Counters {
     unsigned long long adds = 0, subs = 0;

@@ -4,6 +4,12 @@
 
 namespace inprof::internal {
 
+namespace {
+// Created at static initialisation, so that its lock joins the fork guard
+// while no lock is held (internal/fork_guard.h).
+[[maybe_unused]] const bool g_label_table_created = (LabelTable::Global(), true);
+}  // namespace
+
 LabelTable& LabelTable::Global() {
   static LabelTable* table = new LabelTable;  // outlives every profiler
   return *table;

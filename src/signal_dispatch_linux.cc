@@ -26,6 +26,9 @@ std::atomic<uint64_t> g_inactive{0};
 std::atomic<uint64_t> g_foreign{0};
 std::mutex g_install_mutex;
 bool g_installed = false;
+// At static initialisation, when no lock is held (internal/fork_guard.h).
+[[maybe_unused]] const bool g_install_mutex_fork_safe =
+    (RegisterForkLock(&g_install_mutex, kForkRankGlobal), true);
 
 void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
   const int saved_errno = errno;
@@ -33,7 +36,8 @@ void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
   if (slot == nullptr) {
     g_no_slot.fetch_add(1, std::memory_order_relaxed);
   } else if (info == nullptr ||
-             (info->si_value.sival_int & ~0xff) != kSignalTagMagic ||
+             (info->si_value.sival_int & kSignalTagMagicMask) !=
+                 kSignalTagMagic ||
              (info->si_code != SI_TIMER && info->si_code != SI_QUEUE)) {
     g_foreign.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -42,7 +46,8 @@ void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
     slot->in_handler.store(1, std::memory_order_seq_cst);
     const uint64_t active = g_active_session.load(std::memory_order_seq_cst);
     if (active != 0 &&
-        slot->session.load(std::memory_order_relaxed) == active) {
+        slot->session.load(std::memory_order_relaxed) == active &&
+        SignalTagMatchesSession(info->si_value.sival_int, active)) {
       slot->sample(slot, info, ucontext);
     } else {
       g_inactive.fetch_add(1, std::memory_order_relaxed);
@@ -69,9 +74,6 @@ uint64_t NewSessionId() noexcept {
 }
 
 absl::Status InstallSignalHandler() {
-  static const bool fork_safe =
-      (RegisterForkLock(&g_install_mutex, kForkRankGlobal), true);
-  (void)fork_safe;
   std::lock_guard<std::mutex> lock(g_install_mutex);
   struct sigaction current;
   if (sigaction(kProfilingSignal, nullptr, &current) != 0) {

@@ -363,6 +363,11 @@ Census RunCensus(BlockingCall& call, DefaultProfiler* profiler, bool inject) {
 }
 
 TEST(SafetyEintrTest, BlockingCallsCensusWithAndWithoutProfiler) {
+  if (safety::kTsan) {
+    GTEST_SKIP() << "TSan's interceptors defer signals to their next call and "
+                    "retry interrupted sleeps themselves, so one signal shows "
+                    "as several EINTRs: the census measures TSan, not inprof";
+  }
   safety::Watchdog watchdog(absl::Minutes(3), "EINTR census");
   const std::string dir = testing::TestTmpDir();
   std::vector<BlockingCall> calls = MakeCalls(dir);

@@ -273,7 +273,20 @@ class Profiler final : public internal::ProfilerControl,
     if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
     if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;
     if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
-    if (absl::Status s = internal::ActivateSession(session_); !s.ok()) return s;
+    // A new session per run: signals still queued from the previous run
+    // carry the old one in their tag and are ignored.
+    const uint64_t previous_session = session_;
+    session_ = internal::NewSessionId();
+    for (Slot* slot : active_) {
+      slot->session.store(session_, std::memory_order_release);
+    }
+    if (absl::Status s = internal::ActivateSession(session_); !s.ok()) {
+      session_ = previous_session;
+      for (Slot* slot : active_) {
+        slot->session.store(session_, std::memory_order_release);
+      }
+      return s;
+    }
     running_ = true;
     start_pid_ = getpid();
     core_.BeginWindow();
@@ -510,7 +523,7 @@ class Profiler final : public internal::ProfilerControl,
   template <size_t I>
   void ArmOne(Slot* slot) {
     absl::Status s = std::get<I>(providers_).ArmThread(
-        *slot, std::get<I>(slot->data), internal::MakeSignalTag(I));
+        *slot, std::get<I>(slot->data), internal::MakeSignalTag(I, session_));
     if (!s.ok()) {
       internal::Log(absl::StrCat("cannot sample thread '", slot->name,
                                  "': ", s.message()));
@@ -780,7 +793,7 @@ class Profiler final : public internal::ProfilerControl,
           case TickDecision::kSkip:
             break;
           case TickDecision::kSignal:
-            SendProfilingSignal(*slot, internal::MakeSignalTag(I));
+            SendProfilingSignal(*slot, internal::MakeSignalTag(I, session_));
             break;
           case TickDecision::kCreditBlocked:
             CreditBlocked<I>(slot, v);
@@ -979,7 +992,7 @@ class Profiler final : public internal::ProfilerControl,
   absl::Status config_status_;
   std::tuple<Ps...> providers_;
   internal::ProfilerCore core_;
-  const uint64_t session_ = internal::NewSessionId();
+  uint64_t session_ = internal::NewSessionId();  // registry lock; new per Start()
   std::shared_ptr<internal::Registry> registry_ =
       std::make_shared<internal::Registry>();
   std::vector<Slot*> active_;  // registry lock

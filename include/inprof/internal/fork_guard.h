@@ -27,7 +27,10 @@ enum ForkLockRank {
 };
 
 // Adds `mutex` to the locks held across fork(). Thread-safe; the first call
-// installs the pthread_atfork handlers.
+// installs the pthread_atfork handlers. Never call it while holding a lock
+// that is registered here (the prepare handler holds the list's lock while
+// it takes them): inprof registers its global locks at static
+// initialisation and a profiler's in its constructor.
 void RegisterForkLock(std::mutex* mutex, ForkLockRank rank);
 // Removes it (before the mutex is destroyed).
 void UnregisterForkLock(std::mutex* mutex);

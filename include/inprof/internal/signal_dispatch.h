@@ -27,11 +27,19 @@ namespace inprof::internal {
 // The signal timers and the wall sampler deliver.
 inline constexpr int kProfilingSignal = SIGPROF;
 
-// sigev_value tags: the high bits mark our signals, the low byte names the
-// provider, so a SIGPROF from kill(1) or another library is never sampled.
+// sigev_value tags: the high 16 bits mark our signals, so a SIGPROF from
+// kill(1) or another library is never sampled; bits 8-15 carry the low byte
+// of the session (one per Start()), so a timer signal still queued from a
+// previous run of the same profiler is ignored instead of racing the
+// re-arming of its thread; the low byte names the provider.
 inline constexpr int kSignalTagMagic = 0x1f0f0000;
-inline constexpr int MakeSignalTag(int provider) {
-  return kSignalTagMagic | provider;
+inline constexpr int kSignalTagMagicMask = static_cast<int>(0xffff0000u);
+uint64_t ActiveSession() noexcept;
+inline int MakeSignalTag(int provider, uint64_t session = ActiveSession()) {
+  return kSignalTagMagic | static_cast<int>((session & 0xff) << 8) | provider;
+}
+inline constexpr bool SignalTagMatchesSession(int tag, uint64_t session) {
+  return ((tag >> 8) & 0xff) == static_cast<int>(session & 0xff);
 }
 
 struct ThreadSlotHeader;

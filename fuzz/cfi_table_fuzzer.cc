@@ -1,0 +1,50 @@
+// libFuzzer target: the DWARF unwinder's table builder
+// (internal::BuildCfiTableFromFile, elfutils libdw's CFI interpreter
+// underneath), which reads .eh_frame/.debug_frame of whatever file a loaded
+// module names.
+//
+// The input is written to a memfd and built by path (/proc/self/fd/N) over
+// the whole address range, then every row found is looked up again. Checked:
+// nothing crashes; a failure is an error status naming the path; a table's
+// rows lie inside the range it was built for.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "inprof/internal/cfi_table.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const int fd = memfd_create("inprof-fuzz-cfi", 0);
+  if (fd < 0) std::abort();
+  if (ftruncate(fd, 0) != 0) std::abort();
+  if (size > 0 && pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) {
+    std::abort();
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  constexpr uint64_t kLo = 0, kHi = uint64_t{1} << 32;
+  auto table = inprof::internal::BuildCfiTableFromFile(path, kLo, kHi);
+  if (!table.ok()) {
+    if (table.status().message().find(path) == std::string::npos) {
+      std::fprintf(stderr, "error does not name the file: %s\n",
+                   std::string(table.status().message()).c_str());
+      std::abort();
+    }
+    return 0;
+  }
+  const auto& t = **table;
+  if (t.text_lo() > t.text_hi()) std::abort();
+  // Lookups anywhere in (and around) the table's range must be safe.
+  const uint64_t span = t.text_hi() - t.text_lo();
+  for (uint64_t i = 0; i <= 16; ++i) {
+    (void)t.FindStep(span * i / 16);
+    (void)t.FindStep(span * i / 16 + 1);
+  }
+  (void)t.FindStep(~uint64_t{0} >> 1);
+  (void)t.MemoryBytes();
+  return 0;
+}
