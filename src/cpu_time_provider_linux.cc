@@ -29,7 +29,7 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
     return absl::FailedPreconditionError(absl::StrCat(
         "thread ", thread.tid, " has exited without unregistering"));
   }
-  data.last_cpu_ns = now;
+  data.last_cpu_ns.store(now, std::memory_order_relaxed);
 
   struct sigevent sev;
   std::memset(&sev, 0, sizeof(sev));
@@ -72,8 +72,8 @@ bool CpuTimeProvider::OnSignal(ThreadContext& thread, ThreadData& data,
                                std::span<int64_t> values) noexcept {
   const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
   if (now < 0) return false;
-  const int64_t used = now - data.last_cpu_ns;
-  data.last_cpu_ns = now;
+  const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
+  data.last_cpu_ns.store(now, std::memory_order_relaxed);
   values[0] = 1;
   values[1] = used > 0 ? used : 0;
   return true;
@@ -85,8 +85,8 @@ bool CpuTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   data.tail_pending = false;
   const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
   if (now < 0) return false;  // the thread is gone: its clock is unreadable
-  const int64_t used = now - data.last_cpu_ns;
-  data.last_cpu_ns = now;
+  const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
+  data.last_cpu_ns.store(now, std::memory_order_relaxed);
   values[0] = 0;
   values[1] = used;
   return used > 0;

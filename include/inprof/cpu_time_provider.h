@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "absl/random/random.h"
@@ -45,7 +46,11 @@ class CpuTimeProvider {
   struct ThreadData {
     timer_t timer{};
     bool armed = false;
-    int64_t last_cpu_ns = 0;  // the thread's CPU clock at its last sample
+    // The thread's CPU clock at its last sample. Written by ArmThread before
+    // the timer exists and by the handler after; the kernel orders the two
+    // (timer_settime, then the signal), which ThreadSanitizer cannot see, so
+    // it is a relaxed atomic (a plain load and store on x86-64).
+    std::atomic<int64_t> last_cpu_ns{0};
     bool tail_pending = false;  // armed since the last TakeTail
   };
 
