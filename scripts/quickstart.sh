@@ -37,8 +37,10 @@ case "${1:-}" in
     # Then the suite under ASan+UBSan and TSan (INPROF_SANITIZERS, default
     # "asan tsan"; "" skips) and each fuzzer for FUZZ_SECONDS (default 20; 0
     # skips).
-    [ -z "${INPROF_SANITIZERS-asan tsan}" ] || bash scripts/sanitizers.sh "$build"
-    [ "${FUZZ_SECONDS:-20}" = 0 ] || bash fuzz/run.sh "$build-fuzz"
+    status=0
+    [ -z "${INPROF_SANITIZERS-asan tsan}" ] || bash scripts/sanitizers.sh "$build" || status=1
+    [ "${FUZZ_SECONDS:-20}" = 0 ] || bash fuzz/run.sh "$build-fuzz" || status=1
+    exit $status
     ;;
   *)
     echo "usage: $0 demo|test" >&2
