@@ -584,6 +584,7 @@ constexpr uintptr_t kUnsupportedFn = kBase + 0x6000;  // CFI we do not model
 constexpr uintptr_t kFlatFn = kBase + 0x7000;         // CFA = sp + 0: not above sp
 constexpr uintptr_t kHugeFn = kBase + 0x8000;         // CFA = sp + 1 MiB
 constexpr uintptr_t kLostFpFn = kBase + 0x9000;       // rbp not recoverable
+constexpr uintptr_t kEpilogueFn = kBase + 0xa000;     // after pop %rbp: CFA = sp + 8, rbp "at CFA - 16"
 
 std::shared_ptr<const CfiModuleTable> FakeModule() {
   CfiRule sig;
@@ -606,9 +607,10 @@ std::shared_ptr<const CfiModuleTable> FakeModule() {
       {0x7000, SpRule(0)},
       {0x8000, SpRule(1 << 20)},
       {0x9000, lost},
-      {0xa000, CfiRule()},
+      {0xa000, SpRule(8, CfiRule::kFpSaved, -16)},
+      {0xb000, CfiRule()},
   };
-  return std::make_shared<const CfiModuleTable>(0, 0xb000, rows, "fake");
+  return std::make_shared<const CfiModuleTable>(0, 0xc000, rows, "fake");
 }
 
 class SyntheticStack {
@@ -772,6 +774,29 @@ TEST_F(CfiWalkTest, CfaNotAboveSpOrOffTheStackIsTruncated) {
   r = Walk(kLeafFn, SyntheticStack::kWords, 0, out);
   EXPECT_TRUE(r.truncated);
   EXPECT_EQ(r.depth, 1u);
+}
+
+// Interrupted between `pop %rbp` and `ret`: GCC's CFI still says rbp is
+// saved at CFA - 16, below sp now, and rbp already holds the caller's value.
+// The walk must keep rbp rather than refuse the read (0.3-1% of the stacks
+// bench/overhead saw were cut there).
+TEST_F(CfiWalkTest, EpilogueAfterPopKeepsTheRestoredFramePointer) {
+  stack_.set(10, kFpFn + 0x20);       // ret's return address
+  stack_.set(9, 0xbad);               // the popped slot, below sp
+  stack_.set(30, 0);                  // fp fn's saved rbp
+  stack_.set(31, kEntryFn + 0x8);     // fp fn's return address
+  uintptr_t out[8] = {};
+  const UnwindResult r = Walk(kEpilogueFn + 0x4, 10, stack_.at(30), out);
+  EXPECT_FALSE(r.truncated);
+  EXPECT_EQ(Frames(out, r), (std::vector<uintptr_t>{kEpilogueFn + 0x4,
+                                                    kFpFn + 0x20,
+                                                    kEntryFn + 0x8}));
+  // Below sp in a caller's frame (not the interrupted one) is still refused.
+  stack_.set(11, kEpilogueFn + 0x10);  // the leaf's caller: CFA = word 13,
+  stack_.set(12, kFpFn + 0x20);        // its rbp "at word 11", below its sp
+  uintptr_t out2[8] = {};
+  const UnwindResult r2 = Walk(kLeafFn, 11, stack_.at(30), out2);
+  EXPECT_TRUE(r2.truncated);
 }
 
 TEST_F(CfiWalkTest, LostFramePointerStopsAnFpBasedCaller) {
