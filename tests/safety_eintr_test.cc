@@ -299,20 +299,9 @@ struct Census {
 // Signals handled per thread: a wrapper in front of inprof's handler,
 // installed while a profiler runs. Initial-exec TLS in the executable.
 __thread int t_signals __attribute__((tls_model("initial-exec"))) = 0;
-struct sigaction g_inprof_action;
 void CountingHandler(int signo, siginfo_t* info, void* ucontext) {
   ++t_signals;
-  g_inprof_action.sa_sigaction(signo, info, ucontext);
-}
-void WrapHandler() {
-  ASSERT_EQ(sigaction(SIGPROF, nullptr, &g_inprof_action), 0);
-  ASSERT_NE(g_inprof_action.sa_flags & SA_SIGINFO, 0);
-  struct sigaction wrapper = g_inprof_action;
-  wrapper.sa_sigaction = &CountingHandler;
-  ASSERT_EQ(sigaction(SIGPROF, &wrapper, nullptr), 0);
-}
-void UnwrapHandler() {
-  ASSERT_EQ(sigaction(SIGPROF, &g_inprof_action, nullptr), 0);
+  safety::CallInprofHandler(signo, info, ucontext);
 }
 
 // Runs `call` kRounds times on a fresh thread (registered with `profiler`
@@ -393,7 +382,7 @@ TEST(SafetyEintrTest, BlockingCallsCensusWithAndWithoutProfiler) {
                                             : &profiler;
     if (setup == 1 || setup == 2) {
       ASSERT_TRUE(running->Start().ok());
-      WrapHandler();
+      ASSERT_TRUE(safety::WrapInprofHandler(&CountingHandler));
     }
     for (auto& call : calls) {
       const Census c = RunCensus(call, running, /*inject=*/setup == 3);
@@ -422,7 +411,7 @@ TEST(SafetyEintrTest, BlockingCallsCensusWithAndWithoutProfiler) {
       }
     }
     if (setup == 1 || setup == 3) {
-      UnwrapHandler();
+      ASSERT_TRUE(safety::UnwrapInprofHandler());
       ASSERT_TRUE(running->Stop().ok());
     }
   }

@@ -107,25 +107,12 @@ constexpr bool kInterposed = false;
 namespace inprof {
 namespace {
 
-struct sigaction g_inprof_action;
-
+// In front of inprof's handler (safety::WrapInprofHandler).
 void WrappingHandler(int signo, siginfo_t* info, void* ucontext) {
   ++t_in_handler;
   g_wrapped_calls.fetch_add(1, std::memory_order_relaxed);
-  g_inprof_action.sa_sigaction(signo, info, ucontext);
+  safety::CallInprofHandler(signo, info, ucontext);
   --t_in_handler;
-}
-
-// Puts WrappingHandler in front of the handler Start() installed.
-void WrapInprofHandler() {
-  ASSERT_EQ(sigaction(SIGPROF, nullptr, &g_inprof_action), 0);
-  ASSERT_NE(g_inprof_action.sa_flags & SA_SIGINFO, 0);
-  struct sigaction wrapper = g_inprof_action;
-  wrapper.sa_sigaction = &WrappingHandler;
-  ASSERT_EQ(sigaction(SIGPROF, &wrapper, nullptr), 0);
-}
-void UnwrapInprofHandler() {
-  ASSERT_EQ(sigaction(SIGPROF, &g_inprof_action, nullptr), 0);
 }
 
 // The interposer itself works: an allocation with the flag set aborts.
@@ -150,7 +137,7 @@ TEST(SafetyNoAllocTest, HandlerNeverAllocatesOver100kSamples) {
   options.cpu_period = absl::Milliseconds(1);
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
-  WrapInprofHandler();
+  ASSERT_TRUE(safety::WrapInprofHandler(&WrappingHandler));
 
   std::atomic<bool> stop{false};
   std::thread burner([&] {
@@ -172,7 +159,7 @@ TEST(SafetyNoAllocTest, HandlerNeverAllocatesOver100kSamples) {
   stop = true;
   burner.join();
   self.Reset();
-  UnwrapInprofHandler();
+  ASSERT_TRUE(safety::UnwrapInprofHandler());
   ASSERT_TRUE(profiler.Stop().ok());
 
   // Every self-signal was a sample that went through the whole handler.

@@ -240,6 +240,30 @@ class Watchdog {
   std::thread thread_;
 };
 
+// Puts `wrapper` in front of the profiling-signal handler a running
+// profiler installed (tests count what reaches it); the wrapper runs
+// inprof's handler with CallInprofHandler(). UnwrapInprofHandler() puts
+// inprof's back. Returns false if no SA_SIGINFO handler is installed.
+inline struct sigaction& InprofAction() {
+  static struct sigaction action;
+  return action;
+}
+inline void CallInprofHandler(int signo, siginfo_t* info, void* ucontext) {
+  InprofAction().sa_sigaction(signo, info, ucontext);
+}
+inline bool WrapInprofHandler(void (*wrapper)(int, siginfo_t*, void*)) {
+  if (sigaction(internal::kProfilingSignal, nullptr, &InprofAction()) != 0 ||
+      (InprofAction().sa_flags & SA_SIGINFO) == 0) {
+    return false;
+  }
+  struct sigaction wrapped = InprofAction();
+  wrapped.sa_sigaction = wrapper;
+  return sigaction(internal::kProfilingSignal, &wrapped, nullptr) == 0;
+}
+inline bool UnwrapInprofHandler() {
+  return sigaction(internal::kProfilingSignal, &InprofAction(), nullptr) == 0;
+}
+
 }  // namespace inprof::safety
 
 #endif  // INPROF_TESTS_SAFETY_UTIL_H_
