@@ -276,15 +276,9 @@ class Profiler final : public internal::ProfilerControl,
     // A new session per run: signals still queued from the previous run
     // carry the old one in their tag and are ignored.
     const uint64_t previous_session = session_;
-    session_ = internal::NewSessionId();
-    for (Slot* slot : active_) {
-      slot->session.store(session_, std::memory_order_release);
-    }
+    SetSessionLocked(internal::NewSessionId());
     if (absl::Status s = internal::ActivateSession(session_); !s.ok()) {
-      session_ = previous_session;
-      for (Slot* slot : active_) {
-        slot->session.store(session_, std::memory_order_release);
-      }
+      SetSessionLocked(previous_session);
       return s;
     }
     running_ = true;
@@ -932,12 +926,25 @@ class Profiler final : public internal::ProfilerControl,
   // may now name one of the child's own), take no tail, never reuse it.
   void ForgetSlotLocked(Slot* slot) {
     slot->session.store(0, std::memory_order_seq_cst);
-    using Data = std::tuple<typename Ps::ThreadData...>;
-    slot->data.~Data();
-    new (&slot->data) Data();
+    ResetProviderData(slot);
     if (internal::CurrentThreadSlot() == slot) {
       internal::SetCurrentThreadSlot(nullptr);
     }
+  }
+
+  // Registry lock held: the profiler and its registered slots take `session`.
+  void SetSessionLocked(uint64_t session) {
+    session_ = session;
+    for (Slot* slot : active_) {
+      slot->session.store(session_, std::memory_order_release);
+    }
+  }
+
+  // Each provider's per-thread state back to its initial value.
+  static void ResetProviderData(Slot* slot) {
+    using Data = std::tuple<typename Ps::ThreadData...>;
+    slot->data.~Data();
+    new (&slot->data) Data();
   }
 
   void RetireLocked(Slot* slot, bool reusable) {
@@ -977,9 +984,7 @@ class Profiler final : public internal::ProfilerControl,
   }
   static void ReleaseSlot(Slot* slot) {
     // Reset per-registration state; the ring is empty after the drain.
-    using Data = std::tuple<typename Ps::ThreadData...>;
-    slot->data.~Data();
-    new (&slot->data) Data();
+    ResetProviderData(slot);
     slot->seen_taken = slot->samples_taken.load();
     slot->seen_dropped = slot->ring.dropped();
     slot->seen_truncated = slot->samples_truncated.load();
