@@ -38,10 +38,10 @@ libs="$(pkg-config --libs $absl protobuf zlib libdw) -lpthread -ldl"
 
 # name -> sources besides the target itself
 declare -A sources=(
-  [options_fuzzer]="src/options.cc src/log.cc"
-  [pprof_reader_fuzzer]="src/pprof_reader.cc $out/gen/profile.pb.cc"
-  [symbolizer_fuzzer]="src/symbolizer_dwfl.cc src/log.cc"
-  [cfi_table_fuzzer]="src/cfi_table_libdw.cc src/log.cc"
+  [options_fuzzer]="src/core/options.cc src/core/log.cc"
+  [pprof_reader_fuzzer]="src/export/pprof_reader.cc $out/gen/profile.pb.cc"
+  [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/core/log.cc"
+  [cfi_table_fuzzer]="src/unwind/cfi_table_libdw.cc src/core/log.cc"
 )
 
 # Compile every needed source once, two at a time, with coverage for

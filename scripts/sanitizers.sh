@@ -46,12 +46,12 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
     asan)
       opts=(-Db_sanitize=address,undefined)
       # meson test sets ASAN_OPTIONS/UBSAN_OPTIONS to halt on the first error.
-      env+=("LSAN_OPTIONS=suppressions=$PWD/tests/safety_lsan.supp:print_suppressions=0")
+      env+=("LSAN_OPTIONS=suppressions=$PWD/tests/safety/safety_lsan.supp:print_suppressions=0")
       filter="-$windows"
       ;;
     tsan)
       opts=(-Db_sanitize=thread)
-      env+=("TSAN_OPTIONS=suppressions=$PWD/tests/safety_tsan.supp:second_deadlock_stack=1:halt_on_error=0")
+      env+=("TSAN_OPTIONS=suppressions=$PWD/tests/safety/safety_tsan.supp:second_deadlock_stack=1:halt_on_error=0")
       # DatadogUploaderTest reads the intake's JSON through protobuf's Struct
       # map; under TSan the headers' inline map/arena code disagrees with
       # Debian's libprotobuf (built without TSan) and crashes in

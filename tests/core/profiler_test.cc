@@ -1,0 +1,372 @@
+#include "inprof/profiler.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using ::testing::HasSubstr;
+
+int64_t ThreadCpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+// Burns about `ns` of this thread's CPU time.
+__attribute__((noinline)) uint64_t BurnCpu(int64_t ns) {
+  const int64_t end = ThreadCpuNow() + ns;
+  uint64_t x = 88172645463325252ULL;
+  while (ThreadCpuNow() < end) {
+    for (int i = 0; i < 2000; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+  }
+  return x;
+}
+
+Options TestOptions(const std::string& name) {
+  Options options;
+  options.output = testing::TestTmpDir() + "/" + name + ".pb.gz";
+  std::remove(options.output.c_str());
+  return options;
+}
+
+size_t CountThreads() {
+  size_t n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Runs `body` in a forked child and returns its exit status (so tests of
+// process-wide state start from a clean signal disposition).
+int RunInChild(const std::function<int()>& body) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(ProfilerTest, WritesCpuProfileOfRegisteredThread) {
+  Options options = TestOptions("basic");
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  {
+    auto self = profiler.RegisterThread("main");
+    ASSERT_TRUE(self.active());
+    BurnCpu(300'000'000);
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int cpu = profile->ValueIndex("cpu-time");
+  ASSERT_GE(cpu, 0);
+  EXPECT_EQ(profile->ValueIndex("cpu-samples"), 0);
+  const int64_t total = profile->Total(cpu);
+  EXPECT_GT(total, 200'000'000);
+  EXPECT_LT(total, 400'000'000);
+  auto by_thread = profile->ByLabel("thread name", cpu);
+  EXPECT_GT(by_thread["main"], 200'000'000);
+  EXPECT_GE(profiler.stats().samples_taken, 10u);
+  EXPECT_EQ(profiler.stats().samples_taken,
+            profiler.stats().samples_recorded + profiler.stats().samples_dropped);
+}
+
+TEST(ProfilerTest, SecondProfilerGetsClearError) {
+  DefaultProfiler first(TestOptions("first"));
+  DefaultProfiler second(TestOptions("second"));
+  ASSERT_TRUE(first.Start().ok());
+  absl::Status s = second.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("already running"));
+  EXPECT_TRUE(first.Stop().ok());
+  // Once the first stopped, the second may run.
+  EXPECT_TRUE(second.Start().ok());
+  EXPECT_TRUE(second.Stop().ok());
+}
+
+TEST(ProfilerTest, ThreadsRegisterBeforeAndAfterStart) {
+  Options options = TestOptions("before_after");
+  DefaultProfiler profiler(options);
+  std::atomic<bool> started{false};
+  std::thread early([&] {
+    auto r = profiler.RegisterThread("early");
+    while (!started.load()) std::this_thread::yield();
+    BurnCpu(200'000'000);
+  });
+  while (profiler.stats().threads_registered < 1) std::this_thread::yield();
+  ASSERT_TRUE(profiler.Start().ok());
+  started = true;
+  std::thread late([&] {
+    auto r = profiler.RegisterThread("late");
+    BurnCpu(200'000'000);
+  });
+  early.join();
+  late.join();
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  auto by_thread = profile->ByLabel("thread name", profile->ValueIndex("cpu-time"));
+  EXPECT_GT(by_thread["early"], 100'000'000);
+  EXPECT_GT(by_thread["late"], 100'000'000);
+}
+
+TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
+  Options options = TestOptions("churn");
+  options.cpu_period = absl::Milliseconds(1);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&] {
+        auto r = profiler.RegisterThread("short");
+        BurnCpu(3'000'000);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  EXPECT_EQ(profiler.stats().threads_registered, 200u);
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int64_t total = profile->Total(profile->ValueIndex("cpu-time"));
+  // 200 threads x 3 ms, each shorter than a 4 ms scheduler tick: most of
+  // their CPU arrives as the tail reported at unregistration.
+  EXPECT_GT(total, 540'000'000);
+  EXPECT_LT(total, 700'000'000);
+  auto flat = profile->FlatByFunction(profile->ValueIndex("cpu-time"));
+  EXPECT_GT(flat[kTailFrame], 0);
+}
+
+// Thousands of threads that each live 1-2 ms, shorter than a scheduler
+// tick: their CPU reaches the profile through the samples the random first
+// expiry gives them and through the tail credited at unregistration.
+TEST(ProfilerTest, ThousandsOfOneToTwoMillisecondThreadsAreAccountedFor) {
+  Options options = TestOptions("short_threads");
+  options.cpu_period = absl::Milliseconds(1);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  std::atomic<int64_t> measured{0};
+  constexpr int kThreads = 2000;
+  for (int batch = 0; batch < kThreads / 4; ++batch) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      const int64_t ns = 1'000'000 + ((batch * 4 + i) % 5) * 250'000;
+      threads.emplace_back([&, ns] {
+        auto r = profiler.RegisterThread("short");
+        const int64_t t0 = ThreadCpuNow();
+        BurnCpu(ns);
+        measured += ThreadCpuNow() - t0;
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int cpu = profile->ValueIndex("cpu-time");
+  const int64_t in_profile = profile->ByLabel("thread name", cpu)["short"];
+  int64_t sampled = 0;  // the part attributed to real stacks
+  for (const auto& s : profile->samples) {
+    if (s.str_labels.count("thread name") && s.str_labels.at("thread name") == "short" &&
+        !s.stack.empty() && s.stack[0] != kTailFrame) {
+      sampled += s.values[cpu];
+    }
+  }
+  std::printf("%d threads: measured %.3fs, in profile %.3fs (%.1f%% on sampled stacks)\n",
+              kThreads, measured / 1e9, in_profile / 1e9,
+              in_profile ? 100.0 * sampled / in_profile : 0.0);
+  EXPECT_NEAR(static_cast<double>(in_profile), static_cast<double>(measured),
+              0.2 * static_cast<double>(measured));
+}
+
+TEST(ProfilerTest, RegistrationDestroyedOnAnotherThreadIsSafe) {
+  DefaultProfiler profiler(TestOptions("foreign_unregister"));
+  ASSERT_TRUE(profiler.Start().ok());
+  ThreadRegistration moved;
+  std::atomic<bool> done{false};
+  std::thread worker([&] {
+    moved = profiler.RegisterThread("worker");
+    BurnCpu(50'000'000);
+    done = true;
+    BurnCpu(50'000'000);  // still running when main unregisters it
+  });
+  while (!done.load()) std::this_thread::yield();
+  moved.Reset();  // from the main thread
+  worker.join();
+  EXPECT_TRUE(profiler.Stop().ok());
+  EXPECT_FALSE(moved.active());
+}
+
+TEST(ProfilerTest, SecondRegistrationOfAThreadIsInert) {
+  DefaultProfiler profiler(TestOptions("double_register"));
+  auto first = profiler.RegisterThread("a");
+  auto second = profiler.RegisterThread("b");
+  EXPECT_TRUE(first.active());
+  EXPECT_FALSE(second.active());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(ProfilerTest, StopIsIdempotentAndRestartWritesAgain) {
+  Options options = TestOptions("restart");
+  DefaultProfiler profiler(options);
+  auto self = profiler.RegisterThread("main");
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(profiler.Start().ok());
+    BurnCpu(50'000'000);
+    ASSERT_TRUE(profiler.Stop().ok());
+    ASSERT_TRUE(profiler.Stop().ok());
+    auto profile = ReadPprofFile(options.output);
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    // Each profile covers its own window only.
+    const int64_t total = profile->Total(profile->ValueIndex("cpu-time"));
+    EXPECT_GT(total, 20'000'000) << "round " << i;
+    EXPECT_LT(total, 100'000'000) << "round " << i;
+  }
+  EXPECT_EQ(profiler.stats().profiles_written, 3u);
+}
+
+TEST(ProfilerTest, SignalsNotSentByInprofAreIgnored) {
+  DefaultProfiler profiler(TestOptions("foreign_signal"));
+  ASSERT_TRUE(profiler.Start().ok());
+  auto self = profiler.RegisterThread("main");
+  const auto before = internal::GetDispatchStats().foreign;
+  const auto taken = profiler.stats().samples_taken;
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(kill(getpid(), SIGPROF), 0);
+  ASSERT_TRUE(profiler.Stop().ok());
+  EXPECT_GE(internal::GetDispatchStats().foreign, before + 1);
+  // kill() samples nothing (the CPU timer of an idle thread never fires).
+  EXPECT_EQ(profiler.stats().samples_taken, taken);
+}
+
+TEST(ProfilerTest, HarmlessHandlerRemainsAfterStop) {
+  EXPECT_EQ(RunInChild([] {
+              DefaultProfiler profiler(TestOptions("after_stop"));
+              if (!profiler.Start().ok()) return 1;
+              if (!profiler.Stop().ok()) return 2;
+              struct sigaction sa;
+              sigaction(SIGPROF, nullptr, &sa);
+              if (sa.sa_handler == SIG_DFL) return 3;
+              raise(SIGPROF);  // would terminate the process with SIG_DFL
+              return 0;
+            }),
+            0);
+}
+
+TEST(ProfilerTest, DisabledProfilerCreatesNothing) {
+  EXPECT_EQ(RunInChild([] {
+              signal(SIGPROF, SIG_DFL);  // the parent's handler is inherited
+              Options options = TestOptions("disabled");
+              options.enabled = false;
+              const size_t threads_before = CountThreads();
+              DefaultProfiler profiler(options);
+              if (!profiler.Start().ok()) return 1;
+              auto self = profiler.RegisterThread("main");
+              if (self.active()) return 2;
+              BurnCpu(20'000'000);
+              if (CountThreads() != threads_before) return 3;
+              struct sigaction sa;
+              sigaction(SIGPROF, nullptr, &sa);
+              if (sa.sa_handler != SIG_DFL) return 4;
+              if (!profiler.Stop().ok()) return 5;
+              if (access(options.output.c_str(), F_OK) == 0) return 6;
+              return 0;
+            }),
+            0);
+}
+
+TEST(ProfilerTest, ForeignSigprofHandlerIsLeftInPlace) {
+  EXPECT_EQ(RunInChild([] {
+              struct sigaction app;
+              std::memset(&app, 0, sizeof(app));
+              app.sa_handler = [](int) {};
+              sigaction(SIGPROF, &app, nullptr);
+              DefaultProfiler profiler(TestOptions("foreign_handler"));
+              absl::Status s = profiler.Start();
+              if (s.ok()) return 1;
+              if (std::string(s.message()).find("SIGPROF") == std::string::npos)
+                return 2;
+              struct sigaction now;
+              sigaction(SIGPROF, nullptr, &now);
+              if (now.sa_handler != app.sa_handler) return 3;
+              return 0;
+            }),
+            0);
+}
+
+// A ring too small for more than a few samples, and a collector that never
+// runs during the burn: drops are counted and their CPU is kept.
+TEST(ProfilerTest, DropsWhenRingIsFullAreCountedAndReconciled) {
+  using TinyRingProfiler =
+      Profiler<FramePointerUnwinder, SpscRecordRing<64>, CpuTimeProvider>;
+  Options options = TestOptions("overload");
+  options.cpu_period = absl::Milliseconds(1);
+  options.collect_period = absl::Seconds(10);
+  TinyRingProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  int64_t measured = 0;
+  {
+    auto self = profiler.RegisterThread("main");
+    const int64_t t0 = ThreadCpuNow();
+    BurnCpu(300'000'000);
+    measured = ThreadCpuNow() - t0;
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  const ProfilerStats stats = profiler.stats();
+  EXPECT_GT(stats.samples_dropped, 0u);
+  EXPECT_EQ(stats.samples_taken, stats.samples_recorded + stats.samples_dropped);
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int cpu = profile->ValueIndex("cpu-time");
+  auto flat = profile->FlatByFunction(cpu);
+  EXPECT_GT(flat["[inprof: samples dropped, ring full]"], 0);
+  const int64_t total = profile->Total(cpu);
+  EXPECT_NEAR(static_cast<double>(total), static_cast<double>(measured),
+              0.1 * static_cast<double>(measured));
+  bool comment_found = false;
+  for (const auto& c : profile->comments) {
+    comment_found |= c.find("dropped=" + std::to_string(stats.samples_dropped)) !=
+                     std::string::npos;
+  }
+  EXPECT_TRUE(comment_found);
+}
+
+TEST(ProfilerTest, InvalidOptionsMakeStartFailWithoutCrashing) {
+  Options options = TestOptions("invalid");
+  options.cpu_period = absl::Microseconds(1);
+  DefaultProfiler profiler(options);
+  absl::Status s = profiler.Start();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cpu_period"));
+  auto self = profiler.RegisterThread("main");
+  EXPECT_TRUE(profiler.Stop().ok());
+}
+
+}  // namespace
+}  // namespace inprof

@@ -1,0 +1,145 @@
+#include "inprof/sample_provider.h"
+
+#include <time.h>
+
+#include <array>
+
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+// A user-defined provider: piggybacks on a CPU timer and reports a constant
+// per sample, under its own sample type.
+class TicksProvider {
+ public:
+  static constexpr const char* kName = "ticks";
+  static constexpr std::array<SampleTypeSpec, 1> kSampleTypes{
+      {{"ticks", "count"}}};
+  static constexpr size_t kPeriodTypeIndex = 0;
+  struct ThreadData {
+    CpuTimeProvider::ThreadData timer;
+  };
+  absl::Status Configure(const Options& options) { return cpu_.Configure(options); }
+  int64_t Period() const { return 1; }
+  absl::Status ArmThread(ThreadContext& thread, ThreadData& data, int tag) {
+    return cpu_.ArmThread(thread, data.timer, tag);
+  }
+  void DisarmThread(ThreadContext& thread, ThreadData& data) noexcept {
+    cpu_.DisarmThread(thread, data.timer);
+  }
+  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+                       std::span<int64_t> values) noexcept {
+    values[0] = 7;
+    return true;
+  }
+
+ private:
+  CpuTimeProvider cpu_;
+};
+static_assert(SampleProvider<TicksProvider>);
+static_assert(!ReportsTail<TicksProvider>);
+
+// Types that do not model the concept.
+struct NoOnSignal {
+  static constexpr const char* kName = "x";
+  static constexpr std::array<SampleTypeSpec, 1> kSampleTypes{{{"x", "count"}}};
+  static constexpr size_t kPeriodTypeIndex = 0;
+  struct ThreadData {};
+  absl::Status Configure(const Options&) { return absl::OkStatus(); }
+  int64_t Period() const { return 1; }
+  absl::Status ArmThread(ThreadContext&, ThreadData&, int) { return {}; }
+  void DisarmThread(ThreadContext&, ThreadData&) noexcept {}
+};
+struct ThrowingOnSignal : NoOnSignal {
+  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+                       std::span<int64_t>) {  // not noexcept
+    return true;
+  }
+};
+struct NoSampleTypes {
+  struct ThreadData {};
+};
+static_assert(!SampleProvider<NoOnSignal>);
+static_assert(!SampleProvider<ThrowingOnSignal>);
+static_assert(!SampleProvider<NoSampleTypes>);
+static_assert(!SampleProvider<int>);
+static_assert(SampleProvider<CpuTimeProvider>);
+static_assert(SampleProvider<WallTimeProvider>);
+
+int64_t ThreadCpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+TEST(SampleProviderTest, UserProviderValuesAppearInTheProfile) {
+  using TicksProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,
+                                 CpuTimeProvider, TicksProvider>;
+  Options options;
+  options.output = testing::TestTmpDir() + "/provider_ticks.pb.gz";
+  TicksProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  {
+    auto self = profiler.RegisterThread("main");
+    const int64_t end = ThreadCpuNow() + 200'000'000;
+    volatile uint64_t x = 0;
+    while (ThreadCpuNow() < end) x = x + 1;
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(profile->sample_types.size(), 3u);  // each type exactly once
+  EXPECT_EQ(profile->sample_types[2].type, "ticks");
+  const int64_t ticks = profile->Total(profile->ValueIndex("ticks"));
+  EXPECT_GT(ticks, 0);
+  EXPECT_EQ(ticks % 7, 0);
+  EXPECT_GT(profile->Total(profile->ValueIndex("cpu-time")), 100'000'000);
+  EXPECT_EQ(TicksProfiler::Engine(), "unwinder=frame-pointer providers=cpu,ticks");
+}
+
+// Wall samples carry a "thread state" label, so they never merge with CPU
+// samples of the same stack: each has zeros for the other's types.
+TEST(SampleProviderTest, SamplesOfOneProviderHaveZerosForTheOthers) {
+  Options options;
+  options.output = testing::TestTmpDir() + "/provider_zeros.pb.gz";
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  {
+    auto self = profiler.RegisterThread("main");
+    const int64_t end = ThreadCpuNow() + 200'000'000;
+    volatile uint64_t x = 0;
+    while (ThreadCpuNow() < end) x = x + 1;
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  int wall_samples = 0, cpu_samples = 0;
+  for (const auto& s : profile->samples) {
+    if (s.str_labels.count("thread state")) {
+      ++wall_samples;
+      EXPECT_EQ(s.values[0], 0);
+      EXPECT_EQ(s.values[1], 0);
+    } else if (s.values[1] > 0) {
+      ++cpu_samples;
+      EXPECT_EQ(s.values[3], 0);
+    }
+  }
+  EXPECT_GT(wall_samples, 0);
+  EXPECT_GT(cpu_samples, 0);
+}
+
+TEST(SampleProviderTest, DefaultProfilerHasCpuAndWallTypesOnce) {
+  auto types = DefaultProfiler::SampleTypes();
+  ASSERT_EQ(types.size(), 4u);
+  EXPECT_EQ(types[0].type, "cpu-samples");
+  EXPECT_EQ(types[1].type, "cpu-time");
+  EXPECT_EQ(types[2].type, "wall-samples");
+  EXPECT_EQ(types[3].type, "wall-time");
+}
+
+}  // namespace
+}  // namespace inprof

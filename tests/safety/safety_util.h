@@ -1,0 +1,269 @@
+// tests/safety/safety_util.h: helpers shared by the reliability and safety suite
+// (tests/safety/safety_*_test.cc, issue 7 "never break the host").
+//
+// Defines: CPU burners, a way to send the profiling signal to one thread the
+// way inprof's timers do (tagged) or the way kill(1) does (untagged), counters
+// of process resources read from /proc (threads, fds, POSIX timers, RSS), a
+// fork-and-wait helper with a watchdog, a watchdog thread, and the iteration
+// scaling every test uses: CI runs a bounded count, INPROF_SAFETY_FULL=1 runs
+// the count the issue asks for, and a sanitizer build runs less.
+//
+// Thread-safety: the functions are reentrant unless noted.
+//
+// Example:
+//   const int threads = safety::Scaled(/*ci=*/20'000, /*full=*/100'000);
+//   safety::Watchdog watchdog(absl::Seconds(120), "thread churn");
+//   ASSERT_TRUE(safety::SendProfilingSignal(tid, /*tagged=*/true));
+#ifndef INPROF_TESTS_SAFETY_UTIL_H_
+#define INPROF_TESTS_SAFETY_UTIL_H_
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/time/time.h"
+#include "inprof/internal/signal_dispatch.h"
+
+// Which sanitizer, if any, this translation unit is built with (GCC spells
+// it __SANITIZE_*__, Clang __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define INPROF_SAFETY_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define INPROF_SAFETY_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#undef INPROF_SAFETY_ASAN
+#define INPROF_SAFETY_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#undef INPROF_SAFETY_TSAN
+#define INPROF_SAFETY_TSAN 1
+#endif
+#endif
+
+namespace inprof::safety {
+
+#if defined(INPROF_SAFETY_ASAN)
+inline constexpr bool kAsan = true;
+#else
+inline constexpr bool kAsan = false;
+#endif
+#if defined(INPROF_SAFETY_TSAN)
+inline constexpr bool kTsan = true;
+#else
+inline constexpr bool kTsan = false;
+#endif
+inline constexpr bool kSanitized = kAsan || kTsan;
+
+// True when INPROF_SAFETY_FULL=1: run the full counts of issue 7.
+inline bool FullRun() {
+  const char* v = std::getenv("INPROF_SAFETY_FULL");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// The iteration count for this run: `full` with INPROF_SAFETY_FULL=1,
+// otherwise `ci` (a quarter of it under a sanitizer, which runs the same
+// code 2-15x slower on the two CI cores).
+inline int64_t Scaled(int64_t ci, int64_t full) {
+  if (FullRun()) return full;
+  return kSanitized ? (ci / 4 > 0 ? ci / 4 : 1) : ci;
+}
+
+inline int64_t ThreadCpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+inline int64_t MonotonicNow() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+// Burns about `ns` of this thread's CPU time without touching errno.
+__attribute__((noinline)) inline uint64_t BurnCpu(int64_t ns) {
+  const int64_t end = ThreadCpuNow() + ns;
+  uint64_t x = 88172645463325252ULL;
+  while (ThreadCpuNow() < end) {
+    for (int i = 0; i < 2000; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+  }
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+inline pid_t Gettid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+// Sends SIGPROF to thread `tid` of this process. Tagged: as inprof's own
+// timers do (SI_QUEUE with the provider-0 tag), so the handler samples it;
+// untagged: like `kill -PROF` (the handler counts it as foreign). Uses
+// rt_tgsigqueueinfo directly: glibc's pthread_sigqueue leaves garbage in rbp
+// on the way. Returns false if the thread is gone. Async-signal-safe.
+inline bool SendProfilingSignal(pid_t tid, bool tagged) {
+  if (!tagged) return syscall(SYS_tgkill, getpid(), tid, SIGPROF) == 0;
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  info.si_signo = SIGPROF;
+  info.si_code = SI_QUEUE;
+  info.si_pid = getpid();
+  info.si_uid = getuid();
+  info.si_value.sival_int = internal::MakeSignalTag(0);
+  return syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, SIGPROF, &info) == 0;
+}
+
+// Entries of a /proc directory, "." and ".." excluded.
+inline int CountDirEntries(const char* path) {
+  int n = 0;
+  if (DIR* d = opendir(path)) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+inline int CountThreads() { return CountDirEntries("/proc/self/task"); }
+// Open fds, the one opendir uses to count them excluded.
+inline int CountFds() { return CountDirEntries("/proc/self/fd") - 1; }
+
+// POSIX timers of this process (one "ID:" line each in /proc/self/timers);
+// -1 where the kernel lacks that file (CONFIG_CHECKPOINT_RESTORE=n).
+inline int CountPosixTimers() {
+  std::ifstream in("/proc/self/timers");
+  if (!in) return -1;
+  int n = 0;
+  std::string line;
+  while (std::getline(in, line)) n += line.rfind("ID:", 0) == 0;
+  return n;
+}
+
+// Resident set size in bytes.
+inline int64_t RssBytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// The scheduler state letter of thread `tid` ('R', 'S', 'D', ...), or 0.
+inline char ThreadState(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size()
+             ? stat[paren + 2]
+             : 0;
+}
+
+// Waits until thread `tid` sleeps in the kernel (state 'S'); false after
+// `timeout`.
+inline bool WaitUntilBlocked(pid_t tid,
+                             absl::Duration timeout = absl::Seconds(5)) {
+  const int64_t end = MonotonicNow() + absl::ToInt64Nanoseconds(timeout);
+  while (MonotonicNow() < end) {
+    if (ThreadState(tid) == 'S') return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+// Runs `body` in a forked child and returns its exit code, or 128 + signal
+// when it died of a signal. The child is killed by SIGALRM after
+// `timeout_s`, which reads as 128 + SIGALRM (a hang).
+inline int RunInChild(const std::function<int()>& body, unsigned timeout_s) {
+  fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGALRM, SIG_DFL);
+    alarm(timeout_s);
+    _exit(body());
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Aborts the process with a message if not destroyed within `limit`: a hang
+// fails the test quickly and says where, instead of hitting meson's timeout.
+class Watchdog {
+ public:
+  Watchdog(absl::Duration limit, std::string what)
+      : what_(std::move(what)),
+        thread_([this, limit] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(limit),
+                            [this] { return done_; })) {
+            std::fprintf(stderr, "safety watchdog: '%s' still running after %s; "
+                         "aborting (a hang)\n",
+                         what_.c_str(), absl::FormatDuration(limit).c_str());
+            std::abort();
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Puts `wrapper` in front of the profiling-signal handler a running
+// profiler installed (tests count what reaches it); the wrapper runs
+// inprof's handler with CallInprofHandler(). UnwrapInprofHandler() puts
+// inprof's back. Returns false if no SA_SIGINFO handler is installed.
+inline struct sigaction& InprofAction() {
+  static struct sigaction action;
+  return action;
+}
+inline void CallInprofHandler(int signo, siginfo_t* info, void* ucontext) {
+  InprofAction().sa_sigaction(signo, info, ucontext);
+}
+inline bool WrapInprofHandler(void (*wrapper)(int, siginfo_t*, void*)) {
+  if (sigaction(internal::kProfilingSignal, nullptr, &InprofAction()) != 0 ||
+      (InprofAction().sa_flags & SA_SIGINFO) == 0) {
+    return false;
+  }
+  struct sigaction wrapped = InprofAction();
+  wrapped.sa_sigaction = wrapper;
+  return sigaction(internal::kProfilingSignal, &wrapped, nullptr) == 0;
+}
+inline bool UnwrapInprofHandler() {
+  return sigaction(internal::kProfilingSignal, &InprofAction(), nullptr) == 0;
+}
+
+}  // namespace inprof::safety
+
+#endif  // INPROF_TESTS_SAFETY_UTIL_H_

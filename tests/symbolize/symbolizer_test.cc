@@ -1,0 +1,733 @@
+#include "inprof/symbolizer.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <netinet/in.h>
+#include <sys/auxv.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::SizeIs;
+
+// --- Code whose symbols the tests look up -----------------------------------
+
+constexpr int kStaticFunctionLine = __LINE__ + 1;
+__attribute__((noinline)) int StaticNoinlineFunction(int x) {
+  asm volatile("" : "+r"(x));
+  return x * 3 + 1;
+}
+
+// Returns its own return address: a pc inside whichever function called it.
+__attribute__((noinline)) uintptr_t CapturePc() {
+  uintptr_t pc = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
+  asm volatile("" : "+r"(pc));
+  return pc;
+}
+
+int g_inline_call_line = 0;
+int g_outer_call_line = 0;
+
+__attribute__((always_inline)) inline uintptr_t AlwaysInlinedHelper() {
+  // The call and __LINE__ share a line.
+  uintptr_t pc = (g_inline_call_line = __LINE__, CapturePc());
+  asm volatile("" : "+r"(pc));
+  return pc;
+}
+
+__attribute__((noinline)) uintptr_t OuterWithInlinedHelper() {
+  uintptr_t pc = (g_outer_call_line = __LINE__, AlwaysInlinedHelper());
+  asm volatile("" : "+r"(pc));  // keeps the call from being a tail call
+  return pc;
+}
+
+// -----------------------------------------------------------------------------
+
+std::string TestLibPath() {
+  const char* path = std::getenv("INPROF_SYMBOLIZER_TEST_LIB");
+  return path != nullptr ? path : "";
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteFileBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+// A dlopen'ed library, closed at scope exit.
+class LoadedLib {
+ public:
+  explicit LoadedLib(const std::string& path)
+      : handle_(dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {}
+  ~LoadedLib() { Close(); }
+  LoadedLib(const LoadedLib&) = delete;
+  LoadedLib& operator=(const LoadedLib&) = delete;
+
+  bool ok() const { return handle_ != nullptr; }
+  void Close() {
+    if (handle_ != nullptr) dlclose(handle_);
+    handle_ = nullptr;
+  }
+  uintptr_t Symbol(const char* name) const {
+    return reinterpret_cast<uintptr_t>(dlsym(handle_, name));
+  }
+  // The load bias: runtime address minus file virtual address.
+  uintptr_t Bias() const {
+    link_map* map = nullptr;
+    if (dlinfo(handle_, RTLD_DI_LINKMAP, &map) != 0 || map == nullptr) {
+      return 0;
+    }
+    return map->l_addr;
+  }
+
+ private:
+  void* handle_;
+};
+
+int ModuleIndexOf(const Symbolizer& symbolizer, const std::string& path) {
+  const std::vector<ModuleInfo>& modules = symbolizer.modules();
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (modules[i].path == path) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+TEST(SymbolizerTest, ModuleMapListsMainProgramFirstWithBuildId) {
+  Symbolizer symbolizer;
+  ASSERT_THAT(symbolizer.modules(), Not(IsEmpty()));
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  ASSERT_GT(n, 0);
+  const ModuleInfo& main_module = symbolizer.modules()[0];
+  EXPECT_EQ(main_module.path, std::string(exe, n));
+  EXPECT_THAT(main_module.build_id, Not(IsEmpty()));
+  EXPECT_LT(main_module.start, main_module.limit);
+  const uintptr_t fn = reinterpret_cast<uintptr_t>(&StaticNoinlineFunction);
+  EXPECT_EQ(symbolizer.Lookup(fn, false).module, 0);
+}
+
+TEST(SymbolizerTest, NamesStaticFunctionWithFileAndLine) {
+  Symbolizer symbolizer;
+  const uintptr_t fn = reinterpret_cast<uintptr_t>(&StaticNoinlineFunction);
+  const SymbolizedAddress& result = symbolizer.Lookup(fn, false);
+  ASSERT_GE(result.module, 0);
+  ASSERT_THAT(result.frames, SizeIs(1));
+  const SourceFrame& frame = result.frames[0];
+  EXPECT_THAT(frame.function, HasSubstr("StaticNoinlineFunction"));
+  EXPECT_THAT(frame.system_name, HasSubstr("StaticNoinlineFunction"));
+  EXPECT_THAT(frame.file, EndsWith("symbolizer_test.cc"));
+  EXPECT_GE(frame.line, kStaticFunctionLine);
+  EXPECT_LE(frame.line, kStaticFunctionLine + 2);
+
+  const Symbolizer::ModuleCapabilities caps =
+      symbolizer.Capabilities(result.module);
+  EXPECT_TRUE(caps.has_functions);
+  EXPECT_TRUE(caps.has_filenames);
+  EXPECT_TRUE(caps.has_line_numbers);
+}
+
+TEST(SymbolizerTest, ExpandsInlinedFunctionWithItsCallerNext) {
+  const uintptr_t pc = OuterWithInlinedHelper();
+  Symbolizer symbolizer;
+  const SymbolizedAddress& result = symbolizer.Lookup(pc, true);
+  ASSERT_GE(result.module, 0);
+  ASSERT_THAT(result.frames, SizeIs(2));
+  EXPECT_THAT(result.frames[0].function, HasSubstr("AlwaysInlinedHelper"));
+  EXPECT_THAT(result.frames[0].file, EndsWith("symbolizer_test.cc"));
+  EXPECT_EQ(result.frames[0].line, g_inline_call_line);
+  EXPECT_THAT(result.frames[1].function, HasSubstr("OuterWithInlinedHelper"));
+  EXPECT_THAT(result.frames[1].file, EndsWith("symbolizer_test.cc"));
+  EXPECT_EQ(result.frames[1].line, g_outer_call_line);
+  EXPECT_TRUE(symbolizer.Capabilities(result.module).has_inline_frames);
+}
+
+TEST(SymbolizerTest, ReturnAddressNamesTheCallSite) {
+  const uintptr_t pc = OuterWithInlinedHelper();
+  Symbolizer symbolizer;
+  // As a pc, a return address can already belong to the next line (or the
+  // next function); as a return address it names the call.
+  const SymbolizedAddress& as_return = symbolizer.Lookup(pc, true);
+  ASSERT_THAT(as_return.frames, Not(IsEmpty()));
+  EXPECT_EQ(as_return.frames[0].line, g_inline_call_line);
+}
+
+TEST(SymbolizerTest, UnmappedAddressHasNoModule) {
+  Symbolizer symbolizer;
+  const SymbolizedAddress& result = symbolizer.Lookup(0x10, false);
+  EXPECT_EQ(result.module, -1);
+  EXPECT_THAT(result.frames, IsEmpty());
+}
+
+TEST(SymbolizerTest, WithoutSymbolizationOnlyMapsModules) {
+  Symbolizer symbolizer(/*symbolize=*/false);
+  const uintptr_t fn = reinterpret_cast<uintptr_t>(&StaticNoinlineFunction);
+  const SymbolizedAddress& result = symbolizer.Lookup(fn, false);
+  EXPECT_EQ(result.module, 0);
+  EXPECT_THAT(result.frames, IsEmpty());
+  EXPECT_FALSE(symbolizer.Capabilities(0).has_functions);
+}
+
+TEST(SymbolizerTest, NamesVdsoFunctions) {
+  if (getauxval(AT_SYSINFO_EHDR) == 0) GTEST_SKIP() << "no vDSO";
+  Symbolizer symbolizer;
+  const int vdso = ModuleIndexOf(symbolizer, "[vdso]");
+  ASSERT_GE(vdso, 0);
+  const ModuleInfo& module = symbolizer.modules()[vdso];
+  bool named = false;
+  for (uint64_t a = module.start; a < module.limit && !named; a += 4) {
+    const SymbolizedAddress& r = symbolizer.Lookup(a, false);
+    EXPECT_EQ(r.module, vdso);
+    for (const SourceFrame& f : r.frames) {
+      named = named || absl::StrContains(f.function, "clock_gettime");
+    }
+  }
+  EXPECT_TRUE(named) << "no vDSO address resolved to clock_gettime";
+}
+
+TEST(SymbolizerTest, FindsLibraryDlopenedAfterConstructionOnRefresh) {
+  const std::string lib_path = TestLibPath();
+  ASSERT_THAT(lib_path, Not(IsEmpty())) << "INPROF_SYMBOLIZER_TEST_LIB unset";
+  Symbolizer symbolizer;
+  ASSERT_EQ(ModuleIndexOf(symbolizer, lib_path), -1);
+  const uintptr_t main_fn =
+      reinterpret_cast<uintptr_t>(&StaticNoinlineFunction);
+  const SymbolizedAddress* main_before = &symbolizer.Lookup(main_fn, false);
+
+  LoadedLib lib(lib_path);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  const uintptr_t fn = lib.Symbol("InprofTestLibFunction");
+  ASSERT_NE(fn, 0u);
+  // Before Refresh() the library is unknown.
+  EXPECT_EQ(symbolizer.Lookup(fn, false).module, -1);
+
+  symbolizer.Refresh();
+  const int module = ModuleIndexOf(symbolizer, lib_path);
+  ASSERT_GE(module, 0);
+  EXPECT_THAT(symbolizer.modules()[module].build_id, Not(IsEmpty()));
+  const SymbolizedAddress& result = symbolizer.Lookup(fn, false);
+  EXPECT_EQ(result.module, module);
+  ASSERT_THAT(result.frames, Not(IsEmpty()));
+  EXPECT_EQ(result.frames.back().function, "InprofTestLibFunction");
+  EXPECT_THAT(result.frames.back().file, EndsWith("symbolizer_test_lib.cc"));
+
+  // A file-local function of the library is named from .symtab.
+  using AddressFn = uintptr_t (*)();
+  auto static_address =
+      reinterpret_cast<AddressFn>(lib.Symbol("InprofTestLibStaticAddress"));
+  ASSERT_NE(static_address, nullptr);
+  const SymbolizedAddress& helper = symbolizer.Lookup(static_address(), false);
+  ASSERT_THAT(helper.frames, Not(IsEmpty()));
+  EXPECT_THAT(helper.frames.back().function, HasSubstr("LibStaticHelper"));
+
+  // The main program's cached result survived the module-map rebuild.
+  EXPECT_EQ(&symbolizer.Lookup(main_fn, false), main_before);
+
+  lib.Close();
+  symbolizer.Refresh();
+  if (ModuleIndexOf(symbolizer, lib_path) == -1) {
+    EXPECT_EQ(symbolizer.Lookup(fn, false).module, -1);
+  }
+  EXPECT_EQ(symbolizer.Lookup(main_fn, false).module, 0);
+  EXPECT_THAT(symbolizer.Lookup(main_fn, false).frames, Not(IsEmpty()));
+}
+
+TEST(SymbolizerTest, RefreshWithoutChangesKeepsModulesAndCache) {
+  Symbolizer symbolizer;
+  const uintptr_t fn = reinterpret_cast<uintptr_t>(&StaticNoinlineFunction);
+  const std::vector<ModuleInfo> before = symbolizer.modules();
+  const SymbolizedAddress* cached = &symbolizer.Lookup(fn, false);
+  symbolizer.Refresh();
+  ASSERT_EQ(symbolizer.modules().size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(symbolizer.modules()[i].path, before[i].path);
+    EXPECT_EQ(symbolizer.modules()[i].start, before[i].start);
+  }
+  EXPECT_EQ(&symbolizer.Lookup(fn, false), cached);
+}
+
+TEST(SymbolizerTest, UnreadableModuleWarnsOnceAndKeepsItsModule) {
+  const std::string lib_path = TestLibPath();
+  ASSERT_THAT(lib_path, Not(IsEmpty())) << "INPROF_SYMBOLIZER_TEST_LIB unset";
+  const std::string copy =
+      absl::StrCat(testing::TestTmpDir(), "/deleted_lib_", getpid(), ".so");
+  WriteFileBytes(copy, ReadFileBytes(lib_path));
+  LoadedLib lib(copy);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  ASSERT_EQ(unlink(copy.c_str()), 0);
+  const uintptr_t fn = lib.Symbol("InprofTestLibFunction");
+  ASSERT_NE(fn, 0u);
+
+  Symbolizer symbolizer;
+  ::testing::internal::CaptureStderr();
+  const SymbolizedAddress first = symbolizer.Lookup(fn, false);
+  const SymbolizedAddress second = symbolizer.Lookup(fn + 1, false);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+
+  const int module = ModuleIndexOf(symbolizer, copy);
+  ASSERT_GE(module, 0);
+  EXPECT_EQ(first.module, module);
+  EXPECT_EQ(second.module, module);
+  EXPECT_THAT(first.frames, IsEmpty());
+  EXPECT_THAT(second.frames, IsEmpty());
+  const std::string expected =
+      absl::StrCat("inprof: cannot read symbols of ", copy, ": ");
+  EXPECT_THAT(err, HasSubstr(expected));
+  EXPECT_EQ(err.find(expected), err.rfind(expected)) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_FALSE(symbolizer.Capabilities(module).has_functions);
+}
+
+TEST(SymbolizerTest, SymbolizeFileNamesFunctionsOfAFileOnDisk) {
+  const std::string lib_path = TestLibPath();
+  ASSERT_THAT(lib_path, Not(IsEmpty())) << "INPROF_SYMBOLIZER_TEST_LIB unset";
+  LoadedLib lib(lib_path);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  const uint64_t file_address =
+      lib.Symbol("InprofTestLibFunction") - lib.Bias();
+  auto frames = Symbolizer::SymbolizeFile(lib_path, {file_address});
+  ASSERT_TRUE(frames.ok()) << frames.status();
+  ASSERT_THAT(*frames, SizeIs(1));
+  ASSERT_THAT((*frames)[0], Not(IsEmpty()));
+  EXPECT_EQ((*frames)[0].back().function, "InprofTestLibFunction");
+}
+
+TEST(SymbolizerTest, SymbolizeFileFailsNamingAMissingFile) {
+  const std::string path = testing::TestTmpDir() + "/no_such_file.so";
+  auto frames = Symbolizer::SymbolizeFile(path, {0x1000});
+  ASSERT_FALSE(frames.ok());
+  EXPECT_THAT(frames.status().message(), HasSubstr(path));
+}
+
+TEST(SymbolizerTest, RefreshEmptiesTheCacheWhenOverItsCap) {
+  Symbolizer symbolizer;
+  EXPECT_EQ(symbolizer.max_cached_bytes(), Symbolizer::kDefaultMaxCachedBytes);
+  EXPECT_EQ(symbolizer.cached_addresses(), 0u);
+  EXPECT_EQ(symbolizer.cached_bytes(), 0u);
+  const uintptr_t fn = reinterpret_cast<uintptr_t>(&StaticNoinlineFunction);
+  for (uintptr_t i = 0; i < 8; ++i) symbolizer.Lookup(fn + i, false);
+  EXPECT_EQ(symbolizer.cached_addresses(), 8u);
+  // Each entry holds at least its frame, whose names are longer than a
+  // std::string keeps inline.
+  EXPECT_GE(symbolizer.cached_bytes(),
+            8 * (sizeof(SymbolizedAddress) + sizeof(SourceFrame) +
+                 sizeof("StaticNoinlineFunction")));
+  const size_t bytes_of_eight = symbolizer.cached_bytes();
+  // A repeated lookup is a cache hit and adds nothing.
+  symbolizer.Lookup(fn, false);
+  EXPECT_EQ(symbolizer.cached_bytes(), bytes_of_eight);
+
+  // At or under the cap, Refresh() keeps everything.
+  symbolizer.set_max_cached_bytes(bytes_of_eight);
+  symbolizer.Refresh();
+  EXPECT_EQ(symbolizer.cached_addresses(), 8u);
+  EXPECT_EQ(symbolizer.cached_bytes(), bytes_of_eight);
+
+  // Over it, Refresh() empties the cache.
+  symbolizer.Lookup(fn + 8, false);
+  EXPECT_EQ(symbolizer.cached_addresses(), 9u);
+  EXPECT_GT(symbolizer.cached_bytes(), bytes_of_eight);
+  symbolizer.Refresh();
+  EXPECT_EQ(symbolizer.cached_addresses(), 0u);
+  EXPECT_EQ(symbolizer.cached_bytes(), 0u);
+
+  // Lookups after the purge symbolize as before.
+  const SymbolizedAddress& again = symbolizer.Lookup(fn, false);
+  ASSERT_THAT(again.frames, Not(IsEmpty()));
+  EXPECT_THAT(again.frames[0].function, HasSubstr("StaticNoinlineFunction"));
+  EXPECT_EQ(symbolizer.cached_addresses(), 1u);
+}
+
+TEST(SymbolizerTest, CacheAccountingDropsUnloadedModules) {
+  const std::string lib_path = TestLibPath();
+  ASSERT_THAT(lib_path, Not(IsEmpty())) << "INPROF_SYMBOLIZER_TEST_LIB unset";
+  const std::string copy =
+      absl::StrCat(testing::TestTmpDir(), "/cache_lib_", getpid(), ".so");
+  WriteFileBytes(copy, ReadFileBytes(lib_path));
+  Symbolizer symbolizer;
+  const uintptr_t main_fn =
+      reinterpret_cast<uintptr_t>(&StaticNoinlineFunction);
+  symbolizer.Lookup(main_fn, false);
+  const size_t main_bytes = symbolizer.cached_bytes();
+  {
+    LoadedLib lib(copy);
+    ASSERT_TRUE(lib.ok()) << dlerror();
+    symbolizer.Refresh();
+    symbolizer.Lookup(lib.Symbol("InprofTestLibFunction"), false);
+    EXPECT_EQ(symbolizer.cached_addresses(), 2u);
+    EXPECT_GT(symbolizer.cached_bytes(), main_bytes);
+  }
+  symbolizer.Refresh();
+  unlink(copy.c_str());
+  if (ModuleIndexOf(symbolizer, copy) != -1) {
+    GTEST_SKIP() << "the loader kept the library mapped after dlclose";
+  }
+  EXPECT_EQ(symbolizer.cached_addresses(), 1u);
+  EXPECT_EQ(symbolizer.cached_bytes(), main_bytes);
+}
+
+// --- Separate debug info ------------------------------------------------------
+
+std::string ToolPath(const char* env, const char* fallback) {
+  const char* path = std::getenv(env);
+  return path != nullptr && path[0] != '\0' ? path : fallback;
+}
+
+// Sets an environment variable of this test process for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name); old != nullptr) old_ = old;
+    had_ = std::getenv(name) != nullptr;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// Copies of the test library split into a stripped library (no .symtab, no
+// DWARF: strip --strip-debug --strip-unneeded) and its debug file (objcopy
+// --only-keep-debug), as distributions ship them, in a scratch directory.
+class SeparateDebugInfoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    lib_path_ = TestLibPath();
+    ASSERT_THAT(lib_path_, Not(IsEmpty())) << "INPROF_SYMBOLIZER_TEST_LIB unset";
+    dir_ = absl::StrCat(
+        testing::TestTmpDir(), "/split_debug_", getpid(), "_",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_TRUE(Run(absl::StrCat("rm -rf ", Q(dir_), " && mkdir -p ",
+                                 Q(dir_ + "/.debug")))
+                    .ok());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) (void)Run(absl::StrCat("rm -rf ", Q(dir_)));
+  }
+
+  static std::string Q(const std::string& s) { return testing::ShellQuote(s); }
+
+  static absl::Status Run(const std::string& cmd) {
+    return testing::RunCommand(cmd).status();
+  }
+
+  // Writes `stripped` (a copy of the test library without symbols or debug
+  // info) and `debug_file` (what was stripped).
+  absl::Status Split(const std::string& stripped,
+                     const std::string& debug_file) {
+    const std::string objcopy = ToolPath("INPROF_OBJCOPY", "objcopy");
+    const std::string strip = ToolPath("INPROF_STRIP", "strip");
+    return Run(absl::StrCat("cp ", Q(lib_path_), " ", Q(stripped), " && ",
+                            Q(objcopy), " --only-keep-debug ", Q(stripped), " ",
+                            Q(debug_file), " && ", Q(strip),
+                            " --strip-debug --strip-unneeded ", Q(stripped)));
+  }
+
+  // Adds a .gnu_debuglink naming `debug_file` (its base name and CRC) to
+  // `stripped`. Runs in `dir_` so that relative paths resolve there.
+  absl::Status AddDebuglink(const std::string& stripped,
+                            const std::string& debug_file) {
+    const std::string objcopy = ToolPath("INPROF_OBJCOPY", "objcopy");
+    return Run(absl::StrCat("cd ", Q(dir_), " && ", Q(objcopy),
+                            " --add-gnu-debuglink=", Q(debug_file), " ",
+                            Q(stripped)));
+  }
+
+  // Expects `symbolizer` to name the library's file-local LibStaticHelper
+  // with its file and line, which only the debug file can tell.
+  static void ExpectNamesStaticHelper(Symbolizer& symbolizer,
+                                      const LoadedLib& lib) {
+    using AddressFn = uintptr_t (*)();
+    using LineFn = int (*)();
+    auto static_address =
+        reinterpret_cast<AddressFn>(lib.Symbol("InprofTestLibStaticAddress"));
+    auto static_line =
+        reinterpret_cast<LineFn>(lib.Symbol("InprofTestLibStaticLine"));
+    ASSERT_NE(static_address, nullptr);
+    ASSERT_NE(static_line, nullptr);
+    const SymbolizedAddress& r = symbolizer.Lookup(static_address(), false);
+    ASSERT_GE(r.module, 0);
+    ASSERT_THAT(r.frames, Not(IsEmpty()));
+    const SourceFrame& f = r.frames.back();
+    EXPECT_THAT(f.function, HasSubstr("LibStaticHelper"));
+    EXPECT_THAT(f.file, EndsWith("symbolizer_test_lib.cc"));
+    EXPECT_GE(f.line, static_line());
+    EXPECT_LE(f.line, static_line() + 2);
+    const Symbolizer::ModuleCapabilities caps =
+        symbolizer.Capabilities(r.module);
+    EXPECT_TRUE(caps.has_functions);
+    EXPECT_TRUE(caps.has_filenames);
+    EXPECT_TRUE(caps.has_line_numbers);
+    EXPECT_TRUE(caps.has_inline_frames);
+  }
+
+  // Expects `symbolizer` not to know LibStaticHelper's name (the stripped
+  // library alone does not have it).
+  static void ExpectDoesNotNameStaticHelper(Symbolizer& symbolizer,
+                                            const LoadedLib& lib) {
+    using AddressFn = uintptr_t (*)();
+    auto static_address =
+        reinterpret_cast<AddressFn>(lib.Symbol("InprofTestLibStaticAddress"));
+    ASSERT_NE(static_address, nullptr);
+    const SymbolizedAddress& r = symbolizer.Lookup(static_address(), false);
+    ASSERT_GE(r.module, 0);
+    for (const SourceFrame& f : r.frames) {
+      EXPECT_THAT(f.function, Not(HasSubstr("LibStaticHelper")));
+      EXPECT_THAT(f.file, IsEmpty());
+    }
+  }
+
+  std::string lib_path_;
+  std::string dir_;
+};
+
+TEST_F(SeparateDebugInfoTest, FindsDebugFileNamedByDebuglinkInDotDebugDir) {
+  const std::string stripped = dir_ + "/libsplit.so";
+  ASSERT_TRUE(Split(stripped, dir_ + "/.debug/libsplit.so.debug").ok());
+  ASSERT_TRUE(AddDebuglink(stripped, ".debug/libsplit.so.debug").ok());
+
+  Symbolizer symbolizer;  // before the dlopen, as in a running profiler
+  LoadedLib lib(stripped);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  symbolizer.Refresh();
+  ASSERT_GE(ModuleIndexOf(symbolizer, stripped), 0);
+  ExpectNamesStaticHelper(symbolizer, lib);
+
+  // Control: with nowhere to look, the stripped library alone cannot name it.
+  Symbolizer blind;
+  blind.SetDebugInfoPath("/nonexistent-inprof-debug");
+  ExpectDoesNotNameStaticHelper(blind, lib);
+}
+
+TEST_F(SeparateDebugInfoTest, FindsDebugFileNamedByDebuglinkNextToTheLibrary) {
+  const std::string stripped = dir_ + "/libsplit.so";
+  ASSERT_TRUE(Split(stripped, dir_ + "/libsplit.debug").ok());
+  ASSERT_TRUE(AddDebuglink(stripped, "libsplit.debug").ok());
+
+  Symbolizer symbolizer;
+  LoadedLib lib(stripped);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  symbolizer.Refresh();
+  ExpectNamesStaticHelper(symbolizer, lib);
+}
+
+TEST_F(SeparateDebugInfoTest, IgnoresDebugFileOfAnotherBuild) {
+  const std::string stripped = dir_ + "/libsplit.so";
+  ASSERT_TRUE(Split(stripped, dir_ + "/.debug/libsplit.so.debug").ok());
+  ASSERT_TRUE(AddDebuglink(stripped, ".debug/libsplit.so.debug").ok());
+  // Same name, other contents: the debug info of this test program, whose
+  // build-id differs (and so does the CRC the debuglink recorded).
+  ASSERT_TRUE(Run(absl::StrCat(Q(ToolPath("INPROF_OBJCOPY", "objcopy")),
+                               " --only-keep-debug /proc/self/exe ",
+                               Q(dir_ + "/.debug/libsplit.so.debug")))
+                  .ok());
+
+  Symbolizer symbolizer;
+  LoadedLib lib(stripped);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  symbolizer.Refresh();
+  ExpectDoesNotNameStaticHelper(symbolizer, lib);
+}
+
+// /usr/lib/debug/.build-id/xx/yyyy.debug cannot be written by a test; the
+// same lookup (libdwfl's dwfl_build_id_find_debuginfo) runs under every
+// absolute entry of the debug-info path, so a scratch root stands in for
+// /usr/lib/debug.
+TEST_F(SeparateDebugInfoTest, FindsDebugFileByBuildIdUnderTheDebugInfoPath) {
+  const std::string stripped = dir_ + "/libsplit.so";
+  const std::string staged = dir_ + "/staged.debug";
+  ASSERT_TRUE(Split(stripped, staged).ok());
+
+  Symbolizer symbolizer;
+  const std::string root = dir_ + "/root";
+  symbolizer.SetDebugInfoPath(root);
+  LoadedLib lib(stripped);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  symbolizer.Refresh();
+  const int module = ModuleIndexOf(symbolizer, stripped);
+  ASSERT_GE(module, 0);
+  const std::string id = symbolizer.modules()[module].build_id;
+  ASSERT_GT(id.size(), 2u);
+  const std::string build_id_dir =
+      absl::StrCat(root, "/.build-id/", id.substr(0, 2));
+  ASSERT_TRUE(Run(absl::StrCat("mkdir -p ", Q(build_id_dir), " && mv ",
+                               Q(staged), " ",
+                               Q(absl::StrCat(build_id_dir, "/", id.substr(2),
+                                              ".debug"))))
+                  .ok());
+  ExpectNamesStaticHelper(symbolizer, lib);
+
+  // The default path (":.debug:/usr/lib/debug") does not have it.
+  Symbolizer by_default;
+  ExpectDoesNotNameStaticHelper(by_default, lib);
+}
+
+// libdwfl's standard search ends by asking debuginfod (dlopen'ing
+// libdebuginfod and downloading) when DEBUGINFOD_URLS is set; the profiler
+// must never touch the network behind the host's back. The URL points at a
+// socket of this test: any request would show up as a connection.
+TEST_F(SeparateDebugInfoTest, NeverAsksDebuginfodForMissingDebugInfo) {
+  const std::string stripped = dir_ + "/libnodebug.so";
+  ASSERT_TRUE(Split(stripped, dir_ + "/discarded.debug").ok());
+  ASSERT_EQ(unlink((dir_ + "/discarded.debug").c_str()), 0);
+
+  const int server =
+      socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ASSERT_GE(server, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(server, 16), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  ScopedEnv urls("DEBUGINFOD_URLS", absl::StrCat("http://127.0.0.1:", port));
+  // Should a regression ask anyway, fail in seconds rather than hang.
+  ScopedEnv timeout("DEBUGINFOD_TIMEOUT", "2");
+  ScopedEnv cache("DEBUGINFOD_CACHE_PATH", dir_ + "/debuginfod-cache");
+
+  LoadedLib lib(stripped);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  Symbolizer symbolizer;
+  // The exported function is still named, from .dynsym.
+  const SymbolizedAddress& exported =
+      symbolizer.Lookup(lib.Symbol("InprofTestLibFunction"), false);
+  ASSERT_THAT(exported.frames, Not(IsEmpty()));
+  EXPECT_EQ(exported.frames.back().function, "InprofTestLibFunction");
+  EXPECT_THAT(exported.frames.back().file, IsEmpty());
+  ExpectDoesNotNameStaticHelper(symbolizer, lib);
+
+  const int client = accept(server, nullptr, nullptr);
+  const int accept_errno = errno;
+  EXPECT_EQ(client, -1) << "the symbolizer connected to DEBUGINFOD_URLS";
+  EXPECT_TRUE(accept_errno == EAGAIN || accept_errno == EWOULDBLOCK);
+  if (client >= 0) close(client);
+  close(server);
+  EXPECT_EQ(dlopen("libdebuginfod.so.1", RTLD_LAZY | RTLD_NOLOAD), nullptr)
+      << "libdebuginfod was loaded into the process";
+}
+
+// Copies of a real ELF file, truncated or with random bytes overwritten, must
+// never crash the symbolizer: they either symbolize (possibly to nothing) or
+// fail with a status that names the file.
+TEST(SymbolizerTest, CorruptedElfFilesNeverCrash) {
+  const std::string lib_path = TestLibPath();
+  ASSERT_THAT(lib_path, Not(IsEmpty())) << "INPROF_SYMBOLIZER_TEST_LIB unset";
+  const std::string original = ReadFileBytes(lib_path);
+  ASSERT_GT(original.size(), 1024u);
+  uint64_t function_address = 0;
+  {
+    LoadedLib lib(lib_path);
+    ASSERT_TRUE(lib.ok()) << dlerror();
+    function_address = lib.Symbol("InprofTestLibFunction") - lib.Bias();
+  }
+  const std::vector<uint64_t> addresses = {0,
+                                           1,
+                                           function_address,
+                                           function_address + 3,
+                                           function_address + 64,
+                                           0x1000,
+                                           0x7fffffff,
+                                           ~uint64_t{0}};
+
+  std::mt19937_64 rng(20240601);  // fixed seed: failures reproduce
+  const std::string path =
+      absl::StrCat(testing::TestTmpDir(), "/corrupt_elf_", getpid(), ".so");
+  int truncated_failures = 0;
+  int corrupted_failures = 0;
+  constexpr int kTruncations = 100;
+  constexpr int kCorruptions = 300;
+  for (int i = 0; i < kTruncations + kCorruptions; ++i) {
+    std::string bytes = original;
+    const bool truncate = i < kTruncations;
+    if (truncate) {
+      bytes.resize(rng() % original.size());
+    } else {
+      // Aim a third of the damage at the headers, a third at the section
+      // header table (at the end of the file) and a third anywhere (mostly
+      // debug info).
+      const int edits = 1 + static_cast<int>(rng() % 32);
+      for (int e = 0; e < edits; ++e) {
+        size_t pos;
+        switch (rng() % 3) {
+          case 0:
+            pos = rng() % 1024;
+            break;
+          case 1:
+            pos = bytes.size() - 1 - rng() % 2048;
+            break;
+          default:
+            pos = rng() % bytes.size();
+        }
+        bytes[pos] = static_cast<char>(rng());
+      }
+    }
+    WriteFileBytes(path, bytes);
+    SCOPED_TRACE(absl::StrCat("variant ", i,
+                              truncate ? " (truncated to " : " (", bytes.size(),
+                              " bytes)"));
+    auto frames = Symbolizer::SymbolizeFile(path, addresses);
+    if (frames.ok()) {
+      EXPECT_FALSE(truncate) << "a truncated file symbolized";
+      EXPECT_THAT(*frames, SizeIs(addresses.size()));
+    } else {
+      EXPECT_THAT(frames.status().message(), HasSubstr(path));
+      (truncate ? truncated_failures : corrupted_failures)++;
+    }
+  }
+  unlink(path.c_str());
+  EXPECT_EQ(truncated_failures, kTruncations);
+  EXPECT_GT(corrupted_failures, 0);
+
+  // The undamaged file still symbolizes.
+  auto frames = Symbolizer::SymbolizeFile(lib_path, {function_address});
+  ASSERT_TRUE(frames.ok()) << frames.status();
+  ASSERT_THAT((*frames)[0], Not(IsEmpty()));
+}
+
+}  // namespace
+}  // namespace inprof

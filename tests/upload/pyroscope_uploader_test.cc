@@ -1,0 +1,253 @@
+#include "inprof/pyroscope_uploader.h"
+
+#include <stdlib.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "upload/http_receiver.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+using testing::ClosedPort;
+using testing::HttpReceiver;
+using testing::LogCapture;
+using testing::ReceivedRequest;
+
+const absl::Time kStart = absl::FromUnixNanos(1'700'000'000'250'000'000);
+const absl::Time kEnd = absl::FromUnixNanos(1'700'000'010'500'000'000);
+
+std::shared_ptr<ExportedProfile> Profile() {
+  auto p = std::make_shared<ExportedProfile>();
+  p->pprof = testing::MakeTestPprof(kStart, kEnd);
+  p->start = kStart;
+  p->end = kEnd;
+  return p;
+}
+
+UploadOptions Fast() {
+  UploadOptions u;
+  u.timeout = absl::Seconds(20);
+  u.backoff = absl::Milliseconds(10);
+  u.max_retries = 3;
+  return u;
+}
+
+PyroscopeOptions Server(const std::string& url) {
+  PyroscopeOptions p;
+  p.url = url;
+  p.application_name = "checkout{region=eu,pod=a-1}";
+  return p;
+}
+
+absl::Time Later(absl::Duration d) { return absl::Now() + d; }
+
+class PyroscopeUploaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : {"http_proxy", "HTTP_PROXY", "https_proxy",
+                          "HTTPS_PROXY", "all_proxy", "ALL_PROXY"}) {
+      unsetenv(v);
+    }
+  }
+};
+
+TEST_F(PyroscopeUploaderTest, PostsPprofToIngestWithQueryParameters) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  PyroscopeUploader uploader(Server((*receiver)->url()), Fast(),
+                             absl::Milliseconds(10));
+  auto profile = Profile();
+  ASSERT_TRUE(uploader.Consume(profile).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+
+  const auto requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  const ReceivedRequest& req = requests[0];
+  EXPECT_EQ(req.method, "POST");
+  EXPECT_EQ(req.path, "/ingest");
+  const std::map<std::string, std::string> expected = {
+      {"name", "checkout{region=eu,pod=a-1}"},
+      {"from", "1700000000"},
+      {"until", "1700000011"},  // rounded up: the range holds the window
+      {"format", "pprof"},
+      {"spyName", "inprof"},
+      {"sampleRate", "100"}};
+  EXPECT_EQ(req.query, expected);
+  EXPECT_EQ(req.headers.at("content-type"), "application/octet-stream");
+  EXPECT_FALSE(req.headers.contains("authorization"));
+  EXPECT_FALSE(req.headers.contains("x-scope-orgid"));
+  EXPECT_EQ(req.body, profile->pprof);
+
+  absl::StatusOr<DecodedProfile> decoded = DecodePprof(req.body);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->Total(decoded->ValueIndex("cpu-samples")), 3);
+  if (testing::GoPprofAvailable()) {
+    const std::string path = testing::TestTmpDir() + "/pyroscope-ingest.pb.gz";
+    std::ofstream(path, std::ios::binary) << req.body;
+    auto raw = testing::ReadWithGoPprofRaw(path);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    ASSERT_THAT(*raw, SizeIs(1));
+    EXPECT_THAT((*raw)[0].stack, Contains(HasSubstr("TestProfileLeaf")));
+  }
+}
+
+TEST_F(PyroscopeUploaderTest, UrlPrefixAndDefaultName) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok());
+  PyroscopeOptions p;
+  p.url = (*receiver)->url() + "/pyroscope/";
+  PyroscopeUploader uploader(p, Fast(), absl::Milliseconds(4));
+  EXPECT_EQ(uploader.application_name(), program_invocation_short_name);
+  ASSERT_TRUE(uploader.Consume(Profile()).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const auto requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_EQ(requests[0].path, "/pyroscope/ingest");
+  EXPECT_EQ(requests[0].query.at("name"), program_invocation_short_name);
+  EXPECT_EQ(requests[0].query.at("sampleRate"), "250");
+}
+
+TEST_F(PyroscopeUploaderTest, SendsBasicAuthentication) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok());
+  PyroscopeOptions p = Server((*receiver)->url());
+  p.basic_auth_user = "123456";
+  p.basic_auth_password = "glc_secret:x";
+  PyroscopeUploader uploader(p, Fast(), absl::Milliseconds(10));
+  ASSERT_TRUE(uploader.Consume(Profile()).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const auto requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  std::string decoded;
+  const std::string& auth = requests[0].headers.at("authorization");
+  ASSERT_TRUE(absl::StartsWith(auth, "Basic ")) << auth;
+  ASSERT_TRUE(absl::Base64Unescape(auth.substr(6), &decoded));
+  EXPECT_EQ(decoded, "123456:glc_secret:x");
+}
+
+TEST_F(PyroscopeUploaderTest, SendsBearerTokenAndTenant) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok());
+  PyroscopeOptions p = Server((*receiver)->url());
+  p.auth_token = "tok-123";
+  p.tenant_id = "team-a";
+  PyroscopeUploader uploader(p, Fast(), absl::Milliseconds(10));
+  ASSERT_TRUE(uploader.Consume(Profile()).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const auto requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_EQ(requests[0].headers.at("authorization"), "Bearer tok-123");
+  EXPECT_EQ(requests[0].headers.at("x-scope-orgid"), "team-a");
+}
+
+TEST_F(PyroscopeUploaderTest, RetriesAfter500ThenSucceeds) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok());
+  (*receiver)->SetStatuses({500, 200});
+  LogCapture logs;
+  PyroscopeUploader uploader(Server((*receiver)->url()), Fast(),
+                             absl::Milliseconds(10));
+  ASSERT_TRUE(uploader.Consume(Profile()).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const auto requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(2));
+  EXPECT_EQ(requests[0].body, requests[1].body);
+  EXPECT_EQ(requests[0].query, requests[1].query);
+  EXPECT_EQ(uploader.stats().uploaded, 1u);
+  EXPECT_EQ(logs.Count("pyroscope upload to"), 2u);  // failure, recovery
+  EXPECT_EQ(logs.Count("HTTP 500"), 1u);
+}
+
+TEST_F(PyroscopeUploaderTest, BadRequestIsNotRetried) {
+  for (int status : {400, 413}) {
+    SCOPED_TRACE(status);
+    auto receiver = HttpReceiver::StartTcp();
+    ASSERT_TRUE(receiver.ok());
+    (*receiver)->SetStatuses({status});
+    LogCapture logs;
+    PyroscopeUploader uploader(Server((*receiver)->url()), Fast(),
+                               absl::Milliseconds(10));
+    ASSERT_TRUE(uploader.Consume(Profile()).ok());
+    ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+    EXPECT_EQ((*receiver)->request_count(), 1u);
+    EXPECT_EQ(uploader.stats().dropped_failed, 1u);
+    ASSERT_THAT(logs.lines(), SizeIs(1));
+    EXPECT_THAT(logs.lines()[0], AllOf(HasSubstr(absl::StrCat("HTTP ", status)),
+                                       HasSubstr("not retried")));
+  }
+}
+
+TEST_F(PyroscopeUploaderTest, TooManyRequestsIsRetried) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok());
+  (*receiver)->SetStatuses({429, 429, 200});
+  PyroscopeUploader uploader(Server((*receiver)->url()), Fast(),
+                             absl::Milliseconds(10));
+  ASSERT_TRUE(uploader.Consume(Profile()).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  EXPECT_EQ((*receiver)->request_count(), 3u);
+  EXPECT_EQ(uploader.stats().uploaded, 1u);
+}
+
+TEST_F(PyroscopeUploaderTest, ReceiverThatNeverAnswersTimesOut) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok());
+  (*receiver)->SetNeverAnswer(true);
+  LogCapture logs;
+  UploadOptions upload = Fast();
+  upload.timeout = absl::Milliseconds(250);
+  upload.max_retries = 0;
+  PyroscopeUploader uploader(Server((*receiver)->url()), upload,
+                             absl::Milliseconds(10));
+  ASSERT_TRUE(uploader.Consume(Profile()).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(60))).ok());
+  EXPECT_EQ((*receiver)->request_count(), 1u);
+  EXPECT_EQ(uploader.stats().dropped_failed, 1u);
+  ASSERT_THAT(logs.lines(), SizeIs(1));
+  EXPECT_THAT(logs.lines()[0], HasSubstr("timed out"));
+}
+
+TEST_F(PyroscopeUploaderTest, ReceiverDownNeverBlocksTheCaller) {
+  ClosedPort closed;
+  LogCapture logs;
+  UploadOptions upload = Fast();
+  upload.max_retries = 1;
+  upload.max_queued = 2;
+  PyroscopeUploader uploader(Server(closed.url()), upload,
+                             absl::Milliseconds(10));
+  // Handed over back to back, as fast as an exporter could.
+  const auto profile = Profile();
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(uploader.Consume(profile).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(60))).ok());
+  const UploadStats stats = uploader.stats();
+  // Every profile is accounted for: delivered, dropped for space, or given
+  // up on; none is kept past the queue's bound.
+  EXPECT_EQ(stats.uploaded, 0u);
+  EXPECT_EQ(stats.dropped_queue_full + stats.dropped_failed, 20u);
+  EXPECT_GE(stats.dropped_queue_full, 1u);
+  EXPECT_EQ(logs.Count("failed:"), 1u) << absl::StrJoin(logs.lines(), "");
+  EXPECT_EQ(logs.Count("not keeping up"), 1u);
+}
+
+}  // namespace
+}  // namespace inprof

@@ -1,0 +1,101 @@
+// tests/util/test_util.h: helpers shared by inprof's tests.
+//
+// Defines a scratch directory, a shell-command runner, wrappers around
+// `go tool pprof` (including a parser for its -raw output, so that tests can
+// check profiles the way users read them) and a `protoc --decode` check.
+// The tools are located through the environment tests/meson.build sets:
+// INPROF_GO, INPROF_PROTOC, INPROF_PROTO, INPROF_TEST_TMPDIR.
+//
+// Thread-safety: the functions are reentrant but run child processes; call
+// them from the test's main thread.
+//
+// Example:
+//   if (!inprof::testing::GoPprofAvailable()) GTEST_SKIP() << "no go";
+//   auto samples = inprof::testing::ReadWithGoPprofRaw(path);
+//   ASSERT_TRUE(samples.ok()) << samples.status();
+//   EXPECT_THAT((*samples)[0].stack, Contains(HasSubstr("Compute")));
+#ifndef INPROF_TESTS_TEST_UTIL_H_
+#define INPROF_TESTS_TEST_UTIL_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace inprof::testing {
+
+// `s` single-quoted for /bin/sh.
+std::string ShellQuote(const std::string& s);
+
+// $INPROF_TEST_TMPDIR (created if missing), else /tmp.
+std::string TestTmpDir();
+
+// What a command printed, separately per stream.
+struct CommandOutput {
+  int exit_code = 0;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `cmd` with /bin/sh and returns its output whatever its exit status;
+// fails only when the command cannot be run at all.
+absl::StatusOr<CommandOutput> RunCommandSeparately(const std::string& cmd);
+
+// Runs `cmd` with /bin/sh; returns stdout and stderr interleaved. Fails on a
+// non-zero exit status, with the output in the message.
+absl::StatusOr<std::string> RunCommand(const std::string& cmd);
+
+// Whether $INPROF_GO names a go binary.
+bool GoPprofAvailable();
+
+// Runs "$INPROF_GO tool pprof <args_and_path>" and returns its stdout with
+// its stderr (warnings) appended, so that a search for "arning" sees them.
+// Fails on a non-zero exit status, with stderr in the message.
+absl::StatusOr<std::string> GoPprof(const std::string& args_and_path);
+
+// Like GoPprof but returns what pprof printed on stderr (its warnings, such
+// as failed local symbolization); empty means no warnings.
+absl::StatusOr<std::string> GoPprofStderr(const std::string& args_and_path);
+
+// One sample as `go tool pprof -raw` prints it.
+struct RawSample {
+  std::vector<int64_t> values;
+  // Function names, leaf first, inline frames expanded innermost first; a
+  // location without function reads "0x<address>".
+  std::vector<std::string> stack;
+  // The same frames' "file:line" ("" when pprof shows no line).
+  std::vector<std::string> file_lines;
+  // The same frames' Function.system_name ("" without a function).
+  std::vector<std::string> system_names;
+  // The same frames' pprof location id: a location's inline frames share
+  // one, its caller's frames have the next location's.
+  std::vector<uint64_t> location_ids;
+  // String and numeric labels, e.g. {"thread name": "main"}; several values
+  // of one key are joined with a space.
+  std::map<std::string, std::string> labels;
+};
+
+// Runs `go tool pprof -raw <profile_path>` and parses its Samples and
+// Locations sections. If `pprof_stderr` is not null, stores what pprof
+// printed on stderr there.
+absl::StatusOr<std::vector<RawSample>> ReadWithGoPprofRaw(
+    const std::string& profile_path, std::string* pprof_stderr = nullptr);
+
+// Parses text in the format of `go tool pprof -raw` (exposed for tests of the
+// parser itself).
+absl::StatusOr<std::vector<RawSample>> ParseGoPprofRaw(const std::string& raw);
+
+// Gunzips `profile_path` (if compressed) and decodes it with
+// `$INPROF_PROTOC --decode=perftools.profiles.Profile`; returns the text
+// format, or an error with protoc's complaint.
+absl::StatusOr<std::string> ProtocDecode(const std::string& profile_path);
+
+// ProtocDecode() reduced to a status.
+absl::Status ProtocDecodeOk(const std::string& profile_path);
+
+}  // namespace inprof::testing
+
+#endif  // INPROF_TESTS_TEST_UTIL_H_
