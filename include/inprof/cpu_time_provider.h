@@ -1,25 +1,48 @@
 // inprof/cpu_time_provider.h: samples each thread by its own CPU time.
 //
-// Each registered thread gets a POSIX timer on its CPU clock
-// (pthread_getcpuclockid) that delivers the profiling signal to that thread
-// alone (SIGEV_THREAD_ID) every `cpu_period` of CPU it uses. Unlike a
-// process-wide setitimer, every thread is sampled in proportion to its own
-// CPU on any number of cores, and an idle thread costs nothing: its clock
-// does not advance, so its timer never fires.
+// The provider turns a registered thread's CPU time into profiling signals
+// delivered to that thread, through one of three engines (Options::
+// cpu_engine, INPROF_CPU_ENGINE), chosen at Start() along the chain
+// perf -> timer -> itimer (async-profiler's engine chain is the model):
 //
-// Each sample is worth the CPU time the thread used since its previous sample
-// (read from the thread's clock in the handler), so timer overruns, tick
-// granularity and late delivery never bias the total: the profile's CPU sum
-// equals the threads' CPU up to their last sample. The first expiry is
-// randomised within one period so threads shorter than a period are sampled
-// fairly.
+//   perf    a perf-event task clock per thread (perf_event_open, software
+//           event PERF_COUNT_SW_TASK_CLOCK) whose overflow is signalled to
+//           that thread (F_SETOWN_EX + F_SETSIG = SIGPROF). The kernel's
+//           hrtimer fires after exactly `cpu_period` of the thread's CPU, so
+//           1 ms means 1,000 samples per CPU-second. Where the kernel allows
+//           it (root, CAP_PERFMON, perf_event_paranoid <= 1) the event also
+//           counts kernel mode, and an overflow in a system call is
+//           delivered on its return: the syscall's CPU lands on its caller.
+//           A user-space-only event (perf_event_paranoid = 2) drops those
+//           overflows; the engine then says so, and `auto` prefers timer.
+//           One file descriptor per thread, at most Options::perf_fd_share
+//           percent of those free under RLIMIT_NOFILE at Start(); threads
+//           beyond that budget use the timer engine.
+//   timer   a POSIX timer on the thread's CPU clock (pthread_getcpuclockid)
+//           signalling that thread (SIGEV_THREAD_ID). The kernel checks CPU
+//           timers at scheduler ticks, so periods below a tick (4 ms at
+//           HZ=250) are delivered one tick apart. Counts kernel mode.
+//   itimer  one process-wide ITIMER_PROF: the last resort when a thread
+//           timer cannot be created. Signals go to whichever thread runs.
+//
+// Each sample is worth the CPU time the thread used since its previous
+// sample (read from the thread's clock in the handler), so engine
+// precision, timer overruns and late delivery never bias the total: the
+// profile's CPU sum equals the threads' CPU (bench/overhead: the accuracy
+// table). The first sample comes after a random share of min(period, 1 ms)
+// of CPU, so a thread that lives 1-2 ms is still sampled on its real stack;
+// the CPU after a thread's last sample is credited to that last stack when
+// it stops (Profiler: TakeTail).
 //
 // Thread-safety: see sample_provider.h. OnSignal is async-signal-safe.
 //
 // Example:
+//   inprof::Options options;
+//   options.cpu_engine = inprof::CpuEngine::kPerf;  // or INPROF_CPU_ENGINE
 //   using MyProfiler = inprof::Profiler<inprof::FramePointerUnwinder,
 //                                       inprof::DefaultSampleRing,
 //                                       inprof::CpuTimeProvider>;
+//   MyProfiler profiler(options);
 #ifndef INPROF_CPU_TIME_PROVIDER_H_
 #define INPROF_CPU_TIME_PROVIDER_H_
 
@@ -28,6 +51,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "absl/random/random.h"
 #include "absl/status/status.h"
@@ -42,15 +66,32 @@ class CpuTimeProvider {
   static constexpr std::array<SampleTypeSpec, 2> kSampleTypes{
       {{"cpu-samples", "count"}, {"cpu-time", "nanoseconds"}}};
   static constexpr size_t kPeriodTypeIndex = 1;
+  // The first sample of a thread comes within this much CPU (or one period
+  // if shorter): threads of a millisecond or two are still seen.
+  static constexpr int64_t kFirstSampleCapNs = 1'000'000;
+  // ... and never within less than this (see FirstPeriod()).
+  static constexpr int64_t kFirstSampleFloorNs = 100'000;
 
   struct ThreadData {
+    ThreadData() = default;
+    ThreadData(const ThreadData&) = delete;
+    ThreadData& operator=(const ThreadData&) = delete;
+    // A forked child inherits the parent's event descriptors; forgetting
+    // the parent's slot there closes its copy.
+    ~ThreadData();
+
+    CpuEngine engine = CpuEngine::kAuto;  // the engine arming it; kAuto: none
     timer_t timer{};
+    int perf_fd = -1;
     bool armed = false;
     // The thread's CPU clock at its last sample. Written by ArmThread before
     // the timer exists and by the handler after; the kernel orders the two
     // (timer_settime, then the signal), which ThreadSanitizer cannot see, so
     // it is a relaxed atomic (a plain load and store on x86-64).
     std::atomic<int64_t> last_cpu_ns{0};
+    // Perf engine: the steady period the event switches to at its first
+    // overflow (it starts with a short random one); 0 once switched.
+    std::atomic<int64_t> steady_period_ns{0};
     bool tail_pending = false;  // armed since the last TakeTail
   };
 
@@ -65,8 +106,35 @@ class CpuTimeProvider {
   bool TakeTail(ThreadContext& thread, ThreadData& data,
                 std::span<int64_t> values);
 
+  // The engine chosen at Configure (never kAuto once configured).
+  CpuEngine engine() const { return engine_; }
+  // One line for logs and the profile's comments, e.g. "cpu engine=perf
+  // (task-clock, hrtimer, kernel included)".
+  std::string Describe() const;
+  // Threads armed by each engine since Configure, and those the perf engine
+  // handed to the timer engine (file-descriptor budget or perf_event_open
+  // failure).
+  struct EngineCounts {
+    uint64_t perf = 0, timer = 0, itimer = 0, perf_fallbacks = 0;
+    int perf_fd_budget = 0;
+  };
+  EngineCounts counts() const { return counts_; }
+
  private:
+  absl::Status ArmPerf(ThreadContext& thread, ThreadData& data, int tag);
+  absl::Status ArmTimer(ThreadContext& thread, ThreadData& data, int tag);
+  absl::Status ArmItimer(ThreadContext& thread, ThreadData& data, int tag);
+  int64_t FirstPeriod();
+
   int64_t period_ns_ = 10'000'000;
+  CpuEngine requested_ = CpuEngine::kAuto;
+  CpuEngine engine_ = CpuEngine::kTimer;
+  bool perf_kernel_ = false;  // the perf event counts kernel mode too
+  std::string perf_unavailable_;  // why the perf engine was not chosen
+  int perf_fd_budget_ = 0;
+  int perf_fds_in_use_ = 0;
+  int itimer_threads_ = 0;
+  EngineCounts counts_;
   absl::BitGen bitgen_;  // first-expiry jitter; used under the registry lock
 };
 

@@ -98,6 +98,17 @@ struct UploadOptions {
   int max_queued = 4;
 };
 
+// How a thread's CPU time turns into profiling signals (cpu_time_provider.h).
+enum class CpuEngine {
+  kAuto,    // perf, else timer, else itimer: the first that works at Start()
+  kPerf,    // a perf-event task clock per thread: hrtimer precision
+  kTimer,   // a POSIX CPU timer per thread: checked at scheduler ticks
+  kItimer,  // one process-wide ITIMER_PROF: the last resort
+};
+
+// "auto", "perf", "timer", "itimer".
+const char* CpuEngineName(CpuEngine engine);
+
 struct Options {
   // False turns the profiler into a no-op: no thread, timer, signal handler
   // or file is created.
@@ -106,6 +117,12 @@ struct Options {
   std::string output = "inprof.pb.gz";
   // CPU time a registered thread runs between two of its samples.
   absl::Duration cpu_period = absl::Milliseconds(10);
+  // Which CPU engine samples the threads (INPROF_CPU_ENGINE).
+  CpuEngine cpu_engine = CpuEngine::kAuto;
+  // Most of the file descriptors still free under RLIMIT_NOFILE at Start()
+  // that the perf engine may hold, in percent (one per registered thread);
+  // threads beyond it are sampled by the timer engine. 0: no perf events.
+  int perf_fd_share = 25;
   // How often the collector drains the threads' rings (dd-win-prof: 60 ms;
   // 50 ms keeps a 32 KiB ring from filling at the 1 ms period).
   absl::Duration collect_period = absl::Milliseconds(50);

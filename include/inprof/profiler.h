@@ -212,6 +212,11 @@ class Profiler final : public internal::ProfilerControl,
     // thread still is (wall time credits it without a signal).
     std::vector<uint64_t> last_stack;
     std::vector<uint64_t> last_labels;
+    // Per provider: the newest stack drained for it and its canonical
+    // labels. What the provider measured after that sample (TakeTail) is
+    // credited there: a thread's last moments were spent near it.
+    std::array<std::vector<uint64_t>, kNumProviders> provider_last_stack;
+    std::array<std::vector<uint64_t>, kNumProviders> provider_last_labels;
     uint32_t aggregate_thread = 0;
     bool has_aggregate_thread = false;
     uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
@@ -273,6 +278,9 @@ class Profiler final : public internal::ProfilerControl,
     if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
     if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;
     if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
+    if (const std::string how = DescribeProviders(); !how.empty()) {
+      internal::Log(how);
+    }
     // A new session per run: signals still queued from the previous run
     // carry the old one in their tag and are ignored.
     const uint64_t previous_session = session_;
@@ -285,6 +293,7 @@ class Profiler final : public internal::ProfilerControl,
     start_pid_ = getpid();
     core_.BeginWindow();
     for (Slot* slot : active_) ArmLocked(slot);
+    core_.SetEngineDetail(DescribeProviders());
     core_.StartCollector([this] { Drain(); }, [this] { return stats(); });
     StartTicker();
     return absl::OkStatus();
@@ -316,9 +325,11 @@ class Profiler final : public internal::ProfilerControl,
       internal::DeactivateSession(session_);
       for (Slot* slot : active_) {
         internal::WaitForHandler(*slot);
+        DrainSlotLocked(slot);  // the newest stacks, for the tails
         TakeTailsLocked(slot);
       }
       running_ = false;
+      core_.SetEngineDetail(DescribeProviders());
     }
     core_.StopCollector();
     Drain();
@@ -356,6 +367,8 @@ class Profiler final : public internal::ProfilerControl,
     slot->label_count = 0;
     slot->last_stack.clear();
     slot->last_labels.clear();
+    for (auto& v : slot->provider_last_stack) v.clear();
+    for (auto& v : slot->provider_last_labels) v.clear();
     ++slot->generation;
     std::lock_guard<std::mutex> lock(registry_->mutex);
     slot->session.store(session_, std::memory_order_release);
@@ -418,6 +431,24 @@ class Profiler final : public internal::ProfilerControl,
     return static_cast<int64_t>(std::get<I>(providers_).Period());
   }
 
+  // How providers that say so sample (CpuTimeProvider: its engine), for
+  // the log and the profile's comments.
+  std::string DescribeProviders() const {
+    std::vector<std::string> parts;
+    std::apply(
+        [&](const auto&... p) {
+          (
+              [&] {
+                if constexpr (requires { p.Describe(); }) {
+                  parts.push_back(p.Describe());
+                }
+              }(),
+              ...);
+        },
+        providers_);
+    return absl::StrJoin(parts, "; ");
+  }
+
   absl::Status ConfigureProviders() {
     absl::Status status;
     std::apply(
@@ -431,9 +462,9 @@ class Profiler final : public internal::ProfilerControl,
 
   // The signal handler's provider-specific part. Async-signal-safe.
   static void SampleThread(internal::ThreadSlotHeader* header,
-                           siginfo_t* info, void* ucontext) noexcept {
+                           siginfo_t* info, void* ucontext, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
-    const size_t provider = static_cast<size_t>(info->si_value.sival_int & 0xff);
+    const size_t provider = static_cast<size_t>(tag & 0xff);
     if (provider >= kNumProviders) return;
     int64_t values[kMaxValuesPerProvider];
     if (!OnSignalAt(provider, *slot, *info,
@@ -552,6 +583,16 @@ class Profiler final : public internal::ProfilerControl,
       std::lock_guard<std::mutex> agg_lock(core_.mutex());
       SampleAggregator& agg = core_.aggregator();
       EnsureAggregateThread(slot, agg);
+      const std::vector<uint64_t>& last = slot->provider_last_stack[I];
+      if (!last.empty()) {
+        // The thread was last seen there: its final stretch is credited to
+        // that stack (sampled, not synthetic), so a thread that lived a
+        // sample or two keeps its CPU on its real stack.
+        agg.Add(slot->aggregate_thread, last, slot->provider_last_labels[I],
+                kValueOffsets[I],
+                std::span<const int64_t>(values, kValueCounts[I]));
+        return;
+      }
       const char* frame = kTailFrame;
       if constexpr (requires { P::kTailFrame; }) frame = P::kTailFrame;
       agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I],
@@ -610,6 +651,8 @@ class Profiler final : public internal::ProfilerControl,
               kValueOffsets[provider],
               std::span<const int64_t>(values, nvalues));
       slot->last_stack.assign(frames.begin(), frames.end());
+      slot->provider_last_stack[provider].assign(frames.begin(), frames.end());
+      slot->provider_last_labels[provider].assign(labels, labels + label_words);
       // The stack's own labels, without the provider's state label.
       slot->last_labels.assign(record + label_at,
                                record + label_at + 2 * nlabels);
@@ -904,9 +947,9 @@ class Profiler final : public internal::ProfilerControl,
       internal::SetCurrentThreadSlot(nullptr);
     }
     if (start_pid_ == 0 || getpid() == start_pid_) {
-      TakeTailsLocked(slot);
       if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
-      DrainSlotLocked(slot);
+      DrainSlotLocked(slot);  // first: the tail goes to the newest stack
+      TakeTailsLocked(slot);
       if (slot->has_aggregate_thread) {
         // Its entry in the thread table is reused after the next export.
         std::lock_guard<std::mutex> agg_lock(core_.mutex());

@@ -120,6 +120,20 @@ bool IsValidApplicationName(absl::string_view name) {
   return true;
 }
 
+const char* CpuEngineName(CpuEngine engine) {
+  switch (engine) {
+    case CpuEngine::kAuto:
+      return "auto";
+    case CpuEngine::kPerf:
+      return "perf";
+    case CpuEngine::kTimer:
+      return "timer";
+    case CpuEngine::kItimer:
+      return "itimer";
+  }
+  return "auto";
+}
+
 Options Options::FromLookup(const Lookup& lookup,
                             std::vector<std::string>* errors) {
   Options options;
@@ -183,6 +197,24 @@ Options Options::FromLookup(const Lookup& lookup,
       options.cpu_period = *parsed;
     } else {
       report(parsed.status(), absl::FormatDuration(options.cpu_period));
+    }
+  }
+  if (const char* v = lookup("INPROF_CPU_ENGINE")) {
+    const std::string value =
+        absl::AsciiStrToLower(absl::StripAsciiWhitespace(v));
+    bool known = false;
+    for (CpuEngine e : {CpuEngine::kAuto, CpuEngine::kPerf, CpuEngine::kTimer,
+                        CpuEngine::kItimer}) {
+      if (value == CpuEngineName(e)) {
+        options.cpu_engine = e;
+        known = true;
+      }
+    }
+    if (!known) {
+      report(absl::InvalidArgumentError(absl::StrCat(
+                 "INPROF_CPU_ENGINE='", absl::CHexEscape(v),
+                 "': expected auto, perf, timer or itimer")),
+             "auto");
     }
   }
   auto duration = [&](const char* name, absl::Duration* field,
@@ -312,6 +344,7 @@ Options Options::FromLookup(const Lookup& lookup,
   UploadOptions& up = options.upload;
   duration("INPROF_UPLOAD_TIMEOUT", &up.timeout, absl::Milliseconds(100),
            absl::Minutes(10), /*allow_zero=*/false, "10s");
+  integer("INPROF_PERF_FD_SHARE", &options.perf_fd_share, 0, 100);
   integer("INPROF_UPLOAD_RETRIES", &up.max_retries, 0, kMaxUploadRetries);
   duration("INPROF_UPLOAD_BACKOFF", &up.backoff, absl::Milliseconds(10),
            absl::Minutes(10), /*allow_zero=*/false, "1s");
@@ -341,6 +374,10 @@ absl::Status Options::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "Options.cpu_period=", absl::FormatDuration(cpu_period),
         ": expected a duration from 1ms to 1h"));
+  }
+  if (perf_fd_share < 0 || perf_fd_share > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Options.perf_fd_share=", perf_fd_share, ": expected 0 to 100"));
   }
   if (collect_period < absl::Milliseconds(1) ||
       collect_period > absl::Seconds(10)) {

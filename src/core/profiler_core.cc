@@ -149,6 +149,11 @@ void ProfilerCore::AbandonCollector() {
   for (const auto& sink : sinks_) sink->Abandon();
 }
 
+void ProfilerCore::SetEngineDetail(std::string detail) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  engine_detail_ = std::move(detail);
+}
+
 void ProfilerCore::BeginWindow() {
   std::lock_guard<std::mutex> lock(mutex_);
   window_start_ns_ = absl::GetCurrentTimeNanos();
@@ -159,6 +164,7 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
   EnsureSinks();
   ProfileData data;
   ProfilerStats window_stats;
+  std::string engine_detail;
   int64_t start = 0;
   int64_t end = 0;
   {
@@ -172,6 +178,7 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
         stats_ ? stats_() : (stats != nullptr ? *stats : baseline_);
     window_stats = Delta(now, baseline_);
     baseline_ = now;
+    engine_detail = engine_detail_;
   }
   if (sinks_.empty()) return absl::OkStatus();
 
@@ -180,6 +187,7 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
   data.time_nanos = start;
   data.duration_nanos = end - start;
   data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
+  if (!engine_detail.empty()) data.comments.push_back(engine_detail);
   data.comments.push_back(absl::StrCat(
       "samples taken=", window_stats.samples_taken,
       " recorded=", window_stats.samples_recorded,

@@ -1,8 +1,17 @@
 #include "inprof/cpu_time_provider.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/perf_event.h>
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -12,13 +21,176 @@
 #include "inprof/internal/thread_info.h"
 
 namespace inprof {
+namespace {
+
+perf_event_attr TaskClockAttr(uint64_t period_ns, bool kernel) {
+  perf_event_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.size = sizeof(attr);
+  attr.type = PERF_TYPE_SOFTWARE;
+  attr.config = PERF_COUNT_SW_TASK_CLOCK;
+  attr.sample_period = period_ns;
+  attr.disabled = 1;  // enabled once the signal's owner is set
+  attr.exclude_kernel = kernel ? 0 : 1;
+  attr.exclude_hv = 1;
+  attr.wakeup_events = 1;
+  return attr;
+}
+
+int OpenTaskClock(pid_t tid, uint64_t period_ns, bool kernel) {
+  perf_event_attr attr = TaskClockAttr(period_ns, kernel);
+  return static_cast<int>(syscall(SYS_perf_event_open, &attr, tid, -1, -1,
+                                  PERF_FLAG_FD_CLOEXEC));
+}
+
+// Descriptors open in this process (/proc/self/fd), or -1.
+int CountOpenFds() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n - 1;  // the directory's own descriptor
+}
+
+}  // namespace
+
+CpuTimeProvider::ThreadData::~ThreadData() {
+  if (perf_fd >= 0) close(perf_fd);
+}
 
 absl::Status CpuTimeProvider::Configure(const Options& options) {
   period_ns_ = absl::ToInt64Nanoseconds(options.cpu_period);
   if (period_ns_ <= 0) {
     return absl::InvalidArgumentError("cpu_period must be positive");
   }
+  requested_ = options.cpu_engine;
+  counts_ = EngineCounts{};
+  perf_unavailable_.clear();
+  perf_kernel_ = false;
+
+  // Probe the perf engine on the calling thread: with kernel mode first,
+  // then user space only (perf_event_paranoid = 2 without CAP_PERFMON).
+  bool perf_ok = false;
+  if (requested_ == CpuEngine::kAuto || requested_ == CpuEngine::kPerf) {
+    int fd = OpenTaskClock(0, static_cast<uint64_t>(period_ns_), true);
+    if (fd >= 0) {
+      perf_kernel_ = true;
+    } else {
+      const int kernel_errno = errno;
+      fd = OpenTaskClock(0, static_cast<uint64_t>(period_ns_), false);
+      if (fd < 0) {
+        perf_unavailable_ = absl::StrCat("perf_event_open(task-clock): ",
+                                         strerror(kernel_errno));
+      }
+    }
+    if (fd >= 0) {
+      close(fd);
+      perf_ok = true;
+    }
+  }
+  // The share of descriptors still free that the engine may hold.
+  perf_fd_budget_ = 0;
+  if (perf_ok) {
+    rlimit limit;
+    const int open = CountOpenFds();
+    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && open >= 0) {
+      const int64_t soft =
+          limit.rlim_cur == RLIM_INFINITY
+              ? int64_t{1} << 20
+              : static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+      const int64_t free_fds = std::max<int64_t>(0, soft - open);
+      perf_fd_budget_ =
+          static_cast<int>(free_fds * options.perf_fd_share / 100);
+    }
+    if (perf_fd_budget_ <= 0) {
+      perf_ok = false;
+      perf_unavailable_ = options.perf_fd_share == 0
+                              ? "INPROF_PERF_FD_SHARE=0"
+                              : "no file descriptors to spare under "
+                                "RLIMIT_NOFILE";
+    }
+  }
+  counts_.perf_fd_budget = perf_fd_budget_;
+
+  switch (requested_) {
+    case CpuEngine::kPerf:
+      if (!perf_ok) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "INPROF_CPU_ENGINE=perf: perf events are not available (",
+            perf_unavailable_, ")"));
+      }
+      engine_ = CpuEngine::kPerf;
+      break;
+    case CpuEngine::kAuto:
+      // A user-space-only event loses the CPU of system calls (an overflow
+      // in kernel mode is dropped); the timer engine keeps it, at tick
+      // precision. Accuracy first.
+      if (perf_ok && !perf_kernel_) {
+        perf_unavailable_ =
+            "perf events are limited to user space (perf_event_paranoid); "
+            "the timer engine keeps kernel CPU";
+      }
+      engine_ = perf_ok && perf_kernel_ ? CpuEngine::kPerf : CpuEngine::kTimer;
+      break;
+    case CpuEngine::kTimer:
+      engine_ = CpuEngine::kTimer;
+      break;
+    case CpuEngine::kItimer:
+      engine_ = CpuEngine::kItimer;
+      break;
+  }
   return absl::OkStatus();
+}
+
+std::string CpuTimeProvider::Describe() const {
+  std::string s = absl::StrCat("cpu engine=", CpuEngineName(engine_));
+  switch (engine_) {
+    case CpuEngine::kPerf:
+      absl::StrAppend(&s, " (task-clock perf event per thread, hrtimer; ",
+                      perf_kernel_ ? "kernel mode included"
+                                   : "user space only: kernel CPU goes to "
+                                     "the next user-space sample",
+                      "; up to ", perf_fd_budget_, " descriptors)");
+      break;
+    case CpuEngine::kTimer:
+      absl::StrAppend(&s, " (POSIX CPU timer per thread, scheduler-tick "
+                          "precision");
+      if (!perf_unavailable_.empty()) {
+        absl::StrAppend(&s, "; perf not used: ", perf_unavailable_);
+      }
+      absl::StrAppend(&s, ")");
+      break;
+    case CpuEngine::kItimer:
+      absl::StrAppend(&s, " (process-wide ITIMER_PROF)");
+      break;
+    case CpuEngine::kAuto:
+      break;
+  }
+  if (counts_.perf + counts_.timer + counts_.itimer > 0) {
+    absl::StrAppend(&s, "; threads armed: perf=", counts_.perf,
+                    " timer=", counts_.timer, " itimer=", counts_.itimer);
+    if (counts_.perf_fallbacks > 0) {
+      absl::StrAppend(&s, " (", counts_.perf_fallbacks,
+                      " moved from perf to timer: descriptor budget or "
+                      "perf_event_open failure)");
+    }
+  }
+  return s;
+}
+
+int64_t CpuTimeProvider::FirstPeriod() {
+  // Random in (floor, min(period, cap)]: a random phase, and short threads
+  // still get a sample on their own stack. The floor matters to the perf
+  // engine: its hrtimer counts kernel time too, and with a period shorter
+  // than a signal's own delivery (measured here: 10 us never returns to
+  // user space; 20 us does) the thread livelocks in signal delivery before
+  // its handler can lengthen the period.
+  const int64_t cap = std::min(period_ns_, kFirstSampleCapNs);
+  const int64_t floor = std::min(cap / 2, kFirstSampleFloorNs);
+  return absl::Uniform<int64_t>(absl::IntervalOpenClosed, bitgen_, floor, cap);
 }
 
 absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
@@ -30,7 +202,68 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
         "thread ", thread.tid, " has exited without unregistering"));
   }
   data.last_cpu_ns.store(now, std::memory_order_relaxed);
+  absl::Status status;
+  if (engine_ == CpuEngine::kPerf) {
+    if (perf_fds_in_use_ < perf_fd_budget_) {
+      status = ArmPerf(thread, data, tag);
+      if (status.ok()) return status;
+    }
+    ++counts_.perf_fallbacks;
+  }
+  if (engine_ != CpuEngine::kItimer) {
+    status = ArmTimer(thread, data, tag);
+    if (status.ok()) return status;
+  }
+  // The last resort: one process-wide timer.
+  absl::Status itimer = ArmItimer(thread, data, tag);
+  if (itimer.ok()) return itimer;
+  return status.ok() ? itimer : status;
+}
 
+absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
+                                      int tag) {
+  const int64_t first = FirstPeriod();
+  const int fd =
+      OpenTaskClock(thread.tid, static_cast<uint64_t>(first), perf_kernel_);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "perf_event_open for thread ", thread.tid, ": ", strerror(errno)));
+  }
+  f_owner_ex owner{F_OWNER_TID, thread.tid};
+  if (fcntl(fd, F_SETFL, O_ASYNC) != 0 ||
+      fcntl(fd, F_SETSIG, internal::kProfilingSignal) != 0 ||
+      fcntl(fd, F_SETOWN_EX, &owner) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat(
+        "cannot route perf overflows to thread ", thread.tid, ": ",
+        strerror(err)));
+  }
+  data.steady_period_ns.store(first == period_ns_ ? 0 : period_ns_,
+                              std::memory_order_relaxed);
+  data.perf_fd = fd;
+  // The handler matches the overflow's si_fd against these.
+  thread.perf_tag.store(tag, std::memory_order_relaxed);
+  thread.perf_fd.store(fd, std::memory_order_release);
+  if (ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) != 0) {
+    const int err = errno;
+    thread.perf_fd.store(-1, std::memory_order_release);
+    data.perf_fd = -1;
+    close(fd);
+    return absl::InternalError(absl::StrCat(
+        "cannot enable the perf event of thread ", thread.tid, ": ",
+        strerror(err)));
+  }
+  data.engine = CpuEngine::kPerf;
+  data.armed = true;
+  data.tail_pending = true;
+  ++perf_fds_in_use_;
+  ++counts_.perf;
+  return absl::OkStatus();
+}
+
+absl::Status CpuTimeProvider::ArmTimer(ThreadContext& thread, ThreadData& data,
+                                       int tag) {
   struct sigevent sev;
   std::memset(&sev, 0, sizeof(sev));
   sev.sigev_notify = SIGEV_THREAD_ID;
@@ -41,10 +274,7 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
     return absl::ResourceExhaustedError(absl::StrCat(
         "timer_create for thread ", thread.tid, " failed: ", strerror(errno)));
   }
-  // Random first expiry in (0, period]: a thread that lives less than one
-  // period is still sampled with probability proportional to its CPU.
-  const int64_t first = absl::Uniform<int64_t>(absl::IntervalOpenClosed,
-                                               bitgen_, 0, period_ns_);
+  const int64_t first = FirstPeriod();
   struct itimerspec spec;
   spec.it_value.tv_sec = first / 1'000'000'000;
   spec.it_value.tv_nsec = first % 1'000'000'000;
@@ -56,20 +286,79 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
     return absl::InternalError(absl::StrCat(
         "timer_settime for thread ", thread.tid, " failed: ", strerror(err)));
   }
+  data.engine = CpuEngine::kTimer;
   data.armed = true;
   data.tail_pending = true;
+  ++counts_.timer;
   return absl::OkStatus();
 }
 
-void CpuTimeProvider::DisarmThread(ThreadContext&, ThreadData& data) noexcept {
+absl::Status CpuTimeProvider::ArmItimer(ThreadContext& thread,
+                                        ThreadData& data, int tag) {
+  if (itimer_threads_ == 0) {
+    itimerval spec;
+    spec.it_interval.tv_sec = period_ns_ / 1'000'000'000;
+    spec.it_interval.tv_usec = (period_ns_ % 1'000'000'000) / 1000;
+    if (spec.it_interval.tv_sec == 0 && spec.it_interval.tv_usec == 0) {
+      spec.it_interval.tv_usec = 1;
+    }
+    spec.it_value = spec.it_interval;
+    if (setitimer(ITIMER_PROF, &spec, nullptr) != 0) {
+      return absl::InternalError(
+          absl::StrCat("setitimer(ITIMER_PROF) failed: ", strerror(errno)));
+    }
+  }
+  ++itimer_threads_;
+  thread.itimer_tag.store(tag, std::memory_order_release);
+  data.engine = CpuEngine::kItimer;
+  data.armed = true;
+  data.tail_pending = true;
+  ++counts_.itimer;
+  return absl::OkStatus();
+}
+
+void CpuTimeProvider::DisarmThread(ThreadContext& thread,
+                                   ThreadData& data) noexcept {
   if (!data.armed) return;
-  timer_delete(data.timer);
+  switch (data.engine) {
+    case CpuEngine::kPerf:
+      thread.perf_fd.store(-1, std::memory_order_release);
+      ioctl(data.perf_fd, PERF_EVENT_IOC_DISABLE, 0);
+      close(data.perf_fd);
+      data.perf_fd = -1;
+      --perf_fds_in_use_;
+      break;
+    case CpuEngine::kTimer:
+      timer_delete(data.timer);
+      break;
+    case CpuEngine::kItimer:
+      thread.itimer_tag.store(0, std::memory_order_release);
+      if (--itimer_threads_ == 0) {
+        itimerval off{};
+        setitimer(ITIMER_PROF, &off, nullptr);
+      }
+      break;
+    case CpuEngine::kAuto:
+      break;
+  }
+  data.engine = CpuEngine::kAuto;
   data.armed = false;
 }
 
 bool CpuTimeProvider::OnSignal(ThreadContext& thread, ThreadData& data,
                                const siginfo_t&,
                                std::span<int64_t> values) noexcept {
+  // Perf engine: after the short random first period, the steady one.
+  if (const int64_t steady =
+          data.steady_period_ns.load(std::memory_order_relaxed);
+      steady != 0) {
+    data.steady_period_ns.store(0, std::memory_order_relaxed);
+    const int fd = thread.perf_fd.load(std::memory_order_acquire);
+    if (fd >= 0) {
+      uint64_t period = static_cast<uint64_t>(steady);
+      ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
+    }
+  }
   const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
   if (now < 0) return false;
   const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);

@@ -30,15 +30,37 @@ bool g_installed = false;
 [[maybe_unused]] const bool g_install_mutex_fork_safe =
     (RegisterForkLock(&g_install_mutex, kForkRankGlobal), true);
 
+// The tag a SIGPROF for `slot` carries, or 0 when it is not inprof's.
+int SignalTag(const ThreadSlotHeader& slot, const siginfo_t* info) noexcept {
+  if (info == nullptr) return 0;
+  switch (info->si_code) {
+    case SI_TIMER:  // a per-thread POSIX CPU timer (timer engine)
+    case SI_QUEUE:  // rt_tgsigqueueinfo from the wall ticker
+      return (info->si_value.sival_int & kSignalTagMagicMask) ==
+                     kSignalTagMagic
+                 ? info->si_value.sival_int
+                 : 0;
+    case POLL_IN:   // a perf event's overflow, F_SETSIG'ed to SIGPROF
+    case POLL_HUP: {
+      const int fd = slot.perf_fd.load(std::memory_order_relaxed);
+      return fd >= 0 && info->si_fd == fd
+                 ? slot.perf_tag.load(std::memory_order_relaxed)
+                 : 0;
+    }
+    case SI_KERNEL:  // ITIMER_PROF (itimer engine)
+      return slot.itimer_tag.load(std::memory_order_relaxed);
+    default:
+      return 0;
+  }
+}
+
 void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
   const int saved_errno = errno;
   ThreadSlotHeader* slot = tls_slot;
+  int tag = 0;
   if (slot == nullptr) {
     g_no_slot.fetch_add(1, std::memory_order_relaxed);
-  } else if (info == nullptr ||
-             (info->si_value.sival_int & kSignalTagMagicMask) !=
-                 kSignalTagMagic ||
-             (info->si_code != SI_TIMER && info->si_code != SI_QUEUE)) {
+  } else if ((tag = SignalTag(*slot, info)) == 0) {
     g_foreign.fetch_add(1, std::memory_order_relaxed);
   } else {
     // Dekker handshake with DeactivateSession: publish that we are inside,
@@ -47,8 +69,8 @@ void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
     const uint64_t active = g_active_session.load(std::memory_order_seq_cst);
     if (active != 0 &&
         slot->session.load(std::memory_order_relaxed) == active &&
-        SignalTagMatchesSession(info->si_value.sival_int, active)) {
-      slot->sample(slot, info, ucontext);
+        SignalTagMatchesSession(tag, active)) {
+      slot->sample(slot, info, ucontext, tag);
     } else {
       g_inactive.fetch_add(1, std::memory_order_relaxed);
     }

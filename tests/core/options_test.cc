@@ -671,3 +671,52 @@ TEST(OptionsExportTest, ParseIntFlag) {
 
 }  // namespace
 }  // namespace inprof
+
+namespace inprof {
+namespace {
+
+TEST(OptionsEngineTest, CpuEngineAcceptsEachEngineName) {
+  std::vector<std::string> errors;
+  EXPECT_EQ(FromMap({}, &errors).cpu_engine, CpuEngine::kAuto);
+  const std::pair<const char*, CpuEngine> cases[] = {
+      {"auto", CpuEngine::kAuto},   {"perf", CpuEngine::kPerf},
+      {"timer", CpuEngine::kTimer}, {"itimer", CpuEngine::kItimer},
+      {" PERF ", CpuEngine::kPerf}};
+  for (const auto& [text, engine] : cases) {
+    EXPECT_EQ(FromMap({{"INPROF_CPU_ENGINE", text}}, &errors).cpu_engine,
+              engine)
+        << text;
+  }
+  EXPECT_TRUE(errors.empty());
+}
+
+TEST(OptionsEngineTest, UnknownCpuEngineKeepsAutoAndSaysWhatIsAccepted) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"INPROF_CPU_ENGINE", "hrtimer"}}, &errors);
+  EXPECT_EQ(o.cpu_engine, CpuEngine::kAuto);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0],
+            "INPROF_CPU_ENGINE='hrtimer': expected auto, perf, timer or "
+            "itimer; using auto");
+}
+
+TEST(OptionsEngineTest, PerfFdShareIsAPercentage) {
+  std::vector<std::string> errors;
+  EXPECT_EQ(FromMap({}, &errors).perf_fd_share, 25);
+  EXPECT_EQ(FromMap({{"INPROF_PERF_FD_SHARE", "0"}}, &errors).perf_fd_share,
+            0);
+  EXPECT_EQ(FromMap({{"INPROF_PERF_FD_SHARE", "100"}}, &errors).perf_fd_share,
+            100);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(FromMap({{"INPROF_PERF_FD_SHARE", "150"}}, &errors).perf_fd_share,
+            25);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("INPROF_PERF_FD_SHARE='150'"));
+  Options bad;
+  bad.perf_fd_share = -1;
+  EXPECT_THAT(std::string(bad.Validate().message()),
+              ::testing::HasSubstr("Options.perf_fd_share=-1"));
+}
+
+}  // namespace
+}  // namespace inprof

@@ -90,6 +90,10 @@ class ProfilerCore {
   // sink error, or DeadlineExceeded when a sink could not deliver in time.
   absl::Status Export(const ProfilerStats& stats);
 
+  // How the samples are taken (the CPU engine and its thread counts), one
+  // comment line in each window from the next cut on. Any thread.
+  void SetEngineDetail(std::string detail);
+
   // Windows handed to the sinks since construction.
   uint64_t windows_exported() const {
     return windows_exported_.load(std::memory_order_relaxed);
@@ -107,6 +111,7 @@ class ProfilerCore {
   ValueType period_type_;
   int64_t period_;
   std::string engine_;
+  std::string engine_detail_;  // mutex_
 
   std::mutex mutex_;  // guards aggregator_, window_start_ns_, baseline_
   SampleAggregator aggregator_;

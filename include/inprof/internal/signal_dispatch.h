@@ -43,8 +43,10 @@ inline constexpr bool SignalTagMatchesSession(int tag, uint64_t session) {
 }
 
 struct ThreadSlotHeader;
+// `tag` is the signal's tag (MakeSignalTag): from si_value for signals inprof
+// queued or a POSIX timer sent, from the slot for kernel-generated ones.
 using SampleFn = void (*)(ThreadSlotHeader* slot, siginfo_t* info,
-                          void* ucontext) noexcept;
+                          void* ucontext, int tag) noexcept;
 
 // Signal-visible state of one registered thread. Counters are written by the
 // handler on the owning thread and read by the collector.
@@ -58,6 +60,16 @@ struct ThreadSlotHeader {
   pid_t tid = 0;
   clockid_t cpu_clock = 0;
   StackBounds stack;
+  // Kernel-generated SIGPROFs carry no tag of ours; the slot holds it.
+  // A perf event's overflow (cpu_time_provider.h, perf engine) arrives with
+  // si_code POLL_IN and si_fd naming the event: sampled when si_fd is
+  // perf_fd. ITIMER_PROF (itimer engine) arrives with SI_KERNEL: sampled
+  // when itimer_tag is set. Written under the registry lock while the
+  // thread may be running its handler, hence atomics (relaxed suffices: the
+  // handler revalidates the session).
+  std::atomic<int> perf_fd{-1};
+  std::atomic<int> perf_tag{0};
+  std::atomic<int> itimer_tag{0};
   // Handler-side counters.
   std::atomic<uint64_t> samples_taken{0};
   std::atomic<uint64_t> samples_truncated{0};

@@ -1,0 +1,380 @@
+// CpuTimeProvider's engines (perf events, POSIX CPU timers, ITIMER_PROF):
+// the period each delivers, where kernel CPU lands, short-lived threads on
+// their real stacks, and the perf engine's file-descriptor budget. Profiles
+// are read back with inprof's reader and checked against the threads' own
+// CPU clocks.
+#include "inprof/cpu_time_provider.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using ::testing::HasSubstr;
+
+int64_t ThreadCpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+__attribute__((noinline)) uint64_t Spin(int64_t ns) {
+  const int64_t end = ThreadCpuNow() + ns;
+  uint64_t x = 88172645463325252ULL;
+  while (ThreadCpuNow() < end) {
+    for (int i = 0; i < 200; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+  }
+  return x;
+}
+
+// 32 read()s of 64 KiB from /dev/zero: almost all of it kernel CPU. (A
+// profiling signal arriving meanwhile makes a read return early with what
+// it has: the kernel checks for pending signals between pages.)
+__attribute__((noinline)) void ReadChunks(int fd, char* buffer) {
+  for (int i = 0; i < 32; ++i) {
+    if (read(fd, buffer, 64 * 1024) < 0 && errno != EINTR) std::abort();
+  }
+  asm volatile("" ::: "memory");
+}
+
+// User-space work of a fixed number of iterations (no clock reads, which
+// are system calls for a thread's CPU clock).
+__attribute__((noinline)) uint64_t SpinIterations(uint64_t n) {
+  uint64_t x = 88172645463325252ULL;
+  for (uint64_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+  }
+  return x;
+}
+
+volatile uint64_t benchmark_sink;
+
+Options TestOptions(const std::string& name, CpuEngine engine,
+                    absl::Duration period) {
+  Options options;
+  options.output = testing::TestTmpDir() + "/cpu_" + name + ".pb.gz";
+  std::remove(options.output.c_str());
+  options.cpu_engine = engine;
+  options.cpu_period = period;
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  return options;
+}
+
+bool PerfAvailable() {
+  CpuTimeProvider p;
+  Options o;
+  o.cpu_engine = CpuEngine::kPerf;
+  return p.Configure(o).ok();
+}
+
+bool StackHas(const DecodedProfile::Sample& s, const std::string& fn) {
+  for (const std::string& f : s.stack) {
+    if (f.find(fn) != std::string::npos) return true;
+  }
+  return false;
+}
+
+std::string Comments(const DecodedProfile& p) {
+  std::string all;
+  for (const std::string& c : p.comments) all += c + "\n";
+  return all;
+}
+
+struct EngineCase {
+  CpuEngine engine;
+  const char* name;
+};
+const EngineCase kEngines[] = {{CpuEngine::kPerf, "perf"},
+                               {CpuEngine::kTimer, "timer"},
+                               {CpuEngine::kItimer, "itimer"}};
+
+TEST(CpuTimeProviderTest, EachEngineIsNamedInTheProfile) {
+  for (const EngineCase& e : kEngines) {
+    if (e.engine == CpuEngine::kPerf && !PerfAvailable()) continue;
+    Options options = TestOptions(std::string("named_") + e.name, e.engine,
+                                  absl::Milliseconds(1));
+    DefaultProfiler profiler(options);
+    ASSERT_TRUE(profiler.Start().ok()) << e.name;
+    {
+      auto r = profiler.RegisterThread("main");
+      Spin(20'000'000);
+    }
+    ASSERT_TRUE(profiler.Stop().ok());
+    auto profile = ReadPprofFile(options.output);
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    EXPECT_THAT(Comments(*profile),
+                HasSubstr(std::string("cpu engine=") + e.name + " "))
+        << e.name;
+  }
+}
+
+TEST(CpuTimeProviderTest, ForcedPerfEngineThatIsUnavailableFailsStartClearly) {
+  if (PerfAvailable()) {
+    // Make it unavailable: no descriptors to spare.
+    Options options = TestOptions("perf_unavailable", CpuEngine::kPerf,
+                                  absl::Milliseconds(10));
+    options.perf_fd_share = 0;
+    DefaultProfiler profiler(options);
+    absl::Status s = profiler.Start();
+    EXPECT_FALSE(s.ok());
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("INPROF_CPU_ENGINE=perf: perf events are not "
+                          "available (INPROF_PERF_FD_SHARE=0)"));
+  } else {
+    Options options = TestOptions("perf_unavailable", CpuEngine::kPerf,
+                                  absl::Milliseconds(10));
+    DefaultProfiler profiler(options);
+    absl::Status s = profiler.Start();
+    EXPECT_THAT(std::string(s.message()), HasSubstr("INPROF_CPU_ENGINE=perf"));
+  }
+}
+
+// The perf engine's hrtimer fires after each `period` of the thread's CPU,
+// whatever the scheduler tick (the timer engine delivers at most one sample
+// per tick: 250 per CPU-second at HZ=250).
+TEST(CpuTimeProviderTest, PerfEngineDeliversOneSamplePerPeriodOfCpu) {
+  if (!PerfAvailable()) GTEST_SKIP() << "perf events not available here";
+  Options options = TestOptions("perf_rate", CpuEngine::kPerf,
+                                absl::Milliseconds(1));
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  int64_t used = 0;
+  {
+    auto r = profiler.RegisterThread("main");
+    const int64_t t0 = ThreadCpuNow();
+    Spin(500'000'000);
+    used = ThreadCpuNow() - t0;
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int64_t samples = profile->Total(profile->ValueIndex("cpu-samples"));
+  const double per_cpu_second = samples / (used / 1e9);
+  std::printf("perf engine at 1ms: %lld samples in %.3f CPU-s = %.0f/s\n",
+              static_cast<long long>(samples), used / 1e9, per_cpu_second);
+  // One per millisecond of CPU: the period is counted in the thread's own
+  // CPU time, so load on the machine does not change it.
+  EXPECT_GE(per_cpu_second, 950);
+  EXPECT_LE(per_cpu_second, 1010);
+}
+
+// A thread alternating read() of 64 KiB from /dev/zero (kernel CPU) and
+// user-space spinning: the CPU of the system calls is charged to their
+// caller (ReadChunk), in the share the thread's own clock measured.
+void CheckKernelShare(CpuEngine engine, const char* name,
+                      absl::Duration period, int64_t cpu_ns) {
+  Options options = TestOptions(std::string("kernel_") + name, engine, period);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  int64_t in_reads = 0, total = 0;
+  {
+    auto r = profiler.RegisterThread("main");
+    const int fd = open("/dev/zero", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    std::vector<char> buffer(64 * 1024);
+    const int64_t t0 = ThreadCpuNow();
+    int64_t t = t0;
+    while (t - t0 < cpu_ns) {
+      ReadChunks(fd, buffer.data());
+      // The window holds about one clock read (a system call for a
+      // thread's CPU clock, charged to ThreadCpuNow in the profile): 32
+      // reads per window keep that under a point.
+      const int64_t after_reads = ThreadCpuNow();
+      in_reads += after_reads - t;
+      benchmark_sink = SpinIterations(80'000);
+      t = ThreadCpuNow();
+    }
+    total = ThreadCpuNow() - t0;
+    close(fd);
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int cpu = profile->ValueIndex("cpu-time");
+  const int count = profile->ValueIndex("cpu-samples");
+  int64_t profiled_reads = 0, profiled = 0, samples = 0;
+  for (const DecodedProfile::Sample& s : profile->samples) {
+    if (s.values[cpu] == 0) continue;
+    profiled += s.values[cpu];
+    samples += s.values[count];
+    if (StackHas(s, "ReadChunks")) profiled_reads += s.values[cpu];
+  }
+  ASSERT_GT(profiled, 0);
+  const double truth = 100.0 * in_reads / total;
+  const double measured = 100.0 * profiled_reads / profiled;
+  // Sampling error of a share estimated from `samples` samples (4 sigma),
+  // on top of the 3 points the estimator may be off by.
+  const double p = truth / 100.0;
+  const double sigma = 100.0 * std::sqrt(p * (1 - p) / std::max<int64_t>(samples, 1));
+  std::printf("%-6s %-5s kernel share: thread clock %.1f%%, profile %.1f%% "
+              "(%lld samples, 4 sigma = %.1f points)\n",
+              name, absl::FormatDuration(period).c_str(), truth, measured,
+              static_cast<long long>(samples), 4 * sigma);
+  EXPECT_NEAR(measured, truth, 3.0 + 4 * sigma) << name;
+}
+
+TEST(CpuTimeProviderTest, KernelCpuIsChargedToItsCallerWithEveryEngine) {
+  for (const EngineCase& e : kEngines) {
+    if (e.engine == CpuEngine::kPerf && !PerfAvailable()) continue;
+    CheckKernelShare(e.engine, e.name, absl::Milliseconds(1), 1'500'000'000);
+  }
+  if (PerfAvailable()) {
+    CheckKernelShare(CpuEngine::kPerf, "perf", absl::Milliseconds(10),
+                     3'000'000'000);
+  }
+}
+
+// 2,000 registered threads living 1-2 ms of CPU each: their CPU lands on
+// their real stacks (the first sample comes within 1 ms of CPU, the rest
+// goes to the newest stack), and the total matches their clocks.
+void CheckShortThreads(CpuEngine engine, absl::Duration period,
+                       double min_on_stacks_pct) {
+  Options options = TestOptions("short_threads", engine, period);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  std::atomic<int64_t> measured{0};
+  constexpr int kThreads = 2000;
+  for (int batch = 0; batch < kThreads / 4; ++batch) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      const int64_t ns = 1'000'000 + ((batch * 4 + i) % 5) * 250'000;
+      threads.emplace_back([&, ns] {
+        auto r = profiler.RegisterThread("short");
+        // The thread's CPU while registered: from its arming (inside
+        // RegisterThread) to the tail taken when it unregisters.
+        const int64_t t0 = ThreadCpuNow();
+        Spin(ns);
+        r.Reset();
+        measured += ThreadCpuNow() - t0;
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int cpu = profile->ValueIndex("cpu-time");
+  int64_t in_profile = 0, on_stacks = 0;
+  for (const DecodedProfile::Sample& s : profile->samples) {
+    auto it = s.str_labels.find("thread name");
+    if (it == s.str_labels.end() || it->second != "short") continue;
+    in_profile += s.values[cpu];
+    if (StackHas(s, "Spin")) on_stacks += s.values[cpu];
+  }
+  const double pct = in_profile ? 100.0 * on_stacks / in_profile : 0;
+  std::printf("%s %s: %d threads, measured %.3fs, in profile %.3fs, %.1f%% "
+              "on their real stacks\n",
+              CpuEngineName(engine), absl::FormatDuration(period).c_str(),
+              kThreads, measured / 1e9, in_profile / 1e9, pct);
+  EXPECT_GE(pct, min_on_stacks_pct);
+  EXPECT_NEAR(static_cast<double>(in_profile), static_cast<double>(measured),
+              0.03 * static_cast<double>(measured));
+}
+
+TEST(CpuTimeProviderTest, ShortLivedThreadsStayOnTheirRealStacks) {
+  if (!PerfAvailable()) GTEST_SKIP() << "perf events not available here";
+  CheckShortThreads(CpuEngine::kPerf, absl::Milliseconds(10), 90);
+  CheckShortThreads(CpuEngine::kPerf, absl::Milliseconds(1), 90);
+}
+
+// More threads than the perf engine's descriptor budget (a share of those
+// free under RLIMIT_NOFILE): the rest are sampled by the timer engine, the
+// host can still open what it had, and every thread is in the profile.
+TEST(CpuTimeProviderTest, PerfEngineKeepsWithinItsDescriptorBudget) {
+  if (!PerfAvailable()) GTEST_SKIP() << "perf events not available here";
+  fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    rlimit limit{256, 256};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(10);
+    Options options = TestOptions("fd_budget", CpuEngine::kAuto,
+                                  absl::Milliseconds(1));
+    options.perf_fd_share = 25;
+    DefaultProfiler profiler(options);
+    if (!profiler.Start().ok()) _exit(11);
+    constexpr int kThreads = 1000;
+    std::mutex mu;
+    std::condition_variable cv;
+    int ready = 0;
+    bool go = false;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&] {
+        auto r = profiler.RegisterThread("worker");
+        Spin(2'000'000);
+        std::unique_lock<std::mutex> lock(mu);
+        ++ready;
+        cv.notify_all();
+        cv.wait(lock, [&] { return go; });
+      });
+    }
+    {
+      // All 1,000 registered at once: the host can still open files.
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return ready == kThreads; });
+    }
+    std::vector<int> fds;
+    for (int i = 0; i < 150; ++i) {
+      const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) _exit(12);  // EMFILE because of inprof
+      fds.push_back(fd);
+    }
+    for (int fd : fds) close(fd);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      go = true;
+    }
+    cv.notify_all();
+    for (auto& t : threads) t.join();
+    if (!profiler.Stop().ok()) _exit(13);
+    auto profile = ReadPprofFile(options.output);
+    if (!profile.ok()) _exit(14);
+    const std::string comments = Comments(*profile);
+    std::printf("%s", comments.c_str());
+    if (comments.find("cpu engine=perf") == std::string::npos) _exit(15);
+    if (comments.find("moved from perf to timer") == std::string::npos) {
+      _exit(16);
+    }
+    const int64_t cpu =
+        profile->ByLabel("thread name",
+                         profile->ValueIndex("cpu-time"))["worker"];
+    // 1,000 threads x 2 ms.
+    if (cpu < 1'800'000'000 || cpu > 2'400'000'000) _exit(17);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace inprof
