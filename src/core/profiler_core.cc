@@ -184,6 +184,13 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
 
   data.period_type = period_type_;
   data.period = period_;
+  // Viewers open on the period's type (cpu-time), not on the last one
+  // (pprof's default: wall-time in DefaultProfiler's profiles).
+  for (size_t i = 0; i < data.sample_types.size(); ++i) {
+    if (data.sample_types[i].type == period_type_.type) {
+      data.default_sample_type = static_cast<int64_t>(i);
+    }
+  }
   data.time_nanos = start;
   data.duration_nanos = end - start;
   data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));

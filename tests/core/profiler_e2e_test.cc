@@ -283,6 +283,9 @@ TEST_F(ProfilerE2eTest, GoPprofReadsProfileWithoutWarnings) {
   auto top = testing::GoPprof("-top " + options.output);
   ASSERT_TRUE(top.ok()) << top.status();
   EXPECT_NE(top->find("SpinCharlie"), std::string::npos) << *top;
+  // A CPU profiler's profile opens on CPU: pprof's default_sample_type,
+  // not pprof's fallback to the last type (wall-time).
+  EXPECT_NE(top->find("Type: cpu-time"), std::string::npos) << *top;
   // pprof reports problems (unknown mappings, bad sample types) on stderr.
   auto errors = testing::GoPprofStderr("-top " + options.output);
   ASSERT_TRUE(errors.ok()) << errors.status();
