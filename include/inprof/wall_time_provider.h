@@ -1,21 +1,36 @@
 // inprof/wall_time_provider.h: samples every registered thread by wall time,
 // running or blocked.
 //
-// A ticker thread wakes every `wall_period` and visits up to
-// `wall_threads_per_tick` registered threads in round-robin (the dd-win-prof
-// seed's sampler loop). Each visit is worth the wall time since the thread's
-// previous visit, so over a run a thread's wall total equals the time it was
-// registered. A thread whose CPU clock has not advanced since it was last
-// seen is still blocked where it was: it is credited with its last stack and
-// labelled "thread state"="blocked", without a signal, because a signal
-// would interrupt epoll_wait/poll/nanosleep with EINTR even under SA_RESTART.
-// A thread that ran is signalled and its stack taken in the handler
-// ("thread state"="running"). So a thread blocked for a whole run sees at
-// most one signal, the first time it is visited.
+// A ticker thread wakes at random intervals averaging `wall_period`
+// (exponentially distributed, so its visits never lock onto a program's own
+// rhythm: a thread alternating 5 ms of sleep and 5 ms of work is seen half
+// and half) and visits up to `wall_threads_per_tick` registered threads in
+// round-robin (the dd-win-prof seed's sampler loop). Each visit is worth the
+// wall time since the thread's previous visit, so over a run a thread's wall
+// total equals the time it was registered.
+//
+// A visit reads the thread's state from the kernel (/proc/self/task/TID/stat)
+// rather than guessing it:
+//   - running or runnable ('R'): the thread is signalled and its stack taken
+//     in the handler, labelled "thread state"="running";
+//   - blocked (sleeping, in I/O, stopped): the first visit of a blocking
+//     episode signals it once, to learn where it blocks (that sample is
+//     labelled "blocked"); later visits of the same episode credit that
+//     stack without a signal, because a signal interrupts epoll_wait, poll or
+//     nanosleep with EINTR even under SA_RESTART. The episode goes on while
+//     the thread waits in the same place: the same system call from the
+//     same stack pointer and pc (/proc/self/task/TID/syscall), or, where
+//     that cannot be read, while its CPU clock has not moved by more than
+//     kBlockedCpuSlackNs since the last look (or since inprof's handler last
+//     returned on it). A thread that wakes and re-enters the same wait (a
+//     sleep loop, an event loop with nothing to do) keeps its episode; one
+//     that blocks anywhere else starts a new one: blocked time is never
+//     charged to another place's stack.
+// So a thread blocked for a whole run sees one signal, however long the run.
 //
 // Thread-safety: see sample_provider.h. VisitThread runs on the ticker
-// thread under the registry lock; OnSignal in the handler. They share only
-// pending_wall_ns and cpu_mark, which are atomics.
+// thread under the registry lock; OnSignal in the handler.
+// They share only atomics.
 //
 // Example:
 //   inprof::Options options;
@@ -32,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "inprof/internal/thread_info.h"
 #include "inprof/sample_provider.h"
 
 namespace inprof {
@@ -41,11 +57,14 @@ namespace inprof {
 //   (1) p.TickPeriod() -> absl::Duration (zero: never ticks);
 //   (2) p.ThreadsPerTick() -> size_t;
 //   (3) p.VisitThread(ThreadContext&, ThreadData&, int64_t now_ns,
-//       bool has_last_stack, std::span<int64_t> values) -> TickDecision.
+//       bool has_episode_stack, std::span<int64_t> values) -> TickDecision
+//       (has_episode_stack: the profiler holds the stack of the thread's
+//       current blocking episode).
 enum class TickDecision {
-  kSkip,           // nothing to record
+  kSkip,           // nothing to record now (time owed to a signal in flight)
   kSignal,         // send the profiling signal; OnSignal records the sample
-  kCreditBlocked,  // add `values` to the thread's last stack, no signal
+  kSignalBlocked,  // the same for a blocked thread: a new blocking episode
+  kCreditBlocked,  // add `values` to the episode's stack, no signal
 };
 
 template <typename P>
@@ -72,10 +91,14 @@ class WallTimeProvider {
   static constexpr const char* kStateLabel = "thread state";
   static constexpr const char* kRunning = "running";
   static constexpr const char* kBlocked = "blocked";
-  // CPU a thread may use between two looks and still count as blocked: the
-  // handler's own unwinding and sigreturn, and an interrupted sleep's retry,
-  // cost a few microseconds (bench/profiler_benchmark.cc: ~1 us per sample).
+  // CPU a blocked thread may use between two looks and still be in the same
+  // blocking episode: the kernel's signal delivery and sigreturn after the
+  // handler has marked its clock, and an interrupted sleep's retry, cost a
+  // few microseconds.
   static constexpr int64_t kBlockedCpuSlackNs = 50'000;
+  // A signal whose sample has not been taken after this long was lost (a
+  // pending SIGPROF swallows a queued one): the thread is signalled again.
+  static constexpr int64_t kSignalLostAfterNs = 200'000'000;
 
   struct ThreadData {
     bool armed = false;
@@ -84,9 +107,16 @@ class WallTimeProvider {
     // Wall time owed to the next handler run (ticker adds, handler takes);
     // accumulates if a signal is lost while another SIGPROF is pending.
     std::atomic<int64_t> pending_wall_ns{0};
-    // The thread's CPU clock when it was last seen: by the handler at the
-    // end of a sample, or by the ticker when it credited a blocked thread.
+    // The thread's CPU clock when the ticker last looked.
     std::atomic<int64_t> cpu_mark{-1};
+    // Set by the ticker before it signals: the sample is of a blocked thread.
+    std::atomic<bool> signal_blocked{false};
+    // A blocked thread was signalled and its episode's stack is on its way
+    // (ticker).
+    bool blocked_signal_sent = false;
+    // Where the episode whose stack the profiler holds was blocked.
+    internal::SyscallSite episode_site;
+    int64_t signal_sent_ns = 0;  // ticker: when the last signal was sent
     uint64_t signals = 0;  // signals sent to the thread (ticker)
   };
 
@@ -97,14 +127,24 @@ class WallTimeProvider {
   static bool OnSignal(ThreadContext& thread, ThreadData& data,
                        const siginfo_t& info,
                        std::span<int64_t> values) noexcept;
+  // Whether the sample OnSignal just took is of a blocked thread.
+  static bool SampledBlocked(const ThreadData& data) noexcept {
+    return data.signal_blocked.load(std::memory_order_relaxed);
+  }
   bool TakeTail(ThreadContext& thread, ThreadData& data,
                 std::span<int64_t> values);
 
   absl::Duration TickPeriod() const { return period_; }
   size_t ThreadsPerTick() const { return threads_per_tick_; }
   TickDecision VisitThread(ThreadContext& thread, ThreadData& data,
-                           int64_t now_ns, bool has_last_stack,
+                           int64_t now_ns, bool has_episode_stack,
                            std::span<int64_t> values);
+  // Visits that found threads running / blocked, and signals sent to
+  // blocked threads (one per blocking episode at most).
+  struct VisitCounts {
+    uint64_t running = 0, blocked = 0, blocked_signals = 0;
+  };
+  VisitCounts visit_counts() const { return counts_; }
 
   // Monotonic nanoseconds (CLOCK_MONOTONIC). Async-signal-safe.
   static int64_t NowNanos() noexcept;
@@ -112,6 +152,7 @@ class WallTimeProvider {
  private:
   absl::Duration period_ = absl::Milliseconds(10);
   size_t threads_per_tick_ = 5;
+  VisitCounts counts_;  // ticker (registry lock)
 };
 
 static_assert(SampleProvider<WallTimeProvider>);

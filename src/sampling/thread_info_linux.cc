@@ -4,7 +4,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +41,58 @@ absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread() {
 }
 
 pid_t CurrentTid() noexcept { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+char ThreadState(pid_t tid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/task/%d/stat",
+                static_cast<int>(tid));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  // "TID (comm) S ...": comm may hold spaces and parentheses, so the state
+  // follows the last ')'. The first 128 bytes always include it (comm is at
+  // most 16 bytes).
+  char buf[128];
+  const ssize_t n = read(fd, buf, sizeof(buf));
+  close(fd);
+  if (n <= 0) return 0;
+  for (ssize_t i = n - 1; i >= 0; --i) {
+    if (buf[i] == ')') return i + 2 < n ? buf[i + 2] : 0;
+  }
+  return 0;
+}
+
+SyscallSite ThreadSyscallSite(pid_t tid) noexcept {
+  SyscallSite site;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/task/%d/syscall",
+                static_cast<int>(tid));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return site;
+  // "NR ARG1 ... ARG6 SP PC" (hex after NR), "-1 SP PC" when blocked
+  // outside a system call, "running" otherwise.
+  char buf[256];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return site;
+  buf[n] = '\0';
+  if (buf[0] != '-' && (buf[0] < '0' || buf[0] > '9')) return site;
+  unsigned long long words[9] = {};
+  long long nr = 0;
+  int count = 0;
+  if (buf[0] == '-') {
+    count = std::sscanf(buf, "%lld %llx %llx", &nr, &words[6], &words[7]);
+    if (count != 3) return site;
+  } else {
+    count = std::sscanf(buf, "%lld %llx %llx %llx %llx %llx %llx %llx %llx",
+                        &nr, &words[0], &words[1], &words[2], &words[3],
+                        &words[4], &words[5], &words[6], &words[7]);
+    if (count != 9) return site;
+  }
+  site.nr = nr;
+  site.sp = words[6];
+  site.pc = words[7];
+  return site;
+}
 
 int64_t ThreadCpuNanos(clockid_t clock) noexcept {
   struct timespec ts;

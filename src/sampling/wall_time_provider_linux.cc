@@ -1,6 +1,10 @@
+#include <cstdio>
+#include <cstdlib>
 #include "inprof/wall_time_provider.h"
 
 #include <time.h>
+
+#include <algorithm>
 
 #include "inprof/internal/thread_info.h"
 
@@ -35,12 +39,10 @@ void WallTimeProvider::DisarmThread(ThreadContext&, ThreadData& data) noexcept {
   data.armed = false;
 }
 
-bool WallTimeProvider::OnSignal(ThreadContext& thread, ThreadData& data,
+bool WallTimeProvider::OnSignal(ThreadContext&, ThreadData& data,
                                 const siginfo_t&,
                                 std::span<int64_t> values) noexcept {
   const int64_t owed = data.pending_wall_ns.exchange(0, std::memory_order_acq_rel);
-  data.cpu_mark.store(internal::ThreadCpuNanos(thread.cpu_clock),
-                      std::memory_order_release);
   if (owed <= 0) return false;
   values[0] = 1;
   values[1] = owed;
@@ -62,25 +64,66 @@ bool WallTimeProvider::TakeTail(ThreadContext&, ThreadData& data,
 
 TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
                                            ThreadData& data, int64_t now_ns,
-                                           bool has_last_stack,
+                                           bool has_episode_stack,
                                            std::span<int64_t> values) {
   if (!data.armed) return TickDecision::kSkip;
-  const int64_t cpu = internal::ThreadCpuNanos(thread.cpu_clock);
-  if (cpu < 0) return TickDecision::kSkip;  // exited without unregistering
   const int64_t elapsed = now_ns - data.last_wall_ns;
-  data.last_wall_ns = now_ns;
   if (elapsed <= 0) return TickDecision::kSkip;
-  const int64_t mark = data.cpu_mark.load(std::memory_order_acquire);
-  const bool blocked = mark >= 0 && cpu - mark <= kBlockedCpuSlackNs;
-  if (blocked && has_last_stack) {
-    data.cpu_mark.store(cpu, std::memory_order_relaxed);
-    values[0] = 1;
-    values[1] = elapsed;
-    return TickDecision::kCreditBlocked;
+  const char state = internal::ThreadState(thread.tid);
+  const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
+  if (state == 0 || clock < 0) return TickDecision::kSkip;  // exited
+  data.last_wall_ns = now_ns;
+  // The thread's own CPU since the last look or, when one of inprof's
+  // handlers ran on it since (a sample, CPU or wall), since that handler
+  // returned: what the sample cost it is not the thread running.
+  const int64_t mark = std::max(
+      data.cpu_mark.load(std::memory_order_relaxed),
+      thread.handler_exit_clock.load(std::memory_order_relaxed));
+  data.cpu_mark.store(clock, std::memory_order_relaxed);
+  const bool barely_ran = mark >= 0 && clock - mark <= kBlockedCpuSlackNs;
+  // 'R' right after a blocked thread was signalled is the thread running
+  // our handler (or returning to its wait), not its own work.
+  const bool blocked =
+      state != 'R' || (data.blocked_signal_sent && barely_ran);
+  if (data.pending_wall_ns.load(std::memory_order_acquire) > 0 &&
+      now_ns - data.signal_sent_ns < kSignalLostAfterNs) {
+    // A signal is still on its way: the time is owed to that sample. Never
+    // a second signal (nor a second EINTR) before the first was handled --
+    // unless it was lost (a pending SIGPROF swallows a queued one).
+    data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
+    return TickDecision::kSkip;
   }
+  if (!blocked) {
+    // Running or runnable: its stack now, in the handler.
+    ++counts_.running;
+    data.blocked_signal_sent = false;
+    data.signal_blocked.store(false, std::memory_order_relaxed);
+    data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
+    data.signal_sent_ns = now_ns;
+    ++data.signals;
+    return TickDecision::kSignal;
+  }
+  ++counts_.blocked;
+  const internal::SyscallSite site = internal::ThreadSyscallSite(thread.tid);
+  if (has_episode_stack) {
+    const bool same_place = site.known() && data.episode_site.known()
+                                ? site == data.episode_site
+                                : barely_ran;
+    if (same_place) {
+      values[0] = 1;
+      values[1] = elapsed;
+      return TickDecision::kCreditBlocked;
+    }
+  }
+  // A new blocking episode: one signal to learn where.
+  ++counts_.blocked_signals;
+  data.episode_site = site;
+  data.signal_sent_ns = now_ns;
+  data.blocked_signal_sent = true;
+  data.signal_blocked.store(true, std::memory_order_relaxed);
   data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
   ++data.signals;
-  return TickDecision::kSignal;
+  return TickDecision::kSignalBlocked;
 }
 
 }  // namespace inprof

@@ -70,6 +70,10 @@ struct ThreadSlotHeader {
   std::atomic<int> perf_fd{-1};
   std::atomic<int> perf_tag{0};
   std::atomic<int> itimer_tag{0};
+  // The thread's CPU clock when inprof's handler last returned on it (-1:
+  // never), so providers can tell the thread's own CPU from what a sample
+  // (delivery, unwinding, recording) cost it.
+  std::atomic<int64_t> handler_exit_clock{-1};
   // Handler-side counters.
   std::atomic<uint64_t> samples_taken{0};
   std::atomic<uint64_t> samples_truncated{0};

@@ -25,6 +25,23 @@ absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread();
 // The calling thread's kernel thread id. Async-signal-safe.
 pid_t CurrentTid() noexcept;
 
+// The kernel's scheduling state of thread `tid` of this process: field 3 of
+// /proc/self/task/TID/stat ('R' running or runnable, 'S' sleeping, 'D'
+// uninterruptible, 'T'/'t' stopped, ...), or 0 if it cannot be read (the
+// thread is gone). Allocates nothing but opens a file: not for handlers.
+char ThreadState(pid_t tid) noexcept;
+
+// Where a blocked thread waits, from /proc/self/task/TID/syscall: the
+// system call's number and the user stack pointer and pc it was made from.
+// A thread that re-enters the same wait from the same place reads the same.
+struct SyscallSite {
+  int64_t nr = -2;  // -2: unknown (unreadable, or the thread is running)
+  uint64_t sp = 0, pc = 0;
+  bool known() const { return nr != -2; }
+  bool operator==(const SyscallSite&) const = default;
+};
+SyscallSite ThreadSyscallSite(pid_t tid) noexcept;
+
 // Thread CPU time of `clock` in nanoseconds, or -1 if the thread is gone.
 // Async-signal-safe.
 int64_t ThreadCpuNanos(clockid_t clock) noexcept;
