@@ -878,7 +878,11 @@ class Profiler final : public internal::ProfilerControl,
         // The sample that began a blocking episode may still be in the ring:
         // without draining it the episode would look stackless and the
         // thread be signalled (and its blocking call interrupted) again.
-        if (slot->blocked_stack.empty()) DrainSlotLocked(slot);
+        if (slot->blocked_stack.empty() &&
+            provider.AwaitsEpisodeStack(std::get<I>(slot->data))) {
+          if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
+          DrainSlotLocked(slot);
+        }
         int64_t values[kMaxValuesPerProvider] = {};
         std::span<int64_t> v(values, kValueCounts[I]);
         switch (provider.VisitThread(*slot, std::get<I>(slot->data), now,

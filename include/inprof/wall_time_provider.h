@@ -59,7 +59,9 @@ namespace inprof {
 //   (3) p.VisitThread(ThreadContext&, ThreadData&, int64_t now_ns,
 //       bool has_episode_stack, std::span<int64_t> values) -> TickDecision
 //       (has_episode_stack: the profiler holds the stack of the thread's
-//       current blocking episode).
+//       current blocking episode);
+//   (4) p.AwaitsEpisodeStack(ThreadData&) -> bool: a sample that will give
+//       that stack was asked for (the profiler drains the thread's ring).
 enum class TickDecision {
   kSkip,           // nothing to record now (time owed to a signal in flight)
   kSignal,         // send the profiling signal; OnSignal records the sample
@@ -76,6 +78,7 @@ concept TicksThreads =
       { p.ThreadsPerTick() } -> std::convertible_to<size_t>;
       { p.VisitThread(thread, data, int64_t{}, bool{}, values) }
           -> std::same_as<TickDecision>;
+      { p.AwaitsEpisodeStack(data) } -> std::convertible_to<bool>;
     };
 
 class WallTimeProvider {
@@ -139,6 +142,11 @@ class WallTimeProvider {
   TickDecision VisitThread(ThreadContext& thread, ThreadData& data,
                            int64_t now_ns, bool has_episode_stack,
                            std::span<int64_t> values);
+  // A blocked thread was signalled for its episode's stack, which the
+  // profiler does not hold yet (it may be in the thread's ring).
+  static bool AwaitsEpisodeStack(const ThreadData& data) {
+    return data.blocked_signal_sent;
+  }
   // Visits that found threads running / blocked, and signals sent to
   // blocked threads (one per blocking episode at most).
   struct VisitCounts {

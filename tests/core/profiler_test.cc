@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -260,9 +261,20 @@ TEST(ProfilerTest, StopIsIdempotentAndRestartWritesAgain) {
 }
 
 TEST(ProfilerTest, SignalsNotSentByInprofAreIgnored) {
-  DefaultProfiler profiler(TestOptions("foreign_signal"));
+  Options options = TestOptions("foreign_signal");
+  // CPU samples only, and after the thread's first one (within 1 ms of CPU)
+  // none for an hour of CPU: any sample now would be the kill()s'.
+  options.cpu_period = absl::Hours(1);
+  options.wall_period = absl::ZeroDuration();
+  DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   auto self = profiler.RegisterThread("main");
+  BurnCpu(3'000'000);
+  // That first sample has reached the counters once the collector drained.
+  for (int i = 0; i < 500 && profiler.stats().samples_taken == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(profiler.stats().samples_taken, 1u);
   const auto before = internal::GetDispatchStats().foreign;
   const auto taken = profiler.stats().samples_taken;
   for (int i = 0; i < 100; ++i) ASSERT_EQ(kill(getpid(), SIGPROF), 0);

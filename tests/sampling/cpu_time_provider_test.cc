@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdio>
 #include <functional>
@@ -260,20 +261,23 @@ void CheckShortThreads(CpuEngine engine, absl::Duration period,
   Options options = TestOptions("short_threads", engine, period);
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
-  std::atomic<int64_t> measured{0};
+  std::atomic<int64_t> measured{0}, outer{0};
   constexpr int kThreads = 2000;
   for (int batch = 0; batch < kThreads / 4; ++batch) {
     std::vector<std::thread> threads;
     for (int i = 0; i < 4; ++i) {
       const int64_t ns = 1'000'000 + ((batch * 4 + i) % 5) * 250'000;
       threads.emplace_back([&, ns] {
+        // The thread's CPU while registered runs from its arming, inside
+        // RegisterThread, to the tail taken inside Reset(): between what
+        // the thread can time inside and outside those two calls.
+        const int64_t outer0 = ThreadCpuNow();
         auto r = profiler.RegisterThread("short");
-        // The thread's CPU while registered: from its arming (inside
-        // RegisterThread) to the tail taken when it unregisters.
         const int64_t t0 = ThreadCpuNow();
         Spin(ns);
-        r.Reset();
         measured += ThreadCpuNow() - t0;
+        r.Reset();
+        outer += ThreadCpuNow() - outer0;
       });
     }
     for (auto& t : threads) t.join();
@@ -290,13 +294,15 @@ void CheckShortThreads(CpuEngine engine, absl::Duration period,
     if (StackHas(s, "Spin")) on_stacks += s.values[cpu];
   }
   const double pct = in_profile ? 100.0 * on_stacks / in_profile : 0;
-  std::printf("%s %s: %d threads, measured %.3fs, in profile %.3fs, %.1f%% "
-              "on their real stacks\n",
+  std::printf("%s %s: %d threads, %.3f-%.3fs by their clocks, in profile "
+              "%.3fs, %.1f%% on their real stacks\n",
               CpuEngineName(engine), absl::FormatDuration(period).c_str(),
-              kThreads, measured / 1e9, in_profile / 1e9, pct);
+              kThreads, measured / 1e9, outer / 1e9, in_profile / 1e9, pct);
   EXPECT_GE(pct, min_on_stacks_pct);
-  EXPECT_NEAR(static_cast<double>(in_profile), static_cast<double>(measured),
-              0.03 * static_cast<double>(measured));
+  EXPECT_GE(in_profile, measured.load());
+  EXPECT_LE(in_profile, outer.load());
+  EXPECT_NEAR(static_cast<double>(in_profile), static_cast<double>(outer),
+              0.03 * static_cast<double>(outer));
 }
 
 TEST(CpuTimeProviderTest, ShortLivedThreadsStayOnTheirRealStacks) {
@@ -325,15 +331,27 @@ TEST(CpuTimeProviderTest, PerfEngineKeepsWithinItsDescriptorBudget) {
     std::condition_variable cv;
     int ready = 0;
     bool go = false;
+    std::atomic<int64_t> measured{0}, outer{0};
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) {
       threads.emplace_back([&] {
+        // The thread's CPU while registered (waking up 1,000 threads on one
+        // condition variable costs some too) runs from its arming, inside
+        // RegisterThread, to the tail taken inside Reset(): between what
+        // the thread can time inside and outside those two calls.
+        const int64_t outer0 = ThreadCpuNow();
         auto r = profiler.RegisterThread("worker");
+        const int64_t t0 = ThreadCpuNow();
         Spin(2'000'000);
-        std::unique_lock<std::mutex> lock(mu);
-        ++ready;
-        cv.notify_all();
-        cv.wait(lock, [&] { return go; });
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          ++ready;
+          cv.notify_all();
+          cv.wait(lock, [&] { return go; });
+        }
+        measured += ThreadCpuNow() - t0;
+        r.Reset();
+        outer += ThreadCpuNow() - outer0;
       });
     }
     {
@@ -366,8 +384,10 @@ TEST(CpuTimeProviderTest, PerfEngineKeepsWithinItsDescriptorBudget) {
     const int64_t cpu =
         profile->ByLabel("thread name",
                          profile->ValueIndex("cpu-time"))["worker"];
-    // 1,000 threads x 2 ms.
-    if (cpu < 1'800'000'000 || cpu > 2'400'000'000) _exit(17);
+    std::printf("workers: %.3f-%.3f s of CPU by their clocks, %.3f s in "
+                "the profile\n", measured / 1e9, outer / 1e9, cpu / 1e9);
+    std::fflush(stdout);
+    if (cpu < measured.load() || cpu > outer.load()) _exit(17);
     _exit(0);
   }
   int status = 0;
