@@ -158,9 +158,21 @@ TEST(SafetyHandlerTest, ErrnoIsRestoredWhenSamplingCodeSetsIt) {
 // Runs `iterations` rounds of a register-only loop with rbp = fp, then sends
 // this thread `signals` tagged profiling signals, each from a syscall made
 // with rbp = fp. rbp is saved in r12 and restored.
+// A return address inside RunWithFramePointer's body, where its call-frame
+// information says CFA = rbp + 16 (set by its first call). The fake frame
+// records below return there. (&RunWithFramePointer + 4, used before, is
+// right after `mov %rsp,%rbp`: a CFI walk looks a return address up at
+// pc - 1, inside the prologue, where the CFA is rsp-based, so the walk left
+// the fake cycle and went on through whatever the stack above held --
+// "two-frame cycle: truncated=0", deterministic for a given stack layout.)
+uintptr_t g_body_return_address = 0;
+
 __attribute__((noinline)) void RunWithFramePointer(uintptr_t fp,
                                                    uint64_t iterations,
                                                    int signals) {
+  uintptr_t here;
+  asm volatile("lea 0(%%rip), %0" : "=r"(here));
+  g_body_return_address = here;
   if (iterations > 0) {
     asm volatile(
         "mov %%rbp, %%r12\n\t"
@@ -199,6 +211,7 @@ __attribute__((noinline)) void RunWithFramePointer(uintptr_t fp,
 }
 constexpr bool kCanCorruptRbp = true;
 #else
+uintptr_t g_body_return_address = 0;
 void RunWithFramePointer(uintptr_t, uint64_t, int) {}
 constexpr bool kCanCorruptRbp = false;
 #endif
@@ -260,9 +273,10 @@ void CheckCorruptFramePointers(const std::string& name, bool zero_truncates) {
     ASSERT_TRUE(registration.active());
     const StackBounds bounds = internal::CurrentThreadSlot()->stack;
     // Frame records in this frame, above the callee's stack pointer.
+    RunWithFramePointer(0, 0, 0);  // sets g_body_return_address
     alignas(16) uintptr_t self_cycle[2];
     self_cycle[0] = reinterpret_cast<uintptr_t>(&self_cycle[0]);
-    self_cycle[1] = reinterpret_cast<uintptr_t>(&RunWithFramePointer) + 4;
+    self_cycle[1] = g_body_return_address;
     alignas(16) uintptr_t two_cycle[4];
     two_cycle[0] = reinterpret_cast<uintptr_t>(&two_cycle[2]);
     two_cycle[1] = self_cycle[1];

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -407,16 +408,18 @@ TEST_F(DatadogUploaderTest, ProfilerUploadsEachWindowToTheAgent) {
   ASSERT_TRUE(profiler.Start().ok());
   {
     auto self = profiler.RegisterThread("main");
-    // 600 ms of this thread's CPU: at least 600 ms of wall time, so at
-    // least three 200 ms windows however loaded the machine is.
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    const int64_t end = ts.tv_sec * 1'000'000'000LL + ts.tv_nsec + 600'000'000;
+    // Work until two periodic windows have arrived (the final one at Stop
+    // makes three). Not a fixed stretch of time: the exporter skips a cut
+    // it is late for rather than bursting, and the first window's
+    // symbolization can take longer than a 200 ms period (under ASan at
+    // -O0 it does), so 600 ms of work sometimes gave only two windows.
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
     volatile uint64_t x = 0;
-    do {
-      for (int i = 0; i < 10000; ++i) x = x + 1;
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    } while (ts.tv_sec * 1'000'000'000LL + ts.tv_nsec < end);
+    while ((*receiver)->requests().size() < 2 &&
+           std::chrono::steady_clock::now() < deadline) {
+      for (int i = 0; i < 1'000'000; ++i) x = x + 1;
+    }
   }
   ASSERT_TRUE(profiler.Stop().ok());
   const auto requests = (*receiver)->requests();
