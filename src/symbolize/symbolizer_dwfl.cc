@@ -34,6 +34,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <deque>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -416,6 +417,7 @@ class SymbolTable {
       }
       entries_.push_back(e);
     }
+    AddPltEntries(mod, count);
     std::sort(entries_.begin(), entries_.end(),
               [](const Entry& a, const Entry& b) {
                 return a.start != b.start ? a.start < b.start
@@ -478,6 +480,80 @@ class SymbolTable {
     int binding = 0;  // higher is preferred
     int order = 0;    // index in the module's table
   };
+  std::deque<std::string> owned_names_;  // "<function>@plt"; stable addresses
+
+  // PLT stubs have no symbols of their own; name them "<function>@plt" as
+  // objdump and perf do. Entry i of .rela.plt (a JUMP_SLOT relocation naming
+  // a .dynsym symbol) is the stub at .plt.sec + 16 i when the object has
+  // that section (IBT builds), else .plt + 16 (i + 1) (.plt's first entry
+  // calls the resolver). Lazily bound or not, the stubs are where they are.
+  void AddPltEntries(Dwfl_Module* mod, int order_base) {
+    Dwarf_Addr bias = 0;
+    Elf* elf = dwfl_module_getelf(mod, &bias);
+    if (elf == nullptr) return;
+    size_t shstrndx = 0;
+    if (elf_getshdrstrndx(elf, &shstrndx) != 0) return;
+    Elf_Scn* rela = nullptr;
+    GElf_Shdr rela_hdr{}, plt_hdr{}, plt_sec_hdr{};
+    bool have_plt = false, have_plt_sec = false;
+    for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn != nullptr;
+         scn = elf_nextscn(elf, scn)) {
+      GElf_Shdr hdr;
+      if (gelf_getshdr(scn, &hdr) == nullptr) continue;
+      const char* name = elf_strptr(elf, shstrndx, hdr.sh_name);
+      if (name == nullptr) continue;
+      if (std::strcmp(name, ".rela.plt") == 0 && hdr.sh_type == SHT_RELA) {
+        rela = scn;
+        rela_hdr = hdr;
+      } else if (std::strcmp(name, ".plt") == 0) {
+        plt_hdr = hdr;
+        have_plt = true;
+      } else if (std::strcmp(name, ".plt.sec") == 0) {
+        plt_sec_hdr = hdr;
+        have_plt_sec = true;
+      }
+    }
+    if (rela == nullptr || (!have_plt && !have_plt_sec)) return;
+    Elf_Scn* dynsym = elf_getscn(elf, rela_hdr.sh_link);
+    GElf_Shdr dynsym_hdr;
+    Elf_Data* rela_data = elf_getdata(rela, nullptr);
+    Elf_Data* sym_data = dynsym != nullptr ? elf_getdata(dynsym, nullptr) : nullptr;
+    if (rela_data == nullptr || sym_data == nullptr ||
+        gelf_getshdr(dynsym, &dynsym_hdr) == nullptr ||
+        rela_hdr.sh_entsize == 0) {
+      return;
+    }
+    constexpr uint64_t kStub = 16;
+    const uint64_t base =
+        have_plt_sec ? plt_sec_hdr.sh_addr : plt_hdr.sh_addr + kStub;
+    const uint64_t limit = have_plt_sec ? plt_sec_hdr.sh_addr + plt_sec_hdr.sh_size
+                                        : plt_hdr.sh_addr + plt_hdr.sh_size;
+    const size_t n = rela_hdr.sh_size / rela_hdr.sh_entsize;
+    for (size_t i = 0; i < n; ++i) {
+      GElf_Rela r;
+      if (gelf_getrela(rela_data, static_cast<int>(i), &r) == nullptr) break;
+      const uint64_t start = base + kStub * i;
+      if (start + kStub > limit) break;
+      if (GELF_R_TYPE(r.r_info) != R_X86_64_JUMP_SLOT) continue;
+      GElf_Sym sym;
+      if (gelf_getsym(sym_data, static_cast<int>(GELF_R_SYM(r.r_info)), &sym) ==
+          nullptr) {
+        continue;
+      }
+      const char* name = elf_strptr(elf, dynsym_hdr.sh_link, sym.st_name);
+      if (name == nullptr || name[0] == '\0') continue;
+      owned_names_.push_back(absl::StrCat(name, "@plt"));
+      Entry e;
+      e.start = start + bias;
+      e.size = kStub;
+      e.end = e.start + kStub;
+      e.name = owned_names_.back().c_str();
+      e.type = STT_FUNC;
+      e.binding = BindingRank(STB_LOCAL);
+      e.order = order_base + static_cast<int>(i);
+      entries_.push_back(e);
+    }
+  }
 
   static int BindingRank(int bind) {
     switch (bind) {

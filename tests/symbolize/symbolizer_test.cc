@@ -21,6 +21,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -213,6 +215,46 @@ TEST(SymbolizerTest, NamesVdsoFunctions) {
     }
   }
   EXPECT_TRUE(named) << "no vDSO address resolved to clock_gettime";
+}
+
+// PLT stubs carry no symbol; they are named "<function>@plt" as objdump
+// prints them. Every stub objdump lists in this test binary is checked.
+TEST(SymbolizerTest, NamesPltStubsAsObjdumpDoes) {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(len, 0);
+  self[len] = '\0';
+  auto listing = testing::RunCommand(
+      "objdump -d -j .plt -j .plt.sec " + testing::ShellQuote(self) +
+      " 2>/dev/null | grep '@plt>:$'");
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  // The executable's load bias (PIE): the first dl_iterate_phdr entry.
+  uintptr_t bias = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        *static_cast<uintptr_t*>(out) = info->dlpi_addr;
+        return 1;
+      },
+      &bias);
+  Symbolizer symbolizer;
+  int checked = 0;
+  for (absl::string_view line : absl::StrSplit(*listing, '\n')) {
+    // "0000000000012030 <strlen@plt>:"
+    const size_t lt = line.find(" <");
+    if (lt == absl::string_view::npos || !absl::EndsWith(line, ">:")) continue;
+    uint64_t address = 0;
+    ASSERT_TRUE(absl::SimpleHexAtoi(line.substr(0, lt), &address)) << line;
+    const std::string want(line.substr(lt + 2, line.size() - lt - 4));
+    // The stub's first and last byte.
+    for (uint64_t at : {address, address + 15}) {
+      const SymbolizedAddress& r = symbolizer.Lookup(bias + at, false);
+      ASSERT_FALSE(r.frames.empty()) << want << " at 0x" << std::hex << at;
+      EXPECT_EQ(r.frames.back().function, want);
+    }
+    ++checked;
+  }
+  std::printf("%d PLT stubs named\n", checked);
+  EXPECT_GT(checked, 10);
 }
 
 TEST(SymbolizerTest, FindsLibraryDlopenedAfterConstructionOnRefresh) {
