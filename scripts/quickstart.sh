@@ -23,7 +23,9 @@ if ((${#missing[@]})); then
 fi
 
 build=${INPROF_BUILD_DIR:-build}
-[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
+# Warnings are errors only where asked (CI: .ci/run sets INPROF_WERROR=true),
+# so a newer compiler never breaks a user's build.
+[ -f "$build/build.ninja" ] || meson setup "$build" -Dwerror="${INPROF_WERROR:-false}" >/dev/null
 
 case "${1:-}" in
   demo)
