@@ -34,6 +34,12 @@ windows='ExportTest.WindowsPartitionSamplesExactly:ExportTest.OutputWithPidAndTi
 # interceptor call and runs code 5-15x slower, which changes what they
 # measure, not whether the code is correct. (They pass under ASan.)
 timing="ProfilerE2eTest.*:DwarfProfilerTest.*:$windows"
+# The CPU engines' accuracy (where samples land against the threads' clocks)
+# and the wall sampler's split: the same reason. The descriptor-budget test
+# forks a multi-threaded process, which TSan does not support.
+timing="$timing:CpuTimeProviderTest.KernelCpu*:CpuTimeProviderTest.ShortLived*"
+timing="$timing:CpuTimeProviderTest.PerfEngineDelivers*:CpuTimeProviderTest.PerfEngineKeepsWithin*"
+timing="$timing:WallTimeProviderTest.AlternatingSleepAndWork*"
 # TSan also retries interrupted sleeps in its interceptors and defers
 # signals, so EINTR counts are TSan's, not inprof's.
 eintr='WallTimeProviderTest.EintrsOfBlockedThreadsStayBoundedWhateverTheRunLength'
