@@ -120,6 +120,7 @@ class WallTimeProvider {
     // Where the episode whose stack the profiler holds was blocked.
     internal::SyscallSite episode_site;
     int64_t signal_sent_ns = 0;  // ticker: when the last signal was sent
+    bool last_look_blocked = false;  // ticker
     uint64_t signals = 0;  // signals sent to the thread (ticker)
   };
 

@@ -69,9 +69,23 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   if (!data.armed) return TickDecision::kSkip;
   const int64_t elapsed = now_ns - data.last_wall_ns;
   if (elapsed <= 0) return TickDecision::kSkip;
-  const char state = internal::ThreadState(thread.tid);
   const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
-  if (state == 0 || clock < 0) return TickDecision::kSkip;  // exited
+  if (clock < 0) return TickDecision::kSkip;  // exited
+  if (data.last_look_blocked && has_episode_stack &&
+      clock == data.cpu_mark.load(std::memory_order_relaxed) &&
+      data.pending_wall_ns.load(std::memory_order_acquire) == 0) {
+    // Not a nanosecond of CPU since it was last seen blocked in this
+    // episode: it has not run, so it waits where it waited (or was just
+    // woken and waits for a core). No /proc reads: an idle thread's visit
+    // costs one clock read, as it did before the kernel's state was read.
+    data.last_wall_ns = now_ns;
+    ++counts_.blocked;
+    values[0] = 1;
+    values[1] = elapsed;
+    return TickDecision::kCreditBlocked;
+  }
+  const char state = internal::ThreadState(thread.tid);
+  if (state == 0) return TickDecision::kSkip;  // exited
   data.last_wall_ns = now_ns;
   // The thread's own CPU since the last look or, when one of inprof's
   // handlers ran on it since (a sample, CPU or wall), since that handler
@@ -81,10 +95,13 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
       thread.handler_exit_clock.load(std::memory_order_relaxed));
   data.cpu_mark.store(clock, std::memory_order_relaxed);
   const bool barely_ran = mark >= 0 && clock - mark <= kBlockedCpuSlackNs;
-  // 'R' right after a blocked thread was signalled is the thread running
-  // our handler (or returning to its wait), not its own work.
+  // 'R' with barely any CPU since the thread was last seen blocked is the
+  // thread woken from its wait (by its event, or by our signal) and not yet
+  // back at its own work -- often waiting for a core on a busy machine: the
+  // time still belongs to the wait.
   const bool blocked =
-      state != 'R' || (data.blocked_signal_sent && barely_ran);
+      state != 'R' ||
+      ((data.last_look_blocked || data.blocked_signal_sent) && barely_ran);
   if (data.pending_wall_ns.load(std::memory_order_acquire) > 0 &&
       now_ns - data.signal_sent_ns < kSignalLostAfterNs) {
     // A signal is still on its way: the time is owed to that sample. Never
@@ -93,6 +110,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
     return TickDecision::kSkip;
   }
+  data.last_look_blocked = blocked;
   if (!blocked) {
     // Running or runnable: its stack now, in the handler.
     ++counts_.running;
