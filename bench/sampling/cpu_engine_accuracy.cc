@@ -101,12 +101,12 @@ int main(int argc, char** argv) {
 #endif
   double truth_cpu = 0, truth_kernel_pct = 0;
   if (workload == "rate") {
-    auto r = Register(profiler, "main");
+    [[maybe_unused]] auto r = Register(profiler, "main");
     const int64_t t0 = ThreadCpuNow();
     SpinFor(cpu_ns);
     truth_cpu = (ThreadCpuNow() - t0) / 1e9;
   } else if (workload == "kernel") {
-    auto r = Register(profiler, "main");
+    [[maybe_unused]] auto r = Register(profiler, "main");
     const int fd = open("/dev/zero", O_RDONLY | O_CLOEXEC);
     std::vector<char> buffer(64 * 1024);
     int64_t in_reads = 0;
@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
         threads.emplace_back([&, ns] {
           const int64_t t0 = ThreadCpuNow();
           {
-            auto r = Register(profiler, "short");
+            [[maybe_unused]] auto r = Register(profiler, "short");
             SpinFor(ns);
           }
           measured += ThreadCpuNow() - t0;
