@@ -61,8 +61,10 @@ class FramePointerUnwinder {
   }
 
   // Walks from explicit registers (tests, benchmarks, other unwinders'
-  // fallbacks). Async-signal-safe.
-  UnwindResult UnwindFrom(const RegisterState& regs, const StackBounds& bounds,
+  // fallbacks). Async-signal-safe. Reads frame records anywhere in the
+  // thread's stack, ASan's redzones included (a signal landing inside an
+  // ASan interceptor walks through instrumented frames): not instrumented.
+  __attribute__((no_sanitize_address)) UnwindResult UnwindFrom(const RegisterState& regs, const StackBounds& bounds,
                           std::span<uintptr_t> out) const noexcept {
     UnwindResult result;
     if (out.empty()) return result;

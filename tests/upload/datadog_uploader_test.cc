@@ -413,10 +413,19 @@ TEST_F(DatadogUploaderTest, ProfilerUploadsEachWindowToTheAgent) {
     // it is late for rather than bursting, and the first window's
     // symbolization can take longer than a 200 ms period (under ASan at
     // -O0 it does), so 600 ms of work sometimes gave only two windows.
+    // And at least 300 ms of this thread's CPU, for 20-odd samples at the
+    // 10 ms period however little of a core a loaded machine gives it.
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto cpu_ns = [] {
+      timespec ts;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+    };
+    const int64_t cpu0 = cpu_ns();
     volatile uint64_t x = 0;
-    while ((*receiver)->requests().size() < 2 &&
+    while (((*receiver)->requests().size() < 2 ||
+            cpu_ns() - cpu0 < 300'000'000) &&
            std::chrono::steady_clock::now() < deadline) {
       for (int i = 0; i < 1'000'000; ++i) x = x + 1;
     }
