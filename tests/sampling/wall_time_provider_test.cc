@@ -260,11 +260,19 @@ TEST(WallTimeProviderTest, AlternatingSleepAndWorkIsSplitAsTheThreadsLivedIt) {
   const double truth = 100.0 * asleep_ns / (asleep_ns + awake_ns);
   const double measured = 100.0 * in_sleep / std::max<int64_t>(1, in_sleep + in_spin);
   const double blocked_pct = 100.0 * sleep_blocked / std::max<int64_t>(1, in_sleep);
+  // Of the time in SleepFor, the thread waited for its timer 5 ms per cycle;
+  // the rest it was woken and waiting for a core, which the kernel reports
+  // as running ('R'): 2-4% on an idle machine, 25-30% with two more test
+  // runs beside this one (measured). The labels follow the kernel.
+  const double waited_pct =
+      100.0 * (5'000'000.0 * cycles.load()) / static_cast<double>(asleep_ns.load());
   std::printf("asleep: %.1f%% of wall by the clock, %.1f%% in the profile; "
-              "%.1f%% of it labelled blocked; %d EINTRs in %d cycles\n",
-              truth, measured, blocked_pct, eintr.load(), cycles.load());
+              "%.1f%% of it labelled blocked (%.1f%% waiting for its timer); "
+              "%d EINTRs in %d cycles\n",
+              truth, measured, blocked_pct, waited_pct, eintr.load(),
+              cycles.load());
   EXPECT_NEAR(measured, truth, 5.0);
-  EXPECT_GE(blocked_pct, 80.0);
+  EXPECT_GE(blocked_pct, std::min(80.0, waited_pct - 10.0));
   // At most one signal per blocking episode, so at most one EINTR each.
   EXPECT_LE(eintr.load(), cycles.load());
 }
