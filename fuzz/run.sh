@@ -12,6 +12,7 @@
 # Targets, one per parser of untrusted input:
 #   options_fuzzer        INPROF_* environment (Options::FromLookup)
 #   pprof_reader_fuzzer   pprof files, gzip or raw (DecodePprof)
+#   pprof_writer_fuzzer   the pprof encoder, round trip through the reader
 #   symbolizer_fuzzer     ELF/DWARF files (Symbolizer::SymbolizeFile)
 #   cfi_table_fuzzer      ELF call-frame information (BuildCfiTableFromFile)
 # Each is linked with only the sources it needs (compiled with coverage
@@ -24,28 +25,28 @@ cd "$(dirname "$0")/.."
 out=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 cxx=${CXX:-clang++}
-targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer symbolizer_fuzzer cfi_table_fuzzer}
+targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer}
 
-mkdir -p "$out/obj" "$out/gen" "$out/corpus" "$out/artifacts"
-protoc --proto_path=proto --cpp_out="$out/gen" proto/profile.proto
+mkdir -p "$out/obj" "$out/corpus" "$out/artifacts"
 
 absl="absl_status absl_statusor absl_strings absl_str_format absl_time
       absl_flat_hash_map absl_hash absl_synchronization absl_random_random"
-cflags="-std=c++20 -O1 -g -fno-omit-frame-pointer -Iinclude -I$out/gen
+cflags="-std=c++20 -O1 -g -fno-omit-frame-pointer -Iinclude
         -fsanitize=address,undefined -fno-sanitize-recover=undefined
-        $(pkg-config --cflags $absl protobuf zlib libdw)"
-libs="$(pkg-config --libs $absl protobuf zlib libdw) -lpthread -ldl"
+        $(pkg-config --cflags $absl zlib libdw)"
+libs="$(pkg-config --libs $absl zlib libdw) -lpthread -ldl"
 
 # name -> sources besides the target itself
 declare -A sources=(
   [options_fuzzer]="src/core/options.cc src/core/log.cc"
-  [pprof_reader_fuzzer]="src/export/pprof_reader.cc $out/gen/profile.pb.cc"
+  [pprof_reader_fuzzer]="src/export/pprof_reader.cc"
+  [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/core/log.cc"
   [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/core/log.cc"
   [cfi_table_fuzzer]="src/unwind/cfi_table_libdw.cc src/core/log.cc"
 )
 
 # Compile every needed source once, two at a time, with coverage for
-# libFuzzer (generated protobuf code without: it is not ours to explore).
+# libFuzzer.
 objects=()
 compile_list=()
 for t in $targets; do
@@ -54,7 +55,6 @@ for t in $targets; do
     objects+=("$obj")
     if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
       cov="-fsanitize=fuzzer-no-link"
-      case "$src" in *.pb.cc) cov="" ;; esac
       compile_list+=("$src|$obj|$cov")
     fi
   done

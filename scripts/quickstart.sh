@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
-          libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev
+          libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev libbz2-dev
           libcurl4-openssl-dev golang-go clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do

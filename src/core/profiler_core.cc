@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/datadog_uploader.h"
+#include "inprof/internal/http_client.h"
 #include "inprof/internal/log.h"
 #include "inprof/pprof_writer.h"
 #include "inprof/pyroscope_uploader.h"
@@ -56,6 +57,15 @@ void ProfilerCore::EnsureSinks() {
   sinks_built_ = true;
   if (options_.write_output) {
     sinks_.push_back(std::make_shared<FileSink>(options_.output));
+  }
+  if (options_.datadog.enabled || !options_.pyroscope.url.empty()) {
+    // Said once at start; each failed delivery is also counted and logged.
+    absl::Status http = HttpClient::Available();
+    if (!http.ok()) {
+      Log(absl::StrCat(options_.datadog.enabled ? "Datadog" : "Pyroscope",
+                       " upload configured, but ", http.message(),
+                       "; profiles are not uploaded"));
+    }
   }
   if (options_.datadog.enabled) {
     sinks_.push_back(

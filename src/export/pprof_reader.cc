@@ -1,4 +1,5 @@
-// pprof decoding with the generated protobuf code, gunzip with zlib.
+// pprof decoding with inprof's own wire reader (no protobuf runtime),
+// gunzip with zlib.
 
 #include "inprof/pprof_reader.h"
 
@@ -21,12 +22,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "profile.pb.h"
+#include "inprof/internal/proto_wire.h"
 
 namespace inprof {
 namespace {
-
-namespace pb = ::perftools::profiles;
 
 bool IsGzip(std::string_view bytes) {
   return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
@@ -78,6 +77,201 @@ std::string BaseName(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+using internal::ProtoReader;
+
+// Profile's messages as they are on the wire: ids and string indexes.
+struct RawMapping {
+  uint64_t id = 0, start = 0, limit = 0, offset = 0;
+  int64_t filename = 0;
+};
+struct RawLocation {
+  uint64_t id = 0, mapping_id = 0, address = 0;
+  std::vector<uint64_t> function_ids;  // one per Line, innermost first
+};
+struct RawFunction {
+  uint64_t id = 0;
+  int64_t name = 0, system_name = 0;
+};
+struct RawLabel {
+  int64_t key = 0, str = 0, num = 0;
+};
+struct RawSample {
+  std::vector<uint64_t> location_ids;
+  std::vector<int64_t> values;
+  std::vector<RawLabel> labels;
+};
+struct RawValueType {
+  int64_t type = 0, unit = 0;
+};
+struct RawProfile {
+  std::vector<RawValueType> sample_types;
+  std::vector<RawSample> samples;
+  std::vector<RawMapping> mappings;
+  std::vector<RawLocation> locations;
+  std::vector<RawFunction> functions;
+  std::vector<std::string_view> strings;
+  int64_t time_nanos = 0, duration_nanos = 0, period = 0;
+  RawValueType period_type;
+  std::vector<int64_t> comments;
+  int64_t default_sample_type = 0;
+};
+
+// Each Parse* reads one message; false (with the reader's error) when the
+// bytes are not well-formed protobuf or a field has the wrong wire type.
+bool ParseValueType(std::string_view bytes, RawValueType& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    if (!r.is_varint()) continue;
+    if (r.field() == 1) out.type = static_cast<int64_t>(r.varint());
+    if (r.field() == 2) out.unit = static_cast<int64_t>(r.varint());
+  }
+  return r.ok();
+}
+
+bool ParseLabel(std::string_view bytes, RawLabel& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    if (!r.is_varint()) continue;
+    const int64_t v = static_cast<int64_t>(r.varint());
+    if (r.field() == 1) out.key = v;
+    if (r.field() == 2) out.str = v;
+    if (r.field() == 3) out.num = v;
+  }
+  return r.ok();
+}
+
+bool ParseSample(std::string_view bytes, RawSample& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    switch (r.field()) {
+      case 1:
+        if (!r.RepeatedVarint(
+                [&](uint64_t v) { out.location_ids.push_back(v); }))
+          return false;
+        break;
+      case 2:
+        if (!r.RepeatedVarint([&](uint64_t v) {
+              out.values.push_back(static_cast<int64_t>(v));
+            }))
+          return false;
+        break;
+      case 3:
+        if (!r.is_length_delimited() ||
+            !ParseLabel(r.bytes(), out.labels.emplace_back()))
+          return false;
+        break;
+      default:
+        break;
+    }
+  }
+  return r.ok();
+}
+
+bool ParseMapping(std::string_view bytes, RawMapping& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    if (!r.is_varint()) continue;
+    const uint64_t v = r.varint();
+    switch (r.field()) {
+      case 1: out.id = v; break;
+      case 2: out.start = v; break;
+      case 3: out.limit = v; break;
+      case 4: out.offset = v; break;
+      case 5: out.filename = static_cast<int64_t>(v); break;
+      default: break;
+    }
+  }
+  return r.ok();
+}
+
+bool ParseLine(std::string_view bytes, uint64_t& function_id) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    if (r.field() == 1 && r.is_varint()) function_id = r.varint();
+  }
+  return r.ok();
+}
+
+bool ParseLocation(std::string_view bytes, RawLocation& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    if (r.field() == 4) {
+      uint64_t function_id = 0;
+      if (!r.is_length_delimited() || !ParseLine(r.bytes(), function_id))
+        return false;
+      out.function_ids.push_back(function_id);
+      continue;
+    }
+    if (!r.is_varint()) continue;
+    if (r.field() == 1) out.id = r.varint();
+    if (r.field() == 2) out.mapping_id = r.varint();
+    if (r.field() == 3) out.address = r.varint();
+  }
+  return r.ok();
+}
+
+bool ParseFunction(std::string_view bytes, RawFunction& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    if (!r.is_varint()) continue;
+    if (r.field() == 1) out.id = r.varint();
+    if (r.field() == 2) out.name = static_cast<int64_t>(r.varint());
+    if (r.field() == 3) out.system_name = static_cast<int64_t>(r.varint());
+  }
+  return r.ok();
+}
+
+bool ParseProfile(std::string_view bytes, RawProfile& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    const bool message = r.is_length_delimited();
+    bool ok = true;
+    switch (r.field()) {
+      case 1:
+        ok = message && ParseValueType(r.bytes(), out.sample_types.emplace_back());
+        break;
+      case 2:
+        ok = message && ParseSample(r.bytes(), out.samples.emplace_back());
+        break;
+      case 3:
+        ok = message && ParseMapping(r.bytes(), out.mappings.emplace_back());
+        break;
+      case 4:
+        ok = message && ParseLocation(r.bytes(), out.locations.emplace_back());
+        break;
+      case 5:
+        ok = message && ParseFunction(r.bytes(), out.functions.emplace_back());
+        break;
+      case 6:
+        ok = message;
+        out.strings.push_back(r.bytes());
+        break;
+      case 9: out.time_nanos = static_cast<int64_t>(r.varint()); break;
+      case 10: out.duration_nanos = static_cast<int64_t>(r.varint()); break;
+      case 11:
+        ok = message && ParseValueType(r.bytes(), out.period_type);
+        break;
+      case 12: out.period = static_cast<int64_t>(r.varint()); break;
+      case 13:
+        ok = r.RepeatedVarint([&](uint64_t v) {
+          out.comments.push_back(static_cast<int64_t>(v));
+        });
+        break;
+      case 14:
+        out.default_sample_type = static_cast<int64_t>(r.varint());
+        break;
+      default:  // drop_frames, keep_frames, unknown fields
+        break;
+    }
+    if (!ok) return false;
+  }
+  return r.ok();
+}
+
+}  // namespace
+
 absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
   std::string inflated;
   if (IsGzip(bytes)) {
@@ -86,15 +280,14 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
     inflated = *std::move(raw);
     bytes = inflated;
   }
-  pb::Profile profile;
-  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
-      !profile.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+  RawProfile profile;
+  if (!ParseProfile(bytes, profile)) {
     return absl::InvalidArgumentError(
         absl::StrCat("DecodePprof: ", bytes.size(),
                      " bytes do not parse as perftools.profiles.Profile"));
   }
 
-  const int nstrings = profile.string_table_size();
+  const int64_t nstrings = static_cast<int64_t>(profile.strings.size());
   absl::Status bad;
   auto str = [&](int64_t index) -> std::string {
     if (index < 0 || index >= nstrings) {
@@ -105,57 +298,57 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
       }
       return "";
     }
-    return profile.string_table(static_cast<int>(index));
+    return std::string(profile.strings[static_cast<size_t>(index)]);
   };
 
   DecodedProfile out;
-  for (const pb::ValueType& vt : profile.sample_type()) {
-    out.sample_types.push_back({str(vt.type()), str(vt.unit())});
+  for (const RawValueType& vt : profile.sample_types) {
+    out.sample_types.push_back({str(vt.type), str(vt.unit)});
   }
-  out.period_type = {str(profile.period_type().type()),
-                     str(profile.period_type().unit())};
-  out.period = profile.period();
-  out.time_nanos = profile.time_nanos();
-  out.duration_nanos = profile.duration_nanos();
-  for (int64_t c : profile.comment()) out.comments.push_back(str(c));
-  out.default_sample_type = str(profile.default_sample_type());
+  out.period_type = {str(profile.period_type.type),
+                     str(profile.period_type.unit)};
+  out.period = profile.period;
+  out.time_nanos = profile.time_nanos;
+  out.duration_nanos = profile.duration_nanos;
+  for (int64_t c : profile.comments) out.comments.push_back(str(c));
+  out.default_sample_type = str(profile.default_sample_type);
 
-  absl::flat_hash_map<uint64_t, const pb::Mapping*> mappings;
-  for (const pb::Mapping& m : profile.mapping()) mappings[m.id()] = &m;
+  absl::flat_hash_map<uint64_t, const RawMapping*> mappings;
+  for (const RawMapping& m : profile.mappings) mappings[m.id] = &m;
   absl::flat_hash_map<uint64_t, std::string> function_names;
-  for (const pb::Function& f : profile.function()) {
-    std::string name = str(f.name());
-    if (name.empty()) name = str(f.system_name());
-    function_names[f.id()] = std::move(name);
+  for (const RawFunction& f : profile.functions) {
+    std::string name = str(f.name);
+    if (name.empty()) name = str(f.system_name);
+    function_names[f.id] = std::move(name);
   }
   absl::flat_hash_map<uint64_t, std::vector<std::string>> location_frames;
-  for (const pb::Location& loc : profile.location()) {
-    std::vector<std::string>& frames = location_frames[loc.id()];
-    for (const pb::Line& line : loc.line()) {
-      auto it = function_names.find(line.function_id());
+  for (const RawLocation& loc : profile.locations) {
+    std::vector<std::string>& frames = location_frames[loc.id];
+    for (uint64_t function_id : loc.function_ids) {
+      auto it = function_names.find(function_id);
       if (it == function_names.end()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "DecodePprof: location ", loc.id(), " names function ",
-            line.function_id(), "; expected one of the profile's functions"));
+            "DecodePprof: location ", loc.id, " names function ",
+            function_id, "; expected one of the profile's functions"));
       }
       frames.push_back(it->second);
     }
     if (!frames.empty()) continue;
-    auto m = mappings.find(loc.mapping_id());
-    if (loc.mapping_id() != 0 && m != mappings.end()) {
-      const pb::Mapping& mapping = *m->second;
+    auto m = mappings.find(loc.mapping_id);
+    if (loc.mapping_id != 0 && m != mappings.end()) {
+      const RawMapping& mapping = *m->second;
       frames.push_back(absl::StrFormat(
-          "%s+0x%x", BaseName(str(mapping.filename())),
-          loc.address() - mapping.memory_start() + mapping.file_offset()));
+          "%s+0x%x", BaseName(str(mapping.filename)),
+          loc.address - mapping.start + mapping.offset));
     } else {
-      frames.push_back(absl::StrFormat("0x%x", loc.address()));
+      frames.push_back(absl::StrFormat("0x%x", loc.address));
     }
   }
 
-  out.samples.reserve(profile.sample_size());
-  for (const pb::Sample& s : profile.sample()) {
+  out.samples.reserve(profile.samples.size());
+  for (const RawSample& s : profile.samples) {
     DecodedProfile::Sample sample;
-    for (uint64_t id : s.location_id()) {
+    for (uint64_t id : s.location_ids) {
       auto it = location_frames.find(id);
       if (it == location_frames.end()) {
         return absl::InvalidArgumentError(
@@ -165,12 +358,12 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
       sample.stack.insert(sample.stack.end(), it->second.begin(),
                           it->second.end());
     }
-    sample.values.assign(s.value().begin(), s.value().end());
-    for (const pb::Label& label : s.label()) {
-      if (label.str() != 0) {
-        sample.str_labels[str(label.key())] = str(label.str());
+    sample.values = s.values;
+    for (const RawLabel& label : s.labels) {
+      if (label.str != 0) {
+        sample.str_labels[str(label.key)] = str(label.str);
       } else {
-        sample.num_labels[str(label.key())] = label.num();
+        sample.num_labels[str(label.key)] = label.num;
       }
     }
     out.samples.push_back(std::move(sample));

@@ -1,4 +1,5 @@
-// pprof encoding with the generated protobuf code, gzip with zlib.
+// pprof encoding with inprof's own wire writer (no protobuf runtime in the
+// host), gzip with zlib.
 
 #include "inprof/pprof_writer.h"
 
@@ -19,37 +20,138 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "profile.pb.h"
+#include "inprof/internal/proto_wire.h"
 
 namespace inprof {
 namespace {
 
-namespace pb = ::perftools::profiles;
+using internal::ProtoWriter;
 
-// pprof's string table: index 0 is "", each string stored once.
+// Field numbers of proto/profile.proto.
+namespace field {
+// Profile
+constexpr uint32_t kSampleType = 1, kSample = 2, kMapping = 3, kLocation = 4,
+                   kFunction = 5, kStringTable = 6, kTimeNanos = 9,
+                   kDurationNanos = 10, kPeriodType = 11, kPeriod = 12,
+                   kComment = 13, kDefaultSampleType = 14;
+// ValueType
+constexpr uint32_t kVtType = 1, kVtUnit = 2;
+// Sample
+constexpr uint32_t kSampleLocationId = 1, kSampleValue = 2, kSampleLabel = 3;
+// Label
+constexpr uint32_t kLabelKey = 1, kLabelStr = 2, kLabelNum = 3;
+// Mapping
+constexpr uint32_t kMapId = 1, kMapStart = 2, kMapLimit = 3, kMapOffset = 4,
+                   kMapFilename = 5, kMapBuildId = 6, kMapHasFunctions = 7,
+                   kMapHasFilenames = 8, kMapHasLineNumbers = 9,
+                   kMapHasInlineFrames = 10;
+// Location
+constexpr uint32_t kLocId = 1, kLocMappingId = 2, kLocAddress = 3,
+                   kLocLine = 4;
+// Line
+constexpr uint32_t kLineFunctionId = 1, kLineLine = 2;
+// Function
+constexpr uint32_t kFnId = 1, kFnName = 2, kFnSystemName = 3,
+                   kFnFilename = 4;
+}  // namespace field
+
+// Length of the well-formed UTF-8 sequence at s[i], 0 if there is none.
+size_t Utf8SequenceLength(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
+  const uint8_t c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  uint8_t lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;  // no overlong forms
+    if (c == 0xed) hi = 0x9f;  // no surrogates
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;  // nothing above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (s.size() - i < n) return 0;
+  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (b(i + k) < 0x80 || b(i + k) > 0xbf) return 0;
+  }
+  return n;
+}
+
+// profile.proto's strings are proto3 `string`s, which must be UTF-8 (protobuf
+// parsers reject the whole profile otherwise). Thread names, labels and file
+// names can hold any bytes: each byte that does not start a well-formed
+// sequence becomes U+FFFD, as decoders do.
+const std::string& ValidUtf8(const std::string& s, std::string& scratch) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) break;
+    i += n;
+  }
+  if (i == s.size()) return s;
+  scratch.assign(s, 0, i);
+  while (i < s.size()) {
+    const size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) {
+      scratch.append("\xef\xbf\xbd");
+      ++i;
+    } else {
+      scratch.append(s, i, n);
+      i += n;
+    }
+  }
+  return scratch;
+}
+
+// pprof's string table: index 0 is "", each string stored once, as UTF-8.
 class StringTable {
  public:
-  explicit StringTable(pb::Profile* profile) : profile_(profile) { Index(""); }
+  StringTable() { Index(""); }
 
-  int64_t Index(const std::string& s) {
-    auto [it, inserted] = index_.try_emplace(s, profile_->string_table_size());
-    if (inserted) profile_->add_string_table(s);
+  int64_t Index(const std::string& raw) {
+    const std::string& s = ValidUtf8(raw, scratch_);
+    auto [it, inserted] =
+        index_.try_emplace(s, static_cast<int64_t>(strings_.size()));
+    if (inserted) strings_.push_back(&it->first);
     return it->second;
   }
 
+  void WriteTo(ProtoWriter& profile) const {
+    for (const std::string* s : strings_) {
+      profile.Bytes(field::kStringTable, *s);
+    }
+  }
+
  private:
-  pb::Profile* profile_;
-  absl::flat_hash_map<std::string, int64_t> index_;
+  // node_hash_map: the keys' addresses stay put for strings_.
+  absl::node_hash_map<std::string, int64_t> index_;
+  std::vector<const std::string*> strings_;
+  std::string scratch_;
 };
+
+void WriteValueType(ProtoWriter& out, uint32_t field_number, int64_t type,
+                    int64_t unit) {
+  ProtoWriter vt;
+  vt.Int64(field::kVtType, type);
+  vt.Int64(field::kVtUnit, unit);
+  out.Message(field_number, vt);
+}
 
 class Encoder {
  public:
   Encoder(const ProfileData& data, Symbolizer& symbolizer)
-      : data_(data), symbolizer_(symbolizer), strings_(&profile_) {}
+      : data_(data), symbolizer_(symbolizer) {}
 
   absl::StatusOr<std::string> Encode() {
     absl::Status valid = Validate();
@@ -59,92 +161,101 @@ class Encoder {
     const std::vector<ModuleInfo>& modules = symbolizer_.modules();
     module_has_location_.assign(modules.size(), false);
 
+    ProtoWriter head;  // sample types, then the samples
     for (const ValueType& vt : data_.sample_types) {
-      pb::ValueType* t = profile_.add_sample_type();
-      t->set_type(strings_.Index(vt.type));
-      t->set_unit(strings_.Index(vt.unit));
+      WriteValueType(head, field::kSampleType, strings_.Index(vt.type),
+                     strings_.Index(vt.unit));
     }
+    ProtoWriter tail;  // the scalar fields after the string table
+    tail.Int64(field::kTimeNanos, data_.time_nanos);
+    tail.Int64(field::kDurationNanos, data_.duration_nanos);
     if (!data_.period_type.type.empty() || !data_.period_type.unit.empty()) {
-      profile_.mutable_period_type()->set_type(
-          strings_.Index(data_.period_type.type));
-      profile_.mutable_period_type()->set_unit(
-          strings_.Index(data_.period_type.unit));
+      WriteValueType(tail, field::kPeriodType,
+                     strings_.Index(data_.period_type.type),
+                     strings_.Index(data_.period_type.unit));
     }
-    profile_.set_period(data_.period);
-    profile_.set_time_nanos(data_.time_nanos);
-    profile_.set_duration_nanos(data_.duration_nanos);
+    tail.Int64(field::kPeriod, data_.period);
+    ProtoWriter comments;
     for (const std::string& c : data_.comments) {
-      profile_.add_comment(strings_.Index(c));
+      comments.RawVarint(static_cast<uint64_t>(strings_.Index(c)));
     }
+    tail.Packed(field::kComment, comments);
     // pprof stores the preferred type's name, not its position.
     if (data_.default_sample_type > 0 &&
         static_cast<size_t>(data_.default_sample_type) <
             data_.sample_types.size()) {
-      profile_.set_default_sample_type(
-          strings_.Index(data_.sample_types[data_.default_sample_type].type));
-    }
-
-    // Mappings first so that mapping ids equal module index + 1; the has_*
-    // flags are filled in once the locations are known.
-    for (size_t i = 0; i < modules.size(); ++i) {
-      pb::Mapping* m = profile_.add_mapping();
-      m->set_id(i + 1);
-      m->set_memory_start(modules[i].start);
-      m->set_memory_limit(modules[i].limit);
-      m->set_file_offset(modules[i].file_offset);
-      m->set_filename(strings_.Index(modules[i].path));
-      m->set_build_id(strings_.Index(modules[i].build_id));
+      tail.Int64(field::kDefaultSampleType,
+                 strings_.Index(
+                     data_.sample_types[data_.default_sample_type].type));
     }
 
     const int64_t thread_id_key = strings_.Index("thread id");
     const int64_t thread_name_key = strings_.Index("thread name");
+    ProtoWriter sample;
+    ProtoWriter packed;
+    ProtoWriter label;
     for (const ProfileSample& s : data_.samples) {
       bool all_zero = true;
       for (int64_t v : s.values) all_zero = all_zero && v == 0;
       if (all_zero) continue;
-      pb::Sample* sample = profile_.add_sample();
+      sample.Clear();
+      packed.Clear();
       if (!s.synthetic_frame.empty() && s.frames.empty()) {
-        sample->add_location_id(SyntheticLocation(s.synthetic_frame));
+        packed.RawVarint(SyntheticLocation(s.synthetic_frame));
       }
       for (size_t i = 0; i < s.frames.size(); ++i) {
-        sample->add_location_id(AddressLocation(s.frames[i], i > 0));
+        packed.RawVarint(AddressLocation(s.frames[i], i > 0));
       }
-      for (int64_t v : s.values) sample->add_value(v);
+      sample.Packed(field::kSampleLocationId, packed);
+      packed.Clear();
+      for (int64_t v : s.values) packed.RawVarint(static_cast<uint64_t>(v));
+      sample.Packed(field::kSampleValue, packed);
       const ThreadIdentity& thread = data_.threads[s.thread];
-      pb::Label* tid = sample->add_label();
-      tid->set_key(thread_id_key);
-      tid->set_num(thread.tid);
+      WriteLabel(sample, label, thread_id_key, nullptr, thread.tid);
       if (!thread.name.empty()) {
-        pb::Label* name = sample->add_label();
-        name->set_key(thread_name_key);
-        name->set_str(strings_.Index(thread.name));
+        WriteLabel(sample, label, thread_name_key, &thread.name, 0);
       }
-      for (const SampleLabel& label : s.labels) {
-        pb::Label* l = sample->add_label();
-        l->set_key(strings_.Index(label.key));
-        if (label.numeric) {
-          l->set_num(label.num);
-        } else {
-          l->set_str(strings_.Index(label.str));
-        }
+      for (const SampleLabel& l : s.labels) {
+        WriteLabel(sample, label, strings_.Index(l.key),
+                   l.numeric ? nullptr : &l.str, l.num);
       }
+      head.Message(field::kSample, sample);
     }
 
+    // Mapping ids are module index + 1; the has_* flags say what the
+    // symbolizer knew about the modules that have locations.
+    ProtoWriter mappings;
+    ProtoWriter m;
     for (size_t i = 0; i < modules.size(); ++i) {
-      if (!module_has_location_[i]) continue;
-      const Symbolizer::ModuleCapabilities caps =
-          symbolizer_.Capabilities(static_cast<int>(i));
-      pb::Mapping* m = profile_.mutable_mapping(static_cast<int>(i));
-      m->set_has_functions(caps.has_functions);
-      m->set_has_filenames(caps.has_filenames);
-      m->set_has_line_numbers(caps.has_line_numbers);
-      m->set_has_inline_frames(caps.has_inline_frames);
+      m.Clear();
+      m.Varint(field::kMapId, i + 1);
+      m.Varint(field::kMapStart, modules[i].start);
+      m.Varint(field::kMapLimit, modules[i].limit);
+      m.Varint(field::kMapOffset, modules[i].file_offset);
+      m.Int64(field::kMapFilename, strings_.Index(modules[i].path));
+      m.Int64(field::kMapBuildId, strings_.Index(modules[i].build_id));
+      if (module_has_location_[i]) {
+        const Symbolizer::ModuleCapabilities caps =
+            symbolizer_.Capabilities(static_cast<int>(i));
+        m.Bool(field::kMapHasFunctions, caps.has_functions);
+        m.Bool(field::kMapHasFilenames, caps.has_filenames);
+        m.Bool(field::kMapHasLineNumbers, caps.has_line_numbers);
+        m.Bool(field::kMapHasInlineFrames, caps.has_inline_frames);
+      }
+      mappings.Message(field::kMapping, m);
     }
 
-    std::string out;
-    if (!profile_.SerializeToString(&out)) {
-      return absl::InternalError("EncodePprof: protobuf serialization failed");
-    }
+    std::string out = std::move(head.mutable_bytes());
+    out.reserve(out.size() + mappings.bytes().size() +
+                locations_out_.bytes().size() +
+                functions_out_.bytes().size() + tail.bytes().size());
+    out.append(mappings.bytes());
+    out.append(locations_out_.bytes());
+    out.append(functions_out_.bytes());
+    ProtoWriter strings;
+    strings_.WriteTo(strings);
+    out.append(strings.bytes());
+    out.append(tail.bytes());
     return out;
   }
 
@@ -167,18 +278,32 @@ class Encoder {
     return absl::OkStatus();
   }
 
+  // A string label when `str` is given, a numeric one otherwise.
+  void WriteLabel(ProtoWriter& sample, ProtoWriter& label, int64_t key,
+                  const std::string* str, int64_t num) {
+    label.Clear();
+    label.Int64(field::kLabelKey, key);
+    if (str != nullptr) {
+      label.Int64(field::kLabelStr, strings_.Index(*str));
+    } else {
+      label.Int64(field::kLabelNum, num);
+    }
+    sample.Message(field::kSampleLabel, label);
+  }
+
   uint64_t FunctionId(const SourceFrame& frame) {
     const std::string& name =
         frame.function.empty() ? frame.system_name : frame.function;
     auto key = std::make_tuple(name, frame.system_name, frame.file);
-    auto [it, inserted] =
-        functions_.try_emplace(std::move(key), profile_.function_size() + 1);
+    auto [it, inserted] = functions_.try_emplace(std::move(key), 0);
     if (inserted) {
-      pb::Function* f = profile_.add_function();
-      f->set_id(it->second);
-      f->set_name(strings_.Index(name));
-      f->set_system_name(strings_.Index(frame.system_name));
-      f->set_filename(strings_.Index(frame.file));
+      it->second = ++function_count_;
+      ProtoWriter f;
+      f.Varint(field::kFnId, it->second);
+      f.Int64(field::kFnName, strings_.Index(name));
+      f.Int64(field::kFnSystemName, strings_.Index(frame.system_name));
+      f.Int64(field::kFnFilename, strings_.Index(frame.file));
+      functions_out_.Message(field::kFunction, f);
     }
     return it->second;
   }
@@ -191,47 +316,55 @@ class Encoder {
     if (!inserted) return it->second;
     const SymbolizedAddress& sym =
         symbolizer_.Lookup(address, is_return_address);
-    pb::Location* loc = NewLocation();
-    it->second = loc->id();
-    loc->set_address(address);
+    it->second = ++location_count_;
+    location_.Clear();
+    location_.Varint(field::kLocId, it->second);
     if (sym.module >= 0 &&
         static_cast<size_t>(sym.module) < module_has_location_.size()) {
-      loc->set_mapping_id(static_cast<uint64_t>(sym.module) + 1);
+      location_.Varint(field::kLocMappingId,
+                       static_cast<uint64_t>(sym.module) + 1);
       module_has_location_[sym.module] = true;
     }
+    location_.Varint(field::kLocAddress, address);
     // A frame without a name gets no Line: pprof then shows module+offset
     // (or symbolizes it itself from the mapping's file).
     for (const SourceFrame& frame : sym.frames) {
       if (frame.function.empty() && frame.system_name.empty()) continue;
-      pb::Line* line = loc->add_line();
-      line->set_function_id(FunctionId(frame));
-      line->set_line(frame.line);
+      WriteLine(FunctionId(frame), frame.line);
     }
+    locations_out_.Message(field::kLocation, location_);
     return it->second;
   }
 
   uint64_t SyntheticLocation(const std::string& name) {
     auto [it, inserted] = synthetic_.try_emplace(name, 0);
     if (!inserted) return it->second;
-    pb::Location* loc = NewLocation();
-    it->second = loc->id();
+    it->second = ++location_count_;
     SourceFrame frame;
     frame.function = name;
     frame.system_name = name;
-    loc->add_line()->set_function_id(FunctionId(frame));
+    location_.Clear();
+    location_.Varint(field::kLocId, it->second);
+    WriteLine(FunctionId(frame), 0);
+    locations_out_.Message(field::kLocation, location_);
     return it->second;
   }
 
-  pb::Location* NewLocation() {
-    pb::Location* loc = profile_.add_location();
-    loc->set_id(static_cast<uint64_t>(profile_.location_size()));
-    return loc;
+  void WriteLine(uint64_t function_id, int64_t line_number) {
+    ProtoWriter line;
+    line.Varint(field::kLineFunctionId, function_id);
+    line.Int64(field::kLineLine, line_number);
+    location_.Message(field::kLocLine, line);
   }
 
   const ProfileData& data_;
   Symbolizer& symbolizer_;
-  pb::Profile profile_;
   StringTable strings_;
+  ProtoWriter location_;        // the location being written
+  ProtoWriter locations_out_;   // Profile.location, in id order
+  ProtoWriter functions_out_;   // Profile.function, in id order
+  uint64_t location_count_ = 0;
+  uint64_t function_count_ = 0;
   std::vector<bool> module_has_location_;
   absl::flat_hash_map<std::pair<uint64_t, bool>, uint64_t> locations_;
   absl::flat_hash_map<std::string, uint64_t> synthetic_;

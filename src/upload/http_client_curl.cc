@@ -1,20 +1,88 @@
+// libcurl is loaded with dlopen() the first time an HttpClient is built, that
+// is, only in a process that configured an upload: a host that only writes
+// files never maps libcurl and the ~30 libraries it pulls in (TLS, LDAP,
+// SSH, Kerberos, ...). The headers give the types; the calls go through
+// the function pointers below.
 #include "inprof/internal/http_client.h"
 
 #include <curl/curl.h>
+#include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
 namespace inprof::internal {
 namespace {
 
-void GlobalInit() {
-  // Not thread-safe in every libcurl; once, before any handle. Never cleaned
-  // up: other code in the process may use libcurl too.
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+#define INPROF_CURL_FUNCTIONS(X) \
+  X(curl_global_init) \
+  X(curl_multi_init) \
+  X(curl_easy_init) \
+  X(curl_easy_cleanup) \
+  X(curl_multi_cleanup) \
+  X(curl_multi_wakeup) \
+  X(curl_easy_reset) \
+  X(curl_easy_setopt) \
+  X(curl_slist_append) \
+  X(curl_slist_free_all) \
+  X(curl_mime_init) \
+  X(curl_mime_addpart) \
+  X(curl_mime_name) \
+  X(curl_mime_filename) \
+  X(curl_mime_type) \
+  X(curl_mime_data) \
+  X(curl_mime_free) \
+  X(curl_multi_add_handle) \
+  X(curl_multi_perform) \
+  X(curl_multi_info_read) \
+  X(curl_multi_poll) \
+  X(curl_multi_remove_handle) \
+  X(curl_easy_strerror) \
+  X(curl_easy_getinfo)
+
+struct CurlApi {
+#define INPROF_CURL_POINTER(name) decltype(&::name) name = nullptr;
+  INPROF_CURL_FUNCTIONS(INPROF_CURL_POINTER)
+#undef INPROF_CURL_POINTER
+  std::string error;  // empty when loaded
+};
+
+// Loaded once per process, never unloaded (its handles may outlive us).
+const CurlApi& Curl() {
+  static const CurlApi* api = [] {
+    auto* a = new CurlApi;
+    const char* env = std::getenv("INPROF_LIBCURL");
+    const std::string path = env != nullptr && env[0] != '\0'
+                                 ? std::string(env)
+                                 : std::string("libcurl.so.4");
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = dlerror();
+      a->error = absl::StrCat("uploads need libcurl ('", path,
+                              "', Debian package libcurl4), which cannot be "
+                              "loaded: ", why != nullptr ? why : "unknown");
+      return a;
+    }
+#define INPROF_CURL_LOAD(name)                                             \
+  a->name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));        \
+  if (a->name == nullptr && a->error.empty()) {                            \
+    a->error = absl::StrCat("uploads need libcurl 7.68 or newer: '", path, \
+                            "' has no ", #name);                           \
+  }
+    INPROF_CURL_FUNCTIONS(INPROF_CURL_LOAD)
+#undef INPROF_CURL_LOAD
+    if (a->error.empty()) {
+      // Not thread-safe in every libcurl; once, before any handle. Never
+      // cleaned up: other code in the process may use libcurl too.
+      a->curl_global_init(CURL_GLOBAL_DEFAULT);
+    }
+    return a;
+  }();
+  return *api;
 }
 
 size_t KeepBody(char* data, size_t size, size_t n, void* user) {
@@ -32,32 +100,44 @@ struct RequestResources {
   curl_slist* headers = nullptr;
   curl_mime* mime = nullptr;
   ~RequestResources() {
-    curl_slist_free_all(headers);
-    curl_mime_free(mime);
+    if (headers != nullptr) Curl().curl_slist_free_all(headers);
+    if (mime != nullptr) Curl().curl_mime_free(mime);
   }
 };
 
 }  // namespace
 
+absl::Status HttpClient::Available() {
+  const CurlApi& curl = Curl();
+  if (!curl.error.empty()) return absl::UnavailableError(curl.error);
+  return absl::OkStatus();
+}
+
 HttpClient::HttpClient() {
-  GlobalInit();
-  multi_ = curl_multi_init();
-  easy_ = curl_easy_init();
+  const CurlApi& curl = Curl();
+  if (!curl.error.empty()) return;
+  multi_ = curl.curl_multi_init();
+  easy_ = curl.curl_easy_init();
 }
 
 HttpClient::~HttpClient() {
-  if (easy_ != nullptr) curl_easy_cleanup(static_cast<CURL*>(easy_));
-  if (multi_ != nullptr) curl_multi_cleanup(static_cast<CURLM*>(multi_));
+  if (easy_ != nullptr) Curl().curl_easy_cleanup(static_cast<CURL*>(easy_));
+  if (multi_ != nullptr) Curl().curl_multi_cleanup(static_cast<CURLM*>(multi_));
 }
 
 void HttpClient::Abort() {
   aborted_.store(true, std::memory_order_release);
-  if (multi_ != nullptr) curl_multi_wakeup(static_cast<CURLM*>(multi_));
+  if (multi_ != nullptr) Curl().curl_multi_wakeup(static_cast<CURLM*>(multi_));
 }
 
 absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   CURLM* multi = static_cast<CURLM*>(multi_);
   CURL* easy = static_cast<CURL*>(easy_);
+  const CurlApi& curl = Curl();
+  if (!curl.error.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("POST ", request.url, ": ", curl.error));
+  }
   if (multi == nullptr || easy == nullptr) {
     return absl::InternalError("libcurl could not be initialized");
   }
@@ -65,63 +145,63 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
     return absl::CancelledError(absl::StrCat("POST ", request.url, ": aborted"));
   }
   // Keeps the connection cache (in the multi handle) across requests.
-  curl_easy_reset(easy);
+  curl.curl_easy_reset(easy);
   HttpResponse response;
   RequestResources res;
   char error[CURL_ERROR_SIZE] = {};
-  curl_easy_setopt(easy, CURLOPT_URL, request.url.c_str());
+  curl.curl_easy_setopt(easy, CURLOPT_URL, request.url.c_str());
   if (!request.unix_socket.empty()) {
-    curl_easy_setopt(easy, CURLOPT_UNIX_SOCKET_PATH,
+    curl.curl_easy_setopt(easy, CURLOPT_UNIX_SOCKET_PATH,
                      request.unix_socket.c_str());
   }
-  curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);  // we run beside other threads
-  curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, error);
-  curl_easy_setopt(easy, CURLOPT_USERAGENT, "inprof/0.1.0");
+  curl.curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);  // we run beside other threads
+  curl.curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, error);
+  curl.curl_easy_setopt(easy, CURLOPT_USERAGENT, "inprof/0.1.0");
   const long timeout_ms =
       std::max<long>(1, static_cast<long>(absl::ToInt64Milliseconds(request.timeout)));
-  curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
-  curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
-  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &KeepBody);
-  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &response.body);
-  curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl.curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl.curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+  curl.curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &KeepBody);
+  curl.curl_easy_setopt(easy, CURLOPT_WRITEDATA, &response.body);
+  curl.curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
   if (!request.basic_auth_user.empty()) {
-    curl_easy_setopt(easy, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
-    curl_easy_setopt(easy, CURLOPT_USERNAME, request.basic_auth_user.c_str());
-    curl_easy_setopt(easy, CURLOPT_PASSWORD,
+    curl.curl_easy_setopt(easy, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
+    curl.curl_easy_setopt(easy, CURLOPT_USERNAME, request.basic_auth_user.c_str());
+    curl.curl_easy_setopt(easy, CURLOPT_PASSWORD,
                      request.basic_auth_password.c_str());
   } else if (!request.bearer_token.empty()) {
-    curl_easy_setopt(easy, CURLOPT_HTTPAUTH, CURLAUTH_BEARER);
-    curl_easy_setopt(easy, CURLOPT_XOAUTH2_BEARER,
+    curl.curl_easy_setopt(easy, CURLOPT_HTTPAUTH, CURLAUTH_BEARER);
+    curl.curl_easy_setopt(easy, CURLOPT_XOAUTH2_BEARER,
                      request.bearer_token.c_str());
   }
   for (const std::string& h : request.headers) {
-    res.headers = curl_slist_append(res.headers, h.c_str());
+    res.headers = curl.curl_slist_append(res.headers, h.c_str());
   }
   // No "Expect: 100-continue" round trip (a receiver that ignores it costs
   // curl a 1 s wait).
-  res.headers = curl_slist_append(res.headers, "Expect:");
+  res.headers = curl.curl_slist_append(res.headers, "Expect:");
   if (request.parts.empty()) {
-    res.headers = curl_slist_append(
+    res.headers = curl.curl_slist_append(
         res.headers, absl::StrCat("Content-Type: ", request.content_type).c_str());
-    curl_easy_setopt(easy, CURLOPT_POST, 1L);
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
+    curl.curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl.curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
                      static_cast<curl_off_t>(request.body.size()));
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, request.body.data());
+    curl.curl_easy_setopt(easy, CURLOPT_POSTFIELDS, request.body.data());
   } else {
-    res.mime = curl_mime_init(easy);
+    res.mime = curl.curl_mime_init(easy);
     for (const HttpPart& p : request.parts) {
-      curl_mimepart* part = curl_mime_addpart(res.mime);
-      curl_mime_name(part, p.name.c_str());
-      if (!p.filename.empty()) curl_mime_filename(part, p.filename.c_str());
-      if (!p.content_type.empty()) curl_mime_type(part, p.content_type.c_str());
+      curl_mimepart* part = curl.curl_mime_addpart(res.mime);
+      curl.curl_mime_name(part, p.name.c_str());
+      if (!p.filename.empty()) curl.curl_mime_filename(part, p.filename.c_str());
+      if (!p.content_type.empty()) curl.curl_mime_type(part, p.content_type.c_str());
       const absl::string_view data = p.owned.empty() ? p.data : p.owned;
-      curl_mime_data(part, data.data(), data.size());
+      curl.curl_mime_data(part, data.data(), data.size());
     }
-    curl_easy_setopt(easy, CURLOPT_MIMEPOST, res.mime);
+    curl.curl_easy_setopt(easy, CURLOPT_MIMEPOST, res.mime);
   }
-  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, res.headers);
+  curl.curl_easy_setopt(easy, CURLOPT_HTTPHEADER, res.headers);
 
-  if (curl_multi_add_handle(multi, easy) != CURLM_OK) {
+  if (curl.curl_multi_add_handle(multi, easy) != CURLM_OK) {
     return absl::InternalError("curl_multi_add_handle failed");
   }
   CURLcode result = CURLE_OK;
@@ -129,12 +209,12 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   bool aborted = false;
   while (!done) {
     int running = 0;
-    if (curl_multi_perform(multi, &running) != CURLM_OK) {
+    if (curl.curl_multi_perform(multi, &running) != CURLM_OK) {
       result = CURLE_FAILED_INIT;
       break;
     }
     int left = 0;
-    while (CURLMsg* msg = curl_multi_info_read(multi, &left)) {
+    while (CURLMsg* msg = curl.curl_multi_info_read(multi, &left)) {
       if (msg->msg == CURLMSG_DONE && msg->easy_handle == easy) {
         result = msg->data.result;
         done = true;
@@ -146,26 +226,26 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
       break;
     }
     // Wakes on socket activity, curl's own timers, or Abort().
-    curl_multi_poll(multi, nullptr, 0, 1000, nullptr);
+    curl.curl_multi_poll(multi, nullptr, 0, 1000, nullptr);
     if (aborted_.load(std::memory_order_acquire)) {
       aborted = true;
       break;
     }
   }
-  curl_multi_remove_handle(multi, easy);
+  curl.curl_multi_remove_handle(multi, easy);
   if (aborted) {
     return absl::CancelledError(absl::StrCat("POST ", request.url, ": aborted"));
   }
   if (result != CURLE_OK) {
     const std::string reason =
-        error[0] != '\0' ? std::string(error) : curl_easy_strerror(result);
+        error[0] != '\0' ? std::string(error) : curl.curl_easy_strerror(result);
     const std::string message = absl::StrCat("POST ", request.url, ": ", reason);
     if (result == CURLE_OPERATION_TIMEDOUT) {
       return absl::DeadlineExceededError(message);
     }
     return absl::UnavailableError(message);
   }
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &response.status);
+  curl.curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &response.status);
   return response;
 }
 

@@ -10,6 +10,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,6 +212,76 @@ TEST_F(PprofWriterTest, ProtocDecodesTheProfile) {
   EXPECT_THAT(*text, HasSubstr("string_table: \"cpu-time\""));
   EXPECT_THAT(*text, HasSubstr("location {"));
   EXPECT_TRUE(testing::ProtocDecodeOk(path_).ok());
+}
+
+// inprof encodes pprof with its own wire writer: libprotobuf (the reference
+// implementation, here only in the test) parses the bytes, and writing them
+// back gives the same bytes (proto3's canonical form: fields in number order,
+// packed repeated scalars, zero values left out), with a negative value and
+// a label that is not UTF-8 among them (proto3 strings must be: each stray
+// byte is written as U+FFFD, or libprotobuf rejects the whole profile).
+TEST_F(PprofWriterTest, EncodingIsWhatLibprotobufWritesByteForByte) {
+  ProfileData data = data_;
+  data.samples[0].values[1] = -5;
+  data.samples[0].labels.push_back({"binary", std::string("\xff\x00\x80", 3)});
+  data.samples[0].labels.push_back(
+      {"big", "", std::numeric_limits<int64_t>::min(), true});
+  absl::StatusOr<std::string> ours = EncodePprof(data, symbolizer_);
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  perftools::profiles::Profile profile;
+  ASSERT_TRUE(profile.ParseFromString(*ours));
+  std::string reference;
+  ASSERT_TRUE(profile.SerializeToString(&reference));
+  EXPECT_EQ(*ours, reference);
+  EXPECT_EQ(profile.sample(0).value(1), -5);
+  EXPECT_GT(profile.location_size(), 3);
+  EXPECT_GT(profile.mapping_size(), 1);
+  EXPECT_EQ(profile.string_table(0), "");
+  // And inprof's own reader agrees with it on the same bytes.
+  absl::StatusOr<DecodedProfile> decoded = DecodePprof(*ours);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->samples.size(), static_cast<size_t>(profile.sample_size()));
+  EXPECT_EQ(decoded->samples[0].values[1], -5);
+  EXPECT_EQ(decoded->samples[0].str_labels.at("binary"),
+            std::string("\xef\xbf\xbd\x00\xef\xbf\xbd", 7));
+  EXPECT_EQ(decoded->samples[0].num_labels.at("big"),
+            std::numeric_limits<int64_t>::min());
+}
+
+// Unpacked repeated fields (older writers) and unknown fields (newer
+// profile.proto) are read as any protobuf parser reads them.
+TEST(PprofReaderTest, ReadsUnpackedFieldsAndSkipsUnknownOnes) {
+  perftools::profiles::Profile p;
+  p.add_string_table("");
+  p.add_string_table("samples");
+  p.add_string_table("count");
+  p.add_string_table("f");
+  auto* st = p.add_sample_type();
+  st->set_type(1);
+  st->set_unit(2);
+  auto* fn = p.add_function();
+  fn->set_id(7);
+  fn->set_name(3);
+  auto* loc = p.add_location();
+  loc->set_id(9);
+  loc->add_line()->set_function_id(7);
+  std::string bytes;
+  ASSERT_TRUE(p.SerializeToString(&bytes));
+  // A sample written field by field: location_id 9 and value 4 unpacked
+  // (tag 0x08, 0x10), an unknown varint field 15 and an unknown fixed64
+  // field 16.
+  const std::string sample("\x08\x09\x10\x04\x78\x01\x81\x01\x01\x02\x03\x04\x05\x06\x07\x08", 16);
+  bytes += std::string("\x12", 1) + static_cast<char>(sample.size()) + sample;
+  absl::StatusOr<DecodedProfile> d = DecodePprof(bytes);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->samples.size(), 1u);
+  EXPECT_THAT(d->samples[0].stack, ElementsAre("f"));
+  EXPECT_THAT(d->samples[0].values, ElementsAre(4));
+  // Truncated in the middle of the sample: one clear error.
+  absl::StatusOr<DecodedProfile> cut = DecodePprof(bytes.substr(0, bytes.size() - 3));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_THAT(cut.status().message(),
+              HasSubstr("do not parse as perftools.profiles.Profile"));
 }
 
 TEST_F(PprofWriterTest, OwnReaderSeesNamesLabelsAndHeader) {

@@ -1,6 +1,7 @@
 // internal: not part of the public API.
 //
-// A small blocking HTTP client on libcurl for the uploaders: one request at
+// A small blocking HTTP client on libcurl (loaded at run time, only by a
+// process that uploads) for the uploaders: one request at
 // a time, a whole-request timeout, connection reuse, HTTP over a unix
 // socket, multipart/form-data bodies, and Abort() from another thread,
 // which makes the request in progress return within milliseconds.
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -51,6 +53,11 @@ class HttpClient {
  public:
   // Response bytes kept (error pages can be large; one line is logged).
   static constexpr size_t kMaxResponseBody = 4096;
+
+  // OK when libcurl (loaded on first use, see http_client_curl.cc) is
+  // there; otherwise Unavailable with one line naming the library and the
+  // package that provides it. INPROF_LIBCURL overrides the file loaded.
+  static absl::Status Available();
 
   HttpClient();
   ~HttpClient();
