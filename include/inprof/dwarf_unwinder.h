@@ -17,9 +17,11 @@
 // Thread-safety: Unwind/UnwindFrom are async-signal-safe: no allocation, no
 // locks, no dl_iterate_phdr, no libunwind/libgcc, and never a fault.
 // RefreshModules and Stats may be called from any thread (they take a
-// mutex; never from a signal handler). A Profiler calls RefreshModules at
-// Start() and on every collector pass, so modules dlopen()ed later are
-// unwound from the pass after they were loaded.
+// mutex; never from a signal handler). A Profiler calls RefreshModules on
+// its collector thread, first right after Start() (which so returns without
+// building any table: walks before the first snapshot follow frame pointers
+// and are counted, WalksWithoutTables) and then on every pass, so modules
+// dlopen()ed later are unwound from the pass after they were loaded.
 //
 // Example:
 //   inprof::DwarfProfiler profiler(inprof::Options::FromEnv());
@@ -87,7 +89,19 @@ class DwarfUnwinder {
   UnwindResult UnwindFrom(const RegisterState& regs, const StackBounds& bounds,
                           std::span<uintptr_t> out) const noexcept {
     internal::CfiReadGuard guard;
+    if (guard.snapshot() == nullptr || guard.snapshot()->partial) {
+      internal::g_cfi_state.walks_without_tables.fetch_add(
+          1, std::memory_order_relaxed);
+    }
     return internal::CfiWalk(guard.snapshot(), regs, bounds, out);
+  }
+
+  // Walks so far that ran before the first build of the tables was complete
+  // (no or a partial snapshot), so frame pointers only for the modules not
+  // built yet (the profile's comments report them).
+  static uint64_t WalksWithoutTables() noexcept {
+    return internal::g_cfi_state.walks_without_tables.load(
+        std::memory_order_relaxed);
   }
 
   // Rebuilds the snapshot if modules were loaded or unloaded since the last

@@ -284,7 +284,8 @@ class Profiler final : public internal::ProfilerControl,
                                  "architecture; profiling stays off"));
       return absl::OkStatus();
     }
-    if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
+    // No unwind tables are built here: the collector thread builds them
+    // first thing (Drain), so Start() returns in well under a millisecond.
     if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;
     if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
     if (const std::string how = DescribeProviders(); !how.empty()) {
@@ -402,6 +403,9 @@ class Profiler final : public internal::ProfilerControl,
     s.samples_recorded = recorded_.load(std::memory_order_relaxed);
     s.samples_dropped = dropped_.load(std::memory_order_relaxed);
     s.stacks_truncated = truncated_.load(std::memory_order_relaxed);
+    if constexpr (requires { U::WalksWithoutTables(); }) {
+      s.stacks_before_tables = U::WalksWithoutTables() - walks_without_tables_at_construction_;
+    }
     s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
     s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
     return s;
@@ -960,11 +964,13 @@ class Profiler final : public internal::ProfilerControl,
   // threads), the slots are not visited: with 1,000 registered threads that
   // walk over their rings was most of the collector's CPU.
   void Drain() {
+    // Unwinders with per-module tables (built off the hot path, read by the
+    // handler) pick up modules loaded or unloaded since the last pass. Not
+    // under the registry lock: the first build takes tens of milliseconds,
+    // and threads register meanwhile.
+    if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
-    // Unwinders with per-module tables (built off the hot path, read by the
-    // handler) pick up modules loaded or unloaded since the last pass.
-    if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
     // Read before draining: what is pushed meanwhile is drained next pass.
     const uint64_t activity = activity_.load(std::memory_order_acquire);
     if (activity == drained_activity_) return;
@@ -1121,6 +1127,14 @@ class Profiler final : public internal::ProfilerControl,
   uint64_t drained_activity_ = ~uint64_t{0};
   std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0};
   std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
+  // The unwinder's counter is process-wide; this profiler reports its own.
+  const uint64_t walks_without_tables_at_construction_ = [] {
+    if constexpr (requires { U::WalksWithoutTables(); }) {
+      return U::WalksWithoutTables();
+    } else {
+      return uint64_t{0};
+    }
+  }();
 };
 
 // Starts a profiler on construction and stops it (writing the profile) on

@@ -23,6 +23,7 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.samples_recorded -= before.samples_recorded;
   d.samples_dropped -= before.samples_dropped;
   d.stacks_truncated -= before.stacks_truncated;
+  d.stacks_before_tables -= before.stacks_before_tables;
   return d;
 }
 
@@ -97,6 +98,9 @@ void ProfilerCore::StartCollector(std::function<void()> drain,
   const auto period = absl::ToChronoNanoseconds(options_.collect_period);
   t->collector = std::thread([t, drain, period] {
     pthread_setname_np(pthread_self(), "inprof-collect");
+    // A first pass right away: unwinders with per-module tables build them
+    // here, off the thread that called Start().
+    drain();
     std::unique_lock<std::mutex> lock(t->mutex);
     while (!t->stop) {
       t->cv.wait_for(lock, period, [t] { return t->stop; });
@@ -209,8 +213,10 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
       "samples taken=", window_stats.samples_taken,
       " recorded=", window_stats.samples_recorded,
       " dropped=", window_stats.samples_dropped, " (ring full)"));
-  data.comments.push_back(
-      absl::StrCat("stacks truncated=", window_stats.stacks_truncated));
+  data.comments.push_back(absl::StrCat(
+      "stacks truncated=", window_stats.stacks_truncated,
+      " unwound before the CFI tables were ready (frame pointers only)=",
+      window_stats.stacks_before_tables));
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
   }

@@ -231,18 +231,50 @@ void RebuildLocked(State& s) {
       published;
   std::vector<CurrentModule> current;
   size_t without_cfi = 0;
+  // The first build (right after Start, on the collector thread) takes tens
+  // of milliseconds for a typical program; samples meanwhile walk frame
+  // pointers. So it goes where samples are first, the program and then the
+  // C and C++ runtimes, and publishes a partial snapshot after each table,
+  // so that each module unwinds by its CFI as soon as its table exists.
+  const bool first_build =
+      g_cfi_state.current.load(std::memory_order_seq_cst) == nullptr;
+  if (first_build) {
+    auto rank = [](const LoadedModule& m) {
+      const std::string& p = m.path;
+      const size_t slash = p.rfind('/');
+      const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+      if (m.open_path == "/proc/self/exe") return 0;
+      if (base.rfind("libc.so", 0) == 0) return 1;
+      if (base.rfind("libstdc++.so", 0) == 0) return 2;
+      if (base.rfind("libgcc_s.so", 0) == 0) return 3;
+      return 4;
+    };
+    std::stable_sort(modules.begin(), modules.end(),
+                     [&](const LoadedModule& a, const LoadedModule& b) {
+                       return rank(a) < rank(b);
+                     });
+  }
   for (const LoadedModule& m : modules) {
     if (m.text_hi <= m.text_lo) continue;  // no executable segment
     const std::string key = CacheKey(m);
     auto it = s.cache.find(key);
+    bool built = false;
     if (it == s.cache.end()) {
       it = s.cache.emplace(key, CacheEntry{BuildTable(m), 0}).first;
       ++s.tables_built;
+      built = true;
     }
     it->second.last_used = s.generation;
     const std::shared_ptr<const CfiModuleTable>& table = it->second.table;
     const uintptr_t load = m.bias + table->text_lo();
     published.emplace_back(load, table);
+    if (first_build && built) {
+      auto* partial = new CfiSnapshot(published, s.generation);
+      partial->partial = true;
+      const CfiSnapshot* old =
+          g_cfi_state.current.exchange(partial, std::memory_order_seq_cst);
+      if (old != nullptr) s.retired.push_back(old);
+    }
     if (table->rows() == 0) {
       ++without_cfi;
       continue;

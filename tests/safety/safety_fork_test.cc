@@ -205,6 +205,15 @@ TEST_F(SafetyForkTest, ForkedChildGetsNoTimersNoSamplesAndWritesNothing) {
 // Regression: before internal/fork_guard.h, ~13% of the children hung in
 // ThreadRegistration::Reset() on the registry lock.
 TEST_F(SafetyForkTest, ChildForkedWhileCollectorRunsCanStop) {
+  if (safety::kAsan) {
+    // GCC 12's libasan (LLVM 14's runtime) takes no allocator locks around
+    // fork(): a child forked while a burner or the collector is inside
+    // malloc hangs in its first allocation (a clean-clone ASan run: 1 of 75
+    // children hung; the plain build's 300 never do, and every lock of
+    // inprof's is in internal/fork_guard.h). LLVM 18 added the atfork
+    // handlers (llvm-project PR 75290). The plain build runs this test.
+    GTEST_SKIP() << "this libasan does not lock its allocator across fork()";
+  }
   const int iterations = static_cast<int>(safety::Scaled(300, 2'000));
   Options options = SafetyOptions("fork_locks");
   options.collect_period = absl::Milliseconds(1);

@@ -35,6 +35,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/frame_pointer_unwinder.h"
+#include "inprof/pprof_reader.h"
 #include "inprof/inprof.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/unwinder.h"
@@ -1155,6 +1156,42 @@ LeafStacks ProfileFramelessLeaf(const std::string& tag) {
     }
   }
   return result;
+}
+
+// Start() builds no CFI table on the calling thread: the collector builds
+// them right after, and the walks taken before (frame pointers only) are
+// counted, in stats() and in the profile's comments, which agree.
+TEST(DwarfProfilerTest, WalksBeforeTheTablesAreCountedAndReported) {
+  Options options;
+  options.output = absl::StrCat(testing::TestTmpDir(), "/dwarf_before_tables.pb.gz");
+  options.cpu_period = absl::Milliseconds(1);
+  options.wall_period = absl::ZeroDuration();
+  DwarfProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  {
+    auto self = profiler.RegisterThread("main");
+    const int64_t start = ThreadCpuNow();
+    volatile uint64_t sink = 0;
+    while (ThreadCpuNow() - start < 200'000'000) sink = sink + 1;
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  const ProfilerStats stats = profiler.stats();
+  EXPECT_LE(stats.stacks_before_tables, stats.samples_taken);
+  // The tables exist once the collector has run.
+  EXPECT_GT(DwarfUnwinder::Stats().modules.size(), 0u);
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const std::string expected =
+      absl::StrCat("unwound before the CFI tables were ready (frame pointers only)=",
+                   stats.stacks_before_tables);
+  bool found = false;
+  for (const auto& c : profile->comments) {
+    found |= c.find(expected) != std::string::npos;
+  }
+  EXPECT_TRUE(found) << "no comment '" << expected << "'";
+  std::printf("%llu of %llu samples walked before the tables were built\n",
+              static_cast<unsigned long long>(stats.stacks_before_tables),
+              static_cast<unsigned long long>(stats.samples_taken));
 }
 
 TEST(DwarfProfilerTest, LeafSamplesInFramelessCodeCarryTheStackUpToMain) {

@@ -308,6 +308,11 @@ class CfiSnapshot {
   };
 
   CfiSnapshot() = default;
+  // True while the first build is under way: the snapshot holds the tables
+  // built so far, and walks through the other modules follow frame
+  // pointers (counted as walks without tables).
+  bool partial = false;
+
   // `modules` need not be sorted; the tables are kept alive by the snapshot.
   // A table without rows still marks its range as a module's text.
   CfiSnapshot(std::vector<std::pair<uintptr_t, std::shared_ptr<const CfiModuleTable>>>
@@ -408,6 +413,9 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
 struct CfiGlobalState {
   alignas(64) std::atomic<uint64_t> readers{0};
   alignas(64) std::atomic<const CfiSnapshot*> current{nullptr};
+  // Walks that found no snapshot yet (the tables are built on the
+  // collector thread after Start) and followed frame pointers only.
+  alignas(64) std::atomic<uint64_t> walks_without_tables{0};
 };
 extern CfiGlobalState g_cfi_state;
 

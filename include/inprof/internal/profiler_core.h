@@ -43,6 +43,9 @@ struct ProfilerStats {
   uint64_t samples_recorded = 0;   // samples that reached the aggregate
   uint64_t samples_dropped = 0;    // samples lost because a ring was full
   uint64_t stacks_truncated = 0;   // walks stopped at a bad frame / limit
+  // Walks before the unwinder's tables were ready (built on the collector
+  // thread after Start): frame pointers only, so maybe incomplete.
+  uint64_t stacks_before_tables = 0;
   uint64_t threads_registered = 0; // registrations since construction
   uint64_t profiles_written = 0;
 };
