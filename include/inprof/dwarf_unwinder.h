@@ -20,8 +20,9 @@
 // mutex; never from a signal handler). A Profiler calls RefreshModules on
 // its collector thread, first right after Start() (which so returns without
 // building any table: walks before the first snapshot follow frame pointers
-// and are counted, WalksWithoutTables) and then on every pass, so modules
-// dlopen()ed later are unwound from the pass after they were loaded.
+// and are counted, WalksWithoutTables; the rings are drained between two
+// tables) and then on every pass, so modules dlopen()ed later are unwound
+// from the pass after they were loaded.
 //
 // Example:
 //   inprof::DwarfProfiler profiler(inprof::Options::FromEnv());
@@ -40,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/machine_context.h"
 #include "inprof/unwinder.h"
@@ -104,11 +106,23 @@ class DwarfUnwinder {
         std::memory_order_relaxed);
   }
 
+  // True once the first build is complete: every module loaded then has
+  // its table published. Async-signal-safe.
+  static bool TablesReady() noexcept {
+    internal::CfiReadGuard guard;
+    return guard.snapshot() != nullptr && !guard.snapshot()->partial;
+  }
+
   // Rebuilds the snapshot if modules were loaded or unloaded since the last
   // call (dl_iterate_phdr's adds/subs counters); a module's table is built
   // once and reused while it stays loaded (and for a few unloads after).
   // Cheap when nothing changed. Not async-signal-safe.
   static void RefreshModules();
+  // The same, calling `between_tables` after each table it builds (a
+  // Profiler drains its sample rings there: a first build takes tens of
+  // milliseconds, more under a sanitizer). When it returns false the build
+  // stops there; the next call resumes it.
+  static void RefreshModules(absl::FunctionRef<bool()> between_tables);
 
   // The current tables and counters. Not async-signal-safe.
   static DwarfUnwinderStats Stats();

@@ -31,25 +31,26 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
-#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+#include "absl/random/distributions.h"
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/random/distributions.h"
-#include "absl/random/random.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "inprof/cpu_time_provider.h"
 #include "inprof/frame_pointer_unwinder.h"
@@ -342,7 +343,7 @@ class Profiler final : public internal::ProfilerControl,
       core_.SetEngineDetail(DescribeProviders());
     }
     core_.StopCollector();
-    Drain();
+    DrainRings();  // no table is needed any more: sampling is off
     absl::Status status = core_.Export(stats());
     if (status.ok()) {
       ++profiles_written_;
@@ -960,24 +961,39 @@ class Profiler final : public internal::ProfilerControl,
     return std::span<const uint64_t>(out, frames.size() + 1);
   }
 
-  // Collector step. When no handler has run since the last pass (idle
-  // threads), the slots are not visited: with 1,000 registered threads that
-  // walk over their rings was most of the collector's CPU.
+  // Collector step: picks up modules loaded or unloaded since the last pass
+  // (unwinders with per-module tables, built off the hot path and read by
+  // the handler), then drains the rings. Not under the registry lock: the
+  // first build takes tens of milliseconds and threads register meanwhile;
+  // the rings are drained between two tables, and the build stops (to be
+  // resumed) once the profiler is stopping.
   void Drain() {
-    // Unwinders with per-module tables (built off the hot path, read by the
-    // handler) pick up modules loaded or unloaded since the last pass. Not
-    // under the registry lock: the first build takes tens of milliseconds,
-    // and threads register meanwhile.
-    if constexpr (requires { U::RefreshModules(); }) U::RefreshModules();
+    if constexpr (requires(absl::FunctionRef<bool()> between) {
+                    U::RefreshModules(between);
+                  }) {
+      U::RefreshModules([this] { return DrainRings(); });
+    } else if constexpr (requires { U::RefreshModules(); }) {
+      U::RefreshModules();
+    }
+    DrainRings();
+  }
+
+  // When no handler has run since the last pass (idle threads), the slots
+  // are not visited: with 1,000 registered threads that walk over their
+  // rings was most of the collector's CPU. Returns whether the profiler is
+  // still running.
+  bool DrainRings() {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
     // Read before draining: what is pushed meanwhile is drained next pass.
     const uint64_t activity = activity_.load(std::memory_order_acquire);
-    if (activity == drained_activity_) return;
-    drained_activity_ = activity;
-    std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    SampleAggregator& agg = core_.aggregator();
-    for (Slot* slot : active_) DrainSlotIntoLocked(slot, agg);
+    if (activity != drained_activity_) {
+      drained_activity_ = activity;
+      std::lock_guard<std::mutex> agg_lock(core_.mutex());
+      SampleAggregator& agg = core_.aggregator();
+      for (Slot* slot : active_) DrainSlotIntoLocked(slot, agg);
+    }
+    return running_;
   }
 
   // Registry::Owner. Registry lock held by the caller.

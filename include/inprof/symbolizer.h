@@ -88,6 +88,13 @@ class Symbolizer {
   // looked for after the call. Default: ":.debug:/usr/lib/debug".
   void SetDebugInfoPath(absl::string_view path);
 
+  // Whether system libraries (paths under /lib/, /usr/lib/, /lib64/,
+  // /usr/lib64/) are symbolized with their debug info (file:line, inline
+  // frames) or from their symbol tables only. Default true here; a Profiler
+  // sets Options::system_debug_info (default false). Applies to modules
+  // opened after the call.
+  void set_system_debug_info(bool on);
+
   // Addresses whose results are cached (each Lookup() of a new address adds
   // one; Refresh() drops those of unloaded modules).
   size_t cached_addresses() const;

@@ -150,6 +150,14 @@ Options Options::FromLookup(const Lookup& lookup,
       report(parsed.status(), "1");
     }
   }
+  if (const char* v = lookup("INPROF_SYSTEM_DEBUG_INFO")) {
+    auto parsed = ParseBoolFlag("INPROF_SYSTEM_DEBUG_INFO", v);
+    if (parsed.ok()) {
+      options.system_debug_info = *parsed;
+    } else {
+      report(parsed.status(), "0");
+    }
+  }
   if (const char* v = lookup("INPROF_SYMBOLIZE")) {
     auto parsed = ParseBoolFlag("INPROF_SYMBOLIZE", v);
     if (parsed.ok()) {

@@ -219,6 +219,7 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
       window_stats.stacks_before_tables));
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
+    symbolizer_->set_system_debug_info(options_.system_debug_info);
   }
   symbolizer_->Refresh();
   absl::StatusOr<std::string> encoded = EncodePprof(data, *symbolizer_);

@@ -745,6 +745,15 @@ size_t EntryBytes(const SymbolizedAddress& entry) {
   return bytes;
 }
 
+// The distribution's libraries, whose debug info comes (if at all) from a
+// separate, compressed debug file.
+bool IsSystemLibrary(const std::string& path) {
+  for (const char* dir : {"/lib/", "/usr/lib/", "/lib64/", "/usr/lib64/"}) {
+    if (path.rfind(dir, 0) == 0) return true;
+  }
+  return false;
+}
+
 // Symbols and debug info of one ELF object: a Dwfl session with one module
 // placed at bias 0.
 class ElfSymbols {
@@ -802,6 +811,9 @@ class ElfSymbols {
   }
 
   ~ElfSymbols() { dwfl_end(dwfl_); }
+  // False: names from the symbol table only; the debug info (and a separate
+  // debug file) is never opened.
+  void set_use_debug_info(bool on) { use_debug_info_ = on; }
   ElfSymbols(const ElfSymbols&) = delete;
   ElfSymbols& operator=(const ElfSymbols&) = delete;
 
@@ -829,7 +841,9 @@ class ElfSymbols {
     // Innermost file:line from the line table.
     std::string line_file;
     int64_t line_number = 0;
-    if (Dwfl_Line* line = dwfl_module_getsrc(mod_, addr); line != nullptr) {
+    if (Dwfl_Line* line =
+            use_debug_info_ ? dwfl_module_getsrc(mod_, addr) : nullptr;
+        line != nullptr) {
       int lineno = 0;
       const char* file =
           dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
@@ -842,7 +856,8 @@ class ElfSymbols {
     std::vector<Dwarf_Die> chain;
     bool have_dwarf = false;
     Dwarf_Addr cu_bias = 0;
-    if (Dwarf_Die* cu = dwfl_module_addrdie(mod_, addr, &cu_bias);
+    if (Dwarf_Die* cu =
+            use_debug_info_ ? dwfl_module_addrdie(mod_, addr, &cu_bias) : nullptr;
         cu != nullptr) {
       have_dwarf = true;
       ScopesOf(cu).Chain(addr - cu_bias, &chain);
@@ -897,6 +912,7 @@ class ElfSymbols {
 
  private:
   explicit ElfSymbols(Dwfl* dwfl) : dwfl_(dwfl) {}
+  bool use_debug_info_ = true;
 
   // The scope index of `cu`, built on first use.
   const CuScopes& ScopesOf(Dwarf_Die* cu) {
@@ -1066,6 +1082,7 @@ struct Symbolizer::Impl {
   const Dwfl_Callbacks callbacks;
 
   bool symbolize = true;
+  bool system_debug_info = true;
   bool scanned = false;
   size_t max_cached_bytes = kDefaultMaxCachedBytes;
   size_t cached_bytes = 0;
@@ -1189,6 +1206,9 @@ ElfSymbols* Symbolizer::Impl::SymbolsOf(Object& object) {
     return nullptr;
   }
   object.symbols = *std::move(symbols);
+  if (!system_debug_info && IsSystemLibrary(loaded.path)) {
+    object.symbols->set_use_debug_info(false);
+  }
   return object.symbols.get();
 }
 
@@ -1213,6 +1233,10 @@ void Symbolizer::Refresh() {
 
 const std::vector<ModuleInfo>& Symbolizer::modules() const {
   return impl_->modules;
+}
+
+void Symbolizer::set_system_debug_info(bool on) {
+  impl_->system_debug_info = on;
 }
 
 void Symbolizer::SetDebugInfoPath(absl::string_view path) {

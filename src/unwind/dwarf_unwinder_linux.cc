@@ -26,8 +26,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-
-#include "inprof/internal/fork_guard.h"
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/fork_guard.h"
 
 namespace inprof {
 namespace {
@@ -85,7 +84,7 @@ struct State {
 State& GlobalState() {
   static State* state = [] {
     auto* st = new State;
-    internal::RegisterForkLock(&st->mutex, internal::kForkRankGlobal);
+    internal::RegisterForkLock(&st->mutex, internal::kForkRankModules);
     return st;
   }();
   return *state;
@@ -222,7 +221,10 @@ void ReclaimLocked(State& s) {
   s.retired.clear();
 }
 
-void RebuildLocked(State& s) {
+// Returns false if `between_tables` asked to stop before every module had
+// its table: the snapshot published so far stays (partial on a first
+// build) and the next refresh resumes, reusing the tables already cached.
+bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<LoadedModule> modules;
   dl_iterate_phdr(&CollectModule, &modules);
@@ -233,8 +235,8 @@ void RebuildLocked(State& s) {
   size_t without_cfi = 0;
   // The first build (right after Start, on the collector thread) takes tens
   // of milliseconds for a typical program; samples meanwhile walk frame
-  // pointers. So it goes where samples are first, the program and then the
-  // C and C++ runtimes, and publishes a partial snapshot after each table,
+  // pointers. So it goes where samples are first, the program, a
+  // sanitizer's runtime and then the C and C++ runtimes, and publishes a partial snapshot after each table,
   // so that each module unwinds by its CFI as soon as its table exists.
   const bool first_build =
       g_cfi_state.current.load(std::memory_order_seq_cst) == nullptr;
@@ -244,10 +246,16 @@ void RebuildLocked(State& s) {
       const size_t slash = p.rfind('/');
       const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
       if (m.open_path == "/proc/self/exe") return 0;
-      if (base.rfind("libc.so", 0) == 0) return 1;
-      if (base.rfind("libstdc++.so", 0) == 0) return 2;
-      if (base.rfind("libgcc_s.so", 0) == 0) return 3;
-      return 4;
+      // A sanitizer's runtime holds the interceptors between the program
+      // and libc: a walk from inside one needs its table to reach the caller.
+      for (const char* san : {"libasan.so", "libtsan.so", "libubsan.so",
+                              "liblsan.so", "libhwasan.so"}) {
+        if (base.rfind(san, 0) == 0) return 1;
+      }
+      if (base.rfind("libc.so", 0) == 0) return 2;
+      if (base.rfind("libstdc++.so", 0) == 0) return 3;
+      if (base.rfind("libgcc_s.so", 0) == 0) return 4;
+      return 5;
     };
     std::stable_sort(modules.begin(), modules.end(),
                      [&](const LoadedModule& a, const LoadedModule& b) {
@@ -275,6 +283,9 @@ void RebuildLocked(State& s) {
           g_cfi_state.current.exchange(partial, std::memory_order_seq_cst);
       if (old != nullptr) s.retired.push_back(old);
     }
+    // A table can take tens of milliseconds (more under a sanitizer); the
+    // caller drains the sample rings meanwhile, which would otherwise fill.
+    if (built && !between_tables()) return false;
     if (table->rows() == 0) {
       ++without_cfi;
       continue;
@@ -307,11 +318,16 @@ void RebuildLocked(State& s) {
   s.last_rebuild_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
+  return true;
 }
 
 }  // namespace
 
 void DwarfUnwinder::RefreshModules() {
+  RefreshModules([] { return true; });
+}
+
+void DwarfUnwinder::RefreshModules(absl::FunctionRef<bool()> between_tables) {
   if (!Supported()) return;
   State& s = GlobalState();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -319,10 +335,9 @@ void DwarfUnwinder::RefreshModules() {
   unsigned long long adds = 0, subs = 0;
   ReadLoaderCounters(&adds, &subs);
   if (!s.initialized || adds != s.adds || subs != s.subs) {
-    s.initialized = true;
     s.adds = adds;
     s.subs = subs;
-    RebuildLocked(s);
+    s.initialized = RebuildLocked(s, between_tables);
   }
   ReclaimLocked(s);
 }

@@ -91,6 +91,20 @@ TEST(OptionsTest, EnabledAcceptsEveryBooleanSpelling) {
   }
 }
 
+// System libraries' debug info is off by default (symbol tables name their
+// functions); the variable turns it on; a bad value says so and keeps off.
+TEST(OptionsTest, SystemDebugInfoIsOffUnlessAsked) {
+  std::vector<std::string> errors;
+  EXPECT_FALSE(FromMap({}, &errors).system_debug_info);
+  EXPECT_TRUE(FromMap({{"INPROF_SYSTEM_DEBUG_INFO", "1"}}, &errors).system_debug_info);
+  EXPECT_TRUE(FromMap({{"INPROF_SYSTEM_DEBUG_INFO", "On"}}, &errors).system_debug_info);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_FALSE(FromMap({{"INPROF_SYSTEM_DEBUG_INFO", "maybe"}}, &errors).system_debug_info);
+  ASSERT_THAT(errors, ::testing::SizeIs(1));
+  EXPECT_THAT(errors[0], StartsWith("INPROF_SYSTEM_DEBUG_INFO='maybe'"));
+  EXPECT_THAT(errors[0], HasSubstr("using 0"));
+}
+
 TEST(OptionsTest, OutputTakesAnyPath) {
   for (const char* path : {"/tmp/service.pb.gz", "relative/dir/p.pb.gz",
                            "with space.pb.gz", "x"}) {

@@ -137,11 +137,28 @@ TEST(ProfilerTest, ThreadsRegisterBeforeAndAfterStart) {
   EXPECT_GT(by_thread["late"], 100'000'000);
 }
 
+// Unwind tables are built on the collector thread after Start(); until
+// they are, walks follow frame pointers, which lose the caller of a libc
+// leaf. Tests of where CPU lands in steady state wait for them (the first
+// build takes ~50 ms, ~1 s under TSan).
+::testing::AssertionResult UnwindTablesReady() {
+  if constexpr (requires { DefaultUnwinder::TablesReady(); }) {
+    for (int i = 0; i < 60'000 && !DefaultUnwinder::TablesReady(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!DefaultUnwinder::TablesReady()) {
+      return ::testing::AssertionFailure() << "unwind tables not built in 60 s";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
   Options options = TestOptions("churn");
   options.cpu_period = absl::Milliseconds(1);
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
+  ASSERT_TRUE(UnwindTablesReady());
   // The profile accounts for each thread's CPU while it is registered, so
   // that is what is measured: registration and unregistration included
   // (under TSan they cost a good share of a 3 ms thread).
@@ -388,6 +405,64 @@ TEST(ProfilerTest, DropsWhenRingIsFullAreCountedAndReconciled) {
                      std::string::npos;
   }
   EXPECT_TRUE(comment_found);
+}
+
+// An unwinder whose module tables take 2 s to build (100 tables of 20 ms),
+// like a large program's first build under a sanitizer. The profiler drains
+// the rings between two tables, so a thread sampled at 1 ms meanwhile loses
+// nothing, and Stop() ends the build instead of waiting for it.
+struct SlowTablesUnwinder : FramePointerUnwinder {
+  static constexpr const char* kName = "slow-tables";
+  static constexpr int kTables = 100;
+  static inline std::atomic<int> built{0};
+  static inline std::atomic<int> calls{0};
+  static inline std::atomic<bool> stopped_early{false};
+  static void RefreshModules(absl::FunctionRef<bool()> between_tables) {
+    ++calls;
+    while (built.load() < kTables) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ++built;
+      if (!between_tables()) {
+        stopped_early = built.load() < kTables;
+        return;
+      }
+    }
+  }
+};
+
+TEST(ProfilerTest, RingsAreDrainedWhileTablesAreBuiltAndStopEndsTheBuild) {
+  using SlowTablesProfiler =
+      Profiler<SlowTablesUnwinder, DefaultSampleRing, CpuTimeProvider>;
+  Options options = TestOptions("slow_tables");
+  options.cpu_period = absl::Milliseconds(1);
+  options.export_period = absl::ZeroDuration();  // the collector alone builds
+  SlowTablesProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  int64_t measured = 0;
+  {
+    auto self = profiler.RegisterThread("main");
+    const int64_t t0 = ThreadCpuNow();
+    BurnCpu(400'000'000);
+    measured = ThreadCpuNow() - t0;
+  }
+  const int built_while_running = SlowTablesUnwinder::built.load();
+  ASSERT_TRUE(profiler.Stop().ok());
+  // The build was under way during the whole burn and never finished.
+  EXPECT_GT(built_while_running, 0);
+  EXPECT_TRUE(SlowTablesUnwinder::stopped_early.load())
+      << "tables built: " << SlowTablesUnwinder::built.load();
+  EXPECT_EQ(SlowTablesUnwinder::calls.load(), 1);  // one build, resumed never
+
+  const ProfilerStats stats = profiler.stats();
+  EXPECT_EQ(stats.samples_dropped, 0u);
+  EXPECT_GT(stats.samples_recorded, 100u);
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int cpu = profile->ValueIndex("cpu-time");
+  auto flat = profile->FlatByFunction(cpu);
+  EXPECT_EQ(flat["[inprof: samples dropped, ring full]"], 0);
+  EXPECT_NEAR(static_cast<double>(profile->Total(cpu)),
+              static_cast<double>(measured), 0.1 * static_cast<double>(measured));
 }
 
 TEST(ProfilerTest, InvalidOptionsMakeStartFailWithoutCrashing) {

@@ -174,6 +174,32 @@ TEST(SymbolizerTest, ExpandsInlinedFunctionWithItsCallerNext) {
   EXPECT_TRUE(symbolizer.Capabilities(result.module).has_inline_frames);
 }
 
+// Without system debug info (a Profiler's default), a libc function is
+// named from libc's symbol table and its debug info is never read: no file,
+// no line, and the module does not claim inline frames.
+TEST(SymbolizerTest, SystemLibrariesAreNamedFromTheirSymbolTables) {
+  void* fn = dlsym(RTLD_DEFAULT, "getpid");
+  ASSERT_NE(fn, nullptr);
+  Dl_info info;
+  ASSERT_NE(dladdr(fn, &info), 0);
+  const std::string libc = info.dli_fname;
+  if (libc.rfind("/lib", 0) != 0 && libc.rfind("/usr/lib", 0) != 0) {
+    GTEST_SKIP() << "libc is not under /lib or /usr/lib here: " << libc;
+  }
+  Symbolizer symbolizer;
+  symbolizer.set_system_debug_info(false);
+  symbolizer.Refresh();
+  const SymbolizedAddress& s =
+      symbolizer.Lookup(reinterpret_cast<uint64_t>(fn), false);
+  ASSERT_GE(s.module, 0);
+  ASSERT_THAT(s.frames, SizeIs(1));
+  EXPECT_THAT(s.frames[0].function, HasSubstr("getpid"));
+  EXPECT_THAT(s.frames[0].file, IsEmpty());
+  EXPECT_EQ(s.frames[0].line, 0);
+  EXPECT_FALSE(symbolizer.Capabilities(s.module).has_inline_frames);
+  EXPECT_TRUE(symbolizer.Capabilities(s.module).has_functions);
+}
+
 TEST(SymbolizerTest, ReturnAddressNamesTheCallSite) {
   const uintptr_t pc = OuterWithInlinedHelper();
   Symbolizer symbolizer;

@@ -20,10 +20,12 @@
 namespace inprof::internal {
 
 enum ForkLockRank {
-  kForkRankRegistry = 0,   // a profiler's registry lock
-  kForkRankAggregate = 1,  // its aggregate lock (taken under the registry's)
-  kForkRankSlotPool = 2,   // slot pools (taken under the registry's)
-  kForkRankGlobal = 3,     // label table, DWARF module state, handler install
+  kForkRankModules = 0,    // DWARF module state (a rebuild drains the rings
+                           // between two tables: registry lock under it)
+  kForkRankRegistry = 1,   // a profiler's registry lock
+  kForkRankAggregate = 2,  // its aggregate lock (taken under the registry's)
+  kForkRankSlotPool = 3,   // slot pools (taken under the registry's)
+  kForkRankGlobal = 4,     // label table, handler install
 };
 
 // Adds `mutex` to the locks held across fork(). Thread-safe; the first call
