@@ -60,6 +60,7 @@ struct DwarfUnwinderStats {
   };
   std::vector<Module> modules;    // in the current snapshot, by address
   size_t modules_without_cfi = 0; // loaded, but no usable table
+  size_t modules_pending = 0;     // loaded, table not built yet (on demand)
   size_t rows = 0;                // sums over `modules`
   size_t table_bytes = 0;
   size_t cached_tables = 0;       // built tables kept (current + recently unloaded)
@@ -91,16 +92,16 @@ class DwarfUnwinder {
   UnwindResult UnwindFrom(const RegisterState& regs, const StackBounds& bounds,
                           std::span<uintptr_t> out) const noexcept {
     internal::CfiReadGuard guard;
-    if (guard.snapshot() == nullptr || guard.snapshot()->partial) {
+    if (guard.snapshot() == nullptr) {  // the walk counts pending modules
       internal::g_cfi_state.walks_without_tables.fetch_add(
           1, std::memory_order_relaxed);
     }
     return internal::CfiWalk(guard.snapshot(), regs, bounds, out);
   }
 
-  // Walks so far that ran before the first build of the tables was complete
-  // (no or a partial snapshot), so frame pointers only for the modules not
-  // built yet (the profile's comments report them).
+  // Walks so far that found no tables yet or met a module whose table was
+  // not built yet, and took frame-pointer steps there (the profile's
+  // comments report them).
   static uint64_t WalksWithoutTables() noexcept {
     return internal::g_cfi_state.walks_without_tables.load(
         std::memory_order_relaxed);
@@ -118,11 +119,17 @@ class DwarfUnwinder {
   // once and reused while it stays loaded (and for a few unloads after).
   // Cheap when nothing changed. Not async-signal-safe.
   static void RefreshModules();
-  // The same, calling `between_tables` after each table it builds (a
-  // Profiler drains its sample rings there: a first build takes tens of
-  // milliseconds, more under a sanitizer). When it returns false the build
-  // stops there; the next call resumes it.
-  static void RefreshModules(absl::FunctionRef<bool()> between_tables);
+  // The same, calling `between_tables` after each table it builds and every
+  // 5 ms within one (a Profiler drains its sample rings there: a first build
+  // takes tens of milliseconds, a second under a sanitizer). When it returns false the build
+  // stops there; the next call resumes it. With `on_demand` (a Profiler's
+  // collector), only the program's, the C/C++ runtimes', the vDSO's and a
+  // sanitizer runtime's tables are built at once; any other module gets its
+  // table on the first refresh after a walk met it (it walks by frame
+  // pointers until then, counted in WalksWithoutTables): a program that
+  // loads 50 libraries and runs in a few pays for the few.
+  static void RefreshModules(absl::FunctionRef<bool()> between_tables,
+                             bool on_demand = false);
 
   // The current tables and counters. Not async-signal-safe.
   static DwarfUnwinderStats Stats();

@@ -969,9 +969,9 @@ class Profiler final : public internal::ProfilerControl,
   // resumed) once the profiler is stopping.
   void Drain() {
     if constexpr (requires(absl::FunctionRef<bool()> between) {
-                    U::RefreshModules(between);
+                    U::RefreshModules(between, true);
                   }) {
-      U::RefreshModules([this] { return DrainRings(); });
+      U::RefreshModules([this] { return DrainRings(); }, /*on_demand=*/true);
     } else if constexpr (requires { U::RefreshModules(); }) {
       U::RefreshModules();
     }

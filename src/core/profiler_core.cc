@@ -215,7 +215,7 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
       " dropped=", window_stats.samples_dropped, " (ring full)"));
   data.comments.push_back(absl::StrCat(
       "stacks truncated=", window_stats.stacks_truncated,
-      " unwound before the CFI tables were ready (frame pointers only)=",
+      " walked by frame pointers through a module without its CFI table yet=",
       window_stats.stacks_before_tables));
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);

@@ -517,7 +517,7 @@ void AddPerByteRows(std::span<const CfiOp> expression, const CfiRule& base,
 
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
     Elf* elf, const std::string& name, uint64_t text_lo, uint64_t text_hi,
-    const std::string& expected_build_id) {
+    const std::string& expected_build_id, absl::FunctionRef<bool()> progress) {
   if (elf_kind(elf) != ELF_K_ELF) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": not an ELF file"));
   }
@@ -561,7 +561,13 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
   std::vector<CfiOp> expression;
   uint64_t covered_to = text_lo;  // end of the last FDE processed
   bool any = false;
+  bool cancelled = false;
+  size_t fde_count = 0;
   for (const Fde& fde : fdes) {
+    if (++fde_count % 64 == 0 && !progress()) {
+      cancelled = true;
+      break;
+    }
     Dwarf_CFI* cfi = fde.debug_frame ? debug_cfi : eh_cfi;
     const uint64_t lo = std::max({fde.lo, covered_to, text_lo});
     const uint64_t hi = std::min(fde.hi, text_hi);
@@ -597,6 +603,9 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
   if (any) sink.Add(covered_to, CfiRule());
   if (eh_cfi != nullptr) dwarf_cfi_end(eh_cfi);
   if (dwarf != nullptr) dwarf_end(dwarf);
+  if (cancelled) {
+    return absl::CancelledError(absl::StrCat(name, ": table build abandoned"));
+  }
   if (!any) {
     return absl::NotFoundError(
         absl::StrCat(name, ": no call-frame information for its text"));
@@ -621,6 +630,14 @@ bool EvaluateCfaOffset(std::span<const CfiOp> ops, uint64_t pc,
   }
   *offset = static_cast<int64_t>(results[0]);
   return true;
+}
+
+std::shared_ptr<const CfiModuleTable> CfiModuleTable::Pending(
+    uint64_t text_lo, uint64_t text_hi, std::string path) {
+  auto table = std::make_shared<CfiModuleTable>(
+      text_lo, text_hi, std::vector<CfiRow>(), std::move(path));
+  table->pending_ = true;
+  return table;
 }
 
 CfiModuleTable::CfiModuleTable(uint64_t text_lo, uint64_t text_hi,
@@ -729,7 +746,7 @@ CfiSnapshot::CfiSnapshot(
 
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
     const std::string& path, uint64_t text_lo, uint64_t text_hi,
-    const std::string& expected_build_id) {
+    const std::string& expected_build_id, absl::FunctionRef<bool()> progress) {
   elf_version(EV_CURRENT);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -742,7 +759,8 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", elf_errmsg(-1)));
   }
-  auto table = BuildFromElf(elf, path, text_lo, text_hi, expected_build_id);
+  auto table =
+      BuildFromElf(elf, path, text_lo, text_hi, expected_build_id, progress);
   elf_end(elf);
   close(fd);
   return table;
@@ -750,7 +768,7 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
 
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
     std::span<const uint8_t> image, const std::string& name, uint64_t text_lo,
-    uint64_t text_hi) {
+    uint64_t text_hi, absl::FunctionRef<bool()> progress) {
   elf_version(EV_CURRENT);
   // libelf may write to the buffer it reads from: give it a copy.
   std::vector<char> copy(image.begin(), image.end());
@@ -758,7 +776,7 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
   if (elf == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", elf_errmsg(-1)));
   }
-  auto table = BuildFromElf(elf, name, text_lo, text_hi, "");
+  auto table = BuildFromElf(elf, name, text_lo, text_hi, "", progress);
   elf_end(elf);
   return table;
 }

@@ -73,6 +73,9 @@ struct State {
   unsigned long long adds = 0, subs = 0;
   uint64_t generation = 0;
   absl::flat_hash_map<std::string, CacheEntry> cache;
+  // Loaded modules whose table is not built yet (on demand), by cache key.
+  absl::flat_hash_map<std::string, std::shared_ptr<const CfiModuleTable>>
+      pending;
   std::vector<CurrentModule> current;
   size_t modules_without_cfi = 0;
   std::vector<const CfiSnapshot*> retired;
@@ -199,14 +202,17 @@ std::string CacheKey(const LoadedModule& m) {
                       "|", m.image.size());
 }
 
-std::shared_ptr<const CfiModuleTable> BuildTable(const LoadedModule& m) {
+// Null if `progress` abandoned the build.
+std::shared_ptr<const CfiModuleTable> BuildTable(
+    const LoadedModule& m, absl::FunctionRef<bool()> progress) {
   absl::StatusOr<std::shared_ptr<const CfiModuleTable>> table =
       m.image.empty()
           ? internal::BuildCfiTableFromFile(m.open_path, m.text_lo, m.text_hi,
-                                            m.build_id)
+                                            m.build_id, progress)
           : internal::BuildCfiTableFromImage(m.image, m.path, m.text_lo,
-                                             m.text_hi);
+                                             m.text_hi, progress);
   if (table.ok()) return *std::move(table);
+  if (absl::IsCancelled(table.status())) return nullptr;
   // No usable CFI: an empty table still tells the walk that the range is
   // code (its frame-pointer fallback accepts return addresses there).
   return std::make_shared<const CfiModuleTable>(
@@ -221,81 +227,124 @@ void ReclaimLocked(State& s) {
   s.retired.clear();
 }
 
-// Returns false if `between_tables` asked to stop before every module had
-// its table: the snapshot published so far stays (partial on a first
-// build) and the next refresh resumes, reusing the tables already cached.
-bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables) {
+// Where samples are first: the program, a sanitizer's runtime (its
+// interceptors sit between the program and libc), the C and C++ runtimes
+// and the vDSO. Built first, and built at once even on demand.
+int Rank(const LoadedModule& m) {
+  if (m.open_path == "/proc/self/exe") return 0;
+  if (!m.image.empty()) return 1;  // the vDSO: clock_gettime, gettimeofday
+  const std::string& p = m.path;
+  const size_t slash = p.rfind('/');
+  const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+  for (const char* san : {"libasan.so", "libtsan.so", "libubsan.so",
+                          "liblsan.so", "libhwasan.so"}) {
+    if (base.rfind(san, 0) == 0) return 1;
+  }
+  if (base.rfind("libc.so", 0) == 0) return 2;
+  if (base.rfind("libstdc++.so", 0) == 0) return 3;
+  if (base.rfind("libgcc_s.so", 0) == 0) return 4;
+  return 5;
+}
+constexpr int kLastEagerRank = 4;
+
+void Publish(State& s, CfiSnapshot* snapshot) {
+  const CfiSnapshot* old =
+      g_cfi_state.current.exchange(snapshot, std::memory_order_seq_cst);
+  if (old != nullptr) s.retired.push_back(old);
+}
+
+// Builds the tables the snapshot needs: every module's, or with
+// `on_demand` those of the modules Rank() names and of those a walk has
+// met (CfiModuleTable::wanted); the others get a pending table. A snapshot
+// is published after each table, so each module unwinds by its CFI as soon
+// as its table exists. Returns false if `between_tables` asked to stop: the
+// tables built so far stay published and cached, and the next refresh
+// resumes.
+bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
+                   bool on_demand) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<LoadedModule> modules;
   dl_iterate_phdr(&CollectModule, &modules);
+  modules.erase(std::remove_if(modules.begin(), modules.end(),
+                               [](const LoadedModule& m) {
+                                 return m.text_hi <= m.text_lo;  // no code
+                               }),
+                modules.end());
+  std::stable_sort(modules.begin(), modules.end(),
+                   [](const LoadedModule& a, const LoadedModule& b) {
+                     return Rank(a) < Rank(b);
+                   });
   ++s.generation;
+  // What each module has now: its cached table, or a pending one.
   std::vector<std::pair<uintptr_t, std::shared_ptr<const CfiModuleTable>>>
-      published;
-  std::vector<CurrentModule> current;
-  size_t without_cfi = 0;
-  // The first build (right after Start, on the collector thread) takes tens
-  // of milliseconds for a typical program; samples meanwhile walk frame
-  // pointers. So it goes where samples are first, the program, a
-  // sanitizer's runtime and then the C and C++ runtimes, and publishes a partial snapshot after each table,
-  // so that each module unwinds by its CFI as soon as its table exists.
-  const bool first_build =
-      g_cfi_state.current.load(std::memory_order_seq_cst) == nullptr;
-  if (first_build) {
-    auto rank = [](const LoadedModule& m) {
-      const std::string& p = m.path;
-      const size_t slash = p.rfind('/');
-      const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
-      if (m.open_path == "/proc/self/exe") return 0;
-      // A sanitizer's runtime holds the interceptors between the program
-      // and libc: a walk from inside one needs its table to reach the caller.
-      for (const char* san : {"libasan.so", "libtsan.so", "libubsan.so",
-                              "liblsan.so", "libhwasan.so"}) {
-        if (base.rfind(san, 0) == 0) return 1;
-      }
-      if (base.rfind("libc.so", 0) == 0) return 2;
-      if (base.rfind("libstdc++.so", 0) == 0) return 3;
-      if (base.rfind("libgcc_s.so", 0) == 0) return 4;
-      return 5;
-    };
-    std::stable_sort(modules.begin(), modules.end(),
-                     [&](const LoadedModule& a, const LoadedModule& b) {
-                       return rank(a) < rank(b);
-                     });
-  }
-  for (const LoadedModule& m : modules) {
-    if (m.text_hi <= m.text_lo) continue;  // no executable segment
+      entries;
+  std::vector<size_t> to_build;
+  absl::flat_hash_map<std::string, std::shared_ptr<const CfiModuleTable>>
+      pending;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const LoadedModule& m = modules[i];
     const std::string key = CacheKey(m);
     auto it = s.cache.find(key);
-    bool built = false;
-    if (it == s.cache.end()) {
-      it = s.cache.emplace(key, CacheEntry{BuildTable(m), 0}).first;
-      ++s.tables_built;
-      built = true;
+    if (it != s.cache.end()) {
+      it->second.last_used = s.generation;
+      entries.emplace_back(m.bias + it->second.table->text_lo(),
+                           it->second.table);
+      continue;
     }
-    it->second.last_used = s.generation;
-    const std::shared_ptr<const CfiModuleTable>& table = it->second.table;
-    const uintptr_t load = m.bias + table->text_lo();
-    published.emplace_back(load, table);
-    if (first_build && built) {
-      auto* partial = new CfiSnapshot(published, s.generation);
+    auto p = s.pending.find(key);
+    std::shared_ptr<const CfiModuleTable> placeholder =
+        p != s.pending.end() ? p->second
+                             : CfiModuleTable::Pending(m.text_lo, m.text_hi, m.path);
+    if (!on_demand || Rank(m) <= kLastEagerRank || placeholder->wanted()) {
+      to_build.push_back(i);
+    }
+    entries.emplace_back(m.bias + m.text_lo, placeholder);
+    pending.emplace(key, std::move(placeholder));
+  }
+  s.pending = std::move(pending);  // forgets unloaded modules' placeholders
+
+  // Inside a table too, the caller gets a turn every few milliseconds: a
+  // large library's table takes a second under a sanitizer.
+  auto last_turn = std::chrono::steady_clock::now();
+  auto progress = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_turn < std::chrono::milliseconds(5)) return true;
+    last_turn = now;
+    return between_tables();
+  };
+  for (size_t n = 0; n < to_build.size(); ++n) {
+    const size_t i = to_build[n];
+    const LoadedModule& m = modules[i];
+    const std::string key = CacheKey(m);
+    std::shared_ptr<const CfiModuleTable> table = BuildTable(m, progress);
+    if (table == nullptr) return false;  // abandoned: resumed next refresh
+    ++s.tables_built;
+    s.cache.emplace(key, CacheEntry{table, s.generation});
+    s.pending.erase(key);
+    entries[i] = {m.bias + table->text_lo(), std::move(table)};
+    if (n + 1 < to_build.size()) {
+      auto* partial = new CfiSnapshot(entries, s.generation);
       partial->partial = true;
-      const CfiSnapshot* old =
-          g_cfi_state.current.exchange(partial, std::memory_order_seq_cst);
-      if (old != nullptr) s.retired.push_back(old);
+      Publish(s, partial);
+      // The caller drains the sample rings meanwhile, which would otherwise
+      // fill while tables are built.
+      last_turn = std::chrono::steady_clock::now();
+      if (!between_tables()) return false;
     }
-    // A table can take tens of milliseconds (more under a sanitizer); the
-    // caller drains the sample rings meanwhile, which would otherwise fill.
-    if (built && !between_tables()) return false;
+  }
+  Publish(s, new CfiSnapshot(entries, s.generation));
+
+  std::vector<CurrentModule> current;
+  size_t without_cfi = 0;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const std::shared_ptr<const CfiModuleTable>& table = entries[i].second;
+    if (table->pending()) continue;
     if (table->rows() == 0) {
       ++without_cfi;
       continue;
     }
-    current.push_back({m.path, load, table});
+    current.push_back({modules[i].path, entries[i].first, table});
   }
-  auto* snapshot = new CfiSnapshot(std::move(published), s.generation);
-  const CfiSnapshot* old =
-      g_cfi_state.current.exchange(snapshot, std::memory_order_seq_cst);
-  if (old != nullptr) s.retired.push_back(old);
   std::sort(current.begin(), current.end(),
             [](const CurrentModule& a, const CurrentModule& b) {
               return a.load_address < b.load_address;
@@ -321,25 +370,44 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables) {
   return true;
 }
 
-}  // namespace
-
-void DwarfUnwinder::RefreshModules() {
-  RefreshModules([] { return true; });
+bool AnyWantedLocked(const State& s) {
+  for (const auto& [key, table] : s.pending) {
+    if (table->wanted()) return true;
+  }
+  return false;
 }
 
-void DwarfUnwinder::RefreshModules(absl::FunctionRef<bool()> between_tables) {
-  if (!Supported()) return;
-  State& s = GlobalState();
-  std::lock_guard<std::mutex> lock(s.mutex);
+void RefreshLocked(State& s, absl::FunctionRef<bool()> between_tables,
+                   bool on_demand) {
   ++s.refreshes;
   unsigned long long adds = 0, subs = 0;
   ReadLoaderCounters(&adds, &subs);
-  if (!s.initialized || adds != s.adds || subs != s.subs) {
+  // Unbuilt placeholders of an earlier full refresh are built now.
+  const bool upgrade = !on_demand && !s.pending.empty();
+  if (!s.initialized || adds != s.adds || subs != s.subs || upgrade ||
+      (on_demand && AnyWantedLocked(s))) {
     s.adds = adds;
     s.subs = subs;
-    s.initialized = RebuildLocked(s, between_tables);
+    s.initialized = RebuildLocked(s, between_tables, on_demand);
   }
   ReclaimLocked(s);
+}
+
+}  // namespace
+
+void DwarfUnwinder::RefreshModules() {
+  if (!Supported()) return;
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  RefreshLocked(s, [] { return true; }, /*on_demand=*/false);
+}
+
+void DwarfUnwinder::RefreshModules(absl::FunctionRef<bool()> between_tables,
+                                   bool on_demand) {
+  if (!Supported()) return;
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  RefreshLocked(s, between_tables, on_demand);
 }
 
 DwarfUnwinderStats DwarfUnwinder::Stats() {
@@ -359,6 +427,7 @@ DwarfUnwinderStats DwarfUnwinder::Stats() {
     stats.modules.push_back(std::move(out));
   }
   stats.modules_without_cfi = s.modules_without_cfi;
+  stats.modules_pending = s.pending.size();
   for (const auto& [key, entry] : s.cache) {
     ++stats.cached_tables;
     stats.cached_bytes += entry.table->MemoryBytes();

@@ -417,7 +417,7 @@ struct SlowTablesUnwinder : FramePointerUnwinder {
   static inline std::atomic<int> built{0};
   static inline std::atomic<int> calls{0};
   static inline std::atomic<bool> stopped_early{false};
-  static void RefreshModules(absl::FunctionRef<bool()> between_tables) {
+  static void RefreshModules(absl::FunctionRef<bool()> between_tables, bool) {
     ++calls;
     while (built.load() < kTables) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "inprof/internal/machine_context.h"
 #include "inprof/unwinder.h"
@@ -210,6 +211,21 @@ class CfiModuleTable {
     return rule->kind != CfiRule::kNone;
   }
 
+  // A module whose table is not built yet (a Profiler builds tables on
+  // demand): no rows, so walks take frame-pointer steps in it, and the
+  // first walk that meets it marks it wanted; the collector's next pass
+  // builds its table. Async-signal-safe.
+  static std::shared_ptr<const CfiModuleTable> Pending(uint64_t text_lo,
+                                                       uint64_t text_hi,
+                                                       std::string path);
+  bool pending() const noexcept { return pending_; }
+  void MarkWanted() const noexcept {
+    if (!wanted_.load(std::memory_order_relaxed)) {
+      wanted_.store(true, std::memory_order_relaxed);
+    }
+  }
+  bool wanted() const noexcept { return wanted_.load(std::memory_order_relaxed); }
+
   uint64_t text_lo() const { return text_lo_; }
   uint64_t text_hi() const { return text_lo_ + text_size_; }
   size_t rows() const { return row_pc_.size(); }
@@ -295,6 +311,8 @@ class CfiModuleTable {
   uint32_t cache_mask_ = 0;
   std::string path_;
   std::string build_id_;
+  bool pending_ = false;
+  mutable std::atomic<bool> wanted_{false};
 };
 
 // All loaded modules' tables at their load addresses. Immutable after
@@ -308,9 +326,9 @@ class CfiSnapshot {
   };
 
   CfiSnapshot() = default;
-  // True while the first build is under way: the snapshot holds the tables
-  // built so far, and walks through the other modules follow frame
-  // pointers (counted as walks without tables).
+  // True while a build is under way: modules whose table is not built yet
+  // hold a pending table (walks take frame-pointer steps there and are
+  // counted, CfiGlobalState::walks_without_tables).
   bool partial = false;
 
   // `modules` need not be sorted; the tables are kept alive by the snapshot.
@@ -398,14 +416,18 @@ class CfiSnapshot {
 // range of its executable segments. Fails when the file cannot be read or
 // has no usable CFI. When `expected_build_id` is not empty the file's
 // GNU build-id must equal it (a file replaced on disk is refused).
+// `progress` is called every 64 FDEs (a large library has tens of
+// thousands, and under a sanitizer a table takes a second): returning false
+// abandons the build with a Cancelled status.
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
     const std::string& path, uint64_t text_lo, uint64_t text_hi,
-    const std::string& expected_build_id = "");
+    const std::string& expected_build_id = "",
+    absl::FunctionRef<bool()> progress = [] { return true; });
 
 // The same from an ELF image in memory (the vDSO); the bytes are copied.
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
     std::span<const uint8_t> image, const std::string& name, uint64_t text_lo,
-    uint64_t text_hi);
+    uint64_t text_hi, absl::FunctionRef<bool()> progress = [] { return true; });
 
 // The snapshot the signal handler reads, and the count of handlers reading
 // one: a snapshot replaced by a newer one is freed only once the count has
@@ -414,7 +436,8 @@ struct CfiGlobalState {
   alignas(64) std::atomic<uint64_t> readers{0};
   alignas(64) std::atomic<const CfiSnapshot*> current{nullptr};
   // Walks that found no snapshot yet (the tables are built on the
-  // collector thread after Start) and followed frame pointers only.
+  // collector thread after Start) or met a module whose table was not built
+  // yet (CfiModuleTable::pending) and took frame-pointer steps there.
   alignas(64) std::atomic<uint64_t> walks_without_tables{0};
 };
 extern CfiGlobalState g_cfi_state;
@@ -483,6 +506,13 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
   bool fp_known = true;
   bool exact_pc = true;  // pc is not a return address: look it up as is
   const CfiSnapshot::Module* hint = nullptr;
+  // Counts the walk once if it met a module without its table yet.
+  struct PendingMet {
+    bool met = false;
+    ~PendingMet() {
+      if (met) g_cfi_state.walks_without_tables.fetch_add(1, std::memory_order_relaxed);
+    }
+  } pending_met;
   while (true) {
     const CfiStep rule =
         snapshot != nullptr
@@ -495,6 +525,12 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
     bool next_fp_known = fp_known;
     bool next_exact = false;
     if (kind == CfiRule::kNone || kind == CfiRule::kUnsupported) {
+      const uintptr_t looked_up = exact_pc ? pc : pc - 1;
+      if (hint != nullptr && hint->table->pending() && looked_up >= hint->lo &&
+          looked_up < hint->hi) {
+        hint->table->MarkWanted();
+        pending_met.met = true;
+      }
       // No usable CFI: one frame-pointer step, as FramePointerUnwinder
       // would take it, if rbp looks like a frame record above sp.
       if (!fp_known || (fp & 7) != 0 ||
