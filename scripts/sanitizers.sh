@@ -18,6 +18,13 @@
 # subproject) checks packaging, not code, and links without the sanitizer
 # runtime: it runs in the plain suite only.
 #
+# The `inprof run` suite (tests/run) runs in the plain suite only: it
+# preloads libinprof_preload.so into programs, and a preload library built
+# with a sanitizer needs the sanitizer's runtime loaded before it, which only
+# a program built with that sanitizer has, after its preloads (ASan refuses
+# to start; TSan does not support the suite's fork() of a multi-threaded
+# process either).
+#
 # Tests that cannot run under a sanitizer are left out here by name, each
 # with its reason; the safety tests skip their own sanitizer-incompatible
 # cases at run time (GTEST_SKIP with the reason).
@@ -80,7 +87,7 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
   # Both sanitizers run even when the first fails; the exit status says.
   env "${env[@]}" GTEST_FILTER="$filter" \
     meson test -C "$dir" --print-errorlogs --no-rebuild --timeout-multiplier 2 \
-      --no-suite consumer ||
+      --no-suite consumer --no-suite run ||
     status=1
 done
 exit $status

@@ -393,6 +393,24 @@ class Profiler final : public internal::ProfilerControl,
     return ThreadRegistration(registry_, slot, info->tid);
   }
 
+  // Renames the registered thread `tid` (a thread that called
+  // pthread_setname_np or prctl(PR_SET_NAME) after registering): its samples
+  // in the current window and later carry `name`. False when no registered
+  // thread has that id. Any thread; not for signal handlers.
+  bool SetThreadName(pid_t tid, absl::string_view name) {
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    for (Slot* slot : active_) {
+      if (slot->tid != tid) continue;
+      slot->name = std::string(name);
+      if (slot->has_aggregate_thread) {
+        std::lock_guard<std::mutex> agg_lock(core_.mutex());
+        core_.aggregator().SetThreadName(slot->aggregate_thread, name);
+      }
+      return true;
+    }
+    return false;
+  }
+
   // True between a successful Start() and Stop().
   bool running() const { return running_; }
   const Options& options() const { return options_; }

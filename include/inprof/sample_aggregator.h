@@ -39,6 +39,10 @@ class SampleAggregator {
   // Registers a thread identity; returns its index for Add().
   uint32_t AddThread(int64_t tid, absl::string_view name);
 
+  // The thread took a new name (pthread_setname_np): the whole window's
+  // samples of `thread` carry it.
+  void SetThreadName(uint32_t thread, absl::string_view name);
+
   // The thread is gone: its index may be handed out again by AddThread()
   // once the samples it has now were taken out (after the next Take()), so
   // the thread table stays as large as the threads alive in one window,

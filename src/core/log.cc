@@ -18,6 +18,10 @@ void Log(absl::string_view message) {
     sink(line);
     return;
   }
+  WriteLineToStderr(line);
+}
+
+void WriteLineToStderr(absl::string_view line) {
   const char* p = line.data();
   size_t left = line.size();
   while (left > 0) {

@@ -21,6 +21,10 @@ uint32_t SampleAggregator::AddThread(int64_t tid, absl::string_view name) {
   return static_cast<uint32_t>(threads_.size() - 1);
 }
 
+void SampleAggregator::SetThreadName(uint32_t thread, absl::string_view name) {
+  if (thread < threads_.size()) threads_[thread].name = std::string(name);
+}
+
 void SampleAggregator::RemoveThread(uint32_t thread) {
   if (thread < threads_.size()) retired_.push_back(thread);
 }

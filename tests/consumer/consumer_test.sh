@@ -9,7 +9,8 @@
 #     wrote decodes (go tool pprof -top when Go is there) and names
 #     ConsumerWork; the program links neither libcurl nor libprotobuf and maps
 #     libcurl only when an upload is configured; a configured upload whose
-#     libcurl cannot be loaded says so in one line and the program finishes.
+#     libcurl cannot be loaded says so in one line and the program finishes;
+#     the installed `inprof run` finds its installed preload library.
 #   consumer_test.sh subproject SOURCE_DIR
 #     builds the same program in a fresh Meson project that has inprof as a
 #     subproject (dependency('inprof') with the fallback forced) and runs it.
@@ -72,6 +73,16 @@ case "$mode" in
     grep -q "Datadog upload configured, but uploads need libcurl ('/nonexistent/libcurl.so.4', Debian package libcurl4), which cannot be loaded" <<< "$out" ||
       fail "no clear line about the missing libcurl: $out"
     check_profile "$tmp/nocurl.pb.gz"
+
+    # The installed tool finds its installed preload library (bin/inprof ->
+    # libdir/inprof/libinprof_preload.so) and profiles a program that
+    # links nothing of inprof: the same app, told not to start its own.
+    tool=$(find "$tmp/root" -path '*/bin/inprof' | head -1)
+    [ -n "$tool" ] || fail "meson install put no bin/inprof under $tmp/root"
+    out=$(INPROF_PRELOAD_LIBRARY= "$tool" run -o "$tmp/run-%p.pb.gz" -- /bin/sh -c 'exec true' 2>&1) ||
+      fail "installed 'inprof run' failed: $out"
+    grep -q "inprof run: wrote $tmp/run-" <<< "$out" ||
+      fail "installed 'inprof run' wrote no profile: $out"
     ;;
   subproject)
     src=$2

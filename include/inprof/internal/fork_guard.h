@@ -26,6 +26,8 @@ enum ForkLockRank {
   kForkRankAggregate = 2,  // its aggregate lock (taken under the registry's)
   kForkRankSlotPool = 3,   // slot pools (taken under the registry's)
   kForkRankGlobal = 4,     // label table, handler install
+  kForkRankLeaf = 5,       // locks under which nothing else is taken
+                           // (the preload library's thread table)
 };
 
 // Adds `mutex` to the locks held across fork(). Thread-safe; the first call

@@ -15,6 +15,10 @@ void Log(absl::string_view message);
 // Replaces the destination (tests capture messages). nullptr restores stderr.
 using LogSink = void (*)(absl::string_view line);
 void SetLogSinkForTesting(LogSink sink);
+// The same for a host that filters inprof's lines (the preload library).
+inline void SetLogSink(LogSink sink) { SetLogSinkForTesting(sink); }
+// Writes `line` to stderr with one write(2) (what Log does without a sink).
+void WriteLineToStderr(absl::string_view line);
 
 }  // namespace inprof::internal
 

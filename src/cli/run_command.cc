@@ -1,0 +1,442 @@
+// `inprof run [OPTIONS] [--] CMD [ARGS...]`: runs CMD with the preload
+// library (src/run/preload_linux.cc) in LD_PRELOAD and the options turned into
+// INPROF_* variables, waits for it, and prints one line per profile that CMD
+// and its children wrote. Exits with CMD's status (127: not found, 126: not
+// executable, like env(1) and timeout(1)).
+//
+// Options are parsed with getopt_long (glibc): Abseil's flags have no short
+// options, cannot stop at the first argument that is not an option (CMD's own
+// flags would be taken for ours) and exit 1 on a usage error.
+#include <elf.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "inprof/options.h"
+#include "src/cli/command.h"
+
+#ifndef INPROF_PRELOAD_NAME
+#define INPROF_PRELOAD_NAME "libinprof_preload.so"
+#endif
+// Where the preload library lies relative to the directory of the `inprof`
+// executable: installed (bindir -> libdir/inprof) and in the build tree.
+#ifndef INPROF_PRELOAD_FROM_BINDIR
+#define INPROF_PRELOAD_FROM_BINDIR "../lib/inprof"
+#endif
+
+namespace inprof::cli {
+
+const char kRunHelp[] =
+    "usage: inprof run [OPTIONS] [--] CMD [ARGS...]\n"
+    "\n"
+    "Profiles CMD, an unmodified dynamically linked program, and every program\n"
+    "it starts: each process writes its own pprof profile when it ends (return\n"
+    "from main, exit(), SIGINT, SIGTERM or SIGHUP). Every thread is registered\n"
+    "automatically, under the name the program gives it. Options override the\n"
+    "INPROF_* variables of the environment (README, Configuration), which pass\n"
+    "through to CMD.\n"
+    "\n"
+    "Options:\n"
+    "  -o, --output=PATTERN    profile path; %p: process id, %t: window start\n"
+    "                          (default inprof-%p.pb.gz, inprof-%p-%t.pb.gz\n"
+    "                          with --export-period)           INPROF_OUTPUT\n"
+    "      --period=DURATION   CPU time between samples, 1ms to 1h (10ms)\n"
+    "                                                          INPROF_CPU_PERIOD\n"
+    "      --wall-period=DURATION  wall-time sampling period (10ms)\n"
+    "                                                          INPROF_WALL_PERIOD\n"
+    "      --no-wall           no wall-time sampling           INPROF_WALL_PERIOD=0\n"
+    "      --engine=ENGINE     auto, perf, timer or itimer     INPROF_CPU_ENGINE\n"
+    "      --export-period=DURATION  one profile per window, 100ms to 24h\n"
+    "                          (default here: 0, one profile per process)\n"
+    "                                                          INPROF_EXPORT_PERIOD\n"
+    "      --no-symbolize      addresses and build-ids only    INPROF_SYMBOLIZE=0\n"
+    "      --no-children       profile CMD only, not the programs it starts\n"
+    "  -q, --quiet             do not list the profiles written\n"
+    "  -h, --help              this text\n"
+    "\n"
+    "Exit status: CMD's; 127 when CMD is not found, 126 when it cannot be\n"
+    "executed, 2 for a usage error, 1 when inprof cannot run it at all.\n"
+    "\n"
+    "Example:\n"
+    "  inprof run -o /tmp/build-%p.pb.gz -- make -j8\n";
+
+namespace {
+
+constexpr const char* kCmd = "run";
+
+int Usage(const std::string& message) {
+  PrintError(kCmd, message + " (inprof run --help)");
+  return 2;
+}
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string CurrentDir() {
+  char buf[PATH_MAX];
+  if (getcwd(buf, sizeof(buf)) == nullptr) return ".";
+  return buf;
+}
+
+// The preload library: $INPROF_PRELOAD_LIBRARY, else next to this
+// executable as installed, else as built.
+absl::StatusOr<std::string> FindPreload() {
+  if (const char* p = getenv("INPROF_PRELOAD_LIBRARY"); p != nullptr && *p) {
+    if (access(p, R_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(
+          "INPROF_PRELOAD_LIBRARY='", p, "': ", strerror(errno)));
+    }
+    return std::string(p);
+  }
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) {
+    return absl::NotFoundError("cannot read /proc/self/exe to find " INPROF_PRELOAD_NAME);
+  }
+  exe[n] = '\0';
+  const std::string dir = Dirname(exe);
+  const std::string candidates[] = {
+      absl::StrCat(dir, "/", INPROF_PRELOAD_FROM_BINDIR, "/", INPROF_PRELOAD_NAME),
+      absl::StrCat(dir, "/../run/", INPROF_PRELOAD_NAME),  // the build tree
+  };
+  for (const std::string& c : candidates) {
+    char real[PATH_MAX];
+    if (realpath(c.c_str(), real) != nullptr && access(real, R_OK) == 0) {
+      return std::string(real);
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find " INPROF_PRELOAD_NAME " (looked in ", candidates[0], " and ",
+      candidates[1], "); set INPROF_PRELOAD_LIBRARY to its path"));
+}
+
+// CMD as execvp(3) would find it. Sets *exit_code to 127 or 126 on failure.
+absl::StatusOr<std::string> ResolveCommand(const std::string& cmd,
+                                           int* exit_code) {
+  auto check = [&](const std::string& path) -> absl::StatusOr<std::string> {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+      *exit_code = 127;
+      return absl::NotFoundError(absl::StrCat("'", cmd, "': ", strerror(errno)));
+    }
+    if (S_ISDIR(st.st_mode) || access(path.c_str(), X_OK) != 0) {
+      *exit_code = 126;
+      return absl::PermissionDeniedError(absl::StrCat(
+          "'", cmd, "': ", S_ISDIR(st.st_mode) ? "is a directory"
+                                               : "permission denied"));
+    }
+    return path;
+  };
+  if (cmd.find('/') != std::string::npos) return check(cmd);
+  const char* path_env = getenv("PATH");
+  const std::string path = path_env != nullptr ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    const std::string candidate =
+        absl::StrCat(dir.empty() ? "." : dir, "/", cmd);
+    if (access(candidate.c_str(), X_OK) == 0) {
+      struct stat st;
+      if (stat(candidate.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+        return candidate;
+      }
+    }
+  }
+  *exit_code = 127;
+  return absl::NotFoundError(absl::StrCat("'", cmd, "': command not found"));
+}
+
+// Why a preload library cannot work in `path` (empty when it can): a
+// statically linked program has no dynamic loader to load it, and the loader
+// ignores LD_PRELOAD for a program that changes its user or group.
+std::string WhyPreloadCannotWork(const std::string& cmd, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return "";
+  if (((st.st_mode & S_ISUID) != 0 && st.st_uid != geteuid()) ||
+      ((st.st_mode & S_ISGID) != 0 && st.st_gid != getegid())) {
+    return absl::StrCat("'", cmd, "' is set-user-ID or set-group-ID: the "
+                        "dynamic loader ignores LD_PRELOAD for it, so it "
+                        "cannot be profiled this way");
+  }
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  unsigned char ident[EI_NIDENT] = {};
+  std::string why;
+  if (pread(fd, ident, sizeof(ident), 0) == EI_NIDENT &&
+      std::memcmp(ident, ELFMAG, SELFMAG) == 0) {
+    if (ident[EI_CLASS] != ELFCLASS64) {
+      why = absl::StrCat("'", cmd, "' is a 32-bit program: inprof's preload "
+                         "library is 64-bit");
+    } else {
+      Elf64_Ehdr eh;
+      bool dynamic = false;
+      if (pread(fd, &eh, sizeof(eh), 0) == sizeof(eh)) {
+        for (int i = 0; i < eh.e_phnum; ++i) {
+          Elf64_Phdr ph;
+          if (pread(fd, &ph, sizeof(ph), eh.e_phoff + i * sizeof(ph)) !=
+              sizeof(ph)) {
+            break;
+          }
+          if (ph.p_type == PT_INTERP) dynamic = true;
+        }
+      }
+      if (!dynamic) {
+        why = absl::StrCat("'", cmd, "' is statically linked: there is no "
+                           "dynamic loader to load the preload library; link "
+                           "inprof into the program instead (README, Using it)");
+      }
+    }
+  }
+  close(fd);
+  return why;
+}
+
+volatile sig_atomic_t g_child = 0;
+
+void Forward(int sig) {
+  if (g_child > 0) kill(g_child, sig);
+}
+
+struct Settings {
+  std::map<std::string, std::string> env;  // INPROF_* set by options
+  bool quiet = false;
+  bool children = true;
+};
+
+absl::Status CheckDuration(const char* option, const char* value,
+                           absl::Duration min, absl::Duration max,
+                           bool allow_zero) {
+  return ParseDurationFlag(option, value, min, max, allow_zero).status();
+}
+
+}  // namespace
+
+int RunMain(int argc, char** argv) {
+  static const option kLong[] = {
+      {"output", required_argument, nullptr, 'o'},
+      {"period", required_argument, nullptr, 'P'},
+      {"wall-period", required_argument, nullptr, 'W'},
+      {"no-wall", no_argument, nullptr, 'w'},
+      {"engine", required_argument, nullptr, 'E'},
+      {"export-period", required_argument, nullptr, 'X'},
+      {"no-symbolize", no_argument, nullptr, 'S'},
+      {"no-children", no_argument, nullptr, 'C'},
+      {"quiet", no_argument, nullptr, 'q'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  Settings s;
+  opterr = 0;
+  optind = 1;
+  int c;
+  // '+': options end at CMD, whose own options are its own.
+  while ((c = getopt_long(argc, argv, "+:o:qh", kLong, nullptr)) != -1) {
+    absl::Status st;
+    switch (c) {
+      case 'o':
+        if (*optarg == '\0') return Usage("--output: expected a file path");
+        s.env["INPROF_OUTPUT"] = optarg;
+        break;
+      case 'P':
+        st = CheckDuration("--period", optarg, Options::kMinCpuPeriod,
+                           Options::kMaxCpuPeriod, false);
+        s.env["INPROF_CPU_PERIOD"] = optarg;
+        break;
+      case 'W':
+        st = CheckDuration("--wall-period", optarg, absl::Milliseconds(1),
+                           absl::Hours(1), true);
+        s.env["INPROF_WALL_PERIOD"] = optarg;
+        break;
+      case 'w':
+        s.env["INPROF_WALL_PERIOD"] = "0";
+        break;
+      case 'E':
+        if (std::strcmp(optarg, "auto") != 0 && std::strcmp(optarg, "perf") != 0 &&
+            std::strcmp(optarg, "timer") != 0 && std::strcmp(optarg, "itimer") != 0) {
+          return Usage(absl::StrCat("--engine='", optarg,
+                                    "': expected auto, perf, timer or itimer"));
+        }
+        s.env["INPROF_CPU_ENGINE"] = optarg;
+        break;
+      case 'X':
+        st = CheckDuration("--export-period", optarg, Options::kMinExportPeriod,
+                           Options::kMaxExportPeriod, true);
+        s.env["INPROF_EXPORT_PERIOD"] = optarg;
+        break;
+      case 'S':
+        s.env["INPROF_SYMBOLIZE"] = "0";
+        break;
+      case 'C':
+        s.children = false;
+        break;
+      case 'q':
+        s.quiet = true;
+        break;
+      case 'h':
+        fputs(kRunHelp, stdout);
+        return 0;
+      case ':':
+        return Usage(absl::StrCat("option '", argv[optind - 1],
+                                  "' needs a value"));
+      default:
+        return Usage(absl::StrCat("unknown option '", argv[optind - 1], "'"));
+    }
+    if (!st.ok()) return Usage(std::string(st.message()));
+  }
+  if (optind >= argc) return Usage("no command to run");
+  const std::string cmd = argv[optind];
+
+  int exit_code = 1;
+  absl::StatusOr<std::string> path = ResolveCommand(cmd, &exit_code);
+  if (!path.ok()) {
+    PrintError(kCmd, std::string(path.status().message()));
+    return exit_code;
+  }
+  if (std::string why = WhyPreloadCannotWork(cmd, *path); !why.empty()) {
+    PrintError(kCmd, why);
+    return 1;
+  }
+  absl::StatusOr<std::string> preload = FindPreload();
+  if (!preload.ok()) {
+    PrintError(kCmd, std::string(preload.status().message()));
+    return 1;
+  }
+
+  // The output pattern, absolute: children that change directory write
+  // where the user asked.
+  const char* env_export = getenv("INPROF_EXPORT_PERIOD");
+  if (!s.env.count("INPROF_EXPORT_PERIOD") && env_export == nullptr) {
+    s.env["INPROF_EXPORT_PERIOD"] = "0";
+  }
+  std::string output;
+  if (auto it = s.env.find("INPROF_OUTPUT"); it != s.env.end()) {
+    output = it->second;
+  } else if (const char* o = getenv("INPROF_OUTPUT"); o != nullptr && *o) {
+    output = o;
+  } else {
+    const std::string& period = s.env.count("INPROF_EXPORT_PERIOD")
+                                    ? s.env["INPROF_EXPORT_PERIOD"]
+                                    : std::string(env_export);
+    output = period == "0" ? "inprof-%p.pb.gz" : "inprof-%p-%t.pb.gz";
+  }
+  if (output[0] != '/') output = absl::StrCat(CurrentDir(), "/", output);
+  s.env["INPROF_OUTPUT"] = output;
+  const std::string out_dir = Dirname(output);
+  if (access(out_dir.c_str(), W_OK) != 0) {
+    PrintError(kCmd, absl::StrCat("cannot write profiles to '", out_dir,
+                                  "': ", strerror(errno)));
+    return 1;
+  }
+
+  // Each process appends "PATH\tPID\tCOMM" per profile written.
+  const char* tmp = getenv("TMPDIR");
+  std::string report = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
+                                    "/inprof-run-XXXXXX");
+  const int report_fd = mkstemp(report.data());
+  if (report_fd < 0) {
+    PrintError(kCmd, absl::StrCat("cannot create '", report, "': ",
+                                  strerror(errno)));
+    return 1;
+  }
+  close(report_fd);
+  s.env["INPROF_RUN_REPORT"] = report;
+  if (!s.children) s.env["INPROF_RUN_CHILDREN"] = "0";
+  std::string ld_preload = *preload;
+  if (const char* old = getenv("LD_PRELOAD"); old != nullptr && *old) {
+    absl::StrAppend(&ld_preload, ":", old);
+  }
+  s.env["LD_PRELOAD"] = ld_preload;
+
+  // The terminal's SIGINT/SIGQUIT reach CMD directly (same process group);
+  // SIGTERM and SIGHUP sent to inprof are passed on.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGQUIT, SIG_IGN);
+  struct sigaction fwd;
+  std::memset(&fwd, 0, sizeof(fwd));
+  fwd.sa_handler = &Forward;
+  fwd.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &fwd, nullptr);
+  sigaction(SIGHUP, &fwd, nullptr);
+
+  const pid_t child = fork();
+  if (child < 0) {
+    PrintError(kCmd, absl::StrCat("fork: ", strerror(errno)));
+    unlink(report.c_str());
+    return 1;
+  }
+  if (child == 0) {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    for (const auto& [k, v] : s.env) setenv(k.c_str(), v.c_str(), 1);
+    execv(path->c_str(), argv + optind);
+    const int err = errno;
+    PrintError(kCmd, absl::StrCat("cannot execute '", cmd, "': ", strerror(err)));
+    _exit(err == ENOENT ? 127 : 126);
+  }
+  g_child = child;
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  g_child = 0;
+
+  // The report: one line per profile, in the order they were written.
+  int written = 0;
+  if (FILE* f = fopen(report.c_str(), "re"); f != nullptr) {
+    char line[PATH_MAX + 128];
+    while (fgets(line, sizeof(line), f) != nullptr) {
+      std::vector<std::string> parts =
+          absl::StrSplit(absl::StripSuffix(line, "\n"), '\t');
+      if (parts.size() < 3) continue;
+      ++written;
+      if (!s.quiet) {
+        fprintf(stderr, "inprof run: wrote %s (pid %s, %s)\n",
+                parts[0].c_str(), parts[1].c_str(), parts[2].c_str());
+      }
+    }
+    fclose(f);
+  }
+  unlink(report.c_str());
+  const char* enabled = getenv("INPROF_ENABLED");
+  const bool disabled = enabled != nullptr &&
+                        !ParseBoolFlag("INPROF_ENABLED", enabled).value_or(true);
+  if (written == 0 && !s.quiet && !disabled) {
+    PrintError(kCmd, absl::StrCat("no profile was written by '", cmd,
+                                  "' (see the messages above)"));
+  }
+
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    // Die of the same signal, so a shell sees what CMD did; no core dump
+    // of our own.
+    if (sig != SIGQUIT && sig != SIGABRT && sig != SIGSEGV && sig != SIGBUS &&
+        sig != SIGILL && sig != SIGFPE && sig != SIGSYS && sig != SIGTRAP) {
+      signal(sig, SIG_DFL);
+      kill(getpid(), sig);
+    }
+    return 128 + sig;
+  }
+  return 1;
+}
+
+}  // namespace inprof::cli

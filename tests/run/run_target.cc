@@ -1,0 +1,244 @@
+// An unmodified program for tests/run/run_test.cc: it knows nothing of
+// inprof (no include, no link) and is profiled only by `inprof run`.
+//
+//   run_target threads OUT      main + 3 threads named after they start
+//                               (pthread_setname_np on itself and on
+//                               another thread, prctl); writes each
+//                               thread's CPU to OUT ("name ns" lines)
+//   run_target end HOW PIDFILE  spins, then: return (3), exit (4), wait (for
+//                               a signal, default action), handler (its own
+//                               SIGTERM handler; exits 5)
+//   run_target children         a forked child and a fork+exec'd child
+//   run_target exec-self N      spins 20 ms and exec()s itself N times
+//   run_target sigprof          installs its own SIGPROF handler midway
+//   run_target churn N ROUNDS   ROUNDS x N short threads; prints VmRSS
+//   run_target spin MS          spins MS ms of CPU
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+int64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+volatile uint64_t sink;
+
+// Burns `ms` of this thread's CPU; returns what it burned. `salt` keeps the
+// work functions distinct (identical bodies would be folded into one).
+__attribute__((noinline)) int64_t Burn(int64_t ms, uint64_t salt) {
+  const int64_t start = ThreadCpuNs();
+  uint64_t x = 88172645463325252ULL ^ salt;
+  while (ThreadCpuNs() - start < ms * 1'000'000) {
+    for (int i = 0; i < 2000; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+    }
+  }
+  sink = x;
+  return ThreadCpuNs() - start;
+}
+
+#define WORK_FUNCTION(name, salt)                                   \
+  __attribute__((noipa)) int64_t name(int64_t ms) {                 \
+    int64_t used = Burn(ms, salt);                                  \
+    asm volatile("" ::: "memory");                                  \
+    return used;                                                    \
+  }
+WORK_FUNCTION(MainWork, 1)
+WORK_FUNCTION(WorkA, 2)
+WORK_FUNCTION(WorkB, 3)
+WORK_FUNCTION(WorkC, 4)
+WORK_FUNCTION(EndWork, 5)
+WORK_FUNCTION(ParentWork, 6)
+WORK_FUNCTION(ForkChildWork, 7)
+WORK_FUNCTION(ExecChildWork, 8)
+WORK_FUNCTION(BeforeExecWork, 9)
+WORK_FUNCTION(BeforeOwnProfiler, 10)
+WORK_FUNCTION(UnderOwnProfiler, 11)
+WORK_FUNCTION(SpinWork, 12)
+WORK_FUNCTION(ChurnWork, 13)
+
+std::atomic<bool> b_named{false};
+int64_t cpu_a = 0, cpu_b = 0, cpu_c = 0;
+
+void* ThreadA(void*) {
+  pthread_setname_np(pthread_self(), "worker-a");
+  cpu_a = WorkA(300);
+  return nullptr;
+}
+
+void* ThreadB(void*) {
+  while (!b_named.load()) usleep(100);
+  cpu_b = WorkB(500);
+  return nullptr;
+}
+
+void* ThreadC(void*) {
+  prctl(PR_SET_NAME, "worker-c", 0, 0, 0);
+  cpu_c = WorkC(200);
+  pthread_exit(nullptr);
+}
+
+int Threads(const char* out) {
+  pthread_t a, b, c;
+  pthread_create(&a, nullptr, &ThreadA, nullptr);
+  pthread_create(&b, nullptr, &ThreadB, nullptr);
+  pthread_setname_np(b, "worker-b");  // another thread's name
+  b_named = true;
+  pthread_create(&c, nullptr, &ThreadC, nullptr);
+  const int64_t cpu_main = MainWork(300);
+  pthread_join(a, nullptr);
+  pthread_join(b, nullptr);
+  pthread_join(c, nullptr);
+  FILE* f = fopen(out, "w");
+  if (f == nullptr) return 1;
+  fprintf(f, "run_target %lld\nworker-a %lld\nworker-b %lld\nworker-c %lld\n",
+          static_cast<long long>(cpu_main), static_cast<long long>(cpu_a),
+          static_cast<long long>(cpu_b), static_cast<long long>(cpu_c));
+  fclose(f);
+  return 0;
+}
+
+volatile sig_atomic_t term_seen = 0;
+void OnTerm(int) { term_seen = 1; }
+
+int End(const std::string& how, const char* pidfile) {
+  EndWork(200);
+  if (how == "handler") {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = &OnTerm;
+    sigaction(SIGTERM, &sa, nullptr);
+  }
+  if (FILE* f = fopen(pidfile, "w"); f != nullptr) {
+    fprintf(f, "%d\n", getpid());
+    fclose(f);
+  }
+  if (how == "return") return 3;
+  if (how == "exit") exit(4);
+  if (how == "handler") {
+    while (!term_seen) pause();
+    exit(5);
+  }
+  while (true) pause();  // "wait": the signal's default action ends it
+}
+
+int Children(const char* self) {
+  ParentWork(100);
+  pid_t pid = fork();
+  if (pid == 0) {
+    ForkChildWork(150);
+    exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 10;
+  pid = fork();
+  if (pid == 0) {
+    execl(self, self, "execd", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 11;
+  return 0;
+}
+
+int ExecSelf(const char* self, int n) {
+  BeforeExecWork(20);
+  if (n <= 0) {
+    ExecChildWork(50);
+    return 0;
+  }
+  const std::string next = std::to_string(n - 1);
+  char* const args[] = {const_cast<char*>(self), const_cast<char*>("exec-self"),
+                        const_cast<char*>(next.c_str()), nullptr};
+  execv(self, args);
+  return 12;
+}
+
+std::atomic<int> own_signals{0};
+void OwnSigprof(int) { own_signals.fetch_add(1); }
+
+int OwnProfiler() {
+  BeforeOwnProfiler(200);
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = &OwnSigprof;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGPROF, &sa, nullptr);
+  itimerval it = {{0, 10000}, {0, 10000}};
+  setitimer(ITIMER_PROF, &it, nullptr);
+  UnderOwnProfiler(200);
+  itimerval off = {};
+  setitimer(ITIMER_PROF, &off, nullptr);
+  printf("own_sigprof=%d\n", own_signals.load());
+  return 0;
+}
+
+long RssKb() {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  while (fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, "VmRSS:", 6) == 0) kb = std::atol(line + 6);
+  }
+  fclose(f);
+  return kb;
+}
+
+void* ChurnThread(void*) {
+  ChurnWork(0);  // one pass of the loop: microseconds
+  return nullptr;
+}
+
+int Churn(int n, int rounds) {
+  long first = 0;
+  for (int r = 0; r < rounds; ++r) {
+    for (int i = 0; i < n; ++i) {
+      pthread_t t;
+      if (pthread_create(&t, nullptr, &ChurnThread, nullptr) != 0) return 13;
+      pthread_join(t, nullptr);
+    }
+    if (r == 1) first = RssKb();  // after the first windows were exported
+  }
+  printf("rss_first_kb=%ld rss_last_kb=%ld\n", first, RssKb());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  const std::string mode = argv[1];
+  if (mode == "threads" && argc == 3) return Threads(argv[2]);
+  if (mode == "end" && argc == 4) return End(argv[2], argv[3]);
+  if (mode == "children") return Children(argv[0]);
+  if (mode == "execd") {
+    ExecChildWork(150);
+    return 0;
+  }
+  if (mode == "exec-self" && argc == 3) return ExecSelf(argv[0], std::atoi(argv[2]));
+  if (mode == "sigprof") return OwnProfiler();
+  if (mode == "churn" && argc == 4) return Churn(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "spin" && argc == 3) {
+    SpinWork(std::atoi(argv[2]));
+    return 0;
+  }
+  return 2;
+}
