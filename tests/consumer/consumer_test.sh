@@ -10,7 +10,8 @@
 #     ConsumerWork; the program links neither libcurl nor libprotobuf and maps
 #     libcurl only when an upload is configured; a configured upload whose
 #     libcurl cannot be loaded says so in one line and the program finishes;
-#     the installed `inprof run` finds its installed preload library.
+#     the installed `inprof run` finds its installed preload library; a
+#     gperftools-API program links with `pkg-config ... inprof-gperftools`.
 #   consumer_test.sh subproject SOURCE_DIR
 #     builds the same program in a fresh Meson project that has inprof as a
 #     subproject (dependency('inprof') with the fallback forced) and runs it.
@@ -73,6 +74,19 @@ case "$mode" in
     grep -q "Datadog upload configured, but uploads need libcurl ('/nonexistent/libcurl.so.4', Debian package libcurl4), which cannot be loaded" <<< "$out" ||
       fail "no clear line about the missing libcurl: $out"
     check_profile "$tmp/nocurl.pb.gz"
+
+    # The gperftools drop-in: a program written against
+    # <gperftools/profiler.h>, linked with README's command for it.
+    cp "$src/tests/gperftools/gperftools_program.cc" "$tmp/gp.cc"
+    g++ -std=c++20 gp.cc $(pkg-config --cflags --libs --static inprof-gperftools) -o gp ||
+      fail "README's inprof-gperftools link command failed"
+    out=$(./gp api "$tmp/gp.prof" 2>&1) || fail "gperftools API program failed: $out"
+    [ -s "$tmp/gp.prof" ] || fail "the gperftools API program wrote no profile: $out"
+    if [ -n "${INPROF_GO:-}" ]; then
+      top=$(HOME="$tmp" PPROF_TMPDIR="$tmp" "$INPROF_GO" tool pprof -top "$tmp/gp.prof" 2>&1) ||
+        fail "go tool pprof cannot read gp.prof: $top"
+      grep -q ApiThreadWork <<< "$top" || fail "ApiThreadWork not in gp.prof: $top"
+    fi
 
     # The installed tool finds its installed preload library (bin/inprof ->
     # libdir/inprof/libinprof_preload.so) and profiles a program that

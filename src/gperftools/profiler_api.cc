@@ -1,0 +1,233 @@
+// gperftools' CPU profiler API (<gperftools/profiler.h>, the copy in
+// include/inprof/gperftools/) and its variables on inprof's automatic
+// profiler (src/run/auto_profiler.h):
+//
+//   CPUPROFILE=FILE            profile from load to exit into FILE
+//   CPUPROFILE_FREQUENCY=N     samples per CPU-second, 1 to 1000 (100);
+//                              the period is 1s/N of each thread's CPU
+//   CPUPROFILESIGNAL=N         do not start at load: signal N starts a run
+//                              into FILE.0, the next stops it, the next
+//                              starts FILE.1, ...
+//   CPUPROFILE_PER_THREAD_TIMERS, CPUPROFILE_TIMER_SIGNAL   accepted; inprof
+//                              always uses per-thread timers
+//
+// Built into libinprof_preload.so and, with INPROF_GPERFTOOLS_CONSTRUCTOR,
+// into libinprof_gperftools.a, whose constructor reads the variables (the
+// preload library's constructor does it in preload_linux.cc).
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "inprof/internal/log.h"
+#include "inprof/options.h"
+#include "src/gperftools/gperftools_env.h"
+#include "src/run/auto_profiler.h"
+#include "gperftools/profiler.h"
+
+namespace inprof::gperftools {
+namespace {
+
+// Trivially initialised: the constructor that sets it may run before the
+// dynamic initialisers of this file.
+int g_signal_pipe[2] = {-1, -1};
+
+void ToggleHandler(int) {
+  const int saved = errno;
+  const char b = 1;
+  ssize_t n = write(g_signal_pipe[1], &b, 1);
+  (void)n;
+  errno = saved;
+}
+
+// `arg`: CPUPROFILE's path (a heap string this thread owns).
+void* ToggleThread(void* arg) {
+  const std::string signal_file = *static_cast<std::string*>(arg);
+  delete static_cast<std::string*>(arg);
+  int runs = 0;
+  char b;
+  while (true) {
+    ssize_t n = read(g_signal_pipe[0], &b, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return nullptr;
+    if (run::CurrentStatus().running) {
+      run::Stop("CPUPROFILESIGNAL");
+    } else {
+      const std::string file = absl::StrCat(signal_file, ".", runs++);
+      if (absl::Status s = run::Start(file); !s.ok()) {
+        internal::Log(absl::StrCat("CPUPROFILESIGNAL: cannot start profiling "
+                                   "into '", file, "': ", s.message()));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void ApplyGperftoolsDefaults(Options& options) {
+  if (getenv("INPROF_WALL_PERIOD") == nullptr) {
+    options.wall_period = absl::ZeroDuration();
+  }
+}
+
+bool ApplyEnvironment(Options& options) {
+  const char* file = getenv("CPUPROFILE");
+  if (file == nullptr || *file == '\0') return false;
+  ApplyGperftoolsDefaults(options);
+  options.output = file;
+  // gperftools' libprofiler, when loaded, marks the variable as seen by
+  // setting the high bit of its first byte (so that its children write
+  // FILE_<pid>); the path is the value without the mark.
+  options.output[0] = static_cast<char>(options.output[0] & 0x7f);
+  options.export_period = absl::ZeroDuration();
+  options.write_output = true;
+  if (const char* f = getenv("CPUPROFILE_FREQUENCY"); f != nullptr && *f) {
+    int hz = 0;
+    if (!absl::SimpleAtoi(f, &hz) || hz < 1) {
+      internal::Log(absl::StrCat("CPUPROFILE_FREQUENCY='", f,
+                                 "': expected a whole number of samples per "
+                                 "second from 1 to 1000; using 100"));
+    } else {
+      if (hz > 1000) {
+        internal::Log(absl::StrCat("CPUPROFILE_FREQUENCY=", hz,
+                                   ": inprof samples at most every 1ms of a "
+                                   "thread's CPU; using 1000"));
+        hz = 1000;
+      }
+      options.cpu_period = absl::Seconds(1) / hz;
+    }
+  }
+  return true;
+}
+
+bool StartFromEnvironment(Options options, const std::string& report,
+                          bool children) {
+  if (!ApplyEnvironment(options)) return false;
+  run::Init(options, report, children);
+  // As with gperftools: a forked child writes FILE_<pid>.
+  run::SetChildOutput(options.output + "_%p");
+  if (const char* sig = getenv("CPUPROFILESIGNAL"); sig != nullptr && *sig) {
+    int n = 0;
+    if (!absl::SimpleAtoi(sig, &n) || n < 1 || n >= NSIG || n == SIGPROF ||
+        n == SIGKILL || n == SIGSTOP) {
+      internal::Log(absl::StrCat("CPUPROFILESIGNAL='", sig,
+                                 "': expected a signal number (not SIGPROF); "
+                                 "profiling from load to exit instead"));
+    } else {
+      if (pipe2(g_signal_pipe, O_CLOEXEC) == 0) {
+        struct sigaction sa;
+        std::memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = &ToggleHandler;
+        sa.sa_flags = SA_RESTART;
+        sigaction(n, &sa, nullptr);
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        auto* file = new std::string(options.output);
+        if (pthread_create(&t, &attr, &ToggleThread, file) != 0) delete file;
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        pthread_attr_destroy(&attr);
+      }
+      return true;
+    }
+  }
+  if (absl::Status s = run::Start(options.output); !s.ok()) {
+    internal::Log(absl::StrCat("CPUPROFILE='", options.output,
+                               "': profiling stays off: ", s.message()));
+  }
+  return true;
+}
+
+namespace {
+
+#ifdef INPROF_GPERFTOOLS_CONSTRUCTOR
+// libinprof_gperftools.a: the program's own link; CPUPROFILE starts it.
+__attribute__((constructor)) void GperftoolsInit() {
+  run::UnblockSigprofAfterExec();
+  Options options = Options::FromEnv();
+  if (!options.enabled) return;
+  ApplyGperftoolsDefaults(options);
+  if (!StartFromEnvironment(options, "", true)) {
+    run::Init(options, "", true);  // threads register; ProfilerStart samples
+  }
+}
+#endif
+
+std::atomic<bool> g_filter_said{false};
+
+}  // namespace
+}  // namespace inprof::gperftools
+
+using namespace inprof;
+
+extern "C" {
+
+__attribute__((visibility("default"))) int ProfilerStartWithOptions(
+    const char* fname, const struct ProfilerOptions* options) {
+  if (fname == nullptr || *fname == '\0') return 0;
+  if (options != nullptr && options->filter_in_thread != nullptr &&
+      !gperftools::g_filter_said.exchange(true)) {
+    internal::Log("ProfilerStartWithOptions: filter_in_thread is not "
+                  "supported; every registered thread is profiled");
+  }
+  // A program that never loaded the variables' constructor (the preload
+  // library without CPUPROFILE): the profiler from INPROF_*.
+  Options from_env = Options::FromEnv();
+  if (!from_env.enabled) return 0;  // INPROF_ENABLED=0: a silent no-op
+  gperftools::ApplyGperftoolsDefaults(from_env);
+  run::Init(std::move(from_env), "", true);
+  absl::Status s = run::Start(fname);
+  if (!s.ok() && !absl::IsAlreadyExists(s)) {
+    internal::Log(absl::StrCat("ProfilerStart('", fname, "'): ", s.message()));
+  }
+  return s.ok() ? 1 : 0;
+}
+
+__attribute__((visibility("default"))) int ProfilerStart(const char* fname) {
+  return ProfilerStartWithOptions(fname, nullptr);
+}
+
+__attribute__((visibility("default"))) void ProfilerStop(void) {
+  run::Stop("ProfilerStop");
+}
+
+__attribute__((visibility("default"))) void ProfilerFlush(void) {}
+__attribute__((visibility("default"))) void ProfilerEnable(void) {}
+__attribute__((visibility("default"))) void ProfilerDisable(void) {}
+
+__attribute__((visibility("default"))) int ProfilingIsEnabledForAllThreads(void) {
+  return run::CurrentStatus().running ? 1 : 0;
+}
+
+__attribute__((visibility("default"))) void ProfilerRegisterThread(void) {
+  run::RegisterCurrentThread();
+}
+
+__attribute__((visibility("default"))) void ProfilerGetCurrentState(
+    struct ProfilerState* state) {
+  if (state == nullptr) return;
+  const run::Status s = run::CurrentStatus();
+  std::memset(state, 0, sizeof(*state));
+  state->enabled = s.running ? 1 : 0;
+  if (s.running) {
+    state->start_time = absl::ToTimeT(s.start);
+    std::strncpy(state->profile_name, s.output.c_str(),
+                 sizeof(state->profile_name) - 1);
+  }
+  state->samples_gathered = static_cast<int>(s.samples);
+}
+
+}  // extern "C"

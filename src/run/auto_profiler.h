@@ -1,0 +1,62 @@
+// internal: not part of the public API.
+//
+// The process's automatic profiler, shared by the preload library `inprof
+// run` loads (src/run/preload_linux.cc) and the gperftools API drop-in
+// (src/gperftools/profiler_api.cc): one DefaultProfiler per process, every
+// thread the program creates registered with it (interposed pthread_create)
+// whether or not it runs, thread names followed, the profile written however
+// the program ends, a profiler of its own for each forked child, and SIGPROF
+// handed over to a program that installs its own handler.
+//
+// Thread-safety: every function may be called from any thread; none from a
+// signal handler.
+#ifndef INPROF_RUN_AUTO_PROFILER_H_
+#define INPROF_RUN_AUTO_PROFILER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "inprof/options.h"
+
+namespace inprof::run {
+
+// First thing in a process image an exec() started from a profiled one:
+// discards the SIGPROF the old image left pending and unblocks it (see
+// ExecGuard in auto_profiler_linux.cc).
+void UnblockSigprofAfterExec();
+
+// Constructs the profiler from `options` (nothing when options.enabled is
+// false) and registers the calling thread. `report`: the file each written
+// profile's path is appended to ("" for none). `children`: forked children
+// profile (and start when the parent runs). Once per process.
+void Init(Options options, std::string report, bool children);
+
+// The output pattern a forked child of a running process uses (default: the
+// parent's, which names the pid with %p).
+void SetChildOutput(std::string output_pattern);
+
+// Starts sampling into `output_pattern` (%p, %t). FailedPrecondition when
+// not initialised, disabled or stepped aside; AlreadyExists when running.
+absl::Status Start(const std::string& output_pattern);
+
+// Stops sampling and writes the profile (waits for a write under way on
+// another thread). `why` prefixes an error line. No-op when not running.
+void Stop(const char* why);
+
+struct Status {
+  bool running = false;
+  absl::Time start;          // of the current run
+  std::string output;        // its output pattern
+  int64_t samples = 0;       // taken so far in this process
+};
+Status CurrentStatus();
+
+// Registers the calling thread (a thread the program created before Init, or
+// without pthread_create) until it exits. No-op when it is registered.
+void RegisterCurrentThread();
+
+}  // namespace inprof::run
+
+#endif  // INPROF_RUN_AUTO_PROFILER_H_

@@ -1,0 +1,712 @@
+// The process's automatic profiler (auto_profiler.h) and the calls it
+// interposes: pthread_create (each thread the program creates is registered
+// for exactly as long as its start routine runs: the automatic counterpart
+// of RegisterThread, as DllMain's thread attach is on Windows),
+// pthread_setname_np and prctl (thread names as the program sets them),
+// sigaction and signal (a program taking SIGPROF for itself makes inprof
+// write what it has and step aside) and the exec family (SIGPROF stays
+// blocked across an exec, see ExecGuard).
+//
+// Linked into libinprof_preload.so (with preload_linux.cc, what `inprof run`
+// loads) and libinprof_gperftools (the gperftools API drop-in). In the
+// shared library only the interposed calls and the gperftools API are
+// exported (preload.map), so a program that links inprof itself never binds
+// to this copy.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "inprof/inprof.h"
+#include "inprof/internal/fork_guard.h"
+#include "inprof/internal/log.h"
+#include "inprof/sink.h"
+#include "src/run/auto_profiler.h"
+
+namespace inprof {
+namespace {
+
+using PreloadProfiler = DefaultProfiler;
+
+pid_t Gettid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+std::string CurrentThreadName() {
+  char name[17] = {};
+  if (prctl(PR_GET_NAME, name, 0, 0, 0) != 0) return "thread";
+  return name;
+}
+
+// Set on the threads inprof itself runs (collector, exporter, ticker,
+// uploaders, the signal watcher) and on any thread while it is inside a call
+// into the profiler: threads created then are inprof's own, never
+// registered, and the SIGPROF handler inprof installs is not the program's.
+thread_local bool t_inprof __attribute__((tls_model("initial-exec"))) = false;
+
+struct InprofScope {
+  bool saved = t_inprof;
+  InprofScope() { t_inprof = true; }
+  ~InprofScope() { t_inprof = saved; }
+};
+
+// Appends each written profile to INPROF_RUN_REPORT and writes the file
+// like FileSink.
+// The output pattern is set at each Start() (the gperftools API names a file
+// per run); the exporter's thread reads it under the sink's own lock.
+class ReportingFileSink final : public ProfileSink {
+ public:
+  explicit ReportingFileSink(std::string report) : report_(std::move(report)) {}
+  absl::string_view name() const override { return "file"; }
+  void SetPattern(const std::string& pattern) {
+    std::lock_guard<std::mutex> lock(mu_);
+    file_ = std::make_unique<FileSink>(pattern);
+  }
+  absl::Status Consume(std::shared_ptr<const ExportedProfile> p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (file_ == nullptr) return absl::OkStatus();
+    absl::Status s = file_->Consume(p);
+    if (!s.ok() || report_.empty()) return s;
+    const std::string line =
+        absl::StrCat(file_->last_path(), "\t", getpid(), "\t",
+                     CurrentProcessName(), "\n");
+    int fd = open(report_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd >= 0) {
+      // One write(2) with O_APPEND: lines of concurrent processes never mix.
+      ssize_t n = write(fd, line.data(), line.size());
+      (void)n;
+      close(fd);
+    }
+    return s;
+  }
+
+ private:
+  static std::string CurrentProcessName() {
+    char buf[64] = {};
+    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return "?";
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+
+  std::mutex mu_;
+  std::unique_ptr<FileSink> file_;
+  std::string report_;
+};
+
+struct State {
+  // Held while the profiler starts or stops (Start, Stop at exit, on an end
+  // signal, stepping aside, in a forked child): exit() waits for a profile
+  // another thread is writing.
+  std::mutex lifecycle;
+  PreloadProfiler* profiler = nullptr;  // never destroyed: see Stop()
+  std::shared_ptr<ReportingFileSink> sink;
+  ThreadRegistration* first_registration = nullptr;  // Init()'s thread
+  bool running = false;
+  bool stepped_aside = false;
+  bool hooks_installed = false;  // atexit, end signals
+  bool children = true;
+  Options options;  // without sinks: what a forked child starts with
+  std::string report;
+  std::string output;
+  std::string child_output;  // "": the parent's
+  absl::Time start;
+  int watch_pipe[2] = {-1, -1};
+  // pthread_t of the threads registered here -> their ids, so that
+  // pthread_setname_np(other, ...) finds the thread. A leaf lock, held
+  // across fork() (internal/fork_guard.h).
+  std::mutex tids_mu;
+  absl::flat_hash_map<pthread_t, pid_t> tids;
+};
+
+State& state() {
+  static State* s = [] {
+    auto* st = new State;  // never destroyed: used until the last exit
+    internal::RegisterForkLock(&st->tids_mu, internal::kForkRankLeaf);
+    return st;
+  }();
+  return *s;
+}
+
+// The profiler threads register with (null before Init or when disabled),
+// and whether it samples now.
+std::atomic<PreloadProfiler*> g_profiler{nullptr};
+std::atomic<bool> g_running{false};
+
+void RememberTid(pthread_t thread, pid_t tid) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.tids_mu);
+  s.tids[thread] = tid;
+}
+
+void ForgetTid(pthread_t thread) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.tids_mu);
+  s.tids.erase(thread);
+}
+
+// Lifecycle lock held. The profiler object is never destroyed: threads the
+// program leaves running may still hold registrations.
+void StopLocked(State& s, absl::string_view why) {
+  if (!s.running) return;
+  s.running = false;
+  g_running.store(false, std::memory_order_release);
+  InprofScope scope;
+  absl::Status st = s.profiler->Stop();
+  if (!st.ok()) internal::Log(absl::StrCat(why, ": ", st.message()));
+}
+
+void Finish(absl::string_view why) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  StopLocked(s, why);
+}
+
+void AtExit() { Finish("at exit"); }
+
+// SIGINT, SIGTERM, SIGHUP with their default action: the handler only wakes
+// the watcher thread, which writes the profile and then lets the signal
+// take its default effect. A program that installs its own handler replaces
+// this one (and usually exits, which writes the profile at exit).
+constexpr int kEndSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+void EndSignalHandler(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  ssize_t n = write(state().watch_pipe[1], &b, 1);
+  (void)n;
+  errno = saved;
+}
+
+void* WatchEndSignals(void*) {
+  t_inprof = true;
+  unsigned char b = 0;
+  while (true) {
+    ssize_t n = read(state().watch_pipe[0], &b, 1);
+    if (n == 1) break;
+    if (n < 0 && errno == EINTR) continue;
+    return nullptr;
+  }
+  const int sig = b;
+  Finish(absl::StrCat("on ", strsignal(sig)));
+  signal(sig, SIG_DFL);
+  kill(getpid(), sig);
+  return nullptr;
+}
+
+void InstallEndSignalHandlers() {
+  State& s = state();
+  if (pipe2(s.watch_pipe, O_CLOEXEC) != 0) return;
+  bool any = false;
+  for (int sig : kEndSignals) {
+    struct sigaction current;
+    if (sigaction(sig, nullptr, &current) != 0) continue;
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) {
+      continue;  // ignored (nohup) or handled: the program's choice stands
+    }
+    struct sigaction action;
+    std::memset(&action, 0, sizeof(action));
+    action.sa_handler = &EndSignalHandler;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(sig, &action, nullptr) == 0) any = true;
+  }
+  if (!any) return;
+  pthread_t watcher;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  // Signals meant for the program are never taken by this thread.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  if (pthread_create(&watcher, &attr, &WatchEndSignals, nullptr) == 0) {
+    pthread_setname_np(watcher, "inprof-signals");
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+// Lifecycle lock held. A new profiler with the sink, and the calling thread
+// registered with it.
+void ConstructLocked(State& s) {
+  InprofScope scope;
+  Options options = s.options;
+  s.sink = std::make_shared<ReportingFileSink>(s.report);
+  if (options.write_output) {
+    options.write_output = false;
+    options.sinks.push_back(s.sink);
+  }
+  s.profiler = new PreloadProfiler(std::move(options));
+  // A forked child's thread still points at its slot in the parent's
+  // profiler: it registers afresh.
+  internal::SetCurrentThreadSlot(nullptr);
+  s.first_registration = new ThreadRegistration(
+      s.profiler->RegisterThread(CurrentThreadName()));
+  RememberTid(pthread_self(), Gettid());
+  g_profiler.store(s.profiler, std::memory_order_release);
+}
+
+absl::Status StartLocked(State& s, const std::string& output) {
+  if (s.profiler == nullptr) {
+    return absl::FailedPreconditionError("profiling is off (INPROF_ENABLED=0)");
+  }
+  if (s.stepped_aside) {
+    return absl::FailedPreconditionError(
+        "the program installed its own SIGPROF handler");
+  }
+  if (s.running) return absl::AlreadyExistsError("profiling is already on");
+  InprofScope scope;
+  s.sink->SetPattern(output);
+  if (absl::Status st = s.profiler->Start(); !st.ok()) return st;
+  s.running = true;
+  s.output = output;
+  s.start = absl::Now();
+  g_running.store(true, std::memory_order_release);
+  if (!s.hooks_installed) {
+    s.hooks_installed = true;
+    atexit(&AtExit);
+    InstallEndSignalHandlers();
+  }
+  return absl::OkStatus();
+}
+
+// In a forked child: the parent's profiler is forgotten (its threads do not
+// exist here) and the child gets one of its own, with the thread that forked
+// registered; it samples if the parent did.
+void AtForkChild() {
+  State& s = state();
+  // The child has one thread: a lifecycle lock another thread of the parent
+  // held (writing the parent's profile) means nothing here.
+  new (&s.lifecycle) std::mutex;
+  PreloadProfiler* parent = s.profiler;
+  if (parent == nullptr) return;
+  const bool was_running = s.running;
+  if (was_running) {
+    InprofScope scope;
+    (void)parent->Stop();  // in a child: forgets, writes nothing
+  }
+  s.running = false;
+  g_running.store(false, std::memory_order_release);
+  // The parent's registrations and profiler: leaked, never touched.
+  s.first_registration = nullptr;
+  s.profiler = nullptr;
+  g_profiler.store(nullptr, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(s.tids_mu);
+    s.tids.clear();
+  }
+  if (!s.children) return;
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  ConstructLocked(s);
+  if (was_running) {
+    const std::string output =
+        s.child_output.empty() ? s.output : s.child_output;
+    if (absl::Status st = StartLocked(s, output); !st.ok()) {
+      internal::Log(absl::StrCat("forked child: profiling stays off: ",
+                                 st.message()));
+    }
+  }
+}
+
+// An exec() from a profiled process keeps SIGPROF blocked across it (see
+// ExecGuard) and says so in the environment: the signals still pending from
+// the old image are discarded here, before SIGPROF is unblocked, instead of
+// killing the new image (whose handler the kernel reset to the default).
+constexpr char kSigprofBlocked[] = "INPROF_RUN_SIGPROF_BLOCKED";
+
+void DiscardPendingSigprof() {
+  sigset_t prof;
+  sigemptyset(&prof);
+  sigaddset(&prof, SIGPROF);
+  const timespec zero = {0, 0};
+  while (sigtimedwait(&prof, nullptr, &zero) == SIGPROF) {
+  }
+}
+
+void UnblockSigprofAfterExec() {
+  if (getenv(kSigprofBlocked) == nullptr) return;
+  unsetenv(kSigprofBlocked);
+  DiscardPendingSigprof();
+  sigset_t prof;
+  sigemptyset(&prof);
+  sigaddset(&prof, SIGPROF);
+  pthread_sigmask(SIG_UNBLOCK, &prof, nullptr);
+}
+
+// Around an exec() from a profiled process. The new image starts with
+// SIGPROF's handler reset to the default, which terminates; a profiling
+// signal pending at that moment (a timer or the wall sampler fired just
+// before) would kill it. So SIGPROF stays blocked on the calling thread
+// across the exec and the environment tells the new image's preload to
+// discard what is pending and unblock it. With --no-children the new image
+// gets no preload: the profile is written first, the pending signals are
+// discarded, and the exec happens with the mask as it was.
+class ExecGuard {
+ public:
+  ExecGuard() {
+    State& s = state();
+    if (!g_running.load(std::memory_order_acquire)) return;
+    sigset_t prof;
+    sigemptyset(&prof);
+    sigaddset(&prof, SIGPROF);
+    if (!s.children) {
+      Finish("before exec");
+      pthread_sigmask(SIG_BLOCK, &prof, &old_);
+      DiscardPendingSigprof();
+      pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+      return;
+    }
+    pthread_sigmask(SIG_BLOCK, &prof, &old_);
+    blocked_ = true;
+  }
+  ~ExecGuard() {  // the exec failed
+    if (!blocked_) return;
+    if (set_environ_) unsetenv(kSigprofBlocked);
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ExecGuard(const ExecGuard&) = delete;
+  ExecGuard& operator=(const ExecGuard&) = delete;
+
+  // For the exec calls that pass `environ`.
+  void MarkEnviron() {
+    if (!blocked_) return;
+    setenv(kSigprofBlocked, "1", 1);
+    set_environ_ = true;
+  }
+  // For those that take an environment: a copy with the marker.
+  char* const* Mark(char* const* envp) {
+    if (!blocked_ || envp == nullptr) return envp;
+    for (char* const* e = envp; *e != nullptr; ++e) env_.push_back(*e);
+    env_.push_back(const_cast<char*>("INPROF_RUN_SIGPROF_BLOCKED=1"));
+    env_.push_back(nullptr);
+    return env_.data();
+  }
+
+ private:
+  sigset_t old_;
+  bool blocked_ = false;
+  bool set_environ_ = false;
+  std::vector<char*> env_;
+};
+
+// The arguments of execl(), execle(), execlp() as a vector; for execle(),
+// *envp gets the environment that follows the terminating null.
+std::vector<char*> CollectArgs(const char* arg0, va_list ap, char*** envp) {
+  std::vector<char*> args;
+  args.push_back(const_cast<char*>(arg0));
+  if (arg0 != nullptr) {
+    while (char* a = va_arg(ap, char*)) args.push_back(a);
+  }
+  args.push_back(nullptr);
+  if (envp != nullptr) *envp = va_arg(ap, char**);
+  return args;
+}
+
+struct StartArgs {
+  void* (*fn)(void*);
+  void* arg;
+  bool internal;
+};
+
+// The program's thread, registered for as long as its start routine runs:
+// the registration is undone when the routine returns, and by the unwinding
+// pthread_exit() and cancellation do.
+void* Trampoline(void* p) {
+  StartArgs args = *static_cast<StartArgs*>(p);
+  delete static_cast<StartArgs*>(p);
+  if (args.internal) {
+    t_inprof = true;
+    return args.fn(args.arg);
+  }
+  PreloadProfiler* profiler = g_profiler.load(std::memory_order_acquire);
+  if (profiler == nullptr) return args.fn(args.arg);
+  ThreadRegistration registration;
+  {
+    InprofScope scope;
+    registration = profiler->RegisterThread(CurrentThreadName());
+  }
+  const pthread_t self = pthread_self();
+  RememberTid(self, Gettid());
+  struct Undo {
+    pthread_t self;
+    ~Undo() { ForgetTid(self); }
+  } undo{self};
+  return args.fn(args.arg);
+}
+
+template <typename F>
+F Next(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+
+void Rename(pid_t tid, const char* name) {
+  PreloadProfiler* profiler = g_profiler.load(std::memory_order_acquire);
+  if (profiler == nullptr || tid <= 0 || name == nullptr) return;
+  InprofScope scope;
+  profiler->SetThreadName(tid, name);
+}
+
+}  // namespace
+
+namespace run {
+
+void UnblockSigprofAfterExec() { inprof::UnblockSigprofAfterExec(); }
+
+void Init(Options options, std::string report, bool children) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  if (s.profiler != nullptr || !options.enabled) return;
+  options.sinks.clear();
+  s.options = std::move(options);
+  s.report = std::move(report);
+  s.children = children;
+  ConstructLocked(s);
+  InprofScope scope;
+  pthread_atfork(nullptr, nullptr, &AtForkChild);
+}
+
+void SetChildOutput(std::string output_pattern) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  s.child_output = std::move(output_pattern);
+}
+
+absl::Status Start(const std::string& output_pattern) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  return StartLocked(s, output_pattern);
+}
+
+void Stop(const char* why) { Finish(why); }
+
+Status CurrentStatus() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  Status out;
+  out.running = s.running;
+  out.start = s.start;
+  out.output = s.output;
+  if (s.profiler != nullptr) {
+    out.samples = static_cast<int64_t>(s.profiler->stats().samples_taken);
+  }
+  return out;
+}
+
+void RegisterCurrentThread() {
+  PreloadProfiler* profiler = g_profiler.load(std::memory_order_acquire);
+  if (profiler == nullptr) return;
+  if (internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
+      slot != nullptr && slot->session.load() != 0) {
+    return;
+  }
+  // Lives until the thread exits (a thread_local's destructor).
+  thread_local std::unique_ptr<ThreadRegistration> registration;
+  InprofScope scope;
+  registration = std::make_unique<ThreadRegistration>(
+      profiler->RegisterThread(CurrentThreadName()));
+  RememberTid(pthread_self(), Gettid());
+}
+
+}  // namespace run
+}  // namespace inprof
+
+using inprof::InprofScope;
+using inprof::Next;
+using inprof::t_inprof;
+
+extern "C" {
+
+__attribute__((visibility("default"))) int pthread_create(
+    pthread_t* thread, const pthread_attr_t* attr, void* (*fn)(void*),
+    void* arg) {
+  using Fn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*),
+                     void*);
+  static Fn real = Next<Fn>("pthread_create");
+  if (real == nullptr) return EAGAIN;
+  const bool internal = t_inprof;
+  if (!internal && inprof::g_profiler.load(std::memory_order_acquire) == nullptr) {
+    return real(thread, attr, fn, arg);
+  }
+  auto* args = new (std::nothrow) inprof::StartArgs{fn, arg, internal};
+  if (args == nullptr) return real(thread, attr, fn, arg);
+  const int rc = real(thread, attr, &inprof::Trampoline, args);
+  if (rc != 0) delete args;
+  return rc;
+}
+
+__attribute__((visibility("default"))) int pthread_setname_np(
+    pthread_t thread, const char* name) {
+  using Fn = int (*)(pthread_t, const char*);
+  static Fn real = Next<Fn>("pthread_setname_np");
+  if (real == nullptr) return ENOSYS;
+  const int rc = real(thread, name);
+  if (rc != 0 || t_inprof) return rc;
+  pid_t tid = 0;
+  if (pthread_equal(thread, pthread_self())) {
+    tid = inprof::Gettid();
+  } else {
+    inprof::State& s = inprof::state();
+    std::lock_guard<std::mutex> lock(s.tids_mu);
+    auto it = s.tids.find(thread);
+    if (it != s.tids.end()) tid = it->second;
+  }
+  inprof::Rename(tid, name);
+  return rc;
+}
+
+__attribute__((visibility("default"))) int prctl(int option, ...) {
+  va_list ap;
+  va_start(ap, option);
+  unsigned long a2 = va_arg(ap, unsigned long);
+  unsigned long a3 = va_arg(ap, unsigned long);
+  unsigned long a4 = va_arg(ap, unsigned long);
+  unsigned long a5 = va_arg(ap, unsigned long);
+  va_end(ap);
+  using Fn = int (*)(int, ...);
+  static Fn real = Next<Fn>("prctl");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  const int rc = real(option, a2, a3, a4, a5);
+  if (rc == 0 && option == PR_SET_NAME && !t_inprof) {
+    char name[17] = {};
+    std::strncpy(name, reinterpret_cast<const char*>(a2), 16);
+    inprof::Rename(inprof::Gettid(), name);
+  }
+  return rc;
+}
+
+// A program that takes SIGPROF for itself: inprof writes what it has and
+// steps aside before the program's handler replaces its own.
+static void StepAsideForSigprof(const char* how) {
+  inprof::State& s = inprof::state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  if (s.stepped_aside || s.profiler == nullptr) return;
+  s.stepped_aside = true;
+  if (!s.running) return;
+  inprof::internal::Log(absl::StrCat(
+      "the program installs its own SIGPROF handler (", how,
+      "): profiling stops here and the profile so far is written"));
+  inprof::StopLocked(s, "stepping aside for the program's SIGPROF handler");
+}
+
+__attribute__((visibility("default"))) int sigaction(
+    int sig, const struct sigaction* act, struct sigaction* old) {
+  using Fn = int (*)(int, const struct sigaction*, struct sigaction*);
+  static Fn real = Next<Fn>("sigaction");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (sig == SIGPROF && act != nullptr && !t_inprof) {
+    StepAsideForSigprof("sigaction");
+  }
+  return real(sig, act, old);
+}
+
+__attribute__((visibility("default"))) sighandler_t signal(int sig,
+                                                           sighandler_t h) {
+  using Fn = sighandler_t (*)(int, sighandler_t);
+  static Fn real = Next<Fn>("signal");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return SIG_ERR;
+  }
+  if (sig == SIGPROF && !t_inprof) StepAsideForSigprof("signal");
+  return real(sig, h);
+}
+
+__attribute__((visibility("default"))) int execve(const char* path,
+                                                  char* const argv[],
+                                                  char* const envp[]) {
+  using Fn = int (*)(const char*, char* const*, char* const*);
+  static Fn real = Next<Fn>("execve");
+  inprof::ExecGuard guard;
+  return real(path, argv, guard.Mark(envp));
+}
+
+__attribute__((visibility("default"))) int execv(const char* path,
+                                                 char* const argv[]) {
+  using Fn = int (*)(const char*, char* const*);
+  static Fn real = Next<Fn>("execv");
+  inprof::ExecGuard guard;
+  guard.MarkEnviron();
+  return real(path, argv);
+}
+
+__attribute__((visibility("default"))) int execvp(const char* file,
+                                                  char* const argv[]) {
+  using Fn = int (*)(const char*, char* const*);
+  static Fn real = Next<Fn>("execvp");
+  inprof::ExecGuard guard;
+  guard.MarkEnviron();
+  return real(file, argv);
+}
+
+__attribute__((visibility("default"))) int execvpe(const char* file,
+                                                   char* const argv[],
+                                                   char* const envp[]) {
+  using Fn = int (*)(const char*, char* const*, char* const*);
+  static Fn real = Next<Fn>("execvpe");
+  inprof::ExecGuard guard;
+  return real(file, argv, guard.Mark(envp));
+}
+
+__attribute__((visibility("default"))) int fexecve(int fd, char* const argv[],
+                                                   char* const envp[]) {
+  using Fn = int (*)(int, char* const*, char* const*);
+  static Fn real = Next<Fn>("fexecve");
+  inprof::ExecGuard guard;
+  return real(fd, argv, guard.Mark(envp));
+}
+
+__attribute__((visibility("default"))) int execl(const char* path,
+                                                 const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  std::vector<char*> args = inprof::CollectArgs(arg, ap, nullptr);
+  va_end(ap);
+  return execv(path, args.data());
+}
+
+__attribute__((visibility("default"))) int execlp(const char* file,
+                                                  const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  std::vector<char*> args = inprof::CollectArgs(arg, ap, nullptr);
+  va_end(ap);
+  return execvp(file, args.data());
+}
+
+__attribute__((visibility("default"))) int execle(const char* path,
+                                                  const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  char** envp = nullptr;
+  std::vector<char*> args = inprof::CollectArgs(arg, ap, &envp);
+  va_end(ap);
+  return execve(path, args.data(), envp);
+}
+
+}  // extern "C"

@@ -1,0 +1,174 @@
+// The gperftools drop-in: a program written against <gperftools/profiler.h>
+// (tests/gperftools/gperftools_program.cc) linked with inprof-gperftools
+// instead of -lprofiler, and the same program linked with the real
+// -lprofiler and run with libinprof_preload.so preloaded. The API's calls,
+// CPUPROFILE, CPUPROFILE_FREQUENCY and CPUPROFILESIGNAL; the files are
+// pprof, read with inprof's reader and go tool pprof.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/pprof_reader.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using ::inprof::testing::CommandOutput;
+using ::inprof::testing::GoPprof;
+using ::inprof::testing::GoPprofAvailable;
+using ::inprof::testing::RunCommandSeparately;
+using ::inprof::testing::ShellQuote;
+using ::inprof::testing::TestTmpDir;
+using ::testing::HasSubstr;
+
+std::string Env(const char* name) {
+  const char* v = getenv(name);
+  return v != nullptr ? v : "";
+}
+
+struct Variant {
+  const char* name;
+  std::string program;
+  std::string env;  // prefix of the command
+};
+
+// The drop-in linked in, and -lprofiler with the preload (when built).
+std::vector<Variant> Variants() {
+  std::vector<Variant> v;
+  v.push_back({"drop-in", Env("INPROF_GPERFTOOLS_PROGRAM"), ""});
+  if (!Env("INPROF_GPERFTOOLS_LPROFILER_PROGRAM").empty()) {
+    v.push_back({"-lprofiler + preload",
+                 Env("INPROF_GPERFTOOLS_LPROFILER_PROGRAM"),
+                 absl::StrCat("LD_PRELOAD=", ShellQuote(Env("INPROF_PRELOAD")))});
+  }
+  return v;
+}
+
+std::string Fresh(const std::string& name) {
+  const std::string dir = absl::StrCat(TestTmpDir(), "/gperftools_", name);
+  (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+int64_t Cumulative(const DecodedProfile& p, const std::string& function) {
+  int64_t best = 0;
+  for (const auto& [name, v] :
+       p.CumulativeByFunction(p.ValueIndex("cpu-time"))) {
+    if (absl::StrContains(name, function)) best = std::max(best, v);
+  }
+  return best;
+}
+
+TEST(GperftoolsTest, ApiStartsStopsAndWritesPprof) {
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = Fresh(absl::StrCat("api_", v.env.empty()));
+    const std::string file = dir + "/app.prof";
+    auto r = RunCommandSeparately(absl::StrCat(v.env, " ", ShellQuote(v.program),
+                                               " api ", ShellQuote(file)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+    EXPECT_THAT(r->out, HasSubstr("before: enabled=0 all_threads=0 name= "));
+    EXPECT_THAT(r->out, HasSubstr(absl::StrCat("during: enabled=1 all_threads=1 name=", file)));
+    EXPECT_THAT(r->out, HasSubstr("after: enabled=0 all_threads=0"));
+    int samples = 0;
+    const size_t at = r->out.find("working: ");
+    ASSERT_NE(at, std::string::npos) << r->out;
+    ASSERT_EQ(std::sscanf(r->out.c_str() + at, "working: enabled=1 all_threads=1 name=%*s samples=%d", &samples), 1) << r->out;
+    EXPECT_GT(samples, 30);  // 600 ms of CPU at 100 Hz: ~60
+    auto p = ReadPprofFile(file);
+    ASSERT_TRUE(p.ok()) << p.status();
+    // Both threads and main, each on its own CPU clock; nothing after Stop.
+    EXPECT_NEAR(Cumulative(*p, "ApiThreadWork") / 1e9, 0.4, 0.06);
+    EXPECT_NEAR(Cumulative(*p, "ApiMainWork") / 1e9, 0.2, 0.03);
+    EXPECT_EQ(Cumulative(*p, "AfterStopWork"), 0);
+    // CPU only, as with gperftools: no wall sampling unless asked for.
+    EXPECT_EQ(p->Total(p->ValueIndex("wall-samples")), 0);
+    if (GoPprofAvailable()) {
+      auto top = GoPprof(absl::StrCat("-top ", ShellQuote(file)));
+      ASSERT_TRUE(top.ok()) << top.status();
+      EXPECT_THAT(*top, HasSubstr("ApiThreadWork"));
+    }
+  }
+}
+
+TEST(GperftoolsTest, CpuprofileProfilesFromLoadToExitAtItsFrequency) {
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = Fresh(absl::StrCat("env_", v.env.empty()));
+    const std::string file = dir + "/env.prof";
+    auto r = RunCommandSeparately(absl::StrCat(
+        v.env, " CPUPROFILE=", ShellQuote(file),
+        " CPUPROFILE_FREQUENCY=1000 CPUPROFILE_PER_THREAD_TIMERS=1 ",
+        ShellQuote(v.program), " env"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    auto p = ReadPprofFile(file);
+    ASSERT_TRUE(p.ok()) << p.status() << r->err;
+    EXPECT_NEAR(Cumulative(*p, "EnvWork") / 1e9, 0.3, 0.03);
+    // 1000 Hz of each thread's CPU: 1 ms periods (gperftools' ITIMER_PROF
+    // gives 250 per CPU-second on an HZ=250 kernel).
+    EXPECT_EQ(p->period, 1'000'000);
+  }
+}
+
+TEST(GperftoolsTest, WallTimeOnlyWhenInprofWallPeriodAsksForIt) {
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = Fresh(absl::StrCat("wall_", v.env.empty()));
+    const std::string file = dir + "/wall.prof";
+    auto r = RunCommandSeparately(absl::StrCat(
+        v.env, " CPUPROFILE=", ShellQuote(file),
+        " INPROF_WALL_PERIOD=10ms ", ShellQuote(v.program), " env"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    auto p = ReadPprofFile(file);
+    ASSERT_TRUE(p.ok()) << p.status() << r->err;
+    // 0.3 s of CPU takes at least 0.3 s of wall time; each visit credits
+    // the wall time since the last one, however late the sampler runs.
+    EXPECT_GT(p->Total(p->ValueIndex("wall-samples")), 0);
+    EXPECT_GE(p->Total(p->ValueIndex("wall-time")) / 1e9, 0.25);
+    EXPECT_NEAR(Cumulative(*p, "EnvWork") / 1e9, 0.3, 0.03);
+  }
+}
+
+TEST(GperftoolsTest, CpuprofilesignalTogglesProfiling) {
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = Fresh(absl::StrCat("signal_", v.env.empty()));
+    const std::string file = dir + "/sig.prof";
+    auto r = RunCommandSeparately(absl::StrCat(
+        v.env, " CPUPROFILE=", ShellQuote(file), " CPUPROFILESIGNAL=12 ",
+        ShellQuote(v.program), " signal"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    auto p = ReadPprofFile(file + ".0");
+    ASSERT_TRUE(p.ok()) << p.status() << r->err;
+    EXPECT_NEAR(Cumulative(*p, "SignalledWork") / 1e9, 0.2, 0.03);
+    EXPECT_EQ(Cumulative(*p, "UnsignalledWork"), 0);
+  }
+}
+
+TEST(GperftoolsTest, DisabledMakesTheApiANoOp) {
+  const std::string dir = Fresh("disabled");
+  const std::string file = dir + "/off.prof";
+  auto r = RunCommandSeparately(absl::StrCat(
+      "INPROF_ENABLED=0 ", ShellQuote(Env("INPROF_GPERFTOOLS_PROGRAM")),
+      " api ", ShellQuote(file)));
+  ASSERT_TRUE(r.ok());
+  // ProfilerStart fails (returns 0): the program says so with its code.
+  EXPECT_EQ(r->exit_code, 10) << r->err;
+  EXPECT_NE(access(file.c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace inprof
