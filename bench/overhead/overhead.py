@@ -251,6 +251,8 @@ class Harness:
         self.build = os.path.abspath(args.build_dir)
         self.workload_exe = os.path.join(self.build, "bench/overhead/overhead_workload")
         self.gperf_exe = self.workload_exe + "_gperftools"
+        # The gperftools program on inprof's drop-in (inprof-gperftools).
+        self.dropin_exe = self.workload_exe + "_dropin"
         self.outdir = os.path.join(self.build, "overhead-runs")
         shutil.rmtree(self.outdir, ignore_errors=True)
         os.makedirs(self.outdir)
@@ -270,6 +272,8 @@ class Harness:
             self.unavailable["gperftools"] = (
                 "overhead_workload_gperftools not built: gperftools' libprofiler was not "
                 "found (Debian: libgoogle-perftools-dev)")
+        if not os.path.exists(self.dropin_exe):
+            self.unavailable["dropin"] = "overhead_workload_dropin not built"
         if shutil.which("perf") is None:
             self.unavailable["perf"] = "no perf binary (Debian: linux-perf)"
         else:
@@ -318,7 +322,7 @@ class Harness:
                 "`inprof-dwarf` (inprof::DwarfProfiler) is the same composition as "
                 "`inprof` (DefaultProfiler: %s) on this machine, so it is not run twice; "
                 "`inprof-fp` is the frame-pointer composition." % self.engines["inprof"])
-        names += ["inprof-fp", "gperftools", "perf"]
+        names += ["inprof-fp", "gperftools", "dropin", "perf"]
         if self.args.profilers:
             names = [n for n in names if n in self.args.profilers.split(",")]
         return [n for n in names if n not in self.unavailable]
@@ -362,6 +366,12 @@ class Harness:
             env["CPUPROFILE_FREQUENCY"] = str(hz)
             env["TCMALLOC_STACKTRACE_METHOD_VERBOSE"] = "1"
             argv = [exe] + argv_tail
+        elif profiler == "dropin":
+            # The same program and variables as gperftools; the file is pprof.
+            profile_path = stem + ".pb.gz"
+            env["CPUPROFILE"] = profile_path
+            env["CPUPROFILE_FREQUENCY"] = str(hz)
+            argv = [self.dropin_exe, "gperftools"] + wl_args
         elif profiler == "perf":
             profile_path = stem + ".perf.data"
             # GNU time reports perf's peak RSS: wait4's ru_maxrss of a child
@@ -387,7 +397,7 @@ class Harness:
         if m:
             self.gperf_method = m.group(1)
         try:
-            if profiler.startswith("inprof"):
+            if profiler.startswith("inprof") or profiler == "dropin":
                 run.profile = analyze_inprof(self.workload_exe, profile_path)
             elif profiler == "gperftools":
                 if not hasattr(self, "gperf_symbols"):
@@ -457,7 +467,7 @@ class Harness:
             if r.workload not in seen_wl:
                 seen_wl.append(r.workload)
         order = {p: i for i, p in enumerate(
-            ["inprof", "inprof-dwarf", "inprof-fp", "gperftools", "perf"])}
+            ["inprof", "inprof-dwarf", "inprof-fp", "gperftools", "dropin", "perf"])}
 
         def residual(run):  # CPU outside the measured phase and Stop(): start, exit
             return run.r("run_cpu_s") - run.r("cpu_s") - run.r("stop_cpu_s")
@@ -505,7 +515,7 @@ class Harness:
                     v["run_cpu_x"].append(r.os_cpu_s / b.os_cpu_s)
                     if inprof:
                         v["start"].append(1e3 * r.r("start_cpu_s"))
-                    elif r.profiler == "gperftools":
+                    elif r.profiler in ("gperftools", "dropin"):
                         v["start"].append(1e3 * (residual(r) - residual(b)))
                     v["stop"].append(1e3 * r.r("stop_cpu_s"))
                     v["rss"].append(r.r("maxrss_kib"))
@@ -546,11 +556,13 @@ class Harness:
                     start_s = "perf: %.0f of its %.0f" % (
                         1e3 * m["perf_fixed"],
                         1e3 * med(r.os_cpu_s - r.r("run_cpu_s") for r in good))
-                elif key[1] == "gperftools":
+                elif key[1] in ("gperftools", "dropin"):
                     start_s = "≈%s / %s" % (fmt(m["start"], ".0f"), fmt(m["stop"], ".1f"))
                 else:
                     start_s = "%s / %s" % (fmt(m["start"], ".0f"), fmt(m["stop"], ".0f"))
                 own_s = fmt(m["own"], ".2f", "%") if v["own"] else "— (in handler)"
+                if key[1] == "dropin":
+                    own_s = "— (in CPU ×)"
                 if v["own_collect"]:
                     own_s += " (collect %.2f, tick %.2f)" % (m["own_collect"], m["own_tick"])
                 if key[1] == "perf":
@@ -616,6 +628,10 @@ class Harness:
             "process-wide ITIMER_PROF (its default), stack method `%s`, `ProfilerStop()` "
             "called before the end" % (
                 tool_version(["pkg-config", "--modversion", "libprofiler"]), self.gperf_method),
+            "- dropin: the gperftools build of the workload linked with inprof's drop-in "
+            "(`pkg-config inprof-gperftools`) instead of -lprofiler; the same `CPUPROFILE`, "
+            "`CPUPROFILE_FREQUENCY` 100 / 1000; CPU only (no wall sampling), per-thread "
+            "task-clock periods; its collector's CPU is in CPU ×",
             "- perf: %s, `perf record -g -e cpu-clock -F 100 / 1000` (frame-pointer call "
             "graphs) around the unprofiled program" % tool_version(["perf", "--version"]),
             "- workload calibration: one 42-frame descent = %.0f ns of CPU" % self.ns_per_call,

@@ -48,7 +48,7 @@ if [ ! -f "$build/build.ninja" ]; then
 elif pkg-config --exists libprofiler && ! grep -q 'overhead_workload_gperftools:' "$build/build.ninja"; then
   meson setup --reconfigure "$build" >/dev/null  # libprofiler was installed after setup
 fi
-targets=(bench/overhead/overhead_workload)
+targets=(bench/overhead/overhead_workload bench/overhead/overhead_workload_dropin)
 grep -q 'overhead_workload_gperftools:' "$build/build.ninja" &&
   targets+=(bench/overhead/overhead_workload_gperftools)
 ninja -C "$build" "${targets[@]}" >&2
