@@ -304,6 +304,34 @@ struct Fde {
   bool debug_frame = false;
 };
 
+}  // namespace
+
+// An interrupted build (see CfiPartialBuild): which file and range, its
+// sorted FDEs, and the rows built from the first `next_fde` of them.
+struct CfiPartialBuild::State {
+  std::string name;
+  std::string build_id;
+  uint64_t text_lo = 0;
+  uint64_t text_hi = 0;
+  std::vector<Fde> fdes;
+  size_t eh_fdes = 0;
+  size_t next_fde = 0;
+  uint64_t covered_to = 0;
+  bool any = false;
+  std::vector<CfiRow> rows;
+};
+
+CfiPartialBuild::CfiPartialBuild() = default;
+CfiPartialBuild::~CfiPartialBuild() = default;
+size_t CfiPartialBuild::fdes_done() const {
+  return state_ != nullptr ? state_->next_fde : 0;
+}
+size_t CfiPartialBuild::fdes_total() const {
+  return state_ != nullptr ? state_->fdes.size() : 0;
+}
+
+namespace {
+
 // Reads a DW_EH_PE-encoded pointer at *p; `field_address` is the address
 // the field is loaded at (for pc-relative encodings).
 bool ReadEncoded(uint8_t encoding, const uint8_t** p, const uint8_t* end,
@@ -517,7 +545,8 @@ void AddPerByteRows(std::span<const CfiOp> expression, const CfiRule& base,
 
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
     Elf* elf, const std::string& name, uint64_t text_lo, uint64_t text_hi,
-    const std::string& expected_build_id, absl::FunctionRef<bool()> progress) {
+    const std::string& expected_build_id, absl::FunctionRef<bool()> progress,
+    CfiPartialBuild* partial) {
   if (elf_kind(elf) != ELF_K_ELF) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": not an ELF file"));
   }
@@ -537,17 +566,33 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
         absl::StrCat(name, ": executable range empty or over 4 GiB"));
   }
 
-  std::vector<Fde> fdes;
-  CollectFdes(elf, ".eh_frame", /*eh_frame=*/true, &fdes);
-  const size_t eh_fdes = fdes.size();
-  CollectFdes(elf, ".debug_frame", /*eh_frame=*/false, &fdes);
-  if (fdes.empty()) {
-    return absl::NotFoundError(absl::StrCat(name, ": no call-frame information"));
+  // Resume an interrupted build of the same file and range, or start one.
+  std::unique_ptr<CfiPartialBuild::State> st;
+  if (partial != nullptr && partial->state_ != nullptr &&
+      partial->state_->name == name && partial->state_->build_id == build_id &&
+      partial->state_->text_lo == text_lo && partial->state_->text_hi == text_hi) {
+    st = std::move(partial->state_);
+  } else {
+    if (partial != nullptr) partial->state_.reset();
+    st = std::make_unique<CfiPartialBuild::State>();
+    st->name = name;
+    st->build_id = build_id;
+    st->text_lo = text_lo;
+    st->text_hi = text_hi;
+    st->covered_to = text_lo;
+    CollectFdes(elf, ".eh_frame", /*eh_frame=*/true, &st->fdes);
+    st->eh_fdes = st->fdes.size();
+    CollectFdes(elf, ".debug_frame", /*eh_frame=*/false, &st->fdes);
+    if (st->fdes.empty()) {
+      return absl::NotFoundError(absl::StrCat(name, ": no call-frame information"));
+    }
+    // .eh_frame first at equal starts; .debug_frame only fills gaps.
+    std::stable_sort(st->fdes.begin(), st->fdes.end(), [](const Fde& a, const Fde& b) {
+      return a.lo != b.lo ? a.lo < b.lo : (!a.debug_frame && b.debug_frame);
+    });
   }
-  // .eh_frame first at equal starts; .debug_frame only fills gaps.
-  std::stable_sort(fdes.begin(), fdes.end(), [](const Fde& a, const Fde& b) {
-    return a.lo != b.lo ? a.lo < b.lo : (!a.debug_frame && b.debug_frame);
-  });
+  const std::vector<Fde>& fdes = st->fdes;
+  const size_t eh_fdes = st->eh_fdes;
 
   Dwarf_CFI* eh_cfi = eh_fdes > 0 ? dwarf_getcfi_elf(elf) : nullptr;
   Dwarf* dwarf = nullptr;
@@ -558,16 +603,19 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
   }
 
   RowSink sink(text_lo);
+  sink.rows() = std::move(st->rows);
   std::vector<CfiOp> expression;
-  uint64_t covered_to = text_lo;  // end of the last FDE processed
-  bool any = false;
+  uint64_t covered_to = st->covered_to;  // end of the last FDE processed
+  bool any = st->any;
   bool cancelled = false;
   size_t fde_count = 0;
-  for (const Fde& fde : fdes) {
+  size_t next = st->next_fde;
+  for (; next < fdes.size(); ++next) {
     if (++fde_count % 64 == 0 && !progress()) {
       cancelled = true;
       break;
     }
+    const Fde& fde = fdes[next];
     Dwarf_CFI* cfi = fde.debug_frame ? debug_cfi : eh_cfi;
     const uint64_t lo = std::max({fde.lo, covered_to, text_lo});
     const uint64_t hi = std::min(fde.hi, text_hi);
@@ -600,12 +648,19 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildFromElf(
     covered_to = hi;
     any = true;
   }
-  if (any) sink.Add(covered_to, CfiRule());
   if (eh_cfi != nullptr) dwarf_cfi_end(eh_cfi);
   if (dwarf != nullptr) dwarf_end(dwarf);
   if (cancelled) {
+    if (partial != nullptr) {  // kept: the next build resumes at `next`
+      st->rows = std::move(sink.rows());
+      st->covered_to = covered_to;
+      st->any = any;
+      st->next_fde = next;
+      partial->state_ = std::move(st);
+    }
     return absl::CancelledError(absl::StrCat(name, ": table build abandoned"));
   }
+  if (any) sink.Add(covered_to, CfiRule());
   if (!any) {
     return absl::NotFoundError(
         absl::StrCat(name, ": no call-frame information for its text"));
@@ -746,7 +801,8 @@ CfiSnapshot::CfiSnapshot(
 
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
     const std::string& path, uint64_t text_lo, uint64_t text_hi,
-    const std::string& expected_build_id, absl::FunctionRef<bool()> progress) {
+    const std::string& expected_build_id, absl::FunctionRef<bool()> progress,
+    CfiPartialBuild* partial) {
   elf_version(EV_CURRENT);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -760,7 +816,7 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
         absl::StrCat(path, ": ", elf_errmsg(-1)));
   }
   auto table =
-      BuildFromElf(elf, path, text_lo, text_hi, expected_build_id, progress);
+      BuildFromElf(elf, path, text_lo, text_hi, expected_build_id, progress, partial);
   elf_end(elf);
   close(fd);
   return table;
@@ -768,7 +824,8 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
 
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
     std::span<const uint8_t> image, const std::string& name, uint64_t text_lo,
-    uint64_t text_hi, absl::FunctionRef<bool()> progress) {
+    uint64_t text_hi, absl::FunctionRef<bool()> progress,
+    CfiPartialBuild* partial) {
   elf_version(EV_CURRENT);
   // libelf may write to the buffer it reads from: give it a copy.
   std::vector<char> copy(image.begin(), image.end());
@@ -776,7 +833,7 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
   if (elf == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", elf_errmsg(-1)));
   }
-  auto table = BuildFromElf(elf, name, text_lo, text_hi, "", progress);
+  auto table = BuildFromElf(elf, name, text_lo, text_hi, "", progress, partial);
   elf_end(elf);
   return table;
 }

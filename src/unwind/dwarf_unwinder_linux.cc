@@ -76,6 +76,11 @@ struct State {
   // Loaded modules whose table is not built yet (on demand), by cache key.
   absl::flat_hash_map<std::string, std::shared_ptr<const CfiModuleTable>>
       pending;
+  // Builds a stop interrupted, resumed by the next refresh (by cache key):
+  // a profiler started and stopped every few milliseconds still completes
+  // its tables, and no Stop pays for a build's start again.
+  absl::flat_hash_map<std::string, std::unique_ptr<internal::CfiPartialBuild>>
+      partial;
   std::vector<CurrentModule> current;
   size_t modules_without_cfi = 0;
   std::vector<const CfiSnapshot*> retired;
@@ -202,15 +207,16 @@ std::string CacheKey(const LoadedModule& m) {
                       "|", m.image.size());
 }
 
-// Null if `progress` abandoned the build.
+// Null if `progress` abandoned the build (its work stays in `partial`).
 std::shared_ptr<const CfiModuleTable> BuildTable(
-    const LoadedModule& m, absl::FunctionRef<bool()> progress) {
+    const LoadedModule& m, absl::FunctionRef<bool()> progress,
+    internal::CfiPartialBuild* partial) {
   absl::StatusOr<std::shared_ptr<const CfiModuleTable>> table =
       m.image.empty()
           ? internal::BuildCfiTableFromFile(m.open_path, m.text_lo, m.text_hi,
-                                            m.build_id, progress)
+                                            m.build_id, progress, partial)
           : internal::BuildCfiTableFromImage(m.image, m.path, m.text_lo,
-                                             m.text_hi, progress);
+                                             m.text_hi, progress, partial);
   if (table.ok()) return *std::move(table);
   if (absl::IsCancelled(table.status())) return nullptr;
   // No usable CFI: an empty table still tells the walk that the range is
@@ -302,6 +308,13 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
     pending.emplace(key, std::move(placeholder));
   }
   s.pending = std::move(pending);  // forgets unloaded modules' placeholders
+  for (auto it = s.partial.begin(); it != s.partial.end();) {
+    if (s.pending.contains(it->first)) {
+      ++it;
+    } else {
+      s.partial.erase(it++);  // unloaded meanwhile
+    }
+  }
 
   // Inside a table too, the caller gets a turn every few milliseconds: a
   // large library's table takes a second under a sanitizer.
@@ -316,8 +329,11 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
     const size_t i = to_build[n];
     const LoadedModule& m = modules[i];
     const std::string key = CacheKey(m);
-    std::shared_ptr<const CfiModuleTable> table = BuildTable(m, progress);
+    std::unique_ptr<internal::CfiPartialBuild>& partial = s.partial[key];
+    if (partial == nullptr) partial = std::make_unique<internal::CfiPartialBuild>();
+    std::shared_ptr<const CfiModuleTable> table = BuildTable(m, progress, partial.get());
     if (table == nullptr) return false;  // abandoned: resumed next refresh
+    s.partial.erase(key);
     ++s.tables_built;
     s.cache.emplace(key, CacheEntry{table, s.generation});
     s.pending.erase(key);

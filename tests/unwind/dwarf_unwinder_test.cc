@@ -523,6 +523,56 @@ TEST(CfiTableBuilderTest, GivesPltEntriesTheirPerInstructionRule) {
   }
 }
 
+// A build interrupted every 64 FDEs resumes where it stopped (a profiler
+// started and stopped every few milliseconds must still finish its tables)
+// and ends with the table an uninterrupted build makes.
+TEST(CfiTableTest, InterruptedBuildResumesToTheSameTable) {
+  const TextRange text = TextRangeOf(reinterpret_cast<const void*>(&DwarfTestFpCaller));
+  auto whole = internal::BuildCfiTableFromFile("/proc/self/exe", text.lo, text.hi);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  internal::CfiPartialBuild partial;
+  int interruptions = 0;
+  size_t done = 0;
+  absl::StatusOr<std::shared_ptr<const internal::CfiModuleTable>> resumed;
+  while (true) {
+    resumed = internal::BuildCfiTableFromFile("/proc/self/exe", text.lo, text.hi, "",
+                                              [] { return false; }, &partial);
+    if (!absl::IsCancelled(resumed.status())) break;
+    ++interruptions;
+    ASSERT_FALSE(partial.empty());
+    // Each attempt goes on from the last one: 63 FDEs further (the 64th
+    // asks to stop before it is processed).
+    ASSERT_EQ(partial.fdes_done(), done + 63) << interruptions;
+    done = partial.fdes_done();
+    ASSERT_LT(interruptions, 100000);
+  }
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE(partial.empty());
+  EXPECT_GT(interruptions, 10);  // the test binary has thousands of FDEs
+  EXPECT_EQ((*resumed)->rows(), (*whole)->rows());
+  for (uint64_t offset = 0; offset < text.hi - text.lo; ++offset) {
+    const std::optional<CfiRule> a = Lookup(**whole, offset);
+    const std::optional<CfiRule> b = Lookup(**resumed, offset);
+    ASSERT_EQ(a.has_value(), b.has_value()) << std::hex << offset;
+    if (a.has_value()) {
+      ASSERT_EQ(a->kind, b->kind) << std::hex << offset;
+      ASSERT_EQ(a->cfa_offset, b->cfa_offset) << std::hex << offset;
+    }
+  }
+  // A partial build of another file is not resumed: that file starts over.
+  internal::CfiPartialBuild other;
+  auto cut = internal::BuildCfiTableFromFile("/proc/self/exe", text.lo, text.hi, "",
+                                             [] { return false; }, &other);
+  ASSERT_TRUE(absl::IsCancelled(cut.status()));
+  void* handle = dlopen(TestLibPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  const TextRange lib = TextRangeOf(dlsym(handle, "DwarfLibLeaf"));
+  auto lib_table = internal::BuildCfiTableFromFile(TestLibPath(), lib.lo, lib.hi, "",
+                                                   [] { return true; }, &other);
+  ASSERT_TRUE(lib_table.ok()) << lib_table.status();
+  EXPECT_TRUE(other.empty());
+}
+
 TEST(CfiTableBuilderTest, RefusesMissingForeignAndCorruptFilesWithoutCrashing) {
   EXPECT_FALSE(internal::BuildCfiTableFromFile("/nonexistent/lib.so", 0, 0x1000).ok());
   const std::string text_path = testing::TestTmpDir() + "/dwarf_not_elf.txt";

@@ -416,18 +416,43 @@ class CfiSnapshot {
 // range of its executable segments. Fails when the file cannot be read or
 // has no usable CFI. When `expected_build_id` is not empty the file's
 // GNU build-id must equal it (a file replaced on disk is refused).
+// A table build that `progress` interrupted: the FDEs found and the rows
+// built so far, so that the next build of the same file resumes where this
+// one stopped instead of starting over (a profiler started and stopped
+// every few milliseconds would otherwise never finish a large table, and
+// each Stop would pay for a build's start again). Empty until a build is
+// interrupted; a finished build empties it.
+class CfiPartialBuild {
+ public:
+  CfiPartialBuild();
+  ~CfiPartialBuild();
+  CfiPartialBuild(const CfiPartialBuild&) = delete;
+  CfiPartialBuild& operator=(const CfiPartialBuild&) = delete;
+  bool empty() const { return state_ == nullptr; }
+  // FDEs processed so far, of how many (0/0 when empty).
+  size_t fdes_done() const;
+  size_t fdes_total() const;
+
+  struct State;  // cfi_table_libdw.cc
+  std::unique_ptr<State> state_;
+};
+
 // `progress` is called every 64 FDEs (a large library has tens of
 // thousands, and under a sanitizer a table takes a second): returning false
-// abandons the build with a Cancelled status.
+// abandons the build with a Cancelled status. With `partial`, an abandoned
+// build leaves its work there and a build given the same `partial` (for the
+// same file and range) resumes it.
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
     const std::string& path, uint64_t text_lo, uint64_t text_hi,
     const std::string& expected_build_id = "",
-    absl::FunctionRef<bool()> progress = [] { return true; });
+    absl::FunctionRef<bool()> progress = [] { return true; },
+    CfiPartialBuild* partial = nullptr);
 
 // The same from an ELF image in memory (the vDSO); the bytes are copied.
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
     std::span<const uint8_t> image, const std::string& name, uint64_t text_lo,
-    uint64_t text_hi, absl::FunctionRef<bool()> progress = [] { return true; });
+    uint64_t text_hi, absl::FunctionRef<bool()> progress = [] { return true; },
+    CfiPartialBuild* partial = nullptr);
 
 // The snapshot the signal handler reads, and the count of handlers reading
 // one: a snapshot replaced by a newer one is freed only once the count has
