@@ -23,9 +23,20 @@ struct Command {
 // Every command, in the order `inprof --help` lists them.
 std::span<const Command> Commands();
 
-// The commands' entry points and help texts (one file each).
+// The commands' entry points and help texts: run_command.cc, and the
+// report commands in report_commands.cc.
 int RunMain(int argc, char** argv);
 extern const char kRunHelp[];
+int TopMain(int argc, char** argv);
+extern const char kTopHelp[];
+int CollapsedMain(int argc, char** argv);
+extern const char kCollapsedHelp[];
+int SpeedscopeMain(int argc, char** argv);
+extern const char kSpeedscopeHelp[];
+int FlamegraphMain(int argc, char** argv);
+extern const char kFlamegraphHelp[];
+int DiffMain(int argc, char** argv);
+extern const char kDiffHelp[];
 
 // Prints "inprof COMMAND: MESSAGE" on stderr (one line).
 void PrintError(const char* command, const std::string& message);

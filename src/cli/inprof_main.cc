@@ -17,6 +17,16 @@ std::span<const Command> Commands() {
   static const Command kCommands[] = {
       {"run", "profile an unmodified program: inprof run [OPTIONS] -- CMD [ARGS]",
        kRunHelp, &RunMain},
+      {"top", "top functions (or threads, labels): inprof top PROFILE",
+       kTopHelp, &TopMain},
+      {"collapsed", "folded stacks for flamegraph.pl: inprof collapsed PROFILE",
+       kCollapsedHelp, &CollapsedMain},
+      {"speedscope", "speedscope's JSON: inprof speedscope PROFILE -o out.json",
+       kSpeedscopeHelp, &SpeedscopeMain},
+      {"flamegraph", "interactive flame graph page: inprof flamegraph PROFILE -o out.html",
+       kFlamegraphHelp, &FlamegraphMain},
+      {"diff", "differential flame graph: inprof diff BASE NEW -o diff.html",
+       kDiffHelp, &DiffMain},
   };
   return kCommands;
 }
