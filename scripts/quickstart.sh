@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev libbz2-dev
           libcurl4-openssl-dev golang-go clang libclang-rt-14-dev)
+# The tests load the flame graph pages in a real browser.
+[ "${1:-}" = test ] && packages+=(chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,9 +31,16 @@ build=${INPROF_BUILD_DIR:-build}
 
 case "${1:-}" in
   demo)
-    ninja -C "$build" examples/demo >/dev/null
+    ninja -C "$build" examples/demo src/cli/inprof >/dev/null
     mkdir -p "$build/demo-out"
-    INPROF_OUTPUT="${INPROF_OUTPUT:-$PWD/$build/demo-out/demo.pb.gz}" "$build/examples/demo"
+    profile=${INPROF_OUTPUT:-$PWD/$build/demo-out/demo.pb.gz}
+    INPROF_OUTPUT="$profile" "$build/examples/demo"
+    # The same profile through the tool: a flame graph page to open in a
+    # browser (one self-contained file).
+    if [ -f "$profile" ]; then
+      "$build/src/cli/inprof" flamegraph "$profile" -o "${profile%.pb.gz}.html" 2>/dev/null &&
+        echo "Flame graph: ${profile%.pb.gz}.html (open it in a browser; also: $build/src/cli/inprof top $profile)"
+    fi
     ;;
   test)
     ninja -C "$build"
