@@ -1,6 +1,10 @@
 #include "src/report/report.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -50,9 +54,29 @@ class Interner {
 }  // namespace
 
 absl::StatusOr<DecodedProfile> Load(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  if (S_ISREG(st.st_mode) && st.st_size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": empty file, not a pprof profile"));
+  }
   absl::StatusOr<DecodedProfile> p = ReadPprofFile(path);
   if (!p.ok()) {
-    return absl::InvalidArgumentError(std::string(p.status().message()));
+    // The reader's message names its own function; the user needs the file.
+    std::string why(p.status().message());
+    for (const char* prefix : {"ReadPprofFile: ", "DecodePprof: "}) {
+      if (const size_t at = why.find(prefix); at != std::string::npos) {
+        why = why.substr(at + std::strlen(prefix));
+      }
+    }
+    if (absl::StrContains(why, path)) {
+      return absl::InvalidArgumentError(why);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a pprof profile: ", why));
   }
   if (p->sample_types.empty()) {
     return absl::InvalidArgumentError(

@@ -261,6 +261,17 @@ TEST(ReportTest, CorruptOrWrongInputIsOneClearLine) {
       EXPECT_THAT(r.err, HasSubstr(bad));
     }
   }
+  // What each says, without the reader's internals.
+  EXPECT_EQ(Inprof(absl::StrCat("top ", ShellQuote(empty))).err,
+            absl::StrCat("inprof top: ", empty, ": empty file, not a pprof profile\n"));
+  EXPECT_EQ(Inprof(absl::StrCat("top ", ShellQuote(Dir() + "/missing.pb.gz"))).err,
+            absl::StrCat("inprof top: ", Dir(),
+                         "/missing.pb.gz: cannot open: No such file or directory\n"));
+  for (const std::string& bad : {garbage, text}) {
+    const std::string err = Inprof(absl::StrCat("top ", ShellQuote(bad))).err;
+    EXPECT_THAT(err, HasSubstr(absl::StrCat("inprof top: ", bad, ": not a pprof profile: ")));
+    EXPECT_THAT(err, Not(HasSubstr("DecodePprof")));
+  }
   const std::string known = Encoded("known");
   CommandOutput r = Inprof(absl::StrCat("top -t heap ", ShellQuote(known)));
   EXPECT_EQ(r.exit_code, 1);
