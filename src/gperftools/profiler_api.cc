@@ -129,17 +129,10 @@ bool StartFromEnvironment(Options options, const std::string& report,
         sa.sa_handler = &ToggleHandler;
         sa.sa_flags = SA_RESTART;
         sigaction(n, &sa, nullptr);
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
         auto* file = new std::string(options.output);
-        if (pthread_create(&t, &attr, &ToggleThread, file) != 0) delete file;
-        pthread_sigmask(SIG_SETMASK, &old, nullptr);
-        pthread_attr_destroy(&attr);
+        if (!run::StartDetachedThread("inprof-cpuprofsig", &ToggleThread, file)) {
+          delete file;
+        }
       }
       return true;
     }

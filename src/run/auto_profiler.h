@@ -27,6 +27,11 @@ namespace inprof::run {
 // ExecGuard in auto_profiler_linux.cc).
 void UnblockSigprofAfterExec();
 
+// Starts a detached helper thread named `name` that runs fn(arg) with every
+// signal blocked (signals meant for the program never land on it). Returns
+// false if the thread could not be created (fn is then not run).
+bool StartDetachedThread(const char* name, void* (*fn)(void*), void* arg);
+
 // Constructs the profiler from `options` (nothing when options.enabled is
 // false) and registers the calling thread. `report`: the file each written
 // profile's path is appended to ("" for none). `children`: forked children

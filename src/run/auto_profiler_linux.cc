@@ -231,19 +231,7 @@ void InstallEndSignalHandlers() {
     if (sigaction(sig, &action, nullptr) == 0) any = true;
   }
   if (!any) return;
-  pthread_t watcher;
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  // Signals meant for the program are never taken by this thread.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  if (pthread_create(&watcher, &attr, &WatchEndSignals, nullptr) == 0) {
-    pthread_setname_np(watcher, "inprof-signals");
-  }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  pthread_attr_destroy(&attr);
+  run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
 }
 
 // Lifecycle lock held. A new profiler with the sink, and the calling thread
@@ -471,6 +459,21 @@ void Rename(pid_t tid, const char* name) {
 namespace run {
 
 void UnblockSigprofAfterExec() { inprof::UnblockSigprofAfterExec(); }
+
+bool StartDetachedThread(const char* name, void* (*fn)(void*), void* arg) {
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  const bool started = pthread_create(&t, &attr, fn, arg) == 0;
+  if (started) pthread_setname_np(t, name);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+  return started;
+}
 
 void Init(Options options, std::string report, bool children) {
   State& s = state();

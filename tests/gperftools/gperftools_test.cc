@@ -29,10 +29,7 @@ using ::inprof::testing::ShellQuote;
 using ::inprof::testing::TestTmpDir;
 using ::testing::HasSubstr;
 
-std::string Env(const char* name) {
-  const char* v = getenv(name);
-  return v != nullptr ? v : "";
-}
+std::string Env(const char* name) { return ::inprof::testing::EnvOrEmpty(name); }
 
 struct Variant {
   const char* name;

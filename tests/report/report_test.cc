@@ -40,10 +40,7 @@ using ::inprof::testing::TestTmpDir;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string Env(const char* name) {
-  const char* v = getenv(name);
-  return v != nullptr ? v : "";
-}
+std::string Env(const char* name) { return ::inprof::testing::EnvOrEmpty(name); }
 
 std::string Cli() { return ShellQuote(Env("INPROF_CLI")); }
 std::string Data(const std::string& name) {

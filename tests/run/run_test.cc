@@ -38,10 +38,7 @@ using ::inprof::testing::ShellQuote;
 using ::inprof::testing::TestTmpDir;
 using ::testing::HasSubstr;
 
-std::string Env(const char* name) {
-  const char* v = getenv(name);
-  return v != nullptr ? v : "";
-}
+std::string Env(const char* name) { return ::inprof::testing::EnvOrEmpty(name); }
 
 std::string Cli() { return Env("INPROF_CLI"); }
 std::string Target() { return Env("INPROF_RUN_TARGET"); }

@@ -135,6 +135,11 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
+std::string EnvOrEmpty(const char* name) {
+  const char* v = getenv(name);
+  return v != nullptr ? v : "";
+}
+
 std::string TestTmpDir() {
   std::string dir = Env("INPROF_TEST_TMPDIR");
   if (dir.empty()) return "/tmp";

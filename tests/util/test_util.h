@@ -33,6 +33,10 @@ std::string ShellQuote(const std::string& s);
 // $INPROF_TEST_TMPDIR (created if missing), else /tmp.
 std::string TestTmpDir();
 
+// The environment variable `name`, or "" when unset (the test's inputs that
+// tests/meson.build passes in).
+std::string EnvOrEmpty(const char* name);
+
 // What a command printed, separately per stream.
 struct CommandOutput {
   int exit_code = 0;
