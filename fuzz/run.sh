@@ -15,6 +15,7 @@
 #   pprof_writer_fuzzer   the pprof encoder, round trip through the reader
 #   symbolizer_fuzzer     ELF/DWARF files (Symbolizer::SymbolizeFile)
 #   cfi_table_fuzzer      ELF call-frame information (BuildCfiTableFromFile)
+#   debug_endpoint_fuzzer the live endpoint's requests and INPROF_HTTP_ADDR
 # Each is linked with only the sources it needs (compiled with coverage
 # instrumentation) and the Debian libraries (GCC-built, libstdc++ ABI).
 # New inputs go to BUILD_DIR/corpus/<target>; crashes to
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 out=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 cxx=${CXX:-clang++}
-targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer}
+targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer}
 
 mkdir -p "$out/obj" "$out/corpus" "$out/artifacts"
 
@@ -38,11 +39,12 @@ libs="$(pkg-config --libs $absl zlib libdw) -lpthread -ldl"
 
 # name -> sources besides the target itself
 declare -A sources=(
-  [options_fuzzer]="src/core/options.cc src/core/log.cc"
+  [options_fuzzer]="src/core/options.cc src/core/log.cc src/serve/debug_endpoint.cc"
   [pprof_reader_fuzzer]="src/export/pprof_reader.cc"
   [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/core/log.cc"
   [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/core/log.cc"
   [cfi_table_fuzzer]="src/unwind/cfi_table_libdw.cc src/core/log.cc"
+  [debug_endpoint_fuzzer]="src/serve/debug_endpoint.cc"
 )
 
 # Compile every needed source once, two at a time, with coverage for

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev libbz2-dev
-          libcurl4-openssl-dev golang-go clang libclang-rt-14-dev)
+          libcurl4-openssl-dev libmicrohttpd-dev golang-go clang libclang-rt-14-dev)
 # The tests load the flame graph pages in a real browser.
 [ "${1:-}" = test ] && packages+=(chromium)
 missing=()

@@ -156,6 +156,11 @@ struct Options {
   UploadOptions upload;
   // Extra destinations, set in code.
   std::vector<std::shared_ptr<ProfileSink>> sinks;
+  // The live endpoint (/debug/pprof/, after Go's net/http/pprof), served
+  // from Start() to Stop(): "PORT" or ":PORT" (127.0.0.1 only),
+  // "HOST:PORT", "[IPV6]:PORT"; port 0 picks a free one (logged). Empty:
+  // off. Loads libmicrohttpd at Start() when set.
+  std::string http_addr;
 
   // Accepted range of cpu_period. Below 1 ms the kernel's CPU-timer checks
   // (at scheduler ticks) bunch samples together and the handler's cost grows.

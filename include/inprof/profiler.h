@@ -415,6 +415,11 @@ class Profiler final : public internal::ProfilerControl,
   bool running() const { return running_; }
   const Options& options() const { return options_; }
 
+  // Where the live endpoint (options().http_addr) listens, e.g.
+  // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
+  // off, not started or could not listen (logged).
+  std::string http_address() const { return core_.http_address(); }
+
   // Counters so far. Any thread.
   ProfilerStats stats() const {
     ProfilerStats s;

@@ -83,6 +83,13 @@ class SampleAggregator {
 
   const std::vector<ValueType>& sample_types() const { return sample_types_; }
 
+  // From now on, everything added here is also added to `mirror` (same
+  // sample types; its own thread table, which gets this one's threads now
+  // and as they come); nullptr stops. The live endpoint's windows are cut
+  // from a mirror, independently of the exporter's Take()s. Not owned; it
+  // must outlive its use.
+  void SetMirror(SampleAggregator* mirror);
+
  private:
   struct KeyView {
     uint32_t thread;
@@ -135,6 +142,8 @@ class SampleAggregator {
   absl::flat_hash_map<Key, size_t, KeyHash, KeyEq> index_;
   uint64_t records_added_ = 0;
   uint64_t values_rejected_ = 0;
+  SampleAggregator* mirror_ = nullptr;
+  std::vector<uint32_t> mirror_threads_;  // this table's index -> mirror's
 };
 
 }  // namespace inprof

@@ -26,8 +26,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "inprof/internal/debug_endpoint.h"
 #include "inprof/options.h"
 #include "src/cli/command.h"
 
@@ -66,6 +68,9 @@ const char kRunHelp[] =
     "                          (default here: 0, one profile per process)\n"
     "                                                          INPROF_EXPORT_PERIOD\n"
     "      --no-symbolize      addresses and build-ids only    INPROF_SYMBOLIZE=0\n"
+    "      --http=ADDR         serve /debug/pprof/ while CMD runs: PORT (on\n"
+    "                          127.0.0.1), HOST:PORT; port 0: any free one,\n"
+    "                          logged                          INPROF_HTTP_ADDR\n"
     "      --no-children       profile CMD only, not the programs it starts\n"
     "  -q, --quiet             do not list the profiles written\n"
     "  -h, --help              this text\n"
@@ -238,6 +243,7 @@ int RunMain(int argc, char** argv) {
       {"engine", required_argument, nullptr, 'E'},
       {"export-period", required_argument, nullptr, 'X'},
       {"no-symbolize", no_argument, nullptr, 'S'},
+      {"http", required_argument, nullptr, 'H'},
       {"no-children", no_argument, nullptr, 'C'},
       {"quiet", no_argument, nullptr, 'q'},
       {"help", no_argument, nullptr, 'h'},
@@ -283,6 +289,14 @@ int RunMain(int argc, char** argv) {
         break;
       case 'S':
         s.env["INPROF_SYMBOLIZE"] = "0";
+        break;
+      case 'H':
+        if (auto a = internal::ParseListenAddress(optarg); !a.ok()) {
+          std::string why(a.status().message());
+          absl::StrReplaceAll({{"INPROF_HTTP_ADDR=", "--http="}}, &why);
+          return Usage(why);
+        }
+        s.env["INPROF_HTTP_ADDR"] = optarg;
         break;
       case 'C':
         s.children = false;

@@ -1,5 +1,7 @@
 #include "inprof/options.h"
 
+#include "inprof/internal/debug_endpoint.h"
+
 #include <cstdlib>
 
 #include "absl/status/statusor.h"
@@ -349,6 +351,16 @@ Options Options::FromLookup(const Lookup& lookup,
   text("INPROF_PYROSCOPE_AUTH_TOKEN", &py.auth_token);
   text("INPROF_PYROSCOPE_TENANT_ID", &py.tenant_id);
 
+  if (const char* v = lookup("INPROF_HTTP_ADDR")) {
+    if (absl::StripAsciiWhitespace(v).empty()) {
+      options.http_addr.clear();  // set but empty: off
+    } else if (auto parsed = internal::ParseListenAddress(v); parsed.ok()) {
+      options.http_addr = std::string(absl::StripAsciiWhitespace(v));
+    } else {
+      report(parsed.status(), "no endpoint");
+    }
+  }
+
   UploadOptions& up = options.upload;
   duration("INPROF_UPLOAD_TIMEOUT", &up.timeout, absl::Milliseconds(100),
            absl::Minutes(10), /*allow_zero=*/false, "10s");
@@ -412,6 +424,12 @@ absl::Status Options::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "Options.datadog.agent_url='", absl::CHexEscape(datadog.agent_url),
         "': expected http://host:port, https://host:port or unix:///path"));
+  }
+  if (!http_addr.empty()) {
+    if (auto parsed = internal::ParseListenAddress(http_addr); !parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Options.http_addr: ", parsed.status().message()));
+    }
   }
   if (!pyroscope.url.empty() && !IsEndpointUrl(pyroscope.url, false)) {
     return absl::InvalidArgumentError(absl::StrCat(

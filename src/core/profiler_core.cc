@@ -1,18 +1,24 @@
 #include "inprof/internal/profiler_core.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/datadog_uploader.h"
+#include "inprof/internal/debug_endpoint.h"
 #include "inprof/internal/http_client.h"
 #include "inprof/internal/log.h"
+#include "inprof/pprof_reader.h"
 #include "inprof/pprof_writer.h"
 #include "inprof/pyroscope_uploader.h"
 #include "inprof/symbolizer.h"
+#include "src/report/report.h"
 
 namespace inprof::internal {
 namespace {
@@ -35,6 +41,8 @@ struct ProfilerCore::Threads {
   bool stop = false;
   std::thread collector;
   std::thread exporter;
+  std::function<void()> drain;  // for the endpoint's captures
+  int captures = 0;  // Capture()s using this object (guarded by `mutex`)
 };
 
 ProfilerCore::ProfilerCore(const Options& options,
@@ -111,11 +119,119 @@ void ProfilerCore::StartCollector(std::function<void()> drain,
     }
   });
   if (options_.export_period > absl::ZeroDuration()) {
-    t->exporter = std::thread([this, t, drain = std::move(drain)] {
+    t->exporter = std::thread([this, t, drain] {
       pthread_setname_np(pthread_self(), "inprof-export");
       ExporterLoop(t, drain);
     });
   }
+  t->drain = std::move(drain);
+  if (!options_.http_addr.empty()) StartEndpoint();
+}
+
+void ProfilerCore::StartEndpoint() {
+  absl::StatusOr<ListenAddress> address =
+      ParseListenAddress(options_.http_addr);
+  if (!address.ok()) {
+    Log(absl::StrCat(address.status().message(), "; no endpoint"));
+    return;
+  }
+  if (endpoint_ == nullptr) {
+    endpoint_ = std::make_unique<DebugEndpoint>(
+        [this](absl::Duration d) { return Capture(d); },
+        [](const std::string& pprof,
+           absl::string_view title) -> absl::StatusOr<std::string> {
+          absl::StatusOr<DecodedProfile> p = DecodePprof(pprof);
+          if (!p.ok()) return p.status();
+          return report::FlamegraphHtml(*p, title, nullptr, "");
+        },
+        absl::StrCat(program_invocation_short_name, " (pid ", getpid(), ")"));
+  }
+  absl::StatusOr<std::unique_ptr<DebugServer>> server =
+      DebugServer::Start(*address, endpoint_.get());
+  if (!server.ok()) {
+    Log(absl::StrCat("INPROF_HTTP_ADDR='", absl::CHexEscape(options_.http_addr),
+                     "': ", server.status().message(), "; no endpoint"));
+    return;
+  }
+  server_ = std::move(*server);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    http_address_ = server_->address();
+  }
+  Log(absl::StrCat("serving http://", server_->address(),
+                   "/debug/pprof/ (INPROF_HTTP_ADDR)"));
+}
+
+std::string ProfilerCore::http_address() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return http_address_;
+}
+
+absl::StatusOr<std::string> ProfilerCore::Capture(absl::Duration duration) {
+  // The server, the only caller, runs between StartCollector and
+  // StopCollector, which stops it before threads_ goes.
+  Threads* t = threads_.get();
+  if (t == nullptr) return absl::UnavailableError("the profiler is not running");
+  {
+    // StopCollector waits for this count to drop before `t` goes.
+    std::lock_guard<std::mutex> lock(t->mutex);
+    if (t->stop) return absl::UnavailableError("the profiler is stopping");
+    ++t->captures;
+  }
+  SampleAggregator window(aggregator_.sample_types());
+  int64_t start = 0;
+  ProfilerStats before;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aggregator_.SetMirror(&window);
+    start = absl::GetCurrentTimeNanos();
+    before = stats_ ? stats_() : baseline_;
+  }
+  bool stopped = false;
+  {
+    std::unique_lock<std::mutex> lock(t->mutex);
+    stopped = t->cv.wait_for(lock, absl::ToChronoNanoseconds(duration),
+                             [t] { return t->stop; });
+  }
+  // Samples still in the rings belong to this window.
+  if (!stopped) t->drain();
+  {
+    // The last use of `t`; notified under the lock, as StopCollector may
+    // destroy it as soon as the lock is free.
+    std::lock_guard<std::mutex> lock(t->mutex);
+    --t->captures;
+    t->cv.notify_all();
+  }
+  ProfileData data;
+  ProfilerStats window_stats;
+  std::string engine_detail;
+  int64_t end = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aggregator_.SetMirror(nullptr);
+    if (!stopped) {
+      data = window.Take();
+      end = absl::GetCurrentTimeNanos();
+      window_stats = Delta(stats_ ? stats_() : baseline_, before);
+      engine_detail = engine_detail_;
+    }
+  }
+  if (stopped) {
+    return absl::UnavailableError(
+        "the profiler stopped during the capture; no profile");
+  }
+  Describe(data, start, end, window_stats, engine_detail);
+  data.comments.push_back(absl::StrCat(
+      "live capture of ", absl::FormatDuration(duration),
+      " (INPROF_HTTP_ADDR); the periodic export's windows are separate"));
+  // The request's own symbolizer: the exporter's is not shared (no lock
+  // held across symbolization), and this one's caches go with the request.
+  Symbolizer symbolizer(options_.symbolize);
+  symbolizer.set_system_debug_info(options_.system_debug_info);
+  symbolizer.Refresh();
+  absl::StatusOr<std::string> encoded = EncodePprof(data, symbolizer);
+  if (encoded.ok()) encoded = GzipCompress(*encoded);
+  return encoded;
 }
 
 void ProfilerCore::ExporterLoop(Threads* t,
@@ -148,6 +264,19 @@ void ProfilerCore::StopCollector() {
     threads_->stop = true;
   }
   threads_->cv.notify_all();
+  // A capture in progress has been woken (it answers 503); the server
+  // waits for its connections' threads.
+  if (server_ != nullptr) {
+    server_->Stop();
+    server_.reset();
+    std::lock_guard<std::mutex> lock(mutex_);
+    http_address_.clear();
+  }
+  {
+    // And a capture called directly (not through the server) is let go.
+    std::unique_lock<std::mutex> lock(threads_->mutex);
+    threads_->cv.wait(lock, [this] { return threads_->captures == 0; });
+  }
   if (threads_->collector.joinable()) threads_->collector.join();
   if (threads_->exporter.joinable()) threads_->exporter.join();
   threads_.reset();
@@ -159,6 +288,11 @@ void ProfilerCore::AbandonCollector() {
   // the parent's reclaimed thread descriptors), and destroying a joinable
   // std::thread would terminate the process.
   (void)threads_.release();
+  if (server_ != nullptr) {
+    server_->Abandon();
+    (void)server_.release();
+    (void)endpoint_.release();
+  }
   // No lock: in the child the lock may be held by a thread that is gone.
   for (const auto& sink : sinks_) sink->Abandon();
 }
@@ -171,6 +305,32 @@ void ProfilerCore::SetEngineDetail(std::string detail) {
 void ProfilerCore::BeginWindow() {
   std::lock_guard<std::mutex> lock(mutex_);
   window_start_ns_ = absl::GetCurrentTimeNanos();
+}
+
+void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
+                            const ProfilerStats& window_stats,
+                            const std::string& engine_detail) const {
+  data.period_type = period_type_;
+  data.period = period_;
+  // Viewers open on the period's type (cpu-time), not on the last one
+  // (pprof's default: wall-time in DefaultProfiler's profiles).
+  for (size_t i = 0; i < data.sample_types.size(); ++i) {
+    if (data.sample_types[i].type == period_type_.type) {
+      data.default_sample_type = static_cast<int64_t>(i);
+    }
+  }
+  data.time_nanos = start;
+  data.duration_nanos = end - start;
+  data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
+  if (!engine_detail.empty()) data.comments.push_back(engine_detail);
+  data.comments.push_back(absl::StrCat(
+      "samples taken=", window_stats.samples_taken,
+      " recorded=", window_stats.samples_recorded,
+      " dropped=", window_stats.samples_dropped, " (ring full)"));
+  data.comments.push_back(absl::StrCat(
+      "stacks truncated=", window_stats.stacks_truncated,
+      " walked by frame pointers through a module without its CFI table yet=",
+      window_stats.stacks_before_tables));
 }
 
 absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
@@ -196,27 +356,7 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
   }
   if (sinks_.empty()) return absl::OkStatus();
 
-  data.period_type = period_type_;
-  data.period = period_;
-  // Viewers open on the period's type (cpu-time), not on the last one
-  // (pprof's default: wall-time in DefaultProfiler's profiles).
-  for (size_t i = 0; i < data.sample_types.size(); ++i) {
-    if (data.sample_types[i].type == period_type_.type) {
-      data.default_sample_type = static_cast<int64_t>(i);
-    }
-  }
-  data.time_nanos = start;
-  data.duration_nanos = end - start;
-  data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
-  if (!engine_detail.empty()) data.comments.push_back(engine_detail);
-  data.comments.push_back(absl::StrCat(
-      "samples taken=", window_stats.samples_taken,
-      " recorded=", window_stats.samples_recorded,
-      " dropped=", window_stats.samples_dropped, " (ring full)"));
-  data.comments.push_back(absl::StrCat(
-      "stacks truncated=", window_stats.stacks_truncated,
-      " walked by frame pointers through a module without its CFI table yet=",
-      window_stats.stacks_before_tables));
+  Describe(data, start, end, window_stats, engine_detail);
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
     symbolizer_->set_system_debug_info(options_.system_debug_info);

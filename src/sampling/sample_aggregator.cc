@@ -15,18 +15,36 @@ uint32_t SampleAggregator::AddThread(int64_t tid, absl::string_view name) {
     const uint32_t index = reusable_.back();
     reusable_.pop_back();
     threads_[index] = {tid, std::string(name)};
+    if (mirror_ != nullptr) mirror_threads_[index] = mirror_->AddThread(tid, name);
     return index;
   }
   threads_.push_back({tid, std::string(name)});
+  if (mirror_ != nullptr) mirror_threads_.push_back(mirror_->AddThread(tid, name));
   return static_cast<uint32_t>(threads_.size() - 1);
 }
 
 void SampleAggregator::SetThreadName(uint32_t thread, absl::string_view name) {
-  if (thread < threads_.size()) threads_[thread].name = std::string(name);
+  if (thread >= threads_.size()) return;
+  threads_[thread].name = std::string(name);
+  if (mirror_ != nullptr) mirror_->SetThreadName(mirror_threads_[thread], name);
 }
 
 void SampleAggregator::RemoveThread(uint32_t thread) {
-  if (thread < threads_.size()) retired_.push_back(thread);
+  if (thread >= threads_.size()) return;
+  retired_.push_back(thread);
+  if (mirror_ != nullptr) mirror_->RemoveThread(mirror_threads_[thread]);
+}
+
+void SampleAggregator::SetMirror(SampleAggregator* mirror) {
+  mirror_ = mirror;
+  mirror_threads_.clear();
+  if (mirror == nullptr) return;
+  // Every entry, alive or not: indices stay aligned, and an entry that is
+  // retired or reusable gets no further samples anyway.
+  mirror_threads_.reserve(threads_.size());
+  for (const ThreadIdentity& t : threads_) {
+    mirror_threads_.push_back(mirror->AddThread(t.tid, t.name));
+  }
 }
 
 std::vector<int64_t>& SampleAggregator::Slot(const KeyView& key) {
@@ -73,6 +91,10 @@ void SampleAggregator::Add(uint32_t thread, std::span<const uint64_t> frames,
   }
   std::vector<int64_t>& totals = Slot({thread, frames, label_words, {}});
   for (size_t i = 0; i < values.size(); ++i) totals[value_offset + i] += values[i];
+  if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+    mirror_->Add(mirror_threads_[thread], frames, label_words, value_offset,
+                 values);
+  }
 }
 
 void SampleAggregator::AddSynthetic(uint32_t thread, absl::string_view frame,
@@ -85,6 +107,9 @@ void SampleAggregator::AddSynthetic(uint32_t thread, absl::string_view frame,
   }
   std::vector<int64_t>& totals = Slot({thread, {}, {}, frame});
   for (size_t i = 0; i < values.size(); ++i) totals[value_offset + i] += values[i];
+  if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+    mirror_->AddSynthetic(mirror_threads_[thread], frame, value_offset, values);
+  }
 }
 
 ProfileData SampleAggregator::Take() {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -300,6 +301,9 @@ TEST(RunTest, ErrorsAreOneClearLine) {
   EXPECT_EQ(r.exit_code, 127);
   EXPECT_EQ(r.err, "inprof run: 'no-such-command-for-inprof': command not found\n");
 
+  r = RunInprof("--http my-host:80 -- true");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--http='my-host:80': 'my-host' is not an IPv4 address"));
   r = RunInprof("--period ten -- true");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--period='ten'"));
@@ -334,12 +338,65 @@ TEST(RunTest, ErrorsAreOneClearLine) {
   }
 }
 
+// The live endpoint from `inprof run`: the variable passes through to the
+// program, whose profiler serves /debug/pprof/ while it runs, beside the
+// periodic export (windows of their own).
+TEST(RunTest, TheLiveEndpointServesAnUnmodifiedProgram) {
+  const std::string dir = FreshDir("http");
+  const std::string err = dir + "/stderr.txt";
+  const std::string cmd = absl::StrCat(
+      "exec ", ShellQuote(Cli()), " run --http 127.0.0.1:0 --export-period 500ms -o ",
+      ShellQuote(dir + "/p-%p-%t.pb.gz"), " -- ", ShellQuote(Target()),
+      " spin 4000 2> ", ShellQuote(err));
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // "inprof: serving http://127.0.0.1:PORT/debug/pprof/ (INPROF_HTTP_ADDR)"
+  std::string address;
+  for (int i = 0; i < 3000 && address.empty(); ++i) {
+    std::ifstream in(err);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t at = line.find("serving http://");
+      if (at == std::string::npos) continue;
+      const size_t from = at + std::strlen("serving http://");
+      address = line.substr(from, line.find('/', from) - from);
+    }
+    if (address.empty()) usleep(10'000);
+  }
+  ASSERT_FALSE(address.empty()) << "no 'serving' line";
+  testing::HttpReply r =
+      testing::HttpFetch(address, "GET", "/debug/pprof/profile?seconds=1");
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto live = DecodePprof(r.body);
+  ASSERT_TRUE(live.ok()) << live.status();
+  const int64_t live_cpu = CumulativeCpu(*live, "SpinWork");
+  EXPECT_GT(live_cpu, 0);
+  // The export's windows hold all of the run's CPU, the captured second too.
+  const auto profiles = Profiles(dir);
+  EXPECT_GE(profiles.size(), 2u);
+  int64_t exported_cpu = 0;
+  for (const std::string& path : profiles) {
+    auto p = ReadPprofFile(path);
+    ASSERT_TRUE(p.ok()) << p.status();
+    exported_cpu += CumulativeCpu(*p, "SpinWork");
+  }
+  EXPECT_GT(exported_cpu, live_cpu);
+}
+
 TEST(RunTest, HelpNamesEveryOption) {
   auto r = RunCommandSeparately(ShellQuote(Cli()) + " run --help");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 0);
   for (const char* o : {"--output", "--period", "--wall-period", "--no-wall",
-                        "--engine", "--export-period", "--no-symbolize",
+                        "--engine", "--export-period", "--no-symbolize", "--http",
                         "--no-children", "--quiet"}) {
     EXPECT_THAT(r->out, HasSubstr(o));
   }

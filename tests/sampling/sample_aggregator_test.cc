@@ -311,5 +311,48 @@ TEST(SampleAggregatorTest, RemovedThreadEntriesAreReusedAfterTake) {
   EXPECT_EQ(agg.thread_table_size(), 2u);  // b, and a's entry reused by each
 }
 
+// The live endpoint's windows: a mirror gets what is added while it is set,
+// under its own thread table, whatever the main aggregate's Take()s do.
+TEST(SampleAggregatorTest, MirrorGetsWhatIsAddedWhileSet) {
+  SampleAggregator agg(kTypes);
+  SampleAggregator mirror(kTypes);
+  const uint32_t a = agg.AddThread(10, "a");
+  const std::vector<uint64_t> f1 = {0x10, 0x20};
+  const std::vector<uint64_t> f2 = {0x30};
+  const int64_t v[] = {1, 100};
+  agg.Add(a, f1, 0, v);  // before: not mirrored
+
+  agg.SetMirror(&mirror);
+  agg.Add(a, f1, 0, v);
+  const uint32_t b = agg.AddThread(20, "b");  // a thread that comes later
+  agg.Add(b, f2, 0, v);
+  agg.AddSynthetic(b, "[dropped: ring full]", 0, v);
+  agg.SetThreadName(a, "a2");
+  ProfileData main_window = agg.Take();  // the exporter's cut
+  agg.Add(a, f1, 0, v);
+  agg.RemoveThread(b);
+  agg.SetMirror(nullptr);
+  agg.Add(a, f1, 0, v);  // after: not mirrored
+
+  ProfileData m = mirror.Take();
+  ASSERT_EQ(m.threads.size(), 2u);
+  EXPECT_EQ(m.threads[0].tid, 10);
+  EXPECT_EQ(m.threads[0].name, "a2");
+  EXPECT_EQ(m.threads[1].tid, 20);
+  const ProfileSample* s1 = Find(m, 0, f1);
+  ASSERT_NE(s1, nullptr);
+  EXPECT_THAT(s1->values, ElementsAre(2, 200));
+  const ProfileSample* s2 = Find(m, 1, f2);
+  ASSERT_NE(s2, nullptr);
+  EXPECT_THAT(s2->values, ElementsAre(1, 100));
+  EXPECT_NE(Find(m, 1, {}, "[dropped: ring full]"), nullptr);
+  EXPECT_EQ(m.samples.size(), 3u);
+
+  // The main aggregate is as if there were no mirror.
+  EXPECT_THAT(Find(main_window, a, f1)->values, ElementsAre(2, 200));
+  ProfileData rest = agg.Take();
+  EXPECT_THAT(Find(rest, a, f1)->values, ElementsAre(2, 200));
+}
+
 }  // namespace
 }  // namespace inprof

@@ -1,8 +1,12 @@
 #include "util/test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -18,6 +22,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -413,5 +419,78 @@ absl::StatusOr<std::string> ProtocDecode(const std::string& profile_path) {
 absl::Status ProtocDecodeOk(const std::string& profile_path) {
   return ProtocDecode(profile_path).status();
 }
+
+std::string HttpReply::header(const std::string& name) const {
+  for (const auto& [n, v] : headers) {
+    if (absl::EqualsIgnoreCase(n, name)) return v;
+  }
+  return "";
+}
+
+HttpReply HttpFetch(const std::string& address, const std::string& method,
+                    const std::string& target) {
+  HttpReply reply;
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    reply.error = "bad address " + address;
+    return reply;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{120, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    reply.error = absl::StrCat("connect: ", std::strerror(errno));
+    close(fd);
+    return reply;
+  }
+  const std::string request = absl::StrCat(method, " ", target,
+                                           " HTTP/1.1\r\nHost: ", address,
+                                           "\r\nConnection: close\r\n\r\n");
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    reply.error = absl::StrCat("send: ", std::strerror(errno));
+    close(fd);
+    return reply;
+  }
+  std::string raw;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      reply.error = absl::StrCat("recv: ", std::strerror(errno));
+      break;
+    }
+    if (n == 0) break;
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t end = raw.find("\r\n\r\n");
+  if (end == std::string::npos) {
+    if (reply.error.empty()) reply.error = "no response head: " + raw;
+    return reply;
+  }
+  std::vector<std::string> lines = absl::StrSplit(raw.substr(0, end), "\r\n");
+  std::vector<std::string> status_line = absl::StrSplit(lines[0], ' ');
+  if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &reply.status)) {
+    reply.error = "bad status line: " + lines[0];
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const size_t c = lines[i].find(':');
+    if (c == std::string::npos) continue;
+    reply.headers.emplace_back(
+        lines[i].substr(0, c),
+        std::string(absl::StripAsciiWhitespace(lines[i].substr(c + 1))));
+  }
+  reply.body = raw.substr(end + 4);
+  return reply;
+}
+
 
 }  // namespace inprof::testing

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -99,6 +100,23 @@ absl::StatusOr<std::string> ProtocDecode(const std::string& profile_path);
 
 // ProtocDecode() reduced to a status.
 absl::Status ProtocDecodeOk(const std::string& profile_path);
+
+
+// One HTTP/1.1 response as HttpFetch() read it.
+struct HttpReply {
+  int status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  std::string error;  // transport failure; empty when a response came
+  // The first header called `name` (any case); "" if none.
+  std::string header(const std::string& name) const;
+};
+
+// Sends `method target` to `address` ("127.0.0.1:PORT") over a fresh
+// connection (Connection: close) and reads the response to its end (at
+// most 120 s without data). Enough for the live endpoint's tests.
+HttpReply HttpFetch(const std::string& address, const std::string& method,
+                    const std::string& target);
 
 }  // namespace inprof::testing
 

@@ -15,6 +15,13 @@
 // (every export_period: drain, cut, symbolize, encode, hand to sinks;
 // only when export_period > 0) and one "inprof-upload" per HTTP sink. None
 // of them is ever waited for by a sampled thread.
+//
+// The live endpoint (options().http_addr, internal/debug_endpoint.h) runs
+// from StartCollector to StopCollector. Its captures are windows of their
+// own: a mirror of the aggregate from the request on (SampleAggregator::
+// SetMirror, under mutex()), drained and cut after the requested seconds,
+// symbolized by a symbolizer of the request's (freed after it), so the
+// exporter's windows and its symbolizer are not touched.
 #ifndef INPROF_INTERNAL_PROFILER_CORE_H_
 #define INPROF_INTERNAL_PROFILER_CORE_H_
 
@@ -36,6 +43,10 @@
 
 namespace inprof {
 class Symbolizer;
+namespace internal {
+class DebugEndpoint;
+class DebugServer;
+}  // namespace internal
 
 // Counters a profiler reports (and writes into the profile's comments).
 struct ProfilerStats {
@@ -102,9 +113,24 @@ class ProfilerCore {
     return windows_exported_.load(std::memory_order_relaxed);
   }
 
+  // The live endpoint's address ("127.0.0.1:6060"), empty when it is off
+  // or could not listen.
+  std::string http_address() const;
+
+  // A window of its own covering the next `duration` (the live endpoint's
+  // capture): gzip pprof bytes. Unavailable when the profiler is not
+  // running or stops meanwhile. Blocks the calling thread for `duration`;
+  // one at a time (the endpoint sees to it).
+  absl::StatusOr<std::string> Capture(absl::Duration duration);
+
  private:
   struct Threads;
   void EnsureSinks();
+  void StartEndpoint();
+  // Fills a cut window's metadata and comments.
+  void Describe(ProfileData& data, int64_t start, int64_t end,
+                const ProfilerStats& window_stats,
+                const std::string& engine_detail) const;
   // Cuts, encodes and hands one window to the sinks. `last`: errors are
   // returned rather than logged. export_mutex_ held.
   absl::Status ExportWindow(const ProfilerStats* stats, bool last);
@@ -116,7 +142,8 @@ class ProfilerCore {
   std::string engine_;
   std::string engine_detail_;  // mutex_
 
-  std::mutex mutex_;  // guards aggregator_, window_start_ns_, baseline_
+  // Guards aggregator_, window_start_ns_, baseline_, http_address_.
+  mutable std::mutex mutex_;
   SampleAggregator aggregator_;
   int64_t window_start_ns_ = 0;
   StatsFunction stats_;     // set before the threads start
@@ -136,6 +163,11 @@ class ProfilerCore {
   // leak them (a condition variable that a vanished thread waited on cannot
   // be destroyed).
   std::unique_ptr<Threads> threads_;
+
+  // The live endpoint, from StartCollector to StopCollector.
+  std::unique_ptr<DebugEndpoint> endpoint_;
+  std::unique_ptr<DebugServer> server_;
+  std::string http_address_;  // set before the server serves
 };
 
 }  // namespace internal

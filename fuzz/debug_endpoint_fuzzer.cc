@@ -1,0 +1,75 @@
+// libFuzzer target: the live endpoint's request handling (DebugEndpoint::
+// Respond) and INPROF_HTTP_ADDR (ParseListenAddress).
+//
+// Input: "METHOD TARGET" (the first space splits; no space: GET); the whole
+// input is also parsed as an address. Captures answer at once with fixed
+// bytes. Checked: nothing crashes; every answer has a known status; a
+// plain-text answer is one line; a capture runs only for a valid request,
+// for 1 to 600 s; an accepted address re-parses to itself.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "inprof/internal/debug_endpoint.h"
+
+namespace {
+
+void Check(bool ok) {
+  if (!ok) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string input(reinterpret_cast<const char*>(data), size);
+
+  absl::StatusOr<inprof::internal::ListenAddress> address =
+      inprof::internal::ParseListenAddress(input);
+  if (address.ok()) {
+    Check(address->port >= 0 && address->port <= 65535);
+    auto again = inprof::internal::ParseListenAddress(
+        inprof::internal::FormatListenAddress(*address));
+    Check(again.ok() && again->host == address->host &&
+          again->port == address->port && again->ipv6 == address->ipv6);
+  } else {
+    Check(absl::StartsWith(address.status().message(), "INPROF_HTTP_ADDR='"));
+    Check(address.status().message().find('\n') == absl::string_view::npos);
+  }
+
+  int captures = 0;
+  inprof::internal::DebugEndpoint endpoint(
+      [&](absl::Duration d) -> absl::StatusOr<std::string> {
+        Check(d >= absl::Seconds(1) && d <= absl::Seconds(600));
+        ++captures;
+        return std::string("\x1f\x8b", 2);
+      },
+      [](const std::string& pprof,
+         absl::string_view) -> absl::StatusOr<std::string> { return pprof; },
+      "fuzz");
+  const size_t space = input.find(' ');
+  const absl::string_view method =
+      space == std::string::npos ? absl::string_view("GET")
+                                 : absl::string_view(input).substr(0, space);
+  const absl::string_view target =
+      space == std::string::npos ? absl::string_view(input)
+                                 : absl::string_view(input).substr(space + 1);
+  const inprof::internal::DebugResponse r = endpoint.Respond(method, target);
+  switch (r.status) {
+    case 200: case 400: case 404: case 405: case 414: case 429: case 500:
+    case 503:
+      break;
+    default:
+      std::abort();
+  }
+  if (absl::StartsWith(r.content_type, "text/plain")) {
+    Check(!r.body.empty() && r.body.back() == '\n' &&
+          r.body.find('\n') == r.body.size() - 1);
+  }
+  Check(captures <= 1);
+  if (captures == 1) Check(r.status == 200);
+  return 0;
+}

@@ -1,0 +1,143 @@
+// internal: not part of the public API.
+//
+// The live endpoint (INPROF_HTTP_ADDR), after Go's net/http/pprof:
+//   /debug/pprof/                      an index (HTML)
+//   /debug/pprof/profile?seconds=N     gzip pprof of the next N seconds
+//   /debug/pprof/flamegraph?seconds=N  the flame graph page of the same
+//   /debug/pprof/symbol                what go tool pprof asks (symbolz):
+//                                      captures come symbolized already
+// N defaults to 30 and is bounded (1 to kMaxSeconds); one capture runs at a
+// time and a second gets 429. The captures are windows of their own, cut
+// from a mirror of the aggregate (SampleAggregator::SetMirror): the periodic
+// export's windows are not touched, and sampling never waits for a request.
+//
+// Two halves: DebugEndpoint turns a request line into a response (parsing,
+// validation, the one-capture rule; no sockets, fuzzed in
+// fuzz/debug_endpoint_fuzzer.cc), and DebugServer serves it over HTTP with
+// libmicrohttpd, loaded at run time (dlopen) by a process that turns the
+// endpoint on: a host that does not never maps it.
+#ifndef INPROF_INTERNAL_DEBUG_ENDPOINT_H_
+#define INPROF_INTERNAL_DEBUG_ENDPOINT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace inprof::internal {
+
+// Where the endpoint listens.
+struct ListenAddress {
+  std::string host;  // numeric: "127.0.0.1", "::1", "0.0.0.0", "::"
+  int port = 0;      // 0: any free port (the bound one is logged)
+  bool ipv6 = false;
+};
+
+// INPROF_HTTP_ADDR: "PORT", ":PORT", "HOST:PORT" or "[V6]:PORT", where HOST
+// is an IPv4 address, "localhost" or (bracketed) an IPv6 address. Without a
+// host the endpoint is on 127.0.0.1 only: other interfaces must be named.
+// The error names the value and the accepted form.
+absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view value);
+
+// "127.0.0.1:6060", "[::1]:6060".
+std::string FormatListenAddress(const ListenAddress& address);
+
+struct DebugResponse {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+};
+
+class DebugEndpoint {
+ public:
+  static constexpr int kDefaultSeconds = 30;
+  static constexpr int kMaxSeconds = 600;
+  // Longest request target read (longer: 414).
+  static constexpr size_t kMaxTargetLength = 4096;
+
+  // The gzip pprof of the next `duration` (the profiler's); Unavailable
+  // when the profiler stopped meanwhile.
+  using Capture = std::function<absl::StatusOr<std::string>(absl::Duration)>;
+  // The flame graph page of a pprof profile.
+  using Render = std::function<absl::StatusOr<std::string>(
+      const std::string& pprof, absl::string_view title)>;
+
+  DebugEndpoint(Capture capture, Render render, std::string program);
+
+  // One request: `method` ("GET"), `target` as on the request line
+  // ("/debug/pprof/profile?seconds=5"). Any thread; a capture blocks the
+  // calling thread for its duration.
+  DebugResponse Respond(absl::string_view method, absl::string_view target);
+
+  // Captures answered (200) and refused because one was running (429).
+  uint64_t captures() const { return captures_.load(); }
+  uint64_t refused() const { return refused_.load(); }
+
+ private:
+  DebugResponse Index() const;
+  std::string Running() const;  // the index's line about a capture
+
+  Capture capture_;
+  Render render_;
+  std::string program_;
+  std::atomic<bool> busy_{false};
+  std::atomic<int64_t> busy_until_ns_{0};  // the running capture's end
+  std::atomic<uint64_t> captures_{0};
+  std::atomic<uint64_t> refused_{0};
+};
+
+// The HTTP side: libmicrohttpd, a thread per connection (at most
+// kMaxConnections), all signals blocked on its threads.
+class DebugServer {
+ public:
+  static constexpr unsigned kMaxConnections = 16;
+  // How long Stop() lets the answers of requests in progress go out.
+  static constexpr absl::Duration kStopGrace = absl::Seconds(2);
+
+  // OK when libmicrohttpd can be loaded; otherwise Unavailable naming the
+  // library and its Debian package. INPROF_LIBMICROHTTPD overrides the file.
+  static absl::Status Available();
+
+  // Listens on `address` and answers with `endpoint` (not owned; it must
+  // outlive the server).
+  static absl::StatusOr<std::unique_ptr<DebugServer>> Start(
+      const ListenAddress& address, DebugEndpoint* endpoint);
+
+  ~DebugServer();  // Stop()
+  DebugServer(const DebugServer&) = delete;
+  DebugServer& operator=(const DebugServer&) = delete;
+
+  // The address bound ("127.0.0.1:43121").
+  const std::string& address() const { return address_; }
+
+  // Lets the requests in progress finish (at most kStopGrace: the
+  // capture's owner cut them short first), closes the listening socket and
+  // every connection, and waits for their threads. Idempotent.
+  void Stop();
+
+  // In a forked child: the server's threads do not exist; closes the
+  // child's copy of the listening socket and forgets the rest.
+  void Abandon();
+
+ private:
+  DebugServer() = default;
+  void* daemon_ = nullptr;  // struct MHD_Daemon*
+  // Requests between their first line and their completion.
+  std::unique_ptr<std::atomic<int>> in_flight_ =
+      std::make_unique<std::atomic<int>>(0);
+  int listen_fd_ = -1;
+  std::string address_;
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_DEBUG_ENDPOINT_H_

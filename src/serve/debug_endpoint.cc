@@ -1,0 +1,299 @@
+// The request half of the live endpoint: parsing and validating a request
+// line, the one-capture-at-a-time rule, and the responses. No sockets here
+// (debug_server_mhd.cc serves it), so it is unit-tested and fuzzed alone.
+#include "inprof/internal/debug_endpoint.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace inprof::internal {
+namespace {
+
+constexpr absl::string_view kIndexPath = "/debug/pprof/";
+constexpr absl::string_view kProfilePath = "/debug/pprof/profile";
+constexpr absl::string_view kFlamegraphPath = "/debug/pprof/flamegraph";
+constexpr absl::string_view kSymbolPath = "/debug/pprof/symbol";
+
+absl::Status BadAddress(absl::string_view value, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "INPROF_HTTP_ADDR='", absl::CHexEscape(value), "': ", why,
+      "; expected PORT, HOST:PORT or [IPV6]:PORT such as 127.0.0.1:6060"));
+}
+
+DebugResponse Text(int status, std::string body) {
+  DebugResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  r.body.push_back('\n');
+  return r;
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// application/x-www-form-urlencoded: %XX and '+'. False on a bad escape.
+bool FormDecode(absl::string_view in, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '+') {
+      out->push_back(' ');
+    } else if (in[i] == '%') {
+      if (i + 2 >= in.size()) return false;
+      const int hi = HexDigit(in[i + 1]);
+      const int lo = HexDigit(in[i + 2]);
+      if (hi < 0 || lo < 0) return false;
+      out->push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else {
+      out->push_back(in[i]);
+    }
+  }
+  return true;
+}
+
+std::string HtmlEscape(absl::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// What is shown of a client's input in an error: printable, bounded.
+std::string Quote(absl::string_view s) {
+  constexpr size_t kShown = 64;
+  std::string out = absl::CHexEscape(s.substr(0, kShown));
+  if (s.size() > kShown) out += "...";
+  return absl::StrCat("'", out, "'");
+}
+
+}  // namespace
+
+absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view value) {
+  const absl::string_view v = absl::StripAsciiWhitespace(value);
+  if (v.empty()) return BadAddress(value, "empty");
+  ListenAddress address;
+  absl::string_view host;
+  absl::string_view port;
+  if (v.front() == '[') {
+    const size_t close = v.find(']');
+    if (close == absl::string_view::npos) {
+      return BadAddress(value, "no ']' after the IPv6 address");
+    }
+    host = v.substr(1, close - 1);
+    const absl::string_view rest = v.substr(close + 1);
+    if (rest.size() < 2 || rest.front() != ':') {
+      return BadAddress(value, "no :PORT after the IPv6 address");
+    }
+    port = rest.substr(1);
+    address.ipv6 = true;
+  } else {
+    const size_t colon = v.rfind(':');
+    if (colon == absl::string_view::npos) {
+      port = v;  // PORT alone
+    } else {
+      host = v.substr(0, colon);
+      port = v.substr(colon + 1);
+      if (host.find(':') != absl::string_view::npos) {
+        return BadAddress(value, "an IPv6 address must be in brackets");
+      }
+    }
+  }
+  int port_number = 0;
+  if (port.empty() || port.size() > 5 ||
+      !absl::c_all_of(port, [](char c) { return absl::ascii_isdigit(c); }) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
+    return BadAddress(value, absl::StrCat("port ", Quote(port),
+                                          " is not a number from 0 to 65535"));
+  }
+  address.port = port_number;
+  if (host.empty() && !address.ipv6) {
+    address.host = "127.0.0.1";  // loopback unless a host is named
+    return address;
+  }
+  if (!address.ipv6 && absl::AsciiStrToLower(host) == "localhost") {
+    address.host = "127.0.0.1";
+    return address;
+  }
+  unsigned char buffer[16];
+  const std::string h(host);
+  if (inet_pton(address.ipv6 ? AF_INET6 : AF_INET, h.c_str(), buffer) != 1) {
+    return BadAddress(value, absl::StrCat(Quote(host), " is not an ",
+                                          address.ipv6 ? "IPv6" : "IPv4",
+                                          " address or localhost"));
+  }
+  address.host = h;
+  return address;
+}
+
+std::string FormatListenAddress(const ListenAddress& address) {
+  if (address.ipv6) return absl::StrCat("[", address.host, "]:", address.port);
+  return absl::StrCat(address.host, ":", address.port);
+}
+
+DebugEndpoint::DebugEndpoint(Capture capture, Render render,
+                             std::string program)
+    : capture_(std::move(capture)),
+      render_(std::move(render)),
+      program_(std::move(program)) {}
+
+DebugResponse DebugEndpoint::Index() const {
+  DebugResponse r;
+  r.content_type = "text/html; charset=utf-8";
+  const std::string program = HtmlEscape(program_);
+  r.body = absl::StrCat(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+      "<title>/debug/pprof/ ", program, "</title></head><body>\n"
+      "<h1>/debug/pprof/</h1>\n<p>inprof, profiling ", program, "</p>\n"
+      "<table>\n"
+      "<tr><td><a href=\"profile?seconds=", kDefaultSeconds,
+      "\">profile</a></td><td>CPU and wall time of the next <i>seconds</i> "
+      "(default ", kDefaultSeconds, ", at most ", kMaxSeconds,
+      "), a gzip pprof file: <code>go tool pprof http://HOST:PORT/debug/"
+      "pprof/profile?seconds=30</code></td></tr>\n"
+      "<tr><td><a href=\"flamegraph?seconds=", kDefaultSeconds,
+      "\">flamegraph</a></td><td>the same, as an interactive flame graph "
+      "page</td></tr>\n"
+      "</table>\n<form action=\"flamegraph\">seconds: <input name=\"seconds\" "
+      "type=\"number\" min=\"1\" max=\"", kMaxSeconds, "\" value=\"10\"> "
+      "<button>flame graph</button></form>\n"
+      "<p>One capture at a time; another request gets 429.</p>\n",
+      Running(), "</body></html>\n");
+  return r;
+}
+
+std::string DebugEndpoint::Running() const {
+  if (!busy_.load()) return "<p id=\"idle\">No capture is running.</p>\n";
+  const int64_t left_ns = busy_until_ns_.load() - absl::GetCurrentTimeNanos();
+  return absl::StrCat("<p id=\"running\">A capture is running: ",
+                      std::max<int64_t>(0, left_ns / 1'000'000'000),
+                      " s left.</p>\n");
+}
+
+DebugResponse DebugEndpoint::Respond(absl::string_view method,
+                                     absl::string_view target) {
+  if (target.size() > kMaxTargetLength) {
+    return Text(414, absl::StrCat("request target longer than ",
+                                  kMaxTargetLength, " bytes"));
+  }
+  const bool head = method == "HEAD";
+  const size_t q = target.find('?');
+  const absl::string_view path = target.substr(0, q);
+  if (path == kSymbolPath) {
+    // go tool pprof posts the addresses of unnamed locations here (symbolz)
+    // and gives up on the whole profile unless it gets a 200. Captures are
+    // symbolized in the process already, with everything it has: what is
+    // unnamed there stays unnamed, so the answer names no address.
+    if (method == "POST") return Text(200, "");
+    if (method == "GET" || head) return Text(200, "num_symbols: 1");
+  }
+  if (method != "GET" && !head) {
+    DebugResponse r = Text(405, absl::StrCat("method ", Quote(method),
+                                             " not allowed: use GET"));
+    r.headers.emplace_back("Allow", "GET, HEAD");
+    return r;
+  }
+  const absl::string_view query =
+      q == absl::string_view::npos ? absl::string_view() : target.substr(q + 1);
+  if (path == kIndexPath || path == "/debug/pprof") return Index();
+  const bool profile = path == kProfilePath;
+  const bool flamegraph = path == kFlamegraphPath;
+  if (!profile && !flamegraph) {
+    return Text(404, absl::StrCat("no page ", Quote(path), ": see ",
+                                  kIndexPath));
+  }
+  if (head) {
+    DebugResponse r = Text(405, "a capture needs GET");
+    r.headers.emplace_back("Allow", "GET");
+    return r;
+  }
+
+  int seconds = kDefaultSeconds;
+  bool seen = false;
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    const size_t eq = pair.find('=');
+    std::string key;
+    std::string value;
+    if (!FormDecode(pair.substr(0, eq), &key) ||
+        (eq != absl::string_view::npos &&
+         !FormDecode(pair.substr(eq + 1), &value))) {
+      return Text(400, absl::StrCat("bad %-escape in the query ",
+                                    Quote(query)));
+    }
+    if (key != "seconds" || seen) continue;  // the first one counts
+    seen = true;
+    int parsed = 0;
+    if (value.empty() || value.size() > 4 ||
+        !absl::c_all_of(value, [](char c) { return absl::ascii_isdigit(c); }) ||
+        !absl::SimpleAtoi(value, &parsed) || parsed < 1 ||
+        parsed > kMaxSeconds) {
+      return Text(400, absl::StrCat("seconds=", Quote(value),
+                                    ": expected a whole number of seconds "
+                                    "from 1 to ", kMaxSeconds));
+    }
+    seconds = parsed;
+  }
+
+  bool expected = false;
+  if (!busy_.compare_exchange_strong(expected, true)) {
+    refused_.fetch_add(1);
+    const int64_t left_ns =
+        busy_until_ns_.load() - absl::GetCurrentTimeNanos();
+    const int64_t left = std::max<int64_t>(1, (left_ns + 999'999'999) /
+                                                  1'000'000'000);
+    DebugResponse r = Text(429, absl::StrCat(
+        "a capture is already running (", left,
+        " s left): one at a time; retry after it"));
+    r.headers.emplace_back("Retry-After", absl::StrCat(left));
+    return r;
+  }
+  busy_until_ns_.store(absl::GetCurrentTimeNanos() +
+                       int64_t{seconds} * 1'000'000'000);
+  absl::StatusOr<std::string> pprof = capture_(absl::Seconds(seconds));
+  busy_.store(false);
+  if (!pprof.ok()) {
+    return Text(pprof.status().code() == absl::StatusCode::kUnavailable ? 503
+                                                                        : 500,
+                std::string(pprof.status().message()));
+  }
+  captures_.fetch_add(1);
+  if (profile) {
+    DebugResponse r;
+    r.content_type = "application/octet-stream";
+    r.headers.emplace_back("Content-Disposition",
+                           "attachment; filename=\"profile.pb.gz\"");
+    r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+    r.body = std::move(*pprof);
+    return r;
+  }
+  absl::StatusOr<std::string> page =
+      render_(*pprof, absl::StrCat(program_, " (live, ", seconds, " s)"));
+  if (!page.ok()) return Text(500, std::string(page.status().message()));
+  DebugResponse r;
+  r.content_type = "text/html; charset=utf-8";
+  r.body = std::move(*page);
+  return r;
+}
+
+}  // namespace inprof::internal
