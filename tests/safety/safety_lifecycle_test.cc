@@ -215,6 +215,15 @@ TEST(SafetyLifecycleTest, StartStopHammerWithSignalsInFlight) {
   DefaultProfiler profiler(options);
   std::atomic<bool> stop{false};
   std::atomic<pid_t> tids[2] = {};
+  // The signallers start once the first Start() installed inprof's handler
+  // (Stop() leaves a harmless one): before it, SIGPROF's default action
+  // would end the process, as it did when this test ran alone.
+  std::atomic<bool> armed{false};
+  auto wait_armed = [&] {
+    while (!armed.load() && !stop.load()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  };
   std::vector<std::thread> threads;
   // On two cores, signal sources that leave the controlling thread CPU:
   // a burner under the 1 ms timer, a thread that signals itself in bursts,
@@ -227,6 +236,7 @@ TEST(SafetyLifecycleTest, StartStopHammerWithSignalsInFlight) {
   threads.emplace_back([&] {
     auto registration = profiler.RegisterThread("self-signaller");
     tids[1] = safety::Gettid();
+    wait_armed();
     while (!stop.load()) {
       for (int i = 0; i < 50; ++i) {
         safety::SendProfilingSignal(safety::Gettid(), true);
@@ -236,6 +246,7 @@ TEST(SafetyLifecycleTest, StartStopHammerWithSignalsInFlight) {
   });
   threads.emplace_back([&] {
     uint64_t i = 0;
+    wait_armed();
     while (!stop.load()) {
       const pid_t tid = tids[i % 2].load();
       if (tid != 0) safety::SendProfilingSignal(tid, (i & 4) == 0);
@@ -248,6 +259,7 @@ TEST(SafetyLifecycleTest, StartStopHammerWithSignalsInFlight) {
   int failed = 0;
   for (int i = 0; i < cycles; ++i) {
     failed += !profiler.Start().ok();
+    armed = true;
     failed += !profiler.Stop().ok();
   }
   const double seconds = (safety::MonotonicNow() - t0) / 1e9;
