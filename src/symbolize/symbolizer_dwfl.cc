@@ -390,6 +390,9 @@ class SymbolTable {
  public:
   explicit SymbolTable(Dwfl_Module* mod) {
     const int count = dwfl_module_getsymtab(mod);
+    // Room for every symbol at once: a large table grown by doubling costs
+    // its copies and fresh pages each time (on the export's critical path).
+    if (count > 0) entries_.reserve(static_cast<size_t>(count) + 64);
     for (int i = 0; i < count; ++i) {
       GElf_Sym sym;
       GElf_Addr value = 0;

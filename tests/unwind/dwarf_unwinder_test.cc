@@ -589,6 +589,103 @@ TEST(CfiTableTest, InterruptedBuildResumesToTheSameTable) {
   EXPECT_TRUE(other.empty());
 }
 
+// The link-time range of a file's executable segments, read from its
+// program headers (for files this process has not loaded).
+std::optional<TextRange> FileTextRange(const std::string& path) {
+  elf_version(EV_CURRENT);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  TextRange r;
+  size_t count = 0;
+  if (elf != nullptr && elf_getphdrnum(elf, &count) == 0) {
+    for (size_t i = 0; i < count; ++i) {
+      GElf_Phdr ph;
+      if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr) continue;
+      if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+      r.lo = std::min<uint64_t>(r.lo, ph.p_vaddr);
+      r.hi = std::max<uint64_t>(r.hi, ph.p_vaddr + ph.p_memsz);
+    }
+  }
+  if (elf != nullptr) elf_end(elf);
+  close(fd);
+  if (r.hi <= r.lo) return std::nullopt;
+  return r;
+}
+
+std::string RuleText(const CfiRule& r) {
+  return absl::StrCat("{kind ", r.kind, " flags ", r.flags, " cfa ", r.cfa_offset,
+                      " ra ", r.ra_offset, " fp ", r.fp_offset, "}");
+}
+
+// The own FDE interpreter against libdw's, row for row, over every module
+// this test loads (the executable, libc, libstdc++, libdw, abseil, ...) and
+// a few libraries with hand-written assembly when installed (OpenSSL's and
+// GnuTLS's CFI has expressions, remember/restore state and DW_CFA_register):
+// the same table, and most FDEs run by the own interpreter.
+TEST(CfiTableBuilderTest, OwnInterpreterBuildsLibdwsTableRowForRow) {
+  std::vector<std::string> paths = {"/proc/self/exe"};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        const char* name = info->dlpi_name;
+        if (name != nullptr && name[0] == '/') {
+          static_cast<std::vector<std::string>*>(data)->push_back(name);
+        }
+        return 0;
+      },
+      &paths);
+  for (const char* extra : {"/usr/lib/x86_64-linux-gnu/libcrypto.so.3",
+                            "/usr/lib/x86_64-linux-gnu/libgnutls.so.30",
+                            "/usr/lib/x86_64-linux-gnu/libgmp.so.10"}) {
+    if (access(extra, R_OK) == 0) paths.push_back(extra);
+  }
+  size_t total_own = 0, total_libdw = 0, compared = 0;
+  bool saw_libc = false;
+  for (const std::string& path : paths) {
+    const std::optional<TextRange> text = FileTextRange(path);
+    if (!text.has_value()) continue;
+    size_t own = 0, by_libdw = 0, reference_own = 0, reference_libdw = 0;
+    internal::CfiBuildOptions fast;
+    fast.fdes_own = &own;
+    fast.fdes_libdw = &by_libdw;
+    internal::CfiBuildOptions reference;
+    reference.interpreter = internal::CfiInterpreter::kLibdw;
+    reference.fdes_own = &reference_own;
+    reference.fdes_libdw = &reference_libdw;
+    auto a = internal::BuildCfiTableFromFile(path, text->lo, text->hi, "",
+                                             [] { return true; }, nullptr, fast);
+    auto b = internal::BuildCfiTableFromFile(path, text->lo, text->hi, "",
+                                             [] { return true; }, nullptr, reference);
+    ASSERT_EQ(a.ok(), b.ok()) << path << ": " << a.status() << " / " << b.status();
+    if (!a.ok()) continue;
+    EXPECT_EQ(reference_own, 0u) << path;
+    EXPECT_EQ(own + by_libdw, reference_libdw) << path;
+    const std::vector<CfiRow> rows_a = (*a)->Rows();
+    const std::vector<CfiRow> rows_b = (*b)->Rows();
+    ASSERT_EQ(rows_a.size(), rows_b.size()) << path;
+    for (size_t i = 0; i < rows_a.size(); ++i) {
+      ASSERT_TRUE(rows_a[i].pc == rows_b[i].pc && rows_a[i].rule == rows_b[i].rule)
+          << path << " row " << i << " at 0x" << std::hex << rows_a[i].pc + text->lo
+          << " / 0x" << rows_b[i].pc + text->lo << ": own " << RuleText(rows_a[i].rule)
+          << ", libdw " << RuleText(rows_b[i].rule);
+    }
+    if (path.find("/libc.so.6") != std::string::npos) {
+      saw_libc = true;
+      // Its signal trampoline and hand-written string functions aside,
+      // libc's FDEs are compiler output: the own interpreter runs them.
+      EXPECT_GT(own, 20 * by_libdw) << path;
+    }
+    ++compared;
+    total_own += own;
+    total_libdw += by_libdw;
+  }
+  EXPECT_TRUE(saw_libc);
+  EXPECT_GE(compared, 5u);
+  EXPECT_GT(total_own, 20 * total_libdw);
+  std::printf("compared %zu modules: %zu FDEs by the own interpreter, %zu by libdw\n",
+              compared, total_own, total_libdw);
+}
+
 TEST(CfiTableBuilderTest, RefusesMissingForeignAndCorruptFilesWithoutCrashing) {
   EXPECT_FALSE(internal::BuildCfiTableFromFile("/nonexistent/lib.so", 0, 0x1000).ok());
   const std::string text_path = testing::TestTmpDir() + "/dwarf_not_elf.txt";

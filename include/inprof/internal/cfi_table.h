@@ -4,8 +4,9 @@
 // the async-signal-safe walk over them.
 //
 // Off the hot path, each loaded module's call-frame information (.eh_frame,
-// and .debug_frame where .eh_frame has no entry) is interpreted once with
-// elfutils libdw and flattened into sorted rows: from this pc on, the CFA
+// and .debug_frame where .eh_frame has no entry) is interpreted once (by
+// the builder's own pass over each FDE's program, elfutils libdw for what
+// that pass leaves: see CfiInterpreter) and flattened into sorted rows: from this pc on, the CFA
 // (the caller's stack pointer) is sp or fp plus an offset, the return
 // address is at CFA - 8 and the caller's rbp is unchanged or saved at a
 // given offset. A CfiSnapshot gathers the tables of every loaded module at
@@ -437,6 +438,24 @@ class CfiPartialBuild {
   std::unique_ptr<State> state_;
 };
 
+// Which interpreter turns an FDE's program into rows.
+//  - kOwn (the default): the builder's own single pass over each .eh_frame
+//    FDE's instructions (x86-64 files), which covers what compilers emit;
+//    whatever it does not model (CFA and register expressions, DW_CFA_set_loc,
+//    malformed programs, FDEs that overlap, .debug_frame, other machines)
+//    goes to libdw, FDE by FDE.
+//  - kLibdw: libdw for every FDE: dwarf_cfi_addrframe once per row, each
+//    call re-running the FDE's program from its start, so an FDE of n rows
+//    costs O(n^2) — 25 ms of a short profiled run's CPU went there. The
+//    reference that the tests and the fuzzer compare kOwn with, row for row.
+enum class CfiInterpreter : uint8_t { kOwn, kLibdw };
+struct CfiBuildOptions {
+  CfiInterpreter interpreter = CfiInterpreter::kOwn;
+  // When set, incremented by the FDEs each interpreter turned into rows.
+  size_t* fdes_own = nullptr;
+  size_t* fdes_libdw = nullptr;
+};
+
 // `progress` is called every 64 FDEs (a large library has tens of
 // thousands, and under a sanitizer a table takes a second): returning false
 // abandons the build with a Cancelled status. With `partial`, an abandoned
@@ -446,13 +465,13 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
     const std::string& path, uint64_t text_lo, uint64_t text_hi,
     const std::string& expected_build_id = "",
     absl::FunctionRef<bool()> progress = [] { return true; },
-    CfiPartialBuild* partial = nullptr);
+    CfiPartialBuild* partial = nullptr, const CfiBuildOptions& options = {});
 
 // The same from an ELF image in memory (the vDSO); the bytes are copied.
 absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromImage(
     std::span<const uint8_t> image, const std::string& name, uint64_t text_lo,
     uint64_t text_hi, absl::FunctionRef<bool()> progress = [] { return true; },
-    CfiPartialBuild* partial = nullptr);
+    CfiPartialBuild* partial = nullptr, const CfiBuildOptions& options = {});
 
 // The snapshot the signal handler reads, and the count of handlers reading
 // one: a snapshot replaced by a newer one is freed only once the count has
