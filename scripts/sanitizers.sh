@@ -51,6 +51,7 @@ timing="ProfilerE2eTest.*:DwarfProfilerTest.*:$windows"
 timing="$timing:CpuTimeProviderTest.KernelCpu*:CpuTimeProviderTest.ShortLived*"
 timing="$timing:CpuTimeProviderTest.PerfEngineDelivers*:CpuTimeProviderTest.PerfEngineKeepsWithin*"
 timing="$timing:WallTimeProviderTest.AlternatingSleepAndWork*"
+timing="$timing:WallTimeProviderTest.ThreadsBlockedBeforeTheTables*"
 # TSan also retries interrupted sleeps in its interceptors and defers
 # signals, so EINTR counts are TSan's, not inprof's.
 eintr='WallTimeProviderTest.EintrsOfBlockedThreadsStayBoundedWhateverTheRunLength'

@@ -95,6 +95,9 @@ class DwarfUnwinder {
     if (guard.snapshot() == nullptr) {  // the walk counts pending modules
       internal::g_cfi_state.walks_without_tables.fetch_add(
           1, std::memory_order_relaxed);
+      UnwindResult result = internal::CfiWalk(nullptr, regs, bounds, out);
+      result.provisional = true;  // frame pointers only
+      return result;
     }
     return internal::CfiWalk(guard.snapshot(), regs, bounds, out);
   }
@@ -112,6 +115,13 @@ class DwarfUnwinder {
   static bool TablesReady() noexcept {
     internal::CfiReadGuard guard;
     return guard.snapshot() != nullptr && !guard.snapshot()->partial;
+  }
+
+  // Changes when a rebuild (modules loaded or unloaded, or tables built on
+  // demand) publishes its snapshot; 0 before the first. Async-signal-safe.
+  static uint64_t TablesGeneration() noexcept {
+    internal::CfiReadGuard guard;
+    return guard.snapshot() != nullptr ? guard.snapshot()->generation() : 0;
   }
 
   // Rebuilds the snapshot if modules were loaded or unloaded since the last

@@ -189,9 +189,10 @@ class Profiler final : public internal::ProfilerControl,
   // Record: [meta][values...][leaf stack words...][label words...][frames...];
   // meta = provider | truncated << 8 | has leaf words << 9 |
   //        label count << 10 (6 bits) | depth << 16 (16 bits) |
-  //        sampled while blocked << 32.
+  //        sampled while blocked << 32 | provisional stack << 33.
   static constexpr uint64_t kTruncatedBit = 1u << 8;
   static constexpr uint64_t kBlockedBit = uint64_t{1} << 32;
+  static constexpr uint64_t kProvisionalBit = uint64_t{1} << 33;
   static constexpr uint64_t kLeafWordsBit = 1u << 9;
   static constexpr int kLabelCountShift = 10;
   static constexpr size_t kMaxLabelWords =
@@ -227,6 +228,15 @@ class Profiler final : public internal::ProfilerControl,
     // thread is not known to be blocked.
     std::vector<uint64_t> blocked_stack;
     std::vector<uint64_t> blocked_labels;
+    // blocked_stack came from a provisional walk (UnwindResult::provisional:
+    // frames may be missing), and whether this episode was sampled again
+    // for that reason (once at most: each time costs the thread an EINTR).
+    bool blocked_provisional = false;
+    bool blocked_resampled = false;
+    // The tables when that stack was drained: sampled again once they are
+    // ready and, if they were then, rebuilt since (a module built on demand).
+    bool blocked_tables_ready = false;
+    uint64_t blocked_tables_generation = 0;
     uint32_t aggregate_thread = 0;
     bool has_aggregate_thread = false;
     uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
@@ -382,6 +392,8 @@ class Profiler final : public internal::ProfilerControl,
     for (auto& v : slot->provider_last_labels) v.clear();
     slot->blocked_stack.clear();
     slot->blocked_labels.clear();
+    slot->blocked_provisional = false;
+    slot->blocked_resampled = false;
     slot->handler_exit_clock.store(-1, std::memory_order_relaxed);
     ++slot->generation;
     std::lock_guard<std::mutex> lock(registry_->mutex);
@@ -430,6 +442,8 @@ class Profiler final : public internal::ProfilerControl,
     if constexpr (requires { U::WalksWithoutTables(); }) {
       s.stacks_before_tables = U::WalksWithoutTables() - walks_without_tables_at_construction_;
     }
+    s.blocked_episodes_resampled =
+        wall_episodes_resampled_.load(std::memory_order_relaxed);
     s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
     s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
     return s;
@@ -543,6 +557,7 @@ class Profiler final : public internal::ProfilerControl,
         provider, *slot, std::make_index_sequence<kNumProviders>{});
     record[0] = provider | (unwound.truncated ? kTruncatedBit : 0u) |
                 (sampled_blocked ? kBlockedBit : 0u) |
+                (unwound.provisional ? kProvisionalBit : 0u) |
                 (kLeafWords > 0 ? kLeafWordsBit : 0u) |
                 (static_cast<uint64_t>(nlabels) << kLabelCountShift) |
                 (static_cast<uint64_t>(unwound.depth) << 16);
@@ -719,6 +734,9 @@ class Profiler final : public internal::ProfilerControl,
         // credits the rest of the episode here without signalling again.
         slot->blocked_stack.assign(frames.begin(), frames.end());
         slot->blocked_labels.assign(labels, labels + label_words);
+        slot->blocked_provisional = (record[0] & kProvisionalBit) != 0;
+        slot->blocked_tables_ready = UnwindTablesReady();
+        slot->blocked_tables_generation = UnwindTablesGeneration();
       }
       // The stack's own labels, without the provider's state label.
       slot->last_labels.assign(record + label_at,
@@ -913,14 +931,33 @@ class Profiler final : public internal::ProfilerControl,
         }
         int64_t values[kMaxValuesPerProvider] = {};
         std::span<int64_t> v(values, kValueCounts[I]);
+        // The rest of an episode is credited to the stack of its first
+        // sample, for as long as the thread waits there (a whole run, for a
+        // sleep loop). A stack walked before the tables it needed existed
+        // may miss frames (libc's, at start-up: one such stack got 10% of a
+        // test's wall time, credited to its caller's caller for 4 s): once
+        // the tables are ready, the episode is sampled again, once.
+        bool has_episode_stack = !slot->blocked_stack.empty();
+        const bool resample =
+            has_episode_stack && slot->blocked_provisional &&
+            !slot->blocked_resampled && UnwindTablesReady() &&
+            (!slot->blocked_tables_ready ||
+             UnwindTablesGeneration() != slot->blocked_tables_generation);
+        if (resample) has_episode_stack = false;
         switch (provider.VisitThread(*slot, std::get<I>(slot->data), now,
-                                     !slot->blocked_stack.empty(), v)) {
+                                     has_episode_stack, v)) {
           case TickDecision::kSkip:
             break;
           case TickDecision::kSignalBlocked:
-            // A new blocking episode: its stack comes with this sample.
+            // A new blocking episode (or the same one sampled again): its
+            // stack comes with this sample.
             slot->blocked_stack.clear();
             slot->blocked_labels.clear();
+            slot->blocked_provisional = false;
+            slot->blocked_resampled = resample;
+            if (resample) {
+              wall_episodes_resampled_.fetch_add(1, std::memory_order_relaxed);
+            }
             SendProfilingSignal(*slot, internal::MakeSignalTag(I, session_));
             break;
           case TickDecision::kSignal:
@@ -932,6 +969,23 @@ class Profiler final : public internal::ProfilerControl,
         }
       }
       cursor = (cursor + visits) % n;
+    }
+  }
+
+  // Whether the unwinder's tables are complete (always, for unwinders
+  // without tables).
+  static bool UnwindTablesReady() {
+    if constexpr (requires { U::TablesReady(); }) {
+      return U::TablesReady();
+    } else {
+      return true;
+    }
+  }
+  static uint64_t UnwindTablesGeneration() {
+    if constexpr (requires { U::TablesGeneration(); }) {
+      return U::TablesGeneration();
+    } else {
+      return 0;
     }
   }
 
@@ -1150,6 +1204,7 @@ class Profiler final : public internal::ProfilerControl,
       internal::LabelTable::Global().Intern(WallTimeProvider::kBlocked);
   std::array<size_t, kNumProviders> tick_cursor_{};  // registry lock
   uint64_t wall_blocked_credits_ = 0;                // registry lock
+  std::atomic<uint64_t> wall_episodes_resampled_{0};
   struct Ticker {
     std::mutex mutex;
     std::condition_variable cv;

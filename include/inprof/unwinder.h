@@ -34,6 +34,11 @@ struct StackBounds {
 struct UnwindResult {
   size_t depth = 0;        // frames written, the interrupted pc included
   bool truncated = false;  // the walk stopped at a bad frame or the limit
+  // The walk went through code whose unwind information was not available
+  // yet (DwarfUnwinder: a module whose table is still to be built) by a
+  // frame-pointer step there, which skips the frames of code built without
+  // frame pointers: the stack may miss frames.
+  bool provisional = false;
 };
 
 // Requirements of an Unwinder U:

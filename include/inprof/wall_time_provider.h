@@ -17,7 +17,9 @@
 //     episode signals it once, to learn where it blocks (that sample is
 //     labelled "blocked"); later visits of the same episode credit that
 //     stack without a signal, because a signal interrupts epoll_wait, poll or
-//     nanosleep with EINTR even under SA_RESTART. The episode goes on while
+//     nanosleep with EINTR even under SA_RESTART (the profiler samples an
+//     episode once more when that first stack was walked before the unwind
+//     tables it needed existed: UnwindResult::provisional). The episode goes on while
 //     the thread waits in the same place: the same system call from the
 //     same stack pointer and pc (/proc/self/task/TID/syscall), or, where
 //     that cannot be read, while its CPU clock has not moved by more than

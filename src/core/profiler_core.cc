@@ -30,6 +30,7 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.samples_dropped -= before.samples_dropped;
   d.stacks_truncated -= before.stacks_truncated;
   d.stacks_before_tables -= before.stacks_before_tables;
+  d.blocked_episodes_resampled -= before.blocked_episodes_resampled;
   return d;
 }
 
@@ -330,7 +331,9 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
   data.comments.push_back(absl::StrCat(
       "stacks truncated=", window_stats.stacks_truncated,
       " walked by frame pointers through a module without its CFI table yet=",
-      window_stats.stacks_before_tables));
+      window_stats.stacks_before_tables,
+      "; blocked episodes sampled again once the tables were ready=",
+      window_stats.blocked_episodes_resampled));
 }
 
 absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,

@@ -574,6 +574,7 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
           looked_up < hint->hi) {
         hint->table->MarkWanted();
         pending_met.met = true;
+        result.provisional = true;
       }
       // No usable CFI: one frame-pointer step, as FramePointerUnwinder
       // would take it, if rbp looks like a frame record above sp.

@@ -57,6 +57,9 @@ struct ProfilerStats {
   // Walks before the unwinder's tables were ready (built on the collector
   // thread after Start): frame pointers only, so maybe incomplete.
   uint64_t stacks_before_tables = 0;
+  // Blocking episodes whose first wall sample was such a walk, sampled
+  // again once the tables were ready (one more signal to that thread).
+  uint64_t blocked_episodes_resampled = 0;
   uint64_t threads_registered = 0; // registrations since construction
   uint64_t profiles_written = 0;
 };
