@@ -601,41 +601,30 @@ class SymbolTable {
 
 // The functions (DW_TAG_subprogram) and inlined instances
 // (DW_TAG_inlined_subroutine) of one compilation unit that have code, with
-// their address ranges and nesting, read in one walk of the CU's DIE tree.
-// dwarf_getscopes() walks the tree on every call, which costs milliseconds
-// per address in the CUs of template-heavy C++ (measured with
-// bench/symbolizer_benchmark: 3-4 ms per address before this index).
+// their address ranges and nesting. dwarf_getscopes() walks the tree on
+// every call, which costs milliseconds per address in the CUs of
+// template-heavy C++ (measured with bench/symbolizer_benchmark: 3-4 ms per
+// address before this index). The index is built in two steps: the CU's
+// functions (one walk of the CU's top levels, not of their bodies), then a
+// function's inside (its inlined instances and blocks) the first time an
+// address falls in it: an export that names a few addresses in a large CU
+// reads the few functions it needs (the last export of a short run spent
+// 4 ms reading every function body of one CU).
 class CuScopes {
  public:
   explicit CuScopes(Dwarf_Die* cu) {
-    Collect(cu, -1, 0);
-    std::sort(ranges_.begin(), ranges_.end(),
-              [](const Range& a, const Range& b) {
-                return a.low != b.low ? a.low < b.low : a.node < b.node;
-              });
+    Collect(cu, -1, 0, &ranges_, /*expand=*/false);
+    SortRanges(&ranges_);
   }
 
   // Appends the chain at DWARF address `pc`: inlined instances innermost
   // first, then the enclosing function. Empty when no function covers pc.
-  void Chain(uint64_t pc, std::vector<Dwarf_Die>* chain) const {
-    // Ranges nest (a scope's code lies inside its parent's), so the
-    // innermost scope covering pc is the last range starting at or before pc
-    // or one of that range's ancestors.
-    auto it = std::upper_bound(
-        ranges_.begin(), ranges_.end(), pc,
-        [](uint64_t a, const Range& r) { return a < r.low; });
-    int node = -1;
-    // A few ranges back, in case a sibling's range begins inside a scope
-    // split into several ranges.
-    for (int tries = 0; tries < 8 && it != ranges_.begin() && node < 0;
-         ++tries) {
-      --it;
-      for (int n = it->node; n >= 0; n = nodes_[n].parent) {
-        if (Covers(n, pc)) {
-          node = n;
-          break;
-        }
-      }
+  void Chain(uint64_t pc, std::vector<Dwarf_Die>* chain) {
+    int node = Innermost(ranges_, pc);
+    if (node >= 0 && !nodes_[node].inlined) {
+      if (!nodes_[node].expanded) Expand(node);
+      const int inner = Innermost(inner_[nodes_[node].inner], pc);
+      if (inner >= 0) node = inner;
     }
     for (int n = node; n >= 0; n = nodes_[n].parent) {
       chain->push_back(nodes_[n].die);
@@ -648,6 +637,8 @@ class CuScopes {
     Dwarf_Die die;
     int parent;        // index into nodes_; -1: none
     bool inlined;      // DW_TAG_inlined_subroutine, else a subprogram
+    bool expanded;     // its inside is indexed (in inner_[inner])
+    size_t inner;
     size_t first_range;  // [first_range, end_range) in node_ranges_
     size_t end_range;
   };
@@ -661,6 +652,13 @@ class CuScopes {
   // does.
   static constexpr int kMaxDepth = 256;
 
+  static void SortRanges(std::vector<Range>* ranges) {
+    std::sort(ranges->begin(), ranges->end(),
+              [](const Range& a, const Range& b) {
+                return a.low != b.low ? a.low < b.low : a.node < b.node;
+              });
+  }
+
   bool Covers(int node, uint64_t pc) const {
     for (size_t i = nodes_[node].first_range; i < nodes_[node].end_range;
          ++i) {
@@ -669,7 +667,39 @@ class CuScopes {
     return false;
   }
 
-  void Collect(Dwarf_Die* parent_die, int parent, int depth) {
+  // The innermost node of `ranges` (sorted) covering pc, or -1. Ranges nest
+  // (a scope's code lies inside its parent's), so it is the last range
+  // starting at or before pc or one of that range's ancestors.
+  int Innermost(const std::vector<Range>& ranges, uint64_t pc) const {
+    auto it = std::upper_bound(
+        ranges.begin(), ranges.end(), pc,
+        [](uint64_t a, const Range& r) { return a < r.low; });
+    // A few ranges back, in case a sibling's range begins inside a scope
+    // split into several ranges.
+    for (int tries = 0; tries < 8 && it != ranges.begin(); ++tries) {
+      --it;
+      for (int n = it->node; n >= 0; n = nodes_[n].parent) {
+        if (Covers(n, pc)) return n;
+      }
+    }
+    return -1;
+  }
+
+  // Indexes the inside of function `node`.
+  void Expand(int node) {
+    std::vector<Range> inner;
+    Dwarf_Die die = nodes_[node].die;  // nodes_ grows below
+    Collect(&die, node, 1, &inner, /*expand=*/true);
+    SortRanges(&inner);
+    nodes_[node].expanded = true;
+    nodes_[node].inner = inner_.size();
+    inner_.push_back(std::move(inner));
+  }
+
+  // Adds the scopes under `parent_die` to nodes_ and their ranges to
+  // *ranges; without `expand`, a function's inside is left for Expand().
+  void Collect(Dwarf_Die* parent_die, int parent, int depth,
+               std::vector<Range>* ranges, bool expand) {
     if (depth > kMaxDepth) return;
     Dwarf_Die child;
     if (dwarf_child(parent_die, &child) != 0) return;
@@ -694,9 +724,10 @@ class CuScopes {
           if (node_ranges_.size() == first) continue;
           node = static_cast<int>(nodes_.size());
           nodes_.push_back({child, parent, tag == DW_TAG_inlined_subroutine,
-                            first, node_ranges_.size()});
-          ranges_.insert(ranges_.end(), node_ranges_.begin() + first,
+                            expand, 0, first, node_ranges_.size()});
+          ranges->insert(ranges->end(), node_ranges_.begin() + first,
                          node_ranges_.end());
+          if (!expand) continue;  // its inside: on first use
           break;
         }
         case DW_TAG_lexical_block:
@@ -711,13 +742,14 @@ class CuScopes {
         default:
           continue;  // types, variables, parameters: no code inside
       }
-      Collect(&child, node, depth + 1);
+      Collect(&child, node, depth + 1, ranges, expand);
     } while (dwarf_siblingof(&child, &child) == 0);
   }
 
   std::vector<Node> nodes_;
   std::vector<Range> node_ranges_;  // grouped by node
-  std::vector<Range> ranges_;       // all of them, sorted by low
+  std::vector<Range> ranges_;       // the CU's functions', sorted by low
+  std::vector<std::vector<Range>> inner_;  // an expanded function's inside
 };
 
 // Callbacks for sessions whose debug-info path is `*debuginfo_path` (null:
@@ -918,7 +950,7 @@ class ElfSymbols {
   bool use_debug_info_ = true;
 
   // The scope index of `cu`, built on first use.
-  const CuScopes& ScopesOf(Dwarf_Die* cu) {
+  CuScopes& ScopesOf(Dwarf_Die* cu) {
     std::unique_ptr<CuScopes>& slot = cu_scopes_[dwarf_dieoffset(cu)];
     if (slot == nullptr) slot = std::make_unique<CuScopes>(cu);
     return *slot;
