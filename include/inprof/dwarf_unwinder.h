@@ -95,9 +95,6 @@ class DwarfUnwinder {
     if (guard.snapshot() == nullptr) {  // the walk counts pending modules
       internal::g_cfi_state.walks_without_tables.fetch_add(
           1, std::memory_order_relaxed);
-      UnwindResult result = internal::CfiWalk(nullptr, regs, bounds, out);
-      result.provisional = true;  // frame pointers only
-      return result;
     }
     return internal::CfiWalk(guard.snapshot(), regs, bounds, out);
   }

@@ -679,34 +679,28 @@ struct FrameState {
 // libdw refuses register numbers from here on (enough_registers).
 constexpr uint64_t kMaxDwarfRegister = INT32_MAX / 8;
 
-// LEB128 within [*p, end); values that need a tenth byte are refused
-// (real CFI never has them; libdw's reading of them differs).
-bool Uleb(const uint8_t** p, const uint8_t* end, uint64_t* out) {
+// LEB128 within [*p, end), sign-extended if `is_signed`; values that need
+// a tenth byte are refused (real CFI never has them; libdw's reading of
+// them differs, and ReadEncoded, for the FDE headers, accepts them).
+bool Leb(const uint8_t** p, const uint8_t* end, bool is_signed, uint64_t* out) {
   uint64_t v = 0;
   for (int shift = 0; shift < 63; shift += 7) {
     if (*p == end) return false;
     const uint8_t byte = *(*p)++;
     v |= uint64_t{byte & 0x7fu} << shift;
     if ((byte & 0x80) == 0) {
+      if (is_signed && (byte & 0x40) != 0) v |= ~uint64_t{0} << (shift + 7);
       *out = v;
       return true;
     }
   }
   return false;
 }
+bool Uleb(const uint8_t** p, const uint8_t* end, uint64_t* out) {
+  return Leb(p, end, false, out);
+}
 bool Sleb(const uint8_t** p, const uint8_t* end, uint64_t* out) {
-  uint64_t v = 0;
-  for (int shift = 0; shift < 63; shift += 7) {
-    if (*p == end) return false;
-    const uint8_t byte = *(*p)++;
-    v |= uint64_t{byte & 0x7fu} << shift;
-    if ((byte & 0x80) == 0) {
-      if ((byte & 0x40) != 0) v |= ~uint64_t{0} << (shift + 7);
-      *out = v;
-      return true;
-    }
-  }
-  return false;
+  return Leb(p, end, true, out);
 }
 
 // Runs the program [p, end) on *fs. For a CIE's initial instructions
@@ -799,20 +793,17 @@ bool Execute(const uint8_t* p, const uint8_t* end, const CieInfo& cie,
             continue;
           case DW_CFA_offset_extended:
           case DW_CFA_val_offset:
-            if (!Uleb(&p, end, &reg) || !Uleb(&p, end, &value) ||
-                !set(reg, op == DW_CFA_val_offset ? RegRule::kValOffset : RegRule::kOffset,
-                     value * daf)) {
-              return false;
-            }
-            continue;
           case DW_CFA_offset_extended_sf:
-          case DW_CFA_val_offset_sf:
-            if (!Uleb(&p, end, &reg) || !Sleb(&p, end, &value) ||
-                !set(reg, op == DW_CFA_val_offset_sf ? RegRule::kValOffset : RegRule::kOffset,
-                     value * daf)) {
+          case DW_CFA_val_offset_sf: {
+            // Factored offsets: unsigned, or signed in the _sf forms.
+            const bool sf = op == DW_CFA_offset_extended_sf || op == DW_CFA_val_offset_sf;
+            const bool val = op == DW_CFA_val_offset || op == DW_CFA_val_offset_sf;
+            if (!Uleb(&p, end, &reg) || !Leb(&p, end, sf, &value) ||
+                !set(reg, val ? RegRule::kValOffset : RegRule::kOffset, value * daf)) {
               return false;
             }
             continue;
+          }
           case DW_CFA_GNU_negative_offset_extended:
             if (!Uleb(&p, end, &reg) || !Uleb(&p, end, &value) ||
                 !set(reg, RegRule::kOffset, (0 - value) * daf)) {

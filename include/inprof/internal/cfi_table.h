@@ -537,6 +537,7 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
   UnwindResult result;
   if (out.empty()) return result;
   out[result.depth++] = regs.pc;
+  result.provisional = snapshot == nullptr;  // frame pointers only
   if constexpr (!kCfiWalkSupported) {
     result.truncated = true;
     return result;
