@@ -13,7 +13,8 @@
 #   options_fuzzer        INPROF_* environment (Options::FromLookup)
 #   pprof_reader_fuzzer   pprof files, gzip or raw (DecodePprof)
 #   pprof_writer_fuzzer   the pprof encoder, round trip through the reader
-#   symbolizer_fuzzer     ELF/DWARF files (Symbolizer::SymbolizeFile)
+#   symbolizer_fuzzer     ELF/DWARF files (Symbolizer::SymbolizeFile), and the
+#                         same bytes as a line program (internal::LineTable)
 #   cfi_table_fuzzer      ELF call-frame information (BuildCfiTableFromFile)
 #   debug_endpoint_fuzzer the live endpoint's requests and INPROF_HTTP_ADDR
 # Each is linked with only the sources it needs (compiled with coverage
@@ -41,8 +42,8 @@ libs="$(pkg-config --libs $absl zlib libdw) -lpthread -ldl"
 declare -A sources=(
   [options_fuzzer]="src/core/options.cc src/core/log.cc src/serve/debug_endpoint.cc"
   [pprof_reader_fuzzer]="src/export/pprof_reader.cc"
-  [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/core/log.cc"
-  [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/core/log.cc"
+  [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/symbolize/line_table.cc src/core/log.cc"
+  [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/symbolize/line_table.cc src/core/log.cc"
   [cfi_table_fuzzer]="src/unwind/cfi_table_libdw.cc src/core/log.cc"
   [debug_endpoint_fuzzer]="src/serve/debug_endpoint.cc"
 )

@@ -8,17 +8,43 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "inprof/internal/line_table.h"
 #include "inprof/symbolizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // The input as a .debug_line section too (the symbolizer's own
+  // line-table reader), its first bytes also standing in for the string
+  // sections: an error or a table, never a read outside the spans.
+  {
+    const std::span<const uint8_t> bytes(data, size);
+    inprof::internal::LineSections sections{
+        .debug_line = bytes,
+        .debug_line_str = bytes.first(std::min<size_t>(size, 64)),
+        .debug_str = bytes.first(std::min<size_t>(size, 32))};
+    for (uint8_t address_size : {4, 8}) {
+      auto table = inprof::internal::LineTable::Read(sections, 0, "/src",
+                                                     address_size);
+      if (table.ok()) {
+        const std::string* file = nullptr;
+        int line = 0;
+        for (uint64_t a : {uint64_t{0}, uint64_t{0x1000}, ~uint64_t{0}}) {
+          if (table->Find(a, &file, &line) && file != nullptr) {
+            (void)file->size();
+          }
+        }
+      }
+    }
+  }
   static const int fd = memfd_create("inprof-fuzz-elf", 0);
   if (fd < 0) std::abort();
   if (ftruncate(fd, 0) != 0) std::abort();

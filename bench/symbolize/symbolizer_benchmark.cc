@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -70,6 +72,44 @@ void BM_Symbolizer_Cold(benchmark::State& state) {
       static_cast<double>(state.iterations() * addresses.size());
 }
 BENCHMARK(BM_Symbolizer_Cold)->Unit(benchmark::kMillisecond);
+
+// What the last export of a short run pays: a fresh Symbolizer (system
+// libraries named from their symbol tables, the Profiler's default) and a
+// handful of addresses, as in a profile of a program that did little: one
+// in this program (file:line from its DWARF), a few in libc and libstdc++.
+__attribute__((noinline)) void FewAddressesMarker() { benchmark::ClobberMemory(); }
+
+void BM_Symbolizer_FewAddressesFresh(benchmark::State& state) {
+  std::vector<uint64_t> addresses = {
+      reinterpret_cast<uint64_t>(&FewAddressesMarker) + 1,
+      reinterpret_cast<uint64_t>(&std::getenv) + 4,
+      reinterpret_cast<uint64_t>(&std::qsort) + 4,
+      reinterpret_cast<uint64_t>(&clock_gettime) + 4,
+  };
+  {
+    Symbolizer probe(/*symbolize=*/false);
+    for (const ModuleInfo& m : probe.modules()) {
+      if (absl::StrContains(m.path, "libstdc++")) {
+        addresses.push_back(m.start + (m.limit - m.start) / 3);
+        addresses.push_back(m.start + (m.limit - m.start) / 2);
+      }
+    }
+  }
+  size_t named = 0;
+  for (auto _ : state) {
+    Symbolizer symbolizer;
+    symbolizer.set_system_debug_info(false);
+    for (uint64_t a : addresses) {
+      const SymbolizedAddress& r = symbolizer.Lookup(a, true);
+      named += r.frames.empty() ? 0 : 1;
+      benchmark::DoNotOptimize(&r);
+    }
+  }
+  state.counters["named_fraction"] =
+      static_cast<double>(named) /
+      static_cast<double>(state.iterations() * addresses.size());
+}
+BENCHMARK(BM_Symbolizer_FewAddressesFresh)->Unit(benchmark::kMillisecond);
 
 // The same addresses on a Symbolizer that has seen them: one hash lookup
 // each, as in every export after the first.

@@ -52,6 +52,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "inprof/internal/line_table.h"
 #include "inprof/internal/log.h"
 
 namespace inprof {
@@ -217,7 +218,11 @@ void DieName(Dwarf_Die* die, std::string* function, std::string* system_name) {
 }
 
 // DW_AT_call_file / DW_AT_call_line of an inlined-subroutine DIE.
-void CallSite(Dwarf_Die* inlined, std::string* file, int64_t* line) {
+// `lines`: the unit's line table as our reader read it (its file table is
+// the one DW_AT_call_file indexes), or null to ask libdw, whose
+// dwarf_getsrcfiles decodes the unit's whole line program for it.
+void CallSite(Dwarf_Die* inlined, const internal::LineTable* lines,
+              std::string* file, int64_t* line) {
   file->clear();
   *line = 0;
   Dwarf_Attribute attr;
@@ -229,6 +234,12 @@ void CallSite(Dwarf_Die* inlined, std::string* file, int64_t* line) {
   }
   if (dwarf_attr(inlined, DW_AT_call_file, &attr) == nullptr ||
       dwarf_formudata(&attr, &value) != 0) {
+    return;
+  }
+  if (lines != nullptr) {
+    if (const std::string* name = lines->File(value); name != nullptr) {
+      *file = *name;
+    }
     return;
   }
   Dwarf_Die cu;
@@ -873,30 +884,39 @@ class ElfSymbols {
       }
     }
 
-    // Innermost file:line from the line table.
+    Dwarf_Addr cu_bias = 0;
+    Dwarf_Die* const cu =
+        use_debug_info_ ? dwfl_module_addrdie(mod_, addr, &cu_bias) : nullptr;
+
+    const internal::LineTable* const lines =
+        cu != nullptr ? LinesOf(cu) : nullptr;
+
+    // Innermost file:line from the unit's line table.
     std::string line_file;
     int64_t line_number = 0;
-    if (Dwfl_Line* line =
-            use_debug_info_ ? dwfl_module_getsrc(mod_, addr) : nullptr;
-        line != nullptr) {
-      int lineno = 0;
-      const char* file =
-          dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
-      if (file != nullptr) line_file = file;
-      line_number = lineno > 0 ? lineno : 0;
+    if (cu != nullptr) {
+      if (lines != nullptr) {
+        const std::string* file = nullptr;
+        int lineno = 0;
+        if (lines->Find(addr - cu_bias, &file, &lineno)) {
+          if (file != nullptr) line_file = *file;
+          line_number = lineno > 0 ? lineno : 0;
+        }
+      } else if (Dwfl_Line* line = dwfl_module_getsrc(mod_, addr);
+                 line != nullptr) {
+        int lineno = 0;
+        const char* file =
+            dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
+        if (file != nullptr) line_file = file;
+        line_number = lineno > 0 ? lineno : 0;
+      }
     }
 
     // Chain of inlined subroutines and the enclosing subprogram, innermost
     // first, from the CU's scope index.
     std::vector<Dwarf_Die> chain;
-    bool have_dwarf = false;
-    Dwarf_Addr cu_bias = 0;
-    if (Dwarf_Die* cu =
-            use_debug_info_ ? dwfl_module_addrdie(mod_, addr, &cu_bias) : nullptr;
-        cu != nullptr) {
-      have_dwarf = true;
-      ScopesOf(cu).Chain(addr - cu_bias, &chain);
-    }
+    const bool have_dwarf = cu != nullptr;
+    if (cu != nullptr) ScopesOf(cu).Chain(addr - cu_bias, &chain);
 
     if (chain.empty()) {
       if (!sym_function.empty() || !line_file.empty()) {
@@ -922,7 +942,7 @@ class ElfSymbols {
         frame.line = line;
         frames.push_back(std::move(frame));
         if (dwarf_tag(&chain[i]) == DW_TAG_inlined_subroutine) {
-          CallSite(&chain[i], &file, &line);
+          CallSite(&chain[i], lines, &file, &line);
         }
       }
       // No enclosing subprogram DIE (unusual DWARF): the symbol is the caller.
@@ -956,9 +976,25 @@ class ElfSymbols {
     return *slot;
   }
 
+  // The line table of `cu`, read on first use by our own reader; null
+  // where that reader declined the unit (libdw's dwfl_module_getsrc then
+  // answers).
+  const internal::LineTable* LinesOf(Dwarf_Die* cu) {
+    auto [it, inserted] = line_tables_.try_emplace(dwarf_dieoffset(cu));
+    if (inserted) {
+      absl::StatusOr<internal::LineTable> table = internal::LineTable::ReadUnit(cu);
+      if (table.ok()) {
+        it->second = std::make_unique<internal::LineTable>(*std::move(table));
+      }
+    }
+    return it->second.get();
+  }
+
   Dwfl* dwfl_;
   Dwfl_Module* mod_ = nullptr;
   std::unique_ptr<SymbolTable> symbols_;  // built on first use
+  absl::flat_hash_map<Dwarf_Off, std::unique_ptr<internal::LineTable>>
+      line_tables_;
   // By CU DIE offset. Dwarf_Dies stay valid while dwfl_ lives.
   absl::flat_hash_map<Dwarf_Off, std::unique_ptr<CuScopes>> cu_scopes_;
 };
