@@ -345,12 +345,17 @@ TEST(DebugCaptureTest, CaptureHoldsAContiguousRangeAndExportsStayWhole) {
     std::lock_guard<std::mutex> lock(core.mutex());
     thread = core.aggregator().AddThread(1, "producer");
   }
+  // The collector, the exporter and the capture's end all drain, as they do
+  // in the profiler; like its DrainRings (registry lock held while adding),
+  // a batch is taken and added under one lock, so batches reach the
+  // aggregator in the order they were produced. (Taken under one lock and
+  // added under another, a later batch could overtake an earlier one
+  // around the mirror's switch: under TSan, 2 runs of 30 captured a range
+  // with a hole; 0 of 40 since.)
   auto drain = [&] {
+    std::lock_guard<std::mutex> staging_lock(staging_mutex);
     std::vector<int64_t> batch;
-    {
-      std::lock_guard<std::mutex> lock(staging_mutex);
-      batch.swap(staging);
-    }
+    batch.swap(staging);
     std::lock_guard<std::mutex> lock(core.mutex());
     for (int64_t i : batch) {
       const uint64_t frame = 0x1000 + 16 * static_cast<uint64_t>(i % 97);
