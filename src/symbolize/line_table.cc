@@ -31,6 +31,15 @@ struct Cursor {
 
   size_t left() const { return static_cast<size_t>(end - p); }
 
+  // A NUL-terminated string in place, the cursor moved past its NUL.
+  bool CString(const char** out) {
+    const void* nul = std::memchr(p, '\0', left());
+    if (nul == nullptr) return false;
+    *out = reinterpret_cast<const char*>(p);
+    p = static_cast<const uint8_t*>(nul) + 1;
+    return true;
+  }
+
   bool Fixed(size_t n, uint64_t* out) {
     if (left() < n) return false;
     uint64_t v = 0;
@@ -94,13 +103,9 @@ absl::Status ReadField(Cursor& c, uint64_t form, unsigned offset_size,
                        const LineSections& sections, FieldValue* value) {
   uint64_t v = 0;
   switch (form) {
-    case DW_FORM_string: {
-      const void* nul = std::memchr(c.p, '\0', c.left());
-      if (nul == nullptr) return Invalid("unterminated string");
-      value->string = reinterpret_cast<const char*>(c.p);
-      c.p = static_cast<const uint8_t*>(nul) + 1;
+    case DW_FORM_string:
+      if (!c.CString(&value->string)) return Invalid("unterminated string");
       return absl::OkStatus();
-    }
     case DW_FORM_line_strp:
     case DW_FORM_strp: {
       if (!c.Fixed(offset_size, &v)) return Invalid("truncated string offset");
@@ -145,6 +150,22 @@ absl::Status ReadField(Cursor& c, uint64_t form, unsigned offset_size,
 std::string JoinPath(const char* dir, const char* name) {
   if (name[0] == '/' || dir == nullptr) return name;
   return absl::StrCat(dir, "/", name);
+}
+
+// A DWARF 2-4 file entry (the header's file table, DW_LNE_define_file):
+// name, directory index, modification time, length. libdw reads the
+// index as 64 bits in the table and as 32 in DW_LNE_define_file.
+absl::Status ReadFileEntry(Cursor& c, const std::vector<const char*>& dirs,
+                           bool index_as_32_bits, std::string* path) {
+  const char* name = nullptr;
+  uint64_t dir = 0, mtime = 0, length = 0;
+  if (!c.CString(&name)) return Invalid("unterminated file name");
+  if (!c.Uleb(&dir)) return Invalid("truncated file entry");
+  if (index_as_32_bits) dir = static_cast<uint32_t>(dir);
+  if (dir >= dirs.size()) return Invalid("directory index out of range");
+  if (!c.Uleb(&mtime) || !c.Uleb(&length)) return Invalid("truncated file entry");
+  *path = JoinPath(dirs[dir], name);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -222,23 +243,17 @@ absl::StatusOr<LineTable> LineTable::Read(const LineSections& sections,
         ++c.p;
         break;
       }
-      const void* nul = std::memchr(c.p, '\0', c.left());
-      if (nul == nullptr) return Invalid("unterminated directory");
-      dirs.push_back(reinterpret_cast<const char*>(c.p));
-      c.p = static_cast<const uint8_t*>(nul) + 1;
+      const char* dir = nullptr;
+      if (!c.CString(&dir)) return Invalid("unterminated directory");
+      dirs.push_back(dir);
     }
     table.files_.push_back("???");
     if (c.p >= c.end) return Invalid("truncated file table");
     while (c.p < c.end && *c.p != '\0') {
-      const void* nul = std::memchr(c.p, '\0', c.left());
-      if (nul == nullptr) return Invalid("unterminated file name");
-      const char* name = reinterpret_cast<const char*>(c.p);
-      c.p = static_cast<const uint8_t*>(nul) + 1;
-      uint64_t dir = 0, mtime = 0, length = 0;
-      if (!c.Uleb(&dir)) return Invalid("truncated file table");
-      if (dir >= dirs.size()) return Invalid("directory index out of range");
-      if (!c.Uleb(&mtime) || !c.Uleb(&length)) return Invalid("truncated file table");
-      table.files_.push_back(JoinPath(dirs[dir], name));
+      std::string path;
+      absl::Status s = ReadFileEntry(c, dirs, /*index_as_32_bits=*/false, &path);
+      if (!s.ok()) return s;
+      table.files_.push_back(std::move(path));
     }
     if (c.p >= c.end || *c.p != '\0') return Invalid("unterminated file table");
     ++c.p;
@@ -364,17 +379,10 @@ absl::StatusOr<LineTable> LineTable::Read(const LineSections& sections,
           if (!c.Fixed(address_size, &state.address)) return Invalid("truncated address");
           break;
         case DW_LNE_define_file: {
-          const void* nul = std::memchr(c.p, '\0', c.left());
-          if (nul == nullptr) return Invalid("unterminated file name");
-          const char* name = reinterpret_cast<const char*>(c.p);
-          c.p = static_cast<const uint8_t*>(nul) + 1;
-          uint64_t dir = 0, mtime = 0, length = 0;
-          if (!c.Uleb(&dir)) return Invalid("truncated define_file");
-          if (static_cast<uint32_t>(dir) >= dirs.size()) {
-            return Invalid("directory index out of range");
-          }
-          if (!c.Uleb(&mtime) || !c.Uleb(&length)) return Invalid("truncated define_file");
-          table.files_.push_back(JoinPath(dirs[static_cast<uint32_t>(dir)], name));
+          std::string path;
+          absl::Status s = ReadFileEntry(c, dirs, /*index_as_32_bits=*/true, &path);
+          if (!s.ok()) return s;
+          table.files_.push_back(std::move(path));
           break;
         }
         case DW_LNE_set_discriminator:
@@ -535,12 +543,6 @@ bool LineTable::Find(uint64_t address, const std::string** file,
   *line = row.line;
   *file = row.file < files_.size() ? &files_[row.file] : nullptr;
   return true;
-}
-
-size_t LineTable::bytes() const {
-  size_t n = rows_.capacity() * sizeof(Row) + files_.capacity() * sizeof(std::string);
-  for (const std::string& f : files_) n += f.capacity();
-  return n;
 }
 
 namespace {

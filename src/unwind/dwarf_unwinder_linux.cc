@@ -240,7 +240,8 @@ void ReclaimLocked(State& s) {
 // C program under `inprof run` loads them only for inprof's own sake, and
 // a program whose samples never pass through them (start_stop_cost) paid
 // 6 ms and 270 KB for libstdc++'s table; where a walk meets them (a
-// std::thread's first frame), the collector's next pass builds them.
+// std::thread's first frame), the collector builds them: right after the
+// pass during which they were met (RefreshLocked), else at its next pass.
 int Rank(const LoadedModule& m) {
   if (m.open_path == "/proc/self/exe") return 0;
   if (!m.image.empty()) return 1;  // the vDSO: clock_gettime, gettimeofday
