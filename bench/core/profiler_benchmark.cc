@@ -266,6 +266,49 @@ BENCHMARK(BM_Profiler_ContextSwitch)
     ->MeasureProcessCPUTime()
     ->UseRealTime();
 
+// A short-lived thread's registration: process CPU to start a thread, have
+// it register and unregister, and join it, against the same thread without
+// a profiler (arg 0). The running profiler samples CPU (default engine) and
+// wall time at the defaults; its slots are pooled, so after the first
+// iteration every thread reuses one, and glibc reuses the thread stacks, so
+// what a brand-new thread's first page faults cost is not in it
+// (bench/overhead's idle-1000 has 1000 new threads).
+void BM_Profiler_ThreadRegistration(benchmark::State& state) {
+  const bool profiled = state.range(0) != 0;
+  Options options;
+  options.enabled = profiled;
+  options.output =
+      absl::StrCat("/tmp/inprof_profiler_benchmark.", getpid(), ".pb.gz");
+  options.symbolize = false;
+  DefaultProfiler profiler(options);
+  if (profiled) {
+    if (absl::Status s = profiler.Start(); !s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      return;
+    }
+  }
+  uint64_t inactive = 0;
+  for (auto _ : state) {
+    std::thread thread([&] {
+      ThreadRegistration registration = profiler.RegisterThread("short");
+      if (profiled && !registration.active()) ++inactive;
+    });
+    thread.join();
+  }
+  if (profiled) {
+    (void)profiler.Stop();
+    unlink(options.output.c_str());
+    if (inactive > 0) state.SkipWithError("a thread did not register");
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+BENCHMARK(BM_Profiler_ThreadRegistration)
+    ->ArgName("profiled")
+    ->Arg(0)
+    ->Arg(1)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime();
+
 }  // namespace
 }  // namespace inprof
 
