@@ -193,6 +193,34 @@ void BM_Profiler_WholeSampleLargeRing(benchmark::State& state) {
 }
 BENCHMARK(BM_Profiler_WholeSampleLargeRing)->Arg(8)->Arg(32)->Arg(128);
 
+// The profiler of the benchmarks below, and off when `enabled` is false:
+// defaults but no symbolization, its profile removed by StopAndRemove().
+Options BenchmarkOptions(bool enabled) {
+  Options options;
+  options.enabled = enabled;
+  options.output =
+      absl::StrCat("/tmp/inprof_profiler_benchmark.", getpid(), ".pb.gz");
+  options.symbolize = false;
+  return options;
+}
+
+// Starts an enabled profiler; false, with the benchmark skipped, when it
+// cannot start.
+bool StartOrSkip(DefaultProfiler& profiler, benchmark::State& state) {
+  if (!profiler.options().enabled) return true;
+  if (absl::Status s = profiler.Start(); !s.ok()) {
+    state.SkipWithError(std::string(s.message()).c_str());
+    return false;
+  }
+  return true;
+}
+
+void StopAndRemove(DefaultProfiler& profiler) {
+  if (!profiler.options().enabled) return;
+  (void)profiler.Stop();
+  unlink(profiler.options().output.c_str());
+}
+
 // What a profiled thread pays each time it blocks and wakes, apart from
 // samples: two registered threads pass a byte back and forth over two pipes,
 // so each round trip is two wake-ups and four context switches. Process CPU
@@ -207,20 +235,11 @@ BENCHMARK(BM_Profiler_WholeSampleLargeRing)->Arg(8)->Arg(32)->Arg(128);
 // cost disappears); a POSIX CPU timer is only looked at on scheduler ticks.
 void BM_Profiler_ContextSwitch(benchmark::State& state) {
   const int engine = static_cast<int>(state.range(0));  // -1: no profiler
-  Options options;
-  options.enabled = engine >= 0;
-  options.output =
-      absl::StrCat("/tmp/inprof_profiler_benchmark.", getpid(), ".pb.gz");
+  Options options = BenchmarkOptions(engine >= 0);
   options.wall_period = absl::ZeroDuration();
-  options.symbolize = false;
   if (engine >= 0) options.cpu_engine = static_cast<CpuEngine>(engine);
   DefaultProfiler profiler(options);
-  if (options.enabled) {
-    if (absl::Status s = profiler.Start(); !s.ok()) {
-      state.SkipWithError(std::string(s.message()).c_str());
-      return;
-    }
-  }
+  if (!StartOrSkip(profiler, state)) return;
   int there[2], back[2];
   if (pipe(there) != 0 || pipe(back) != 0) {
     state.SkipWithError("pipe failed");
@@ -247,14 +266,11 @@ void BM_Profiler_ContextSwitch(benchmark::State& state) {
   (void)!write(there[1], &c, 1);
   partner.join();
   for (int fd : {there[0], there[1], back[0], back[1]}) close(fd);
-  if (options.enabled) {
-    if (!partner_registered.load() || !registration.active()) {
-      state.SkipWithError("a thread did not register");
-    }
-    registration.Reset();
-    (void)profiler.Stop();
-    unlink(options.output.c_str());
+  if (options.enabled && (!partner_registered.load() || !registration.active())) {
+    state.SkipWithError("a thread did not register");
   }
+  registration.Reset();
+  StopAndRemove(profiler);
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
 }
 BENCHMARK(BM_Profiler_ContextSwitch)
@@ -275,18 +291,8 @@ BENCHMARK(BM_Profiler_ContextSwitch)
 // (bench/overhead's idle-1000 has 1000 new threads).
 void BM_Profiler_ThreadRegistration(benchmark::State& state) {
   const bool profiled = state.range(0) != 0;
-  Options options;
-  options.enabled = profiled;
-  options.output =
-      absl::StrCat("/tmp/inprof_profiler_benchmark.", getpid(), ".pb.gz");
-  options.symbolize = false;
-  DefaultProfiler profiler(options);
-  if (profiled) {
-    if (absl::Status s = profiler.Start(); !s.ok()) {
-      state.SkipWithError(std::string(s.message()).c_str());
-      return;
-    }
-  }
+  DefaultProfiler profiler(BenchmarkOptions(profiled));
+  if (!StartOrSkip(profiler, state)) return;
   uint64_t inactive = 0;
   for (auto _ : state) {
     std::thread thread([&] {
@@ -295,11 +301,8 @@ void BM_Profiler_ThreadRegistration(benchmark::State& state) {
     });
     thread.join();
   }
-  if (profiled) {
-    (void)profiler.Stop();
-    unlink(options.output.c_str());
-    if (inactive > 0) state.SkipWithError("a thread did not register");
-  }
+  StopAndRemove(profiler);
+  if (inactive > 0) state.SkipWithError("a thread did not register");
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
 }
 BENCHMARK(BM_Profiler_ThreadRegistration)
