@@ -14,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <random>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -310,6 +311,51 @@ void BM_DwarfUnwinder_BuildTable_Libstdcxx(benchmark::State& state) {
 BENCHMARK(BM_DwarfUnwinder_BuildTable_Program)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DwarfUnwinder_BuildTable_Libc)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_DwarfUnwinder_BuildTable_Libstdcxx)->Unit(benchmark::kMillisecond);
+
+// One lookup in a module without its table: .eh_frame_hdr's binary search
+// and the FDE's program run up to the pc (what a walk pays on a cache miss
+// of a pending table, CfiModuleTable::PendingFromFile), against the built
+// table's uncached search. Pcs: every row start of the built table, in a
+// shuffled order (each lookup a miss).
+template <bool kDirect>
+void LookupWithoutTable(benchmark::State& state, const std::string& needle) {
+  const ModuleFile m = FindModule(needle);
+  auto built = internal::BuildCfiTableFromFile(m.path, m.text_lo, m.text_hi);
+  auto direct = internal::CfiModuleTable::PendingFromFile(m.text_lo, m.text_hi, m.path,
+                                                          m.path, "");
+  if (!built.ok() || !direct->direct()) {
+    state.SkipWithError("no table or no .eh_frame_hdr");
+    return;
+  }
+  std::vector<uint64_t> pcs;
+  for (const internal::CfiRow& row : (*built)->Rows()) pcs.push_back(row.pc);
+  std::mt19937_64 rng(1);
+  std::shuffle(pcs.begin(), pcs.end(), rng);
+  size_t i = 0;
+  uint64_t sum = 0;
+  for (auto _ : state) {
+    const uint64_t pc = pcs[i++ % pcs.size()];
+    sum += kDirect ? direct->FindWordDirect(pc) : (*built)->FindWordUncached(pc);
+  }
+  benchmark::DoNotOptimize(sum);
+  state.counters["pcs"] = static_cast<double>(pcs.size());
+}
+void BM_DwarfUnwinder_LookupFromEhFrame_Libc(benchmark::State& state) {
+  LookupWithoutTable<true>(state, "libc.so");
+}
+void BM_DwarfUnwinder_LookupInTable_Libc(benchmark::State& state) {
+  LookupWithoutTable<false>(state, "libc.so");
+}
+void BM_DwarfUnwinder_LookupFromEhFrame_Program(benchmark::State& state) {
+  LookupWithoutTable<true>(state, "");
+}
+void BM_DwarfUnwinder_LookupInTable_Program(benchmark::State& state) {
+  LookupWithoutTable<false>(state, "");
+}
+BENCHMARK(BM_DwarfUnwinder_LookupFromEhFrame_Libc);
+BENCHMARK(BM_DwarfUnwinder_LookupInTable_Libc);
+BENCHMARK(BM_DwarfUnwinder_LookupFromEhFrame_Program);
+BENCHMARK(BM_DwarfUnwinder_LookupInTable_Program);
 
 }  // namespace
 }  // namespace inprof

@@ -61,6 +61,11 @@ struct DwarfUnwinderStats {
   std::vector<Module> modules;    // in the current snapshot, by address
   size_t modules_without_cfi = 0; // loaded, but no usable table
   size_t modules_pending = 0;     // loaded, table not built yet (on demand)
+  // Of those, the ones walks meanwhile answer from their .eh_frame (see
+  // CfiModuleTable::PendingFromFile), and the frames so answered (cache
+  // misses, since the process started).
+  std::vector<std::string> pending_from_eh_frame;
+  uint64_t eh_frame_lookups = 0;
   size_t rows = 0;                // sums over `modules`
   size_t table_bytes = 0;
   size_t cached_tables = 0;       // built tables kept (current + recently unloaded)

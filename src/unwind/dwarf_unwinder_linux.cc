@@ -122,22 +122,7 @@ void ReadLoaderCounters(unsigned long long* adds, unsigned long long* subs) {
 
 // The GNU build-id in a loaded PT_NOTE segment.
 std::string BuildIdAt(const uint8_t* notes, size_t size) {
-  size_t at = 0;
-  while (at + sizeof(ElfW(Nhdr)) <= size) {
-    ElfW(Nhdr) header;
-    std::memcpy(&header, notes + at, sizeof(header));
-    const size_t name_at = at + sizeof(header);
-    const size_t desc_at = name_at + ((header.n_namesz + 3) & ~size_t{3});
-    const size_t next = desc_at + ((header.n_descsz + 3) & ~size_t{3});
-    if (next > size || next <= at) break;
-    if (header.n_type == NT_GNU_BUILD_ID && header.n_namesz == 4 &&
-        std::memcmp(notes + name_at, "GNU", 4) == 0) {
-      return std::string(reinterpret_cast<const char*>(notes + desc_at),
-                         header.n_descsz);
-    }
-    at = next;
-  }
-  return "";
+  return internal::GnuBuildIdFromNotes(notes, size);
 }
 
 std::string ExecutablePath() {
@@ -235,7 +220,9 @@ void ReclaimLocked(State& s) {
 
 // Where samples are first: the program, a sanitizer's runtime (its
 // interceptors sit between the program and libc), the C runtime and the
-// vDSO: built first, and built at once even on demand. libstdc++ and
+// vDSO: built first, and built at once even on demand unless walks can
+// answer from their .eh_frame meanwhile (CfiModuleTable::PendingFromFile:
+// the files; the vDSO, an image in memory, is built: 0.02 ms). libstdc++ and
 // libgcc_s come next in order but are built on demand like any library: a
 // C program under `inprof run` loads them only for inprof's own sake, and
 // a program whose samples never pass through them (start_stop_cost) paid
@@ -306,8 +293,14 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
     auto p = s.pending.find(key);
     std::shared_ptr<const CfiModuleTable> placeholder =
         p != s.pending.end() ? p->second
-                             : CfiModuleTable::Pending(m.text_lo, m.text_hi, m.path);
-    if (!on_demand || Rank(m) <= kLastEagerRank || placeholder->wanted()) {
+        : m.image.empty()
+            ? CfiModuleTable::PendingFromFile(m.text_lo, m.text_hi, m.path,
+                                              m.open_path, m.build_id)
+            : CfiModuleTable::Pending(m.text_lo, m.text_hi, m.path);
+    // A module answered from its .eh_frame meanwhile is built only when
+    // wanted (a form that needs the table, or many lookups).
+    const bool eager = Rank(m) <= kLastEagerRank && !placeholder->direct();
+    if (!on_demand || eager || placeholder->wanted()) {
       to_build.push_back(i);
     }
     entries.emplace_back(m.bias + m.text_lo, placeholder);
@@ -459,6 +452,11 @@ DwarfUnwinderStats DwarfUnwinder::Stats() {
   }
   stats.modules_without_cfi = s.modules_without_cfi;
   stats.modules_pending = s.pending.size();
+  for (const auto& [key, table] : s.pending) {
+    if (table->direct()) stats.pending_from_eh_frame.push_back(table->path());
+  }
+  stats.eh_frame_lookups =
+      internal::g_cfi_state.direct_lookups.load(std::memory_order_relaxed);
   for (const auto& [key, entry] : s.cache) {
     ++stats.cached_tables;
     stats.cached_bytes += entry.table->MemoryBytes();

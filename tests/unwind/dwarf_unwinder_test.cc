@@ -129,14 +129,21 @@ std::string TestLibPath() { return EnvPath("INPROF_DWARF_UNWINDER_TEST_LIB"); }
 // (after the profiler started, where that matters). Removed at scope exit.
 class LibraryCopy {
  public:
-  explicit LibraryCopy(const std::string& tag) {
+  // `without_eh_frame_hdr`: the copy's .eh_frame_hdr loses its search
+  // table (its encoding set to "omitted", which readers of .eh_frame take
+  // as "scan the FDEs"), so that walks cannot answer from .eh_frame before
+  // its table is built.
+  explicit LibraryCopy(const std::string& tag, bool without_eh_frame_hdr = false) {
     static int counter = 0;
     path_ = absl::StrCat(testing::TestTmpDir(), "/dwarf_unwinder_", tag, "_",
                          getpid(), "_", counter++, ".so");
-    std::ifstream in(TestLibPath(), std::ios::binary);
-    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
-    out << in.rdbuf();
-    ok_ = in.good() && out.good();
+    {
+      std::ifstream in(TestLibPath(), std::ios::binary);
+      std::ofstream out(path_, std::ios::binary | std::ios::trunc);
+      out << in.rdbuf();
+      ok_ = in.good() && out.good();
+    }
+    if (ok_ && without_eh_frame_hdr) ok_ = BreakEhFrameHdr();
   }
   ~LibraryCopy() {
     Close();
@@ -160,6 +167,22 @@ class LibraryCopy {
   const std::string& path() const { return path_; }
 
  private:
+  bool BreakEhFrameHdr() {
+    std::fstream f(path_, std::ios::binary | std::ios::in | std::ios::out);
+    ElfW(Ehdr) ehdr;
+    if (!f.read(reinterpret_cast<char*>(&ehdr), sizeof(ehdr))) return false;
+    for (int i = 0; i < ehdr.e_phnum; ++i) {
+      ElfW(Phdr) ph;
+      f.seekg(static_cast<std::streamoff>(ehdr.e_phoff + i * sizeof(ph)));
+      if (!f.read(reinterpret_cast<char*>(&ph), sizeof(ph))) return false;
+      if (ph.p_type != PT_GNU_EH_FRAME) continue;
+      f.seekp(static_cast<std::streamoff>(ph.p_offset + 3));
+      f.put(static_cast<char>(0xff));  // table encoding: DW_EH_PE_omit
+      return f.good();
+    }
+    return false;
+  }
+
   std::string path_;
   void* handle_ = nullptr;
   bool ok_ = false;
@@ -686,6 +709,111 @@ TEST(CfiTableBuilderTest, OwnInterpreterBuildsLibdwsTableRowForRow) {
               compared, total_own, total_libdw);
 }
 
+// A pending table that answers from the file's .eh_frame (what walks use
+// until a module's table is built) gives the built table's rule at the
+// first and the last byte of every row, over every module this test loads,
+// or no answer where the builder needed libdw (register expressions) or
+// another section: then the walk falls back and asks for the table.
+// (Also libraries with hand-written assembly, when installed, and the
+// test's frameless library.)
+TEST(CfiTableDirectTest, EhFrameLookupsAgreeWithTheBuiltTable) {
+  std::vector<std::string> paths = {"/proc/self/exe"};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        const char* name = info->dlpi_name;
+        if (name != nullptr && name[0] == '/') {
+          static_cast<std::vector<std::string>*>(data)->push_back(name);
+        }
+        return 0;
+      },
+      &paths);
+  for (const char* extra : {"/usr/lib/x86_64-linux-gnu/libcrypto.so.3",
+                            "/usr/lib/x86_64-linux-gnu/libgnutls.so.30",
+                            "/usr/lib/x86_64-linux-gnu/libgmp.so.10"}) {
+    if (access(extra, R_OK) == 0) paths.push_back(extra);
+  }
+  paths.push_back(TestLibPath());
+  size_t compared = 0, agreed = 0, declined = 0;
+  bool saw_libc = false;
+  for (const std::string& path : paths) {
+    const std::optional<TextRange> text = FileTextRange(path);
+    if (!text.has_value()) continue;
+    auto built = internal::BuildCfiTableFromFile(path, text->lo, text->hi);
+    if (!built.ok()) continue;
+    auto direct = internal::CfiModuleTable::PendingFromFile(text->lo, text->hi, path,
+                                                            path, "");
+    ASSERT_TRUE(direct->pending());
+    ASSERT_TRUE(direct->direct()) << path << ": no .eh_frame_hdr to search";
+    const std::vector<CfiRow> rows = (*built)->Rows();
+    size_t module_declined = 0, module_checked = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const uint64_t end = i + 1 < rows.size() ? rows[i + 1].pc : text->hi - text->lo;
+      for (const uint64_t pc : {uint64_t{rows[i].pc}, end - 1}) {
+        const uint64_t want = (*built)->FindWordUncached(pc);
+        const uint64_t got = direct->FindWordDirect(pc);
+        ++module_checked;
+        if (got == want) {
+          ++agreed;
+        } else if (got == 0 || internal::RuleKind(got) == CfiRule::kUnsupported) {
+          ++module_declined;  // the walk falls back and wants the table
+        } else {
+          ADD_FAILURE() << path << " at 0x" << std::hex << pc + text->lo << ": direct "
+                        << RuleText(internal::DecodeRule(got)) << ", table "
+                        << RuleText(internal::DecodeRule(want));
+          return;
+        }
+      }
+    }
+    // What is left: FDEs the own interpreter leaves to libdw (register
+    // expressions in hand-written assembly); the .plt's CFA expression is
+    // evaluated per pc as the builder does.
+    saw_libc |= path.find("/libc.so.6") != std::string::npos;
+    EXPECT_LT(module_declined * 100, module_checked) << path;
+    compared += module_checked;
+    declined += module_declined;
+  }
+  EXPECT_TRUE(saw_libc);
+  EXPECT_LT(declined * 1000, compared);
+  std::printf("%zu lookups: %zu as the table, %zu left to the table\n", compared,
+              agreed, declined);
+}
+
+// Until it is built, a direct table counts its cache misses and asks for
+// its table after kDirectLookupsBeforeBuild of them; a file without
+// .eh_frame_hdr, or with another build-id, gets a plain pending table.
+TEST(CfiTableDirectTest, ManyLookupsAskForTheTableAndBadFilesGetNone) {
+  const std::optional<TextRange> text = FileTextRange("/proc/self/exe");
+  ASSERT_TRUE(text.has_value());
+  auto direct = internal::CfiModuleTable::PendingFromFile(
+      text->lo, text->hi, "exe", "/proc/self/exe", "");
+  ASSERT_TRUE(direct->direct());
+  uint64_t offset = 0;
+  const uint64_t size = text->hi - text->lo;
+  while (!direct->wanted() && direct->direct_lookups() < 100'000) {
+    offset = (offset + 4093) % size;  // distinct keys: cache misses
+    (void)direct->FindStep(offset);
+  }
+  EXPECT_TRUE(direct->wanted());
+  EXPECT_EQ(direct->direct_lookups(),
+            internal::CfiModuleTable::kDirectLookupsBeforeBuild);
+
+  auto wrong_id = internal::CfiModuleTable::PendingFromFile(
+      text->lo, text->hi, "exe", "/proc/self/exe", "not this build-id");
+  EXPECT_TRUE(wrong_id->pending());
+  EXPECT_FALSE(wrong_id->direct());
+  auto missing = internal::CfiModuleTable::PendingFromFile(0, 0x1000, "none",
+                                                           "/nonexistent/lib.so", "");
+  EXPECT_FALSE(missing->direct());
+  const std::string text_path = absl::StrCat(testing::TestTmpDir(), "/not_elf.so");
+  {
+    std::ofstream f(text_path);
+    f << std::string(4096, 'x');
+  }
+  auto not_elf = internal::CfiModuleTable::PendingFromFile(0, 0x1000, "x", text_path, "");
+  EXPECT_FALSE(not_elf->direct());
+  EXPECT_EQ(not_elf->FindWordDirect(0x10), 0u);
+}
+
 TEST(CfiTableBuilderTest, RefusesMissingForeignAndCorruptFilesWithoutCrashing) {
   EXPECT_FALSE(internal::BuildCfiTableFromFile("/nonexistent/lib.so", 0, 0x1000).ok());
   const std::string text_path = testing::TestTmpDir() + "/dwarf_not_elf.txt";
@@ -1152,6 +1280,10 @@ TEST(DwarfUnwinderTest, WalksThroughTheKernelSignalFrame) {
 
 // --- Module tracking ---------------------------------------------------------------
 
+bool AnsweredFromEhFrame(const DwarfUnwinderStats& stats, const std::string& path) {
+  return std::find(stats.pending_from_eh_frame.begin(), stats.pending_from_eh_frame.end(),
+                   path) != stats.pending_from_eh_frame.end();
+}
 bool HasModule(const DwarfUnwinderStats& stats, const std::string& path) {
   for (const auto& m : stats.modules) {
     if (m.path == path) return true;
@@ -1279,20 +1411,24 @@ LeafStacks ProfileFramelessLeaf(const std::string& tag) {
       if (outer == nullptr) return result;
       volatile uint64_t sink = 0;
       if constexpr (std::is_same_v<typename P::unwinder_type, DwarfUnwinder>) {
-        // The library's table is built on demand: the first walk through
-        // it asks for it, the collector's next pass (every 50 ms) builds
-        // it. Run it until then (without refreshing ourselves), outside the
-        // measured phase, so that the samples below measure the tables.
+        // The collector's next pass (every 50 ms) sees the library and
+        // gives walks its CFI: from its .eh_frame until a table is built.
+        // Run it until then (without refreshing ourselves), outside the
+        // measured phase, so that the samples below measure the CFI walk.
         const auto start = std::chrono::steady_clock::now();
-        while (!HasModule(DwarfUnwinder::Stats(), lib.path()) &&
+        auto has_cfi = [&] {
+          const DwarfUnwinderStats stats = DwarfUnwinder::Stats();
+          return HasModule(stats, lib.path()) || AnsweredFromEhFrame(stats, lib.path());
+        };
+        while (!has_cfi() &&
                std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
           sink = sink + DwarfTestFpCaller(outer, 200'000);
         }
-        std::printf("the collector built the library's table after %.0f ms\n",
+        std::printf("the collector gave the library its CFI after %.0f ms\n",
                     std::chrono::duration<double, std::milli>(
                         std::chrono::steady_clock::now() - start)
                         .count());
-        EXPECT_TRUE(HasModule(DwarfUnwinder::Stats(), lib.path()));
+        EXPECT_TRUE(has_cfi());
       }
       ScopedLabels measured(profiler, {{"phase", "measured"}});
       const int64_t start = ThreadCpuNow();
@@ -1363,15 +1499,57 @@ TEST(DwarfProfilerTest, WalksBeforeTheTablesAreCountedAndReported) {
               static_cast<unsigned long long>(stats.samples_taken));
 }
 
-// A profiler builds the tables of the modules its samples need: a library
-// loaded but never run gets none, and the first walks through it, by frame
-// pointers, ask for its table, which the collector then builds.
+// A library loaded while a profiler runs gets no table: walks through it
+// are answered from its .eh_frame (no frame-pointer step, so none counted
+// as before the tables), and a library run a little never pays for a table.
+TEST(DwarfProfilerTest, LoadedLibraryIsWalkedFromItsEhFrameWithoutATable) {
+  Options options;
+  options.output = absl::StrCat(testing::TestTmpDir(), "/dwarf_eh_frame.pb.gz");
+  options.cpu_period = absl::Milliseconds(1);
+  options.wall_period = absl::ZeroDuration();
+  LibraryCopy lib("eh_frame");
+  DwarfProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  uint64_t lookups_before = 0;
+  {
+    auto self = profiler.RegisterThread("main");
+    ASSERT_TRUE(lib.Open()) << dlerror();
+    auto outer = lib.Symbol<uint64_t (*)(uint64_t)>("DwarfLibOuter");
+    ASSERT_NE(outer, nullptr);
+    // The collector's next pass (every 50 ms) sees the library.
+    const auto start = std::chrono::steady_clock::now();
+    while (!AnsweredFromEhFrame(DwarfUnwinder::Stats(), lib.path()) &&
+           std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(AnsweredFromEhFrame(DwarfUnwinder::Stats(), lib.path()));
+    const ProfilerStats before = profiler.stats();
+    lookups_before = DwarfUnwinder::Stats().eh_frame_lookups;
+    // 300 ms of CPU in the library: ~300 walks through it.
+    const int64_t t0 = ThreadCpuNow();
+    volatile uint64_t sink = 0;
+    while (ThreadCpuNow() - t0 < 300'000'000) {
+      sink = sink + DwarfTestFpCaller(outer, 200'000);
+    }
+    EXPECT_EQ(profiler.stats().stacks_before_tables, before.stacks_before_tables);
+    EXPECT_GT(profiler.stats().samples_taken, before.samples_taken + 100);
+  }
+  const DwarfUnwinderStats stats = DwarfUnwinder::Stats();
+  EXPECT_GT(stats.eh_frame_lookups, lookups_before);
+  EXPECT_FALSE(HasModule(stats, lib.path()));
+  EXPECT_TRUE(AnsweredFromEhFrame(stats, lib.path()));
+  ASSERT_TRUE(profiler.Stop().ok());
+}
+
+// A library whose .eh_frame cannot be searched gets its table on demand:
+// a library loaded but never run gets none, and the first walks through
+// it, by frame pointers, ask for its table, which the collector then builds.
 TEST(DwarfProfilerTest, LoadedLibraryGetsItsTableOnlyOnceAWalkMeetsIt) {
   Options options;
   options.output = absl::StrCat(testing::TestTmpDir(), "/dwarf_on_demand.pb.gz");
   options.cpu_period = absl::Milliseconds(1);
   options.wall_period = absl::ZeroDuration();
-  LibraryCopy lib("on_demand");
+  LibraryCopy lib("on_demand", /*without_eh_frame_hdr=*/true);
   DwarfProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   ProfilerStats before_use;

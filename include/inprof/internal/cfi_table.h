@@ -153,6 +153,9 @@ struct CfiOp {
   uint64_t number2 = 0;
 };
 
+// The GNU build-id (raw bytes) in a block of ELF notes, or "".
+std::string GnuBuildIdFromNotes(const uint8_t* notes, size_t size);
+
 // Evaluates a CFA expression at `pc` (a link-time address) as
 // sp + *offset: true only when the expression reads no memory, no register
 // but rsp and rip, and is sp plus a constant for this pc (the linker's
@@ -171,6 +174,7 @@ class CfiModuleTable {
   CfiModuleTable(uint64_t text_lo, uint64_t text_hi,
                  const std::vector<CfiRow>& rows, std::string path = "",
                  std::string build_id = "");
+  ~CfiModuleTable();
 
   // The rule for `offset` from text_lo (kind kNone when no CFI covers it).
   // Looks in a small direct-mapped cache of recent lookups first (return
@@ -219,6 +223,34 @@ class CfiModuleTable {
   static std::shared_ptr<const CfiModuleTable> Pending(uint64_t text_lo,
                                                        uint64_t text_hi,
                                                        std::string path);
+  // A pending table that answers lookups from the module's .eh_frame until
+  // its rows are built: the segment of the ELF file at `open_path` that
+  // holds .eh_frame_hdr and .eh_frame is mapped (read-only, private, owned
+  // by the table, so a module unloaded meanwhile is never read), and a
+  // lookup finds the pc's FDE by .eh_frame_hdr's binary search table and
+  // runs its program up to the pc (the builder's own interpreter, and a
+  // CFA expression evaluated at the pc as the builder does for the .plt,
+  // so the answer is the row the table would hold), no allocation, no
+  // locks, no syscalls. Answers are cached like rows. Where that cannot
+  // answer (no FDE, a form the builder leaves to libdw), the walk takes a
+  // frame-pointer step and marks the table wanted, as for Pending; after
+  // kDirectLookupsBeforeBuild cache misses it is marked wanted too, so a
+  // module walked often gets its table, and a short run never pays for
+  // one. Falls back to Pending() when the file cannot be mapped, has
+  // another build-id than `expected_build_id` (if given) or has no
+  // .eh_frame_hdr search table in the usual encoding (datarel sdata4).
+  static std::shared_ptr<const CfiModuleTable> PendingFromFile(
+      uint64_t text_lo, uint64_t text_hi, std::string path,
+      const std::string& open_path, const std::string& expected_build_id);
+  static constexpr uint64_t kDirectLookupsBeforeBuild = 4096;
+  // The rule word for `offset` from .eh_frame (direct tables only; 0 when
+  // no FDE covers it, kUnsupported where the walk cannot use it), without
+  // the cache or the count. Async-signal-safe.
+  uint64_t FindWordDirect(uint64_t offset) const noexcept;
+  bool direct() const noexcept { return direct_ != nullptr; }
+  uint64_t direct_lookups() const noexcept {
+    return direct_lookups_.load(std::memory_order_relaxed);
+  }
   bool pending() const noexcept { return pending_; }
   void MarkWanted() const noexcept {
     if (!wanted_.load(std::memory_order_relaxed)) {
@@ -246,14 +278,17 @@ class CfiModuleTable {
   // CFA offset in 16-31. Other rules store their index (bits 2-17).
   static constexpr uint64_t kSlotValid = 1;
   static constexpr uint64_t kSlotPacked = 2;
-  static uint64_t MakeSlot(uint32_t key, uint16_t index, uint64_t w) {
-    const uint64_t slot = (uint64_t{key} << 32) | kSlotValid;
+  static bool Packable(uint64_t w) {
     const int64_t cfa = RuleCfaOffset(w);
     const int64_t fp = RuleFpOffset(w);
-    const bool packable = RuleRaOffset(w) == -8 && cfa >= -32768 &&
-                          cfa <= 32767 && fp % 8 == 0 && fp >= -256 &&
-                          fp <= 248 && w != 0;
-    if (!packable) return slot | (uint64_t{index} << 2);
+    return RuleRaOffset(w) == -8 && cfa >= -32768 && cfa <= 32767 &&
+           fp % 8 == 0 && fp >= -256 && fp <= 248 && w != 0;
+  }
+  static uint64_t MakeSlot(uint32_t key, uint16_t index, uint64_t w) {
+    const uint64_t slot = (uint64_t{key} << 32) | kSlotValid;
+    if (!Packable(w)) return slot | (uint64_t{index} << 2);
+    const int64_t cfa = RuleCfaOffset(w);
+    const int64_t fp = RuleFpOffset(w);
     return slot | kSlotPacked | (uint64_t{RuleKind(w)} << 2) |
            (uint64_t{RuleFlags(w)} << 5) |
            ((static_cast<uint64_t>(fp / 8) & 63) << 10) |
@@ -263,6 +298,7 @@ class CfiModuleTable {
   // FindStep's cache miss (or unpacked entry): searches, fills the slot.
   [[gnu::noinline]] uint64_t FindSlow(uint32_t key, uint64_t cached,
                                       std::atomic<uint64_t>* slot) const noexcept {
+    if (direct_ != nullptr) return FindDirectSlow(key, slot);
     if ((cached >> 32) == key && (cached & kSlotValid) != 0) {
       return rules_[static_cast<uint16_t>(cached >> 2)];
     }
@@ -271,6 +307,10 @@ class CfiModuleTable {
     slot->store(MakeSlot(key, index, w), std::memory_order_relaxed);
     return w;
   }
+
+  // A direct table's miss: from .eh_frame, cached when the rule packs
+  // (only packed slots are ever stored: a direct table has no rules_).
+  uint64_t FindDirectSlow(uint32_t key, std::atomic<uint64_t>* slot) const noexcept;
 
   // The row in force at `key` (< text size). Row 0 starts at 0 (the
   // constructor puts a kNone row there), so there always is one.
@@ -314,6 +354,13 @@ class CfiModuleTable {
   std::string build_id_;
   bool pending_ = false;
   mutable std::atomic<bool> wanted_{false};
+  // Direct tables (PendingFromFile): the mapped file and its index.
+  struct DirectIndex;
+  struct DirectIndexDeleter {
+    void operator()(DirectIndex* d) const noexcept;
+  };
+  std::unique_ptr<DirectIndex, DirectIndexDeleter> direct_;
+  mutable std::atomic<uint64_t> direct_lookups_{0};
 };
 
 // All loaded modules' tables at their load addresses. Immutable after
@@ -483,6 +530,8 @@ struct CfiGlobalState {
   // collector thread after Start) or met a module whose table was not built
   // yet (CfiModuleTable::pending) and took frame-pointer steps there.
   alignas(64) std::atomic<uint64_t> walks_without_tables{0};
+  // Frames a pending table answered from .eh_frame (cache misses only).
+  std::atomic<uint64_t> direct_lookups{0};
 };
 extern CfiGlobalState g_cfi_state;
 
