@@ -189,10 +189,15 @@ class Profiler final : public internal::ProfilerControl,
   // Record: [meta][values...][leaf stack words...][label words...][frames...];
   // meta = provider | truncated << 8 | has leaf words << 9 |
   //        label count << 10 (6 bits) | depth << 16 (16 bits) |
-  //        sampled while blocked << 32 | provisional stack << 33.
+  //        sampled while blocked << 32 | provisional stack << 33 |
+  //        (a provisional blocked stack's) tables ready at the walk << 34 |
+  //        their generation then << 35 (29 bits).
   static constexpr uint64_t kTruncatedBit = 1u << 8;
   static constexpr uint64_t kBlockedBit = uint64_t{1} << 32;
   static constexpr uint64_t kProvisionalBit = uint64_t{1} << 33;
+  static constexpr uint64_t kWalkTablesReadyBit = uint64_t{1} << 34;
+  static constexpr int kWalkGenerationShift = 35;
+  static constexpr uint64_t kWalkGenerationMask = (uint64_t{1} << 29) - 1;
   static constexpr uint64_t kLeafWordsBit = 1u << 9;
   static constexpr int kLabelCountShift = 10;
   static constexpr size_t kMaxLabelWords =
@@ -542,6 +547,16 @@ class Profiler final : public internal::ProfilerControl,
         static_cast<size_t>(slot->max_frames) < frame_room
             ? static_cast<size_t>(slot->max_frames)
             : frame_room;
+    const bool sampled_blocked = SampledBlockedAt(
+        provider, *slot, std::make_index_sequence<kNumProviders>{});
+    // Read before the walk, so that tables published during it count as
+    // newer (the safe side: the episode is then sampled again).
+    uint64_t tables_before_walk = 0;
+    if (sampled_blocked) {
+      tables_before_walk = (UnwindTablesReady() ? kWalkTablesReadyBit : 0u) |
+                           ((UnwindTablesGeneration() & kWalkGenerationMask)
+                            << kWalkGenerationShift);
+    }
     U unwinder;
     if constexpr (kLeafWords > 0) {
       unwinder.CopyLeafStack(
@@ -553,9 +568,12 @@ class Profiler final : public internal::ProfilerControl,
         std::span<uintptr_t>(
             reinterpret_cast<uintptr_t*>(record + header_words), max_frames));
     static_assert(sizeof(uintptr_t) == sizeof(uint64_t));
-    const bool sampled_blocked = SampledBlockedAt(
-        provider, *slot, std::make_index_sequence<kNumProviders>{});
-    record[0] = provider | (unwound.truncated ? kTruncatedBit : 0u) |
+    // Which tables a provisional stack of a blocking episode was walked
+    // with: the collector may drain it after newer tables are published,
+    // and decides from this whether to sample the episode again.
+    uint64_t walk_tables = 0;
+    if (sampled_blocked && unwound.provisional) walk_tables = tables_before_walk;
+    record[0] = provider | (unwound.truncated ? kTruncatedBit : 0u) | walk_tables |
                 (sampled_blocked ? kBlockedBit : 0u) |
                 (unwound.provisional ? kProvisionalBit : 0u) |
                 (kLeafWords > 0 ? kLeafWordsBit : 0u) |
@@ -739,8 +757,9 @@ class Profiler final : public internal::ProfilerControl,
         slot->blocked_stack.assign(frames.begin(), frames.end());
         slot->blocked_labels.assign(labels, labels + label_words);
         slot->blocked_provisional = (record[0] & kProvisionalBit) != 0;
-        slot->blocked_tables_ready = UnwindTablesReady();
-        slot->blocked_tables_generation = UnwindTablesGeneration();
+        slot->blocked_tables_ready = (record[0] & kWalkTablesReadyBit) != 0;
+        slot->blocked_tables_generation =
+            (record[0] >> kWalkGenerationShift) & kWalkGenerationMask;
       }
       // The stack's own labels, without the provider's state label.
       slot->last_labels.assign(record + label_at,
@@ -946,7 +965,8 @@ class Profiler final : public internal::ProfilerControl,
             has_episode_stack && slot->blocked_provisional &&
             !slot->blocked_resampled && UnwindTablesReady() &&
             (!slot->blocked_tables_ready ||
-             UnwindTablesGeneration() != slot->blocked_tables_generation);
+             (UnwindTablesGeneration() & kWalkGenerationMask) !=
+                 slot->blocked_tables_generation);
         if (resample) has_episode_stack = false;
         switch (provider.VisitThread(*slot, std::get<I>(slot->data), now,
                                      has_episode_stack, v)) {
