@@ -293,8 +293,8 @@ TEST(ProfilerTest, StopIsIdempotentAndRestartWritesAgain) {
 
 TEST(ProfilerTest, SignalsNotSentByInprofAreIgnored) {
   Options options = TestOptions("foreign_signal");
-  // CPU samples only, and after the thread's first one (within 1 ms of CPU)
-  // none for an hour of CPU: any sample now would be the kill()s'.
+  // CPU samples only, and after the thread's first ones (within 1 ms of
+  // CPU) none for an hour of CPU: any sample now would be the kill()s'.
   options.cpu_period = absl::Hours(1);
   options.wall_period = absl::ZeroDuration();
   DefaultProfiler profiler(options);
@@ -305,7 +305,16 @@ TEST(ProfilerTest, SignalsNotSentByInprofAreIgnored) {
   for (int i = 0; i < 500 && profiler.stats().samples_taken == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_EQ(profiler.stats().samples_taken, 1u);
+  // One sample, or two: the perf engine's first period is 0.1-1 ms of the
+  // thread's clock and the handler switches to the hour; when the clock
+  // passes a second first period before that switch, the kernel delivers
+  // that overflow right after the first handler (measured under load: the
+  // event's count read 268 us in the handler for a 110 us first period --
+  // a vCPU the host preempts keeps its guest clocks running -- and the
+  // signal became pending during the period ioctl). Later overflows while
+  // one is pending merge into it, so never more than two.
+  ASSERT_GE(profiler.stats().samples_taken, 1u);
+  ASSERT_LE(profiler.stats().samples_taken, 2u);
   const auto before = internal::GetDispatchStats().foreign;
   const auto taken = profiler.stats().samples_taken;
   for (int i = 0; i < 100; ++i) ASSERT_EQ(kill(getpid(), SIGPROF), 0);
