@@ -416,20 +416,18 @@ bool ReadEncoded(uint8_t encoding, const uint8_t** p, const uint8_t* end,
   return true;
 }
 
-// The FDE pointer encoding a CIE announces ('R' in a 'z' augmentation);
-// false when the augmentation is not understood.
-bool FdeEncoding(const Dwarf_CIE& cie, bool eh_frame, uint8_t* encoding) {
-  *encoding = DW_EH_PE_absptr;
-  const char* aug = cie.augmentation;
-  if (aug == nullptr || aug[0] == '\0') return true;
-  if (aug[0] != 'z') return false;
-  const uint8_t* p = cie.augmentation_data;
-  const uint8_t* end = p + cie.augmentation_data_size;
-  for (const char* c = aug + 1; *c != '\0'; ++c) {
+// The letters of a 'z' augmentation after the 'z', over its data: the FDE
+// pointer encoding ('R') and whether frames are signal frames ('S'); false
+// when the augmentation is not understood. Unknown letters after what we
+// need are harmless; before 'R' they hide its position.
+bool ReadAugmentation(const char* letters, const uint8_t* p,
+                      const uint8_t* end, uint8_t* fde_encoding,
+                      bool* signal_frame) noexcept {
+  for (const char* c = letters; *c != '\0'; ++c) {
     switch (*c) {
       case 'R':
         if (p == end) return false;
-        *encoding = *p++;
+        *fde_encoding = *p++;
         break;
       case 'P': {
         if (p == end) return false;
@@ -446,17 +444,30 @@ bool FdeEncoding(const Dwarf_CIE& cie, bool eh_frame, uint8_t* encoding) {
         ++p;
         break;
       case 'S':
+        *signal_frame = true;
+        break;
       case 'B':
       case 'G':
         break;
       default:
-        // Unknown letters after what we need are harmless; before 'R'
-        // they hide its position.
         return std::strchr(c, 'R') == nullptr;
     }
   }
-  (void)eh_frame;
   return true;
+}
+
+// The FDE pointer encoding a CIE announces ('R' in a 'z' augmentation);
+// false when the augmentation is not understood.
+bool FdeEncoding(const Dwarf_CIE& cie, bool eh_frame, uint8_t* encoding) {
+  *encoding = DW_EH_PE_absptr;
+  const char* aug = cie.augmentation;
+  if (aug == nullptr || aug[0] == '\0') return true;
+  if (aug[0] != 'z') return false;
+  bool signal_frame = false;
+  (void)eh_frame;
+  return ReadAugmentation(aug + 1, cie.augmentation_data,
+                          cie.augmentation_data + cie.augmentation_data_size,
+                          encoding, &signal_frame);
 }
 
 Elf_Scn* FindSection(Elf* elf, const char* name, GElf_Shdr* shdr) {
@@ -1267,43 +1278,12 @@ bool ParseCie(const uint8_t* cie, const uint8_t* end, CieInfo* info,
     if (!Uleb(&p, cie_end, &size) || size > static_cast<uint64_t>(cie_end - p)) {
       return false;
     }
-    const uint8_t* a = p;
     const uint8_t* const a_end = p + size;
-    p = a_end;
-    for (const char* c = aug + 1; *c != '\0'; ++c) {
-      bool stop = false;
-      switch (*c) {
-        case 'R':
-          if (a == a_end) return false;
-          *fde_encoding = *a++;
-          break;
-        case 'P': {
-          if (a == a_end) return false;
-          const uint8_t personality_encoding = *a++;
-          uint64_t ignored = 0;
-          if (!ReadEncoded(personality_encoding & 0x0f, &a, a_end, 0, false,
-                           &ignored)) {
-            return false;
-          }
-          break;
-        }
-        case 'L':
-          if (a == a_end) return false;
-          ++a;
-          break;
-        case 'S':
-          info->signal_frame = true;
-          break;
-        case 'B':
-        case 'G':
-          break;
-        default:
-          if (std::strchr(c, 'R') != nullptr) return false;
-          stop = true;
-          break;
-      }
-      if (stop) break;
+    if (!ReadAugmentation(aug + 1, p, a_end, fde_encoding,
+                          &info->signal_frame)) {
+      return false;
     }
+    p = a_end;
   }
   info->code_alignment = code;
   info->data_alignment = static_cast<int64_t>(data);

@@ -641,12 +641,10 @@ std::string RuleText(const CfiRule& r) {
                       " ra ", r.ra_offset, " fp ", r.fp_offset, "}");
 }
 
-// The own FDE interpreter against libdw's, row for row, over every module
-// this test loads (the executable, libc, libstdc++, libdw, abseil, ...) and
-// a few libraries with hand-written assembly when installed (OpenSSL's and
-// GnuTLS's CFI has expressions, remember/restore state and DW_CFA_register):
-// the same table, and most FDEs run by the own interpreter.
-TEST(CfiTableBuilderTest, OwnInterpreterBuildsLibdwsTableRowForRow) {
+// The executable and every library this test has loaded, then libraries
+// with hand-written assembly when installed (OpenSSL's and GnuTLS's CFI has
+// expressions, remember/restore state and DW_CFA_register).
+std::vector<std::string> LoadedModulesAndAssemblyLibraries() {
   std::vector<std::string> paths = {"/proc/self/exe"};
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* data) {
@@ -662,6 +660,16 @@ TEST(CfiTableBuilderTest, OwnInterpreterBuildsLibdwsTableRowForRow) {
                             "/usr/lib/x86_64-linux-gnu/libgmp.so.10"}) {
     if (access(extra, R_OK) == 0) paths.push_back(extra);
   }
+  return paths;
+}
+
+// The own FDE interpreter against libdw's, row for row, over every module
+// this test loads (the executable, libc, libstdc++, libdw, abseil, ...) and
+// a few libraries with hand-written assembly when installed (OpenSSL's and
+// GnuTLS's CFI has expressions, remember/restore state and DW_CFA_register):
+// the same table, and most FDEs run by the own interpreter.
+TEST(CfiTableBuilderTest, OwnInterpreterBuildsLibdwsTableRowForRow) {
+  std::vector<std::string> paths = LoadedModulesAndAssemblyLibraries();
   size_t total_own = 0, total_libdw = 0, compared = 0;
   bool saw_libc = false;
   for (const std::string& path : paths) {
@@ -717,21 +725,7 @@ TEST(CfiTableBuilderTest, OwnInterpreterBuildsLibdwsTableRowForRow) {
 // (Also libraries with hand-written assembly, when installed, and the
 // test's frameless library.)
 TEST(CfiTableDirectTest, EhFrameLookupsAgreeWithTheBuiltTable) {
-  std::vector<std::string> paths = {"/proc/self/exe"};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        const char* name = info->dlpi_name;
-        if (name != nullptr && name[0] == '/') {
-          static_cast<std::vector<std::string>*>(data)->push_back(name);
-        }
-        return 0;
-      },
-      &paths);
-  for (const char* extra : {"/usr/lib/x86_64-linux-gnu/libcrypto.so.3",
-                            "/usr/lib/x86_64-linux-gnu/libgnutls.so.30",
-                            "/usr/lib/x86_64-linux-gnu/libgmp.so.10"}) {
-    if (access(extra, R_OK) == 0) paths.push_back(extra);
-  }
+  std::vector<std::string> paths = LoadedModulesAndAssemblyLibraries();
   paths.push_back(TestLibPath());
   size_t compared = 0, agreed = 0, declined = 0;
   bool saw_libc = false;
