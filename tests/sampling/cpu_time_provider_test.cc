@@ -348,10 +348,17 @@ void CheckShortThreads(CpuEngine engine, absl::Duration period,
               CpuEngineName(engine), absl::FormatDuration(period).c_str(),
               kThreads, measured / 1e9, outer / 1e9, in_profile / 1e9, pct);
   EXPECT_GE(pct, min_on_stacks_pct);
+  // The profile holds exactly the CPU from arming to the tail, which lies
+  // between the two clocks. What it could lose -- a thread's first period
+  // (0.1-1 ms) or its tail (up to a period) -- is far more than the part of
+  // the calls inside that window (0.04 ms per thread plain, 0.28 under ASan
+  // on a loaded machine), so the lower bound is the one that catches a
+  // loss. How close it comes to `outer` only measures the calls' own CPU
+  // before arming and after the tail (its aggregation): 1% plain, 2-2.5%
+  // under ASan and 3.5% with compiles beside it (CI logs), which is
+  // BM_Profiler_ThreadRegistration's business, not this test's.
   EXPECT_GE(in_profile, measured.load());
   EXPECT_LE(in_profile, outer.load());
-  EXPECT_NEAR(static_cast<double>(in_profile), static_cast<double>(outer),
-              0.03 * static_cast<double>(outer));
 }
 
 TEST(CpuTimeProviderTest, ShortLivedThreadsStayOnTheirRealStacks) {
