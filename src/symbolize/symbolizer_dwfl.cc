@@ -399,8 +399,9 @@ int FindDebugInfoOffline(Dwfl_Module* mod, void** userdata, const char* modname,
 // of microseconds per address in a large program).
 class SymbolTable {
  public:
-  explicit SymbolTable(Dwfl_Module* mod) {
+  explicit SymbolTable(Dwfl_Module* mod) : mod_(mod) {
     const int count = dwfl_module_getsymtab(mod);
+    symtab_count_ = count > 0 ? count : 0;
     // Room for every symbol at once: a large table grown by doubling costs
     // its copies and fresh pages each time (on the export's critical path).
     if (count > 0) entries_.reserve(static_cast<size_t>(count) + 64);
@@ -419,19 +420,20 @@ class SymbolTable {
       }
       Entry e;
       e.start = value;
-      e.size = sym.st_size;
-      e.name = name;
-      e.type = type;
-      e.binding = BindingRank(GELF_ST_BIND(sym.st_info));
-      e.order = i;
+      e.size = Clamp32(sym.st_size);
       if (e.size != 0) {
-        e.end = value + sym.st_size;
-      } else {
-        e.end = SectionEnd(elf, shndx, value, sym.st_value);
+        e.extent = e.size;
+      } else if (const uint64_t end =
+                     SectionEnd(elf, shndx, value, sym.st_value);
+                 end > value) {
+        e.extent = Clamp32(end - value);
       }
+      e.type = static_cast<uint8_t>(type);
+      e.binding = static_cast<uint8_t>(BindingRank(GELF_ST_BIND(sym.st_info)));
+      e.order = static_cast<uint32_t>(i);
       entries_.push_back(e);
     }
-    AddPltEntries(mod, count);
+    AddPltEntries(mod);
     std::sort(entries_.begin(), entries_.end(),
               [](const Entry& a, const Entry& b) {
                 return a.start != b.start ? a.start < b.start
@@ -471,7 +473,7 @@ class SymbolTable {
         const Entry& e = entries_[i];
         if (e.start < min_label) break;
         if (sizeless != nullptr && e.start < sizeless->start) break;
-        if (e.size == 0 && addr < e.end &&
+        if (e.size == 0 && addr - e.start < e.extent &&
             (sizeless == nullptr || e.binding > sizeless->binding ||
              (e.binding == sizeless->binding && e.order < sizeless->order))) {
           sizeless = &e;
@@ -481,27 +483,50 @@ class SymbolTable {
     const Entry* best = sized != nullptr ? sized : sizeless;
     if (best == nullptr) return nullptr;
     *type = best->type;
-    return best->name;
+    return NameOf(*best);
   }
 
  private:
+  // 24 bytes: a system library's table holds 10,000 of them (libc with its
+  // debug file), built at the last export of every short run, where the
+  // fresh pages and the sort cost more than reading the symbols. The name
+  // is read back from the module's table for the one symbol a lookup
+  // returns.
   struct Entry {
     uint64_t start = 0;
-    uint64_t size = 0;
-    uint64_t end = 0;  // sized: start + size; sizeless: its section's end
-    const char* name = nullptr;  // in libelf's string table
-    int type = 0;
-    int binding = 0;  // higher is preferred
-    int order = 0;    // index in the module's table
+    uint32_t size = 0;    // st_size; 0: a sizeless label
+    uint32_t extent = 0;  // sized: size; sizeless: to its section's end
+    uint32_t order = 0;   // index in the module's table; PLT stubs after it
+    uint8_t type = 0;     // STT_*
+    uint8_t binding = 0;  // higher is preferred
   };
-  std::deque<std::string> owned_names_;  // "<function>@plt"; stable addresses
+  static_assert(sizeof(Entry) == 24);
+
+  static uint32_t Clamp32(uint64_t v) {
+    return v > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(v);
+  }
+
+  // libelf's string for a symbol of the table (stable while the module is
+  // open), or the PLT stub's own name.
+  const char* NameOf(const Entry& e) const {
+    if (e.order >= symtab_count_) {
+      return plt_names_[e.order - symtab_count_].c_str();
+    }
+    GElf_Sym sym;
+    GElf_Addr value = 0;
+    GElf_Word shndx = 0;
+    Elf* elf = nullptr;
+    Dwarf_Addr bias = 0;
+    return dwfl_module_getsym_info(mod_, static_cast<int>(e.order), &sym,
+                                   &value, &shndx, &elf, &bias);
+  }
 
   // PLT stubs have no symbols of their own; name them "<function>@plt" as
   // objdump and perf do. Entry i of .rela.plt (a JUMP_SLOT relocation naming
   // a .dynsym symbol) is the stub at .plt.sec + 16 i when the object has
   // that section (IBT builds), else .plt + 16 (i + 1) (.plt's first entry
   // calls the resolver). Lazily bound or not, the stubs are where they are.
-  void AddPltEntries(Dwfl_Module* mod, int order_base) {
+  void AddPltEntries(Dwfl_Module* mod) {
     Dwarf_Addr bias = 0;
     Elf* elf = dwfl_module_getelf(mod, &bias);
     if (elf == nullptr) return;
@@ -556,15 +581,14 @@ class SymbolTable {
       }
       const char* name = elf_strptr(elf, dynsym_hdr.sh_link, sym.st_name);
       if (name == nullptr || name[0] == '\0') continue;
-      owned_names_.push_back(absl::StrCat(name, "@plt"));
       Entry e;
       e.start = start + bias;
       e.size = kStub;
-      e.end = e.start + kStub;
-      e.name = owned_names_.back().c_str();
+      e.extent = kStub;
       e.type = STT_FUNC;
-      e.binding = BindingRank(STB_LOCAL);
-      e.order = order_base + static_cast<int>(i);
+      e.binding = static_cast<uint8_t>(BindingRank(STB_LOCAL));
+      e.order = symtab_count_ + static_cast<uint32_t>(plt_names_.size());
+      plt_names_.push_back(absl::StrCat(name, "@plt"));
       entries_.push_back(e);
     }
   }
@@ -606,6 +630,9 @@ class SymbolTable {
     return value + (shdr.sh_addr + shdr.sh_size - st_value);
   }
 
+  Dwfl_Module* mod_;
+  uint32_t symtab_count_ = 0;
+  std::vector<std::string> plt_names_;  // "<function>@plt", by order
   std::vector<Entry> entries_;  // by address, then table order
   std::vector<uint64_t> reach_;
 };

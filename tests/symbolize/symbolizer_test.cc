@@ -991,3 +991,70 @@ TEST(SymbolizerTest, CorruptedElfFilesNeverCrash) {
 
 }  // namespace
 }  // namespace inprof
+
+namespace inprof {
+namespace {
+
+// The symbol-table lookup (system libraries, named without their DWARF)
+// gives the symbol dwfl_module_addrinfo() gives, at 3,000 addresses spread
+// over libc's and libstdc++'s code (with libc6-dbg: libc's 10,000-symbol
+// table from its debug file; dwfl_module_addrinfo scans it at every call,
+// hence not more), and also names the PLT stubs, which have no symbol,
+// "<function>@plt".
+TEST(SymbolizerTest, SymbolTableNamesWhatDwflModuleAddrinfoNames) {
+  Symbolizer symbolizer;
+  symbolizer.set_system_debug_info(false);
+  symbolizer.Refresh();
+  char* debuginfo_path = nullptr;
+  Dwfl_Callbacks callbacks{};
+  callbacks.find_elf = dwfl_linux_proc_find_elf;
+  callbacks.find_debuginfo = dwfl_standard_find_debuginfo;
+  callbacks.debuginfo_path = &debuginfo_path;
+  Dwfl* dwfl = dwfl_begin(&callbacks);
+  ASSERT_NE(dwfl, nullptr);
+  ASSERT_EQ(dwfl_linux_proc_report(dwfl, getpid()), 0);
+  ASSERT_EQ(dwfl_report_end(dwfl, nullptr, nullptr), 0);
+  int libraries = 0;
+  for (const ModuleInfo& m : symbolizer.modules()) {
+    if (!absl::StrContains(m.path, "/libc.so.") &&
+        !absl::StrContains(m.path, "/libstdc++.so.")) {
+      continue;
+    }
+    ++libraries;
+    size_t same = 0, plt = 0;
+    // Odd, so that addresses fall at every alignment; the first 4 KiB (the
+    // PLT) every 13 bytes.
+    const uint64_t stride = ((m.limit - m.start) / 3000) | 1;
+    for (uint64_t addr = m.start; addr < m.limit;
+         addr += addr - m.start < 4096 ? 13 : stride) {
+      Dwfl_Module* mod = dwfl_addrmodule(dwfl, addr);
+      ASSERT_NE(mod, nullptr) << m.path;
+      GElf_Off offset = 0;
+      GElf_Sym sym;
+      const char* want = dwfl_module_addrinfo(mod, addr, &offset, &sym,
+                                              nullptr, nullptr, nullptr);
+      const SymbolizedAddress& got = symbolizer.Lookup(addr, false);
+      const std::string name =
+          got.frames.empty() ? "" : got.frames[0].system_name;
+      if (want == nullptr) {
+        if (!name.empty()) {
+          EXPECT_THAT(name, EndsWith("@plt")) << m.path << "+0x" << std::hex
+                                              << addr - m.start;
+          ++plt;
+        }
+        continue;
+      }
+      ASSERT_EQ(name, want) << m.path << "+0x" << std::hex << addr - m.start;
+      ++same;
+    }
+    std::printf("%s: %zu addresses named alike, %zu PLT stubs\n",
+                m.path.c_str(), same, plt);
+    EXPECT_GT(same, 1000u) << m.path;
+    EXPECT_GT(plt, 0u) << m.path;
+  }
+  dwfl_end(dwfl);
+  EXPECT_EQ(libraries, 2);
+}
+
+}  // namespace
+}  // namespace inprof
