@@ -35,6 +35,9 @@
 // it stops (Profiler: TakeTail).
 //
 // Thread-safety: see sample_provider.h. OnSignal is async-signal-safe.
+// ArmThread and DisarmThread may run for different threads at the same time
+// (kArmsConcurrently): the descriptor budget and the counters are atomic, the
+// first-expiry generator and the process-wide itimer have locks of their own.
 //
 // Example:
 //   inprof::Options options;
@@ -51,6 +54,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "absl/random/random.h"
@@ -71,6 +75,9 @@ class CpuTimeProvider {
   static constexpr int64_t kFirstSampleCapNs = 1'000'000;
   // ... and never within less than this (see FirstPeriod()).
   static constexpr int64_t kFirstSampleFloorNs = 100'000;
+  // Threads are armed and disarmed outside the registry lock (their
+  // perf_event_open, fcntl and close system calls).
+  static constexpr bool kArmsConcurrently = true;
 
   struct ThreadData {
     ThreadData() = default;
@@ -118,7 +125,7 @@ class CpuTimeProvider {
     uint64_t perf = 0, timer = 0, itimer = 0, perf_fallbacks = 0;
     int perf_fd_budget = 0;
   };
-  EngineCounts counts() const { return counts_; }
+  EngineCounts counts() const;
 
  private:
   absl::Status ArmPerf(ThreadContext& thread, ThreadData& data, int tag);
@@ -132,10 +139,13 @@ class CpuTimeProvider {
   bool perf_kernel_ = false;  // the perf event counts kernel mode too
   std::string perf_unavailable_;  // why the perf engine was not chosen
   int perf_fd_budget_ = 0;
-  int perf_fds_in_use_ = 0;
-  int itimer_threads_ = 0;
-  EngineCounts counts_;
-  absl::BitGen bitgen_;  // first-expiry jitter; used under the registry lock
+  std::atomic<int> perf_fds_in_use_{0};
+  std::mutex itimer_mutex_;
+  int itimer_threads_ = 0;  // itimer_mutex_
+  std::atomic<uint64_t> armed_perf_{0}, armed_timer_{0}, armed_itimer_{0},
+      perf_fallbacks_{0};
+  std::mutex bitgen_mutex_;
+  absl::BitGen bitgen_;  // first-expiry jitter (bitgen_mutex_)
 };
 
 static_assert(SampleProvider<CpuTimeProvider>);

@@ -76,7 +76,11 @@ namespace internal {
 class Registry {
  public:
   struct Owner {
-    virtual void Unregister(ThreadSlotHeader* slot, bool on_owner_thread) = 0;
+    // Called with `lock` (on `mutex`) held; may release it for a while and
+    // holds it again on return. The owner outlives that (its Stop() and
+    // destructor wait for such work).
+    virtual void Unregister(ThreadSlotHeader* slot, bool on_owner_thread,
+                            std::unique_lock<std::mutex>& lock) = 0;
 
    protected:
     ~Owner() = default;
@@ -132,10 +136,10 @@ class ThreadRegistration {
   // Unregisters now. Idempotent.
   void Reset() {
     if (slot_ == nullptr) return;
-    std::lock_guard<std::mutex> lock(registry_->mutex);
+    std::unique_lock<std::mutex> lock(registry_->mutex);
     const bool own_thread = internal::CurrentTid() == tid_;
     if (registry_->owner != nullptr) {
-      registry_->owner->Unregister(slot_, own_thread);
+      registry_->owner->Unregister(slot_, own_thread, lock);
     } else if (own_thread &&
                internal::CurrentThreadSlot() == slot_) {
       internal::SetCurrentThreadSlot(nullptr);
@@ -244,6 +248,9 @@ class Profiler final : public internal::ProfilerControl,
     uint64_t blocked_tables_generation = 0;
     uint32_t aggregate_thread = 0;
     bool has_aggregate_thread = false;
+    // Its providers are being armed or disarmed outside the registry lock:
+    // the ticker leaves it alone meanwhile.
+    bool arm_in_flight = false;
     uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
     R ring;
   };
@@ -316,6 +323,7 @@ class Profiler final : public internal::ProfilerControl,
       return s;
     }
     running_ = true;
+    stopping_ = false;
     start_pid_ = getpid();
     core_.BeginWindow();
     for (Slot* slot : active_) ArmLocked(slot);
@@ -345,8 +353,13 @@ class Profiler final : public internal::ProfilerControl,
     }
     StopTicker();  // before taking the registry lock: Tick() takes it
     {
-      std::lock_guard<std::mutex> lock(registry_->mutex);
+      std::unique_lock<std::mutex> lock(registry_->mutex);
       if (!running_) return absl::OkStatus();
+      // Threads arming or disarming outside the lock finish first; none
+      // starts from now on.
+      stopping_ = true;
+      arms_done_.wait(lock, [this] { return arms_in_flight_ == 0; });
+      if (!running_) return absl::OkStatus();  // another Stop() was first
       for (Slot* slot : active_) DisarmLocked(slot);
       internal::DeactivateSession(session_);
       for (Slot* slot : active_) {
@@ -401,12 +414,26 @@ class Profiler final : public internal::ProfilerControl,
     slot->blocked_resampled = false;
     slot->handler_exit_clock.store(-1, std::memory_order_relaxed);
     ++slot->generation;
-    std::lock_guard<std::mutex> lock(registry_->mutex);
+    std::unique_lock<std::mutex> lock(registry_->mutex);
     slot->session.store(session_, std::memory_order_release);
     internal::SetCurrentThreadSlot(slot);
     active_.push_back(slot);
     ++threads_registered_;
-    if (running_ && getpid() == start_pid_) ArmLocked(slot);
+    if (running_ && !stopping_ && getpid() == start_pid_) {
+      const uint64_t session = session_;
+      if constexpr (kArmsOutsideLock) {
+        // The engines' system calls (perf_event_open, fcntl) without the
+        // lock that every other registering thread, the collector and the
+        // ticker wait for.
+        BeginWorkOutsideLock(slot);
+        lock.unlock();
+        ArmProviders(slot, session);
+        lock.lock();
+        EndWorkOutsideLock(slot);
+      } else {
+        ArmProviders(slot, session);
+      }
+    }
     return ThreadRegistration(registry_, slot, info->tid);
   }
 
@@ -630,29 +657,55 @@ class Profiler final : public internal::ProfilerControl,
     return sampled;
   }
 
+  // When every provider ArmsConcurrently (sample_provider.h), a thread
+  // that registers or unregisters while the profiler runs arms or disarms
+  // them outside the registry lock; Start() and Stop() do it under the lock.
+  // All or none, so that providers are always armed in their order (a
+  // second perf-engine provider on the same thread takes the slot's
+  // overflow descriptor from the first: tests/core/sample_provider_test.cc).
+  static constexpr bool kArmsOutsideLock = (ArmsConcurrently<Ps> && ...);
+
   // Registry lock held.
-  void ArmLocked(Slot* slot) {
-    ArmEach(slot, std::make_index_sequence<kNumProviders>{});
+  void ArmLocked(Slot* slot) { ArmProviders(slot, session_); }
+  // The registry lock held, or (kArmsOutsideLock) the slot marked by
+  // BeginWorkOutsideLock.
+  void ArmProviders(Slot* slot, uint64_t session) {
+    ArmEach(slot, session, std::make_index_sequence<kNumProviders>{});
   }
   template <size_t... I>
-  void ArmEach(Slot* slot, std::index_sequence<I...>) {
-    (ArmOne<I>(slot), ...);
+  void ArmEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
+    (ArmOne<I>(slot, session), ...);
   }
   template <size_t I>
-  void ArmOne(Slot* slot) {
+  void ArmOne(Slot* slot, uint64_t session) {
     absl::Status s = std::get<I>(providers_).ArmThread(
-        *slot, std::get<I>(slot->data), internal::MakeSignalTag(I, session_));
+        *slot, std::get<I>(slot->data), internal::MakeSignalTag(I, session));
     if (!s.ok()) {
       internal::Log(absl::StrCat("cannot sample thread '", slot->name,
                                  "': ", s.message()));
     }
   }
+  // Registry lock held, or (kArmsOutsideLock) the slot marked by
+  // BeginWorkOutsideLock.
   void DisarmLocked(Slot* slot) {
     DisarmEach(slot, std::make_index_sequence<kNumProviders>{});
   }
   template <size_t... I>
   void DisarmEach(Slot* slot, std::index_sequence<I...>) {
     (std::get<I>(providers_).DisarmThread(*slot, std::get<I>(slot->data)), ...);
+  }
+
+  // Registry lock held. Marks the slot's arming or disarming as under way
+  // outside the lock: Stop() and the destructor wait for it to end, the
+  // ticker skips the slot.
+  void BeginWorkOutsideLock(Slot* slot) {
+    slot->arm_in_flight = true;
+    ++arms_in_flight_;
+  }
+  // Registry lock held again.
+  void EndWorkOutsideLock(Slot* slot) {
+    slot->arm_in_flight = false;
+    if (--arms_in_flight_ == 0) arms_done_.notify_all();
   }
 
   // Registry lock held; no handler can run for the slot. Credits what each
@@ -944,6 +997,7 @@ class Profiler final : public internal::ProfilerControl,
       size_t& cursor = tick_cursor_[I];
       for (size_t j = 0; j < visits; ++j) {
         Slot* slot = active_[(cursor + j) % n];
+        if (slot->arm_in_flight) continue;  // being armed; visited next round
         // The sample that began a blocking episode may still be in the ring:
         // without draining it the episode would look stackless and the
         // thread be signalled (and its blocking call interrupted) again.
@@ -1097,9 +1151,9 @@ class Profiler final : public internal::ProfilerControl,
     return running_;
   }
 
-  // Registry::Owner. Registry lock held by the caller.
-  void Unregister(internal::ThreadSlotHeader* header,
-                  bool on_owner_thread) override {
+  // Registry::Owner. Registry lock held by the caller (`lock`).
+  void Unregister(internal::ThreadSlotHeader* header, bool on_owner_thread,
+                  std::unique_lock<std::mutex>& lock) override {
     Slot* slot = static_cast<Slot*>(header);
     auto it = std::find(active_.begin(), active_.end(), slot);
     if (it == active_.end()) return;
@@ -1108,7 +1162,19 @@ class Profiler final : public internal::ProfilerControl,
       ForgetSlotLocked(slot);  // a forked child
       return;
     }
-    DisarmLocked(slot);
+    if constexpr (kArmsOutsideLock) {
+      if (running_) {
+        // close() of a perf event is the costliest call here: without the
+        // lock. The slot is out of active_, so only Stop() (which waits for
+        // this) could otherwise touch it.
+        BeginWorkOutsideLock(slot);
+        lock.unlock();
+        DisarmLocked(slot);
+        lock.lock();
+        EndWorkOutsideLock(slot);
+      }
+    }
+    DisarmLocked(slot);  // a no-op once disarmed above
     // A handler cannot be running on this thread while we are here; on
     // another thread it may be, so clear the session and wait it out.
     slot->session.store(0, std::memory_order_seq_cst);
@@ -1218,6 +1284,11 @@ class Profiler final : public internal::ProfilerControl,
   std::unique_ptr<uint64_t[]> drain_scratch_ =
       std::make_unique_for_overwrite<uint64_t[]>(2 * kMaxRecordWords + 1);
   std::atomic<bool> running_{false};  // written under the registry lock
+  // Stop() is waiting for arming outside the lock to end: no new one starts
+  // (registry lock).
+  bool stopping_ = false;
+  size_t arms_in_flight_ = 0;  // registry lock
+  std::condition_variable arms_done_;  // arms_in_flight_ fell to 0
   pid_t start_pid_ = 0;
 
   // Interned ids of the state label (wall samples).

@@ -6,9 +6,9 @@
 // provider carries zeros for the others' types.
 //
 // Thread-safety: Configure/ArmThread/DisarmThread run on the profiler's
-// control paths (Start, Stop, RegisterThread) under the registry lock;
-// OnSignal runs in the signal handler on the sampled thread and must be
-// async-signal-safe.
+// control paths (Start, Stop, RegisterThread) under the registry lock,
+// unless the provider says it ArmsConcurrently (below); OnSignal runs in the
+// signal handler on the sampled thread and must be async-signal-safe.
 //
 // Example:
 //   struct CountingProvider {          // counts SIGPROFs sent some other way
@@ -93,6 +93,24 @@ concept ReportsTail = SampleProvider<P> &&
              std::span<int64_t> values) {
       { p.TakeTail(thread, data, values) } -> std::same_as<bool>;
     };
+
+// Optional: a provider whose ArmThread and DisarmThread may run for
+// different threads at the same time, outside the registry lock, declares
+// `static constexpr bool kArmsConcurrently = true;`. When every provider of a
+// Profiler says so, it makes those calls at registration and unregistration
+// (system calls, for CPU engines) without holding the lock that
+// every registering thread, the collector and the wall ticker take: with
+// 1,000 threads registering at once, each holding it across a
+// perf_event_open or a close() queued the others behind it
+// (bench/overhead idle-1000). The profiler still guarantees that calls for
+// one thread never overlap, that Configure never runs while one is under
+// way, and that no other profiler call (TakeTail, VisitThread) sees that
+// thread's data meanwhile; what the provider shares between threads
+// (counters, descriptor budgets, a random generator) is its own to guard.
+template <typename P>
+concept ArmsConcurrently = SampleProvider<P> && requires {
+  requires P::kArmsConcurrently;
+};
 
 // The frame that tail values are credited to.
 inline constexpr const char* kTailFrame =

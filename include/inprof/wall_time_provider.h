@@ -104,6 +104,8 @@ class WallTimeProvider {
   // A signal whose sample has not been taken after this long was lost (a
   // pending SIGPROF swallows a queued one): the thread is signalled again.
   static constexpr int64_t kSignalLostAfterNs = 200'000'000;
+  // ArmThread and DisarmThread touch only the thread's own data.
+  static constexpr bool kArmsConcurrently = true;
 
   struct ThreadData {
     bool armed = false;

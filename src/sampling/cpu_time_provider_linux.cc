@@ -67,7 +67,7 @@ absl::Status CpuTimeProvider::Configure(const Options& options) {
     return absl::InvalidArgumentError("cpu_period must be positive");
   }
   requested_ = options.cpu_engine;
-  counts_ = EngineCounts{};
+  armed_perf_ = armed_timer_ = armed_itimer_ = perf_fallbacks_ = 0;
   perf_unavailable_.clear();
   perf_kernel_ = false;
 
@@ -113,7 +113,6 @@ absl::Status CpuTimeProvider::Configure(const Options& options) {
                                 "RLIMIT_NOFILE";
     }
   }
-  counts_.perf_fd_budget = perf_fd_budget_;
 
   switch (requested_) {
     case CpuEngine::kPerf:
@@ -145,7 +144,18 @@ absl::Status CpuTimeProvider::Configure(const Options& options) {
   return absl::OkStatus();
 }
 
+CpuTimeProvider::EngineCounts CpuTimeProvider::counts() const {
+  EngineCounts c;
+  c.perf = armed_perf_.load(std::memory_order_relaxed);
+  c.timer = armed_timer_.load(std::memory_order_relaxed);
+  c.itimer = armed_itimer_.load(std::memory_order_relaxed);
+  c.perf_fallbacks = perf_fallbacks_.load(std::memory_order_relaxed);
+  c.perf_fd_budget = perf_fd_budget_;
+  return c;
+}
+
 std::string CpuTimeProvider::Describe() const {
+  const EngineCounts counts = this->counts();
   std::string s = absl::StrCat("cpu engine=", CpuEngineName(engine_));
   switch (engine_) {
     case CpuEngine::kPerf:
@@ -169,11 +179,11 @@ std::string CpuTimeProvider::Describe() const {
     case CpuEngine::kAuto:
       break;
   }
-  if (counts_.perf + counts_.timer + counts_.itimer > 0) {
-    absl::StrAppend(&s, "; threads armed: perf=", counts_.perf,
-                    " timer=", counts_.timer, " itimer=", counts_.itimer);
-    if (counts_.perf_fallbacks > 0) {
-      absl::StrAppend(&s, " (", counts_.perf_fallbacks,
+  if (counts.perf + counts.timer + counts.itimer > 0) {
+    absl::StrAppend(&s, "; threads armed: perf=", counts.perf,
+                    " timer=", counts.timer, " itimer=", counts.itimer);
+    if (counts.perf_fallbacks > 0) {
+      absl::StrAppend(&s, " (", counts.perf_fallbacks,
                       " moved from perf to timer: descriptor budget or "
                       "perf_event_open failure)");
     }
@@ -190,6 +200,7 @@ int64_t CpuTimeProvider::FirstPeriod() {
   // its handler can lengthen the period.
   const int64_t cap = std::min(period_ns_, kFirstSampleCapNs);
   const int64_t floor = std::min(cap / 2, kFirstSampleFloorNs);
+  std::lock_guard<std::mutex> lock(bitgen_mutex_);
   return absl::Uniform<int64_t>(absl::IntervalOpenClosed, bitgen_, floor, cap);
 }
 
@@ -204,11 +215,14 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
   data.last_cpu_ns.store(now, std::memory_order_relaxed);
   absl::Status status;
   if (engine_ == CpuEngine::kPerf) {
-    if (perf_fds_in_use_ < perf_fd_budget_) {
+    // Reserve a descriptor of the budget first: threads arm concurrently.
+    if (perf_fds_in_use_.fetch_add(1, std::memory_order_relaxed) <
+        perf_fd_budget_) {
       status = ArmPerf(thread, data, tag);
       if (status.ok()) return status;
     }
-    ++counts_.perf_fallbacks;
+    perf_fds_in_use_.fetch_sub(1, std::memory_order_relaxed);
+    perf_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   }
   if (engine_ != CpuEngine::kItimer) {
     status = ArmTimer(thread, data, tag);
@@ -257,8 +271,7 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
   data.engine = CpuEngine::kPerf;
   data.armed = true;
   data.tail_pending = true;
-  ++perf_fds_in_use_;
-  ++counts_.perf;
+  armed_perf_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -289,12 +302,13 @@ absl::Status CpuTimeProvider::ArmTimer(ThreadContext& thread, ThreadData& data,
   data.engine = CpuEngine::kTimer;
   data.armed = true;
   data.tail_pending = true;
-  ++counts_.timer;
+  armed_timer_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 absl::Status CpuTimeProvider::ArmItimer(ThreadContext& thread,
                                         ThreadData& data, int tag) {
+  std::lock_guard<std::mutex> lock(itimer_mutex_);
   if (itimer_threads_ == 0) {
     itimerval spec;
     spec.it_interval.tv_sec = period_ns_ / 1'000'000'000;
@@ -322,7 +336,7 @@ absl::Status CpuTimeProvider::ArmItimer(ThreadContext& thread,
   data.engine = CpuEngine::kItimer;
   data.armed = true;
   data.tail_pending = true;
-  ++counts_.itimer;
+  armed_itimer_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -335,18 +349,20 @@ void CpuTimeProvider::DisarmThread(ThreadContext& thread,
       ioctl(data.perf_fd, PERF_EVENT_IOC_DISABLE, 0);
       close(data.perf_fd);
       data.perf_fd = -1;
-      --perf_fds_in_use_;
+      perf_fds_in_use_.fetch_sub(1, std::memory_order_relaxed);
       break;
     case CpuEngine::kTimer:
       timer_delete(data.timer);
       break;
-    case CpuEngine::kItimer:
+    case CpuEngine::kItimer: {
       thread.itimer_tag.store(0, std::memory_order_release);
+      std::lock_guard<std::mutex> lock(itimer_mutex_);
       if (--itimer_threads_ == 0) {
         itimerval off{};
         setitimer(ITIMER_PROF, &off, nullptr);
       }
       break;
+    }
     case CpuEngine::kAuto:
       break;
   }

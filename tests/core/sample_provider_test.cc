@@ -70,6 +70,18 @@ static_assert(!SampleProvider<int>);
 static_assert(SampleProvider<CpuTimeProvider>);
 static_assert(SampleProvider<WallTimeProvider>);
 
+// Arming outside the registry lock is opt-in: a profiler with a provider
+// that does not say so (TicksProvider, in the test below) arms all of its
+// providers under the lock, in their order.
+struct SaysItDoesNotArmConcurrently : TicksProvider {
+  static constexpr bool kArmsConcurrently = false;
+};
+static_assert(ArmsConcurrently<CpuTimeProvider>);
+static_assert(ArmsConcurrently<WallTimeProvider>);
+static_assert(!ArmsConcurrently<TicksProvider>);
+static_assert(!ArmsConcurrently<SaysItDoesNotArmConcurrently>);
+static_assert(!ArmsConcurrently<NoOnSignal>);
+
 int64_t ThreadCpuNow() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);

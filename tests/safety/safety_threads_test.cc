@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -168,6 +169,72 @@ TEST(SafetyThreadsTest, ThreadChurnRetainsNoMemoryPerThread) {
   EXPECT_LT(r.end.heap - r.checkpoint.heap, 16 * after)
       << "heap in use grew by " << (r.end.heap - r.checkpoint.heap)
       << " bytes over " << after << " threads";
+}
+
+// Threads register and unregister while the profiler starts and stops
+// under them. A registering thread opens its perf event, and an
+// unregistering one closes it, outside the registry lock; Stop() waits for
+// those under way and no new one starts once it began. Had it not waited, an
+// event opened after Stop() disarmed the threads would stay open (and keep
+// signalling a stopped profiler): the descriptor count checks that none is
+// left, ThreadSanitizer that the hand-over is ordered.
+TEST(SafetyThreadsTest, StartStopWhileThreadsRegisterLeavesNothingArmed) {
+  safety::Watchdog watchdog(absl::Minutes(5), "start/stop under registrations");
+  std::thread([] {}).join();  // a runtime's own first threads (TSan's) first
+  Options options = SafetyOptions("start_stop_churn");
+  options.symbolize = false;
+  DefaultProfiler profiler(options);
+  // One window first, so that what a first Start() opens for good (the
+  // unwinder's view of the loaded modules) is in the baseline.
+  std::atomic<uint64_t> registered{0};
+  ASSERT_TRUE(profiler.Start().ok());
+  std::thread([&] {
+    auto registration = profiler.RegisterThread("warm-up");
+    ++registered;
+    safety::BurnCpu(2'000'000);
+  }).join();
+  ASSERT_TRUE(profiler.Stop().ok());
+  const Usage before = MeasureUsage();
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> inert{0};
+  std::vector<std::thread> spawners;
+  for (int p = 0; p < 3; ++p) {
+    spawners.emplace_back([&] {
+      while (!stop.load()) {
+        std::thread t([&] {
+          auto registration = profiler.RegisterThread("churn");
+          if (!registration.active()) ++inert;
+          ++registered;
+          safety::BurnCpu(20'000);
+        });
+        t.join();
+      }
+    });
+  }
+  const int64_t cycles = safety::Scaled(1'000, 5'000);
+  int64_t failed = 0;
+  for (int64_t i = 0; i < cycles; ++i) {
+    failed += !profiler.Start().ok();
+    std::this_thread::sleep_for(std::chrono::microseconds(100 + i % 400));
+    failed += !profiler.Stop().ok();
+  }
+  stop = true;
+  for (auto& t : spawners) t.join();
+  const Usage after = MeasureUsage();
+  std::printf("safety_start_stop_churn: %lld cycles, %llu registrations, "
+              "fds %d -> %d, timers %d -> %d\n",
+              static_cast<long long>(cycles),
+              static_cast<unsigned long long>(registered.load()), before.fds,
+              after.fds, before.timers, after.timers);
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(inert.load(), 0);
+  EXPECT_GT(registered.load(), 0u);
+  EXPECT_EQ(profiler.stats().threads_registered, registered.load());
+  EXPECT_EQ(profiler.stats().profiles_written,
+            static_cast<uint64_t>(cycles) + 1);
+  EXPECT_EQ(after.fds, before.fds);
+  EXPECT_EQ(after.timers, before.timers);
+  EXPECT_EQ(after.threads, before.threads);
 }
 
 // Threads that register, unregister and exit in a tight loop while other
