@@ -101,6 +101,11 @@ class WallTimeProvider {
   // handler has marked its clock, and an interrupted sleep's retry, cost a
   // few microseconds.
   static constexpr int64_t kBlockedCpuSlackNs = 50'000;
+  // A thread that used at least this share (percent) of the wall time since
+  // the last look as CPU is taken to be running without reading its state:
+  // one that blocked within the last 3% of the interval is then sampled as
+  // running, once (its next look sees the wait).
+  static constexpr int64_t kRanThroughoutPercent = 97;
   // A signal whose sample has not been taken after this long was lost (a
   // pending SIGPROF swallows a queued one): the thread is signalled again.
   static constexpr int64_t kSignalLostAfterNs = 200'000'000;
@@ -152,10 +157,12 @@ class WallTimeProvider {
   static bool AwaitsEpisodeStack(const ThreadData& data) {
     return data.blocked_signal_sent;
   }
-  // Visits that found threads running / blocked, and signals sent to
-  // blocked threads (one per blocking episode at most).
+  // Visits that found threads running / blocked, signals sent to blocked
+  // threads (one per blocking episode at most), and the visits that read a
+  // thread's state from /proc (not those to idle threads, nor to threads
+  // that ran throughout the interval).
   struct VisitCounts {
-    uint64_t running = 0, blocked = 0, blocked_signals = 0;
+    uint64_t running = 0, blocked = 0, blocked_signals = 0, state_reads = 0;
   };
   VisitCounts visit_counts() const { return counts_; }
 
