@@ -78,6 +78,12 @@ class CpuTimeProvider {
   // Threads are armed and disarmed outside the registry lock (their
   // perf_event_open, fcntl and close system calls).
   static constexpr bool kArmsConcurrently = true;
+  // The perf and timer engines signal a thread after CPU time of its own,
+  // so while it runs: a wall sample of a thread that ran throughout may
+  // reuse the stack (sample_provider.h). The itimer engine's process-wide
+  // signal may land on another thread; the profiler does not count those
+  // (si_code SI_KERNEL).
+  static constexpr bool kSamplesRunningThreads = true;
 
   struct ThreadData {
     ThreadData() = default;

@@ -176,6 +176,11 @@ class Profiler final : public internal::ProfilerControl,
   }();
   static constexpr size_t kNumValues =
       kValueOffsets[kNumProviders - 1] + kValueCounts[kNumProviders - 1];
+  // Providers whose samples are taken while the thread runs
+  // (sample_provider.h: SamplesRunningThreads).
+  static constexpr std::array<bool, kNumProviders> kSamplesRunning{
+      SamplesRunningThreads<Ps>...};
+  static constexpr bool kHasRunningSampler = (SamplesRunningThreads<Ps> || ...);
   static constexpr size_t kMaxValuesPerProvider = [] {
     size_t m = 0;
     for (size_t c : kValueCounts) m = c > m ? c : m;
@@ -237,6 +242,15 @@ class Profiler final : public internal::ProfilerControl,
     // thread is not known to be blocked.
     std::vector<uint64_t> blocked_stack;
     std::vector<uint64_t> blocked_labels;
+    // Samples taken of the thread by providers that SamplesRunningThreads
+    // (its handler writes, after the record's push; the ticker reads), the
+    // count at each ticking provider's last visit (ticker), and the newest
+    // such stack drained, with its canonical labels: a wall visit to a
+    // thread that ran throughout credits the interval there.
+    std::atomic<uint32_t> running_samples{0};
+    std::array<uint32_t, kNumProviders> running_samples_at_visit{};
+    std::vector<uint64_t> running_stack;
+    std::vector<uint64_t> running_labels;
     // blocked_stack came from a provisional walk (UnwindResult::provisional:
     // frames may be missing), and whether this episode was sampled again
     // for that reason (once at most: each time costs the thread an EINTR).
@@ -412,6 +426,10 @@ class Profiler final : public internal::ProfilerControl,
     slot->blocked_labels.clear();
     slot->blocked_provisional = false;
     slot->blocked_resampled = false;
+    slot->running_stack.clear();
+    slot->running_labels.clear();
+    slot->running_samples_at_visit.fill(
+        slot->running_samples.load(std::memory_order_relaxed));
     slot->handler_exit_clock.store(-1, std::memory_order_relaxed);
     ++slot->generation;
     std::unique_lock<std::mutex> lock(registry_->mutex);
@@ -476,6 +494,9 @@ class Profiler final : public internal::ProfilerControl,
     }
     s.blocked_episodes_resampled =
         wall_episodes_resampled_.load(std::memory_order_relaxed);
+    s.wall_signals = wall_signals_.load(std::memory_order_relaxed);
+    s.wall_running_credits =
+        wall_running_credits_.load(std::memory_order_relaxed);
     s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
     s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
     return s;
@@ -621,6 +642,13 @@ class Profiler final : public internal::ProfilerControl,
         slot->dropped_values[offset + i].fetch_add(values[i],
                                                    std::memory_order_relaxed);
       }
+    } else if (kSamplesRunning[provider] && info->si_code != SI_KERNEL) {
+      // A stack of the thread running, now in its ring (ITIMER_PROF's
+      // process-wide signal, SI_KERNEL, may land on a thread that is not
+      // the one running: not counted). Only this thread writes the count.
+      slot->running_samples.store(
+          slot->running_samples.load(std::memory_order_relaxed) + 1,
+          std::memory_order_release);
     }
     // After the push: a collector that sees this count sees the record.
     activity_.fetch_add(1, std::memory_order_release);
@@ -804,6 +832,10 @@ class Profiler final : public internal::ProfilerControl,
       slot->last_stack.assign(frames.begin(), frames.end());
       slot->provider_last_stack[provider].assign(frames.begin(), frames.end());
       slot->provider_last_labels[provider].assign(labels, labels + label_words);
+      if (kSamplesRunning[provider] && !blocked) {
+        slot->running_stack.assign(frames.begin(), frames.end());
+        slot->running_labels.assign(labels, labels + label_words);
+      }
       if (blocked) {
         // Where the thread's current blocking episode blocks: the ticker
         // credits the rest of the episode here without signalling again.
@@ -1022,8 +1054,18 @@ class Profiler final : public internal::ProfilerControl,
              (UnwindTablesGeneration() & kWalkGenerationMask) !=
                  slot->blocked_tables_generation);
         if (resample) has_episode_stack = false;
+        // A running sample taken since this provider's last visit (its
+        // record may still be in the ring: drained if it is used).
+        bool has_running_sample = false;
+        if constexpr (kHasRunningSampler) {
+          const uint32_t taken =
+              slot->running_samples.load(std::memory_order_acquire);
+          has_running_sample = taken != slot->running_samples_at_visit[I];
+          slot->running_samples_at_visit[I] = taken;
+        }
         switch (provider.VisitThread(*slot, std::get<I>(slot->data), now,
-                                     has_episode_stack, v)) {
+                                     has_episode_stack, has_running_sample,
+                                     v)) {
           case TickDecision::kSkip:
             break;
           case TickDecision::kSignalBlocked:
@@ -1037,12 +1079,17 @@ class Profiler final : public internal::ProfilerControl,
               wall_episodes_resampled_.fetch_add(1, std::memory_order_relaxed);
             }
             SendProfilingSignal(*slot, internal::MakeSignalTag(I, session_));
+            wall_signals_.fetch_add(1, std::memory_order_relaxed);
             break;
           case TickDecision::kSignal:
             SendProfilingSignal(*slot, internal::MakeSignalTag(I, session_));
+            wall_signals_.fetch_add(1, std::memory_order_relaxed);
             break;
           case TickDecision::kCreditBlocked:
             CreditBlocked<I>(slot, v);
+            break;
+          case TickDecision::kCreditRunning:
+            CreditRunning<I>(slot, v);
             break;
         }
       }
@@ -1077,6 +1124,33 @@ class Profiler final : public internal::ProfilerControl,
     agg.Add(slot->aggregate_thread, slot->blocked_stack, slot->blocked_labels,
             kValueOffsets[I], values);
     ++wall_blocked_credits_;
+  }
+
+  // Registry lock held. The thread ran throughout the interval and a
+  // running sample was taken of it meanwhile: add the values to that
+  // sample's stack, labelled running (drains the ring, where it may be).
+  template <size_t I>
+  void CreditRunning(Slot* slot, std::span<const int64_t> values) {
+    std::lock_guard<std::mutex> agg_lock(core_.mutex());
+    SampleAggregator& agg = core_.aggregator();
+    if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
+    DrainSlotIntoLocked(slot, agg);
+    uint64_t labels[kMaxLabelWords + 2];
+    const size_t label_words = CanonicalLabels(slot->running_labels, I, labels);
+    if (slot->running_stack.empty()) {
+      // Cannot happen (the count follows the push); credited to the
+      // thread's tail frame rather than lost.
+      const char* frame = kTailFrame;
+      if constexpr (requires { std::tuple_element_t<I, std::tuple<Ps...>>::kTailFrame; }) {
+        frame = std::tuple_element_t<I, std::tuple<Ps...>>::kTailFrame;
+      }
+      agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I], values);
+      return;
+    }
+    agg.Add(slot->aggregate_thread, slot->running_stack,
+            std::span<const uint64_t>(labels, label_words), kValueOffsets[I],
+            values);
+    wall_running_credits_.fetch_add(1, std::memory_order_relaxed);
   }
 
   static void SendProfilingSignal(const internal::ThreadSlotHeader& slot,
@@ -1302,6 +1376,8 @@ class Profiler final : public internal::ProfilerControl,
       internal::LabelTable::Global().Intern(WallTimeProvider::kBlocked);
   std::array<size_t, kNumProviders> tick_cursor_{};  // registry lock
   uint64_t wall_blocked_credits_ = 0;                // registry lock
+  std::atomic<uint64_t> wall_running_credits_{0};
+  std::atomic<uint64_t> wall_signals_{0};
   std::atomic<uint64_t> wall_episodes_resampled_{0};
   struct Ticker {
     std::mutex mutex;

@@ -112,6 +112,17 @@ concept ArmsConcurrently = SampleProvider<P> && requires {
   requires P::kArmsConcurrently;
 };
 
+// Optional: a provider whose samples are taken only while the thread runs
+// on a CPU (CpuTimeProvider: a thread's CPU clock advances only then)
+// declares `static constexpr bool kSamplesRunningThreads = true;`. The
+// wall sampler then credits a thread that ran throughout the interval since
+// its last visit to the stack of such a sample taken in that interval,
+// instead of signalling the thread a second time (wall_time_provider.h).
+template <typename P>
+concept SamplesRunningThreads = SampleProvider<P> && requires {
+  requires P::kSamplesRunningThreads;
+};
+
 // The frame that tail values are credited to.
 inline constexpr const char* kTailFrame =
     "[inprof: CPU since the thread's last sample]";

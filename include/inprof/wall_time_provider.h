@@ -13,6 +13,15 @@
 // rather than guessing it:
 //   - running or runnable ('R'): the thread is signalled and its stack taken
 //     in the handler, labelled "thread state"="running";
+//   - running throughout the interval since the previous visit (its CPU
+//     clock advanced by >= kRanThroughoutPercent of the wall time): no
+//     /proc read, and, when the profiler holds the stack of a sample that
+//     a CPU provider took of the thread within that interval, no signal
+//     either: the interval is credited to that stack, labelled "running"
+//     (a thread that ran throughout spent its wall time where it spent its
+//     CPU; a CPU sample falls at a random point of its running, as a wall
+//     signal would). A busy thread then costs the wall sampler a clock read
+//     per visit instead of a second signal and a second walk;
 //   - blocked (sleeping, in I/O, stopped): the first visit of a blocking
 //     episode signals it once, to learn where it blocks (that sample is
 //     labelled "blocked"); later visits of the same episode credit that
@@ -59,9 +68,12 @@ namespace inprof {
 //   (1) p.TickPeriod() -> absl::Duration (zero: never ticks);
 //   (2) p.ThreadsPerTick() -> size_t;
 //   (3) p.VisitThread(ThreadContext&, ThreadData&, int64_t now_ns,
-//       bool has_episode_stack, std::span<int64_t> values) -> TickDecision
+//       bool has_episode_stack, bool has_running_sample,
+//       std::span<int64_t> values) -> TickDecision
 //       (has_episode_stack: the profiler holds the stack of the thread's
-//       current blocking episode);
+//       current blocking episode; has_running_sample: a provider that
+//       SamplesRunningThreads took a sample of the thread since this
+//       provider's previous visit, whose stack the profiler can credit);
 //   (4) p.AwaitsEpisodeStack(ThreadData&) -> bool: a sample that will give
 //       that stack was asked for (the profiler drains the thread's ring).
 enum class TickDecision {
@@ -69,6 +81,8 @@ enum class TickDecision {
   kSignal,         // send the profiling signal; OnSignal records the sample
   kSignalBlocked,  // the same for a blocked thread: a new blocking episode
   kCreditBlocked,  // add `values` to the episode's stack, no signal
+  kCreditRunning,  // add `values` (labelled running) to the stack of the
+                   // running sample taken in the interval, no signal
 };
 
 template <typename P>
@@ -78,7 +92,7 @@ concept TicksThreads =
              std::span<int64_t> values) {
       { p.TickPeriod() } -> std::convertible_to<absl::Duration>;
       { p.ThreadsPerTick() } -> std::convertible_to<size_t>;
-      { p.VisitThread(thread, data, int64_t{}, bool{}, values) }
+      { p.VisitThread(thread, data, int64_t{}, bool{}, bool{}, values) }
           -> std::same_as<TickDecision>;
       { p.AwaitsEpisodeStack(data) } -> std::convertible_to<bool>;
     };
@@ -151,18 +165,20 @@ class WallTimeProvider {
   size_t ThreadsPerTick() const { return threads_per_tick_; }
   TickDecision VisitThread(ThreadContext& thread, ThreadData& data,
                            int64_t now_ns, bool has_episode_stack,
-                           std::span<int64_t> values);
+                           bool has_running_sample, std::span<int64_t> values);
   // A blocked thread was signalled for its episode's stack, which the
   // profiler does not hold yet (it may be in the thread's ring).
   static bool AwaitsEpisodeStack(const ThreadData& data) {
     return data.blocked_signal_sent;
   }
   // Visits that found threads running / blocked, signals sent to blocked
-  // threads (one per blocking episode at most), and the visits that read a
+  // threads (one per blocking episode at most), the visits that read a
   // thread's state from /proc (not those to idle threads, nor to threads
-  // that ran throughout the interval).
+  // that ran throughout the interval), and the visits to running threads
+  // credited to a running sample's stack instead of signalling.
   struct VisitCounts {
-    uint64_t running = 0, blocked = 0, blocked_signals = 0, state_reads = 0;
+    uint64_t running = 0, blocked = 0, blocked_signals = 0, state_reads = 0,
+             running_credits = 0;
   };
   VisitCounts visit_counts() const { return counts_; }
 

@@ -31,6 +31,8 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.stacks_truncated -= before.stacks_truncated;
   d.stacks_before_tables -= before.stacks_before_tables;
   d.blocked_episodes_resampled -= before.blocked_episodes_resampled;
+  d.wall_signals -= before.wall_signals;
+  d.wall_running_credits -= before.wall_running_credits;
   return d;
 }
 
@@ -334,6 +336,13 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
       window_stats.stacks_before_tables,
       "; blocked episodes sampled again once the tables were ready=",
       window_stats.blocked_episodes_resampled));
+  if (window_stats.wall_signals + window_stats.wall_running_credits > 0) {
+    data.comments.push_back(absl::StrCat(
+        "wall sampler signals=", window_stats.wall_signals,
+        "; wall samples of threads that ran throughout, credited to a CPU "
+        "sample's stack without a signal=",
+        window_stats.wall_running_credits));
+  }
 }
 
 absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,

@@ -1,5 +1,3 @@
-#include <cstdio>
-#include <cstdlib>
 #include "inprof/wall_time_provider.h"
 
 #include <time.h>
@@ -65,6 +63,7 @@ bool WallTimeProvider::TakeTail(ThreadContext&, ThreadData& data,
 TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
                                            ThreadData& data, int64_t now_ns,
                                            bool has_episode_stack,
+                                           bool has_running_sample,
                                            std::span<int64_t> values) {
   if (!data.armed) return TickDecision::kSkip;
   const int64_t elapsed = now_ns - data.last_wall_ns;
@@ -125,10 +124,19 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   }
   data.last_look_blocked = blocked;
   if (!blocked) {
-    // Running or runnable: its stack now, in the handler.
     ++counts_.running;
     data.blocked_signal_sent = false;
     data.signal_blocked.store(false, std::memory_order_relaxed);
+    if (ran_throughout && has_running_sample) {
+      // Ran throughout, and sampled by its CPU provider meanwhile: its wall
+      // time went where its CPU went, so the interval goes to that sample's
+      // stack. No second signal, walk and EINTR risk for a busy thread.
+      ++counts_.running_credits;
+      values[0] = 1;
+      values[1] = elapsed;
+      return TickDecision::kCreditRunning;
+    }
+    // Running or runnable: its stack now, in the handler.
     data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
     data.signal_sent_ns = now_ns;
     ++data.signals;

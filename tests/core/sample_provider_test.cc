@@ -3,6 +3,8 @@
 #include <time.h>
 
 #include <array>
+#include <atomic>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
@@ -142,6 +144,123 @@ TEST(SampleProviderTest, SamplesOfOneProviderHaveZerosForTheOthers) {
   }
   EXPECT_GT(wall_samples, 0);
   EXPECT_GT(cpu_samples, 0);
+}
+
+// A ticking provider that never signals: each visit after which a running
+// sample was taken (SamplesRunningThreads: CpuTimeProvider) is credited to
+// that sample's stack, as the wall sampler does for a thread that ran
+// throughout its interval. Which visits qualify is the wall provider's
+// decision (wall_time_provider_test); this checks the profiler's part.
+class RideProvider {
+ public:
+  static constexpr const char* kName = "ride";
+  static constexpr std::array<SampleTypeSpec, 2> kSampleTypes{
+      {{"rides", "count"}, {"ride-time", "nanoseconds"}}};
+  static constexpr size_t kPeriodTypeIndex = 1;
+  static constexpr bool kArmsConcurrently = true;
+  struct ThreadData {};
+  absl::Status Configure(const Options&) { return absl::OkStatus(); }
+  int64_t Period() const { return 1'000'000; }
+  absl::Status ArmThread(ThreadContext&, ThreadData&, int) { return {}; }
+  void DisarmThread(ThreadContext&, ThreadData&) noexcept {}
+  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+                       std::span<int64_t>) noexcept {
+    return false;  // never signalled
+  }
+  absl::Duration TickPeriod() const { return absl::Milliseconds(5); }
+  size_t ThreadsPerTick() const { return 5; }
+  TickDecision VisitThread(ThreadContext&, ThreadData&, int64_t, bool,
+                           bool has_running_sample, std::span<int64_t> values) {
+    if (!has_running_sample) return TickDecision::kSkip;
+    credits.fetch_add(1);
+    values[0] = 1;
+    values[1] = 1'000;
+    return TickDecision::kCreditRunning;
+  }
+  static bool AwaitsEpisodeStack(const ThreadData&) { return false; }
+
+  static std::atomic<int64_t> credits;
+};
+std::atomic<int64_t> RideProvider::credits{0};
+static_assert(TicksThreads<RideProvider>);
+static_assert(SamplesRunningThreads<CpuTimeProvider>);
+static_assert(!SamplesRunningThreads<WallTimeProvider>);
+static_assert(!SamplesRunningThreads<RideProvider>);
+
+__attribute__((noinline)) uint64_t RidePhaseA(int64_t ns) {
+  const int64_t end = ThreadCpuNow() + ns;
+  volatile uint64_t x = 0;
+  while (ThreadCpuNow() < end) x = x + 1;
+  return x;
+}
+__attribute__((noinline)) uint64_t RidePhaseB(int64_t ns) {
+  const int64_t end = ThreadCpuNow() + ns;
+  volatile uint64_t x = 0;
+  while (ThreadCpuNow() < end) x = x + 3;
+  return x;
+}
+
+bool StackHas(const DecodedProfile::Sample& s, const std::string& function) {
+  for (const auto& f : s.stack) {
+    if (f.find(function) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Each credit lands on the stack and labels of a CPU sample of that thread
+// (here: the phase it was running), and every credit reaches the profile.
+TEST(SampleProviderTest, TickingProvidersCreditRunningSamplesWithoutASignal) {
+  using RideProfiler = Profiler<DwarfUnwinder, DefaultSampleRing,
+                                CpuTimeProvider, RideProvider>;
+  Options options;
+  options.output = testing::TestTmpDir() + "/provider_ride.pb.gz";
+  options.cpu_period = absl::Milliseconds(2);
+  RideProvider::credits.store(0);
+  RideProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  {
+    auto self = profiler.RegisterThread("rider");
+    {
+      ScopedLabels phase(profiler, {{"phase", "a"}});
+      RidePhaseA(150'000'000);
+    }
+    {
+      ScopedLabels phase(profiler, {{"phase", "b"}});
+      RidePhaseB(150'000'000);
+    }
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  EXPECT_EQ(profiler.stats().wall_running_credits,
+            static_cast<uint64_t>(RideProvider::credits.load()));
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int rides = profile->ValueIndex("rides");
+  const int ride_time = profile->ValueIndex("ride-time");
+  ASSERT_GE(rides, 0);
+  // 150 ms of CPU per phase at 2 ms: ~75 samples each, visits every 5 ms.
+  EXPECT_GE(RideProvider::credits.load(), 10);
+  EXPECT_EQ(profile->Total(rides), RideProvider::credits.load());
+  EXPECT_EQ(profile->Total(ride_time), 1'000 * RideProvider::credits.load());
+  // DwarfUnwinder: a frame-pointer walk from a leaf in the vDSO (the clock
+  // read) skips its caller.
+  int64_t in_a = 0, in_b = 0;
+  for (const auto& s : profile->samples) {
+    if (s.values[rides] == 0) continue;
+    auto phase = s.str_labels.find("phase");
+    ASSERT_NE(phase, s.str_labels.end()) << "a credit without the sample's labels";
+    if (StackHas(s, "RidePhaseA")) {
+      EXPECT_EQ(phase->second, "a");
+      in_a += s.values[rides];
+    } else if (StackHas(s, "RidePhaseB")) {
+      EXPECT_EQ(phase->second, "b");
+      in_b += s.values[rides];
+    } else {
+      ADD_FAILURE() << "a credit outside the running phases, leaf "
+                    << (s.stack.empty() ? "(none)" : s.stack[0]);
+    }
+  }
+  EXPECT_GT(in_a, 0);
+  EXPECT_GT(in_b, 0);
 }
 
 TEST(SampleProviderTest, DefaultProfilerHasCpuAndWallTypesOnce) {

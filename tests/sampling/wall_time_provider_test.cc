@@ -399,7 +399,7 @@ TEST(WallTimeProviderTest, ThreadsThatRanThroughoutAreSignalledWithoutAStateRead
   int64_t now = WallTimeProvider::NowNanos();
   data.last_wall_ns = now - 2'000'000;
   data.cpu_mark.store(ThreadCpuNow() - 2'000'000);
-  EXPECT_EQ(provider.VisitThread(thread, data, now, false, values),
+  EXPECT_EQ(provider.VisitThread(thread, data, now, false, false, values),
             TickDecision::kSignal);
   EXPECT_EQ(provider.visit_counts().state_reads, 0u);
   EXPECT_EQ(data.pending_wall_ns.load(), 2'000'000);  // owed to the sample
@@ -410,10 +410,57 @@ TEST(WallTimeProviderTest, ThreadsThatRanThroughoutAreSignalledWithoutAStateRead
   now = WallTimeProvider::NowNanos();
   data.last_wall_ns = now - 2'000'000;
   data.cpu_mark.store(ThreadCpuNow() - 1'000'000);
-  EXPECT_EQ(provider.VisitThread(thread, data, now, false, values),
+  EXPECT_EQ(provider.VisitThread(thread, data, now, false, false, values),
             TickDecision::kSignal);
   EXPECT_EQ(provider.visit_counts().state_reads, 1u);
   EXPECT_EQ(provider.visit_counts().running, 2u);
+}
+
+// A thread that ran throughout the interval and was sampled by its CPU
+// provider meanwhile is not signalled: the interval is credited to that
+// sample's stack (kCreditRunning, worth the whole interval). One that ran
+// part of it is signalled even so: a CPU sample's stack stands for where
+// the thread ran, not for where it waited.
+TEST(WallTimeProviderTest, ThreadsThatRanThroughoutReuseTheirCpuSample) {
+  WallTimeProvider provider;
+  ASSERT_TRUE(provider.Configure(WallOptions("wall_ride")).ok());
+  ThreadContext thread;
+  thread.tid = static_cast<pid_t>(syscall(SYS_gettid));
+  ASSERT_EQ(pthread_getcpuclockid(pthread_self(), &thread.cpu_clock), 0);
+  WallTimeProvider::ThreadData data;
+  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  int64_t values[2] = {};
+
+  int64_t now = WallTimeProvider::NowNanos();
+  data.last_wall_ns = now - 3'000'000;
+  data.cpu_mark.store(ThreadCpuNow() - 3'000'000);
+  EXPECT_EQ(provider.VisitThread(thread, data, now, false, true, values),
+            TickDecision::kCreditRunning);
+  EXPECT_EQ(values[0], 1);
+  EXPECT_EQ(values[1], 3'000'000);
+  EXPECT_EQ(data.pending_wall_ns.load(), 0);  // nothing owed to a signal
+  EXPECT_EQ(data.last_wall_ns, now);
+  EXPECT_EQ(provider.visit_counts().running_credits, 1u);
+  EXPECT_EQ(provider.visit_counts().state_reads, 0u);
+
+  // Ran 1 ms of the last 3: signalled, though a CPU sample was taken.
+  now = WallTimeProvider::NowNanos();
+  data.last_wall_ns = now - 3'000'000;
+  data.cpu_mark.store(ThreadCpuNow() - 1'000'000);
+  EXPECT_EQ(provider.VisitThread(thread, data, now, false, true, values),
+            TickDecision::kSignal);
+  EXPECT_EQ(data.pending_wall_ns.load(), 3'000'000);
+  EXPECT_EQ(provider.visit_counts().running_credits, 1u);
+
+  // A signal still on its way takes the next interval too, ran throughout
+  // or not: never two samples for one interval.
+  now = WallTimeProvider::NowNanos();
+  data.last_wall_ns = now - 2'000'000;
+  data.cpu_mark.store(ThreadCpuNow() - 2'000'000);
+  EXPECT_EQ(provider.VisitThread(thread, data, now, false, true, values),
+            TickDecision::kSkip);
+  EXPECT_EQ(data.pending_wall_ns.load(), 5'000'000);
+  EXPECT_EQ(provider.visit_counts().running_credits, 1u);
 }
 
 TEST(WallTimeProviderTest, RunningThreadsAreLabelledRunning) {

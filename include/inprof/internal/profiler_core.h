@@ -60,6 +60,11 @@ struct ProfilerStats {
   // Blocking episodes whose first wall sample was such a walk, sampled
   // again once the tables were ready (one more signal to that thread).
   uint64_t blocked_episodes_resampled = 0;
+  // Signals the wall sampler sent (running threads, and blocked ones at the
+  // start of an episode), and its samples of threads that ran throughout
+  // credited to a CPU sample's stack instead of a signal of their own.
+  uint64_t wall_signals = 0;
+  uint64_t wall_running_credits = 0;
   uint64_t threads_registered = 0; // registrations since construction
   uint64_t profiles_written = 0;
 };
