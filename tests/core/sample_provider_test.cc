@@ -257,8 +257,12 @@ TEST(SampleProviderTest, TickingProvidersCreditRunningSamplesWithoutASignal) {
     // has no phase label, and neither have its samples.
     auto phase = s.str_labels.find("phase");
     const std::string label = phase == s.str_labels.end() ? "" : phase->second;
-    if (StackHas(s, "RidePhaseA")) EXPECT_EQ(label, "a");
-    if (StackHas(s, "RidePhaseB")) EXPECT_EQ(label, "b");
+    if (StackHas(s, "RidePhaseA")) {
+      EXPECT_EQ(label, "a");
+    }
+    if (StackHas(s, "RidePhaseB")) {
+      EXPECT_EQ(label, "b");
+    }
     if (label == "a") in_a += s.values[rides];
     if (label == "b") in_b += s.values[rides];
   }
