@@ -17,6 +17,8 @@
 #                         same bytes as a line program (internal::LineTable)
 #   cfi_table_fuzzer      ELF call-frame information (BuildCfiTableFromFile)
 #   debug_endpoint_fuzzer the live endpoint's requests and INPROF_HTTP_ADDR
+#   agent_protocol_fuzzer what `inprof agent` reads from a connecting process
+#                         (DecodeAgentMessage) and INPROF_AGENT_SOCKET
 # Each is linked with only the sources it needs (compiled with coverage
 # instrumentation) and the Debian libraries (GCC-built, libstdc++ ABI).
 # New inputs go to BUILD_DIR/corpus/<target>; crashes to
@@ -27,7 +29,7 @@ cd "$(dirname "$0")/.."
 out=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 cxx=${CXX:-clang++}
-targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer}
+targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer agent_protocol_fuzzer}
 
 mkdir -p "$out/obj" "$out/corpus" "$out/artifacts"
 
@@ -46,6 +48,7 @@ declare -A sources=(
   [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/symbolize/line_table.cc src/core/log.cc"
   [cfi_table_fuzzer]="src/unwind/cfi_table_libdw.cc src/core/log.cc"
   [debug_endpoint_fuzzer]="src/serve/debug_endpoint.cc"
+  [agent_protocol_fuzzer]="src/agent/agent_protocol.cc"
 )
 
 # Compile every needed source once, two at a time, with coverage for

@@ -37,6 +37,8 @@ int FlamegraphMain(int argc, char** argv);
 extern const char kFlamegraphHelp[];
 int DiffMain(int argc, char** argv);
 extern const char kDiffHelp[];
+int AgentMain(int argc, char** argv);  // agent_command.cc
+extern const char kAgentHelp[];
 
 // Prints "inprof COMMAND: MESSAGE" on stderr (one line).
 void PrintError(const char* command, const std::string& message);

@@ -27,6 +27,8 @@ std::span<const Command> Commands() {
        kFlamegraphHelp, &FlamegraphMain},
       {"diff", "differential flame graph: inprof diff BASE NEW -o diff.html",
        kDiffHelp, &DiffMain},
+      {"agent", "the out-of-process agent (preview: registers processes)",
+       kAgentHelp, &AgentMain},
   };
   return kCommands;
 }

@@ -1,0 +1,139 @@
+// internal: not part of the public API.
+//
+// The wire protocol between a profiled process and `inprof agent`, the
+// out-of-process agent of ddprof's design (seeds/ddprof-design.md): the
+// agent listens on a Unix socket, a profiled process connects, says who it
+// is (Hello) and receives the shared memory its threads' sample rings will
+// live in (Welcome, with a memfd passed as SCM_RIGHTS), or a Reject naming
+// why not. The connection stays open: its end is how each side learns that
+// the other is gone.
+//
+// Status: the handshake, the socket addresses, peer-credential checks and
+// the shared region are built and tested; the profiler does not yet place
+// its rings in the region nor connect from Start(), and the agent does not
+// yet drain, symbolize or export (issue 16).
+//
+// Messages are SOCK_SEQPACKET datagrams (one message, one recv): a 16-byte
+// header -- magic "INPA", protocol version (u16), type (u16), payload
+// length (u32), zero (u32), little-endian -- then the payload: fixed-width
+// integers and strings as u32 length + bytes. The header's layout never
+// changes, so a peer of another version is told so rather than misread.
+// Every decode error names the field that was wrong; nothing here trusts
+// the peer (fuzz/agent_protocol_fuzzer.cc).
+//
+// Example:
+//   internal::AgentHello hello{.pid = getpid(), .program = "server"};
+//   std::string bytes = internal::EncodeAgentMessage(hello);
+//   absl::StatusOr<internal::AgentMessage> m = internal::DecodeAgentMessage(bytes);
+#ifndef INPROF_INTERNAL_AGENT_PROTOCOL_H_
+#define INPROF_INTERNAL_AGENT_PROTOCOL_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace inprof::internal {
+
+inline constexpr uint16_t kAgentProtocolVersion = 1;
+inline constexpr uint32_t kAgentMagic = 0x41504e49;  // "INPA", little-endian
+inline constexpr size_t kAgentHeaderBytes = 16;
+// Largest message either side sends or accepts.
+inline constexpr size_t kAgentMaxMessageBytes = 64 * 1024;
+inline constexpr size_t kAgentMaxStringBytes = 4096;
+inline constexpr size_t kAgentMaxTags = 64;
+// Bounds on the shared region a process may ask for.
+inline constexpr uint32_t kAgentMaxThreads = 4096;
+inline constexpr uint32_t kAgentMaxRingBytes = 1u << 20;
+
+enum class AgentMessageType : uint16_t {
+  kHello = 1,    // process -> agent
+  kWelcome = 2,  // agent -> process, with the region's memfd
+  kReject = 3,   // agent -> process, then the agent closes
+};
+
+// Who is connecting, and the rings it wants: `max_threads` rings of
+// `ring_bytes` each.
+struct AgentHello {
+  pid_t pid = 0;
+  std::string program;  // the name its profiles carry (`service` by default)
+  // Labels every profile of the process carries (service, env, version, ...).
+  std::vector<std::pair<std::string, std::string>> tags;
+  uint32_t max_threads = 0;
+  uint32_t ring_bytes = 0;
+};
+
+struct AgentWelcome {
+  pid_t agent_pid = 0;
+  uint64_t region_bytes = 0;  // the memfd's size
+};
+
+struct AgentReject {
+  std::string reason;  // one line, shown by the process as it is
+};
+
+using AgentMessage = std::variant<AgentHello, AgentWelcome, AgentReject>;
+
+std::string EncodeAgentMessage(const AgentMessage& message);
+// The message of a version other than kAgentProtocolVersion is an error
+// naming both versions (the header's layout is the same in every version).
+absl::StatusOr<AgentMessage> DecodeAgentMessage(absl::string_view bytes);
+
+// Where the agent listens: "@NAME" is Linux's abstract namespace (no file;
+// ddprof's default), anything else a filesystem path. The error names the
+// value. Accepted: a path of 1-107 bytes, or an abstract name of 1-106
+// bytes after its '@'; no NUL byte.
+struct AgentSocketAddress {
+  std::string name;  // without the '@'
+  bool abstract = true;
+  std::string ToString() const { return abstract ? "@" + name : name; }
+};
+absl::StatusOr<AgentSocketAddress> ParseAgentSocketAddress(absl::string_view value);
+// A fresh abstract address for this user: "@inprof-agent-UID-PID-RANDOM".
+AgentSocketAddress NewAgentSocketAddress();
+
+// Socket helpers (SOCK_SEQPACKET, close-on-exec). Sending never raises
+// SIGPIPE: a gone peer is an error.
+absl::StatusOr<int> ListenAgentSocket(const AgentSocketAddress& address);
+absl::StatusOr<int> ConnectAgentSocket(const AgentSocketAddress& address);
+// Sends one message, passing `pass_fd` (SCM_RIGHTS) when >= 0.
+absl::Status SendAgentMessage(int socket, const AgentMessage& message,
+                              int pass_fd = -1);
+// Receives one message within `timeout_ms` (-1: no limit). `received_fd`,
+// when given, gets the descriptor passed with it, or -1. The peer closing
+// is an error saying so.
+absl::StatusOr<AgentMessage> ReceiveAgentMessage(int socket, int timeout_ms,
+                                                 int* received_fd = nullptr);
+
+// The peer's credentials (SO_PEERCRED).
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket);
+
+// The process side of the handshake: connects, checks that the agent runs
+// as this user (or root), says hello and waits for the answer. On success
+// the connected socket, the welcome and the region's memfd (the caller
+// owns both); a Reject, another user's socket, a timeout or a gone agent
+// is an error naming the socket.
+struct AgentConnection {
+  int socket = -1;
+  int region_fd = -1;
+  AgentWelcome welcome;
+};
+absl::StatusOr<AgentConnection> ConnectToAgent(const AgentSocketAddress& address,
+                                               const AgentHello& hello,
+                                               int timeout_ms);
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_AGENT_PROTOCOL_H_

@@ -1,0 +1,455 @@
+#include "inprof/internal/agent_protocol.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace inprof::internal {
+namespace {
+
+class Writer {
+ public:
+  void U16(uint16_t v) { Bytes(&v, 2); }
+  void U32(uint32_t v) { Bytes(&v, 4); }
+  void I32(int32_t v) { Bytes(&v, 4); }
+  void U64(uint64_t v) { Bytes(&v, 8); }
+  void Str(absl::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_.append(s.data(), s.size());
+  }
+  std::string& out() { return out_; }
+
+ private:
+  // x86-64 and the other targets inprof builds for are little-endian.
+  void Bytes(const void* p, size_t n) {
+    out_.append(static_cast<const char*>(p), n);
+  }
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  absl::Status U16(const char* field, uint16_t& v) { return Fixed(field, &v, 2); }
+  absl::Status U32(const char* field, uint32_t& v) { return Fixed(field, &v, 4); }
+  absl::Status I32(const char* field, int32_t& v) { return Fixed(field, &v, 4); }
+  absl::Status U64(const char* field, uint64_t& v) { return Fixed(field, &v, 8); }
+  absl::Status Str(const char* field, std::string& s) {
+    uint32_t n = 0;
+    if (absl::Status st = U32(field, n); !st.ok()) return st;
+    if (n > kAgentMaxStringBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "agent message: %s is %u bytes, more than %u", field, n,
+          static_cast<unsigned>(kAgentMaxStringBytes)));
+    }
+    if (n > in_.size()) return Truncated(field);
+    s.assign(in_.data(), n);
+    in_.remove_prefix(n);
+    return absl::OkStatus();
+  }
+  absl::Status End(const char* message) const {
+    if (in_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "agent message: %u bytes after the end of a %s",
+        static_cast<unsigned>(in_.size()), message));
+  }
+
+ private:
+  absl::Status Fixed(const char* field, void* v, size_t n) {
+    if (in_.size() < n) return Truncated(field);
+    std::memcpy(v, in_.data(), n);
+    in_.remove_prefix(n);
+    return absl::OkStatus();
+  }
+  static absl::Status Truncated(const char* field) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent message: truncated at ", field));
+  }
+  absl::string_view in_;
+};
+
+#define INPROF_RETURN_IF_ERROR(expr)       \
+  do {                                     \
+    if (absl::Status _st = (expr); !_st.ok()) return _st; \
+  } while (0)
+
+std::string Errno(const char* what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
+
+absl::StatusOr<sockaddr_un> ToSockaddr(const AgentSocketAddress& address,
+                                       socklen_t& length) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  const size_t offset = address.abstract ? 1 : 0;
+  if (address.name.empty() || address.name.size() + offset >= sizeof(sa.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "agent socket \"", address.ToString(), "\": name must be 1-",
+        sizeof(sa.sun_path) - 1 - offset, " bytes"));
+  }
+  std::memcpy(sa.sun_path + offset, address.name.data(), address.name.size());
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + offset +
+                                  address.name.size() + (address.abstract ? 0 : 1));
+  return sa;
+}
+
+}  // namespace
+
+std::string EncodeAgentMessage(const AgentMessage& message) {
+  Writer payload;
+  AgentMessageType type;
+  if (const auto* hello = std::get_if<AgentHello>(&message)) {
+    type = AgentMessageType::kHello;
+    payload.I32(hello->pid);
+    payload.Str(hello->program);
+    payload.U32(static_cast<uint32_t>(hello->tags.size()));
+    for (const auto& [key, value] : hello->tags) {
+      payload.Str(key);
+      payload.Str(value);
+    }
+    payload.U32(hello->max_threads);
+    payload.U32(hello->ring_bytes);
+  } else if (const auto* welcome = std::get_if<AgentWelcome>(&message)) {
+    type = AgentMessageType::kWelcome;
+    payload.I32(welcome->agent_pid);
+    payload.U64(welcome->region_bytes);
+  } else {
+    type = AgentMessageType::kReject;
+    payload.Str(std::get<AgentReject>(message).reason);
+  }
+  Writer out;
+  out.U32(kAgentMagic);
+  out.U16(kAgentProtocolVersion);
+  out.U16(static_cast<uint16_t>(type));
+  out.U32(static_cast<uint32_t>(payload.out().size()));
+  out.U32(0);
+  out.out() += payload.out();
+  return std::move(out.out());
+}
+
+absl::StatusOr<AgentMessage> DecodeAgentMessage(absl::string_view bytes) {
+  if (bytes.size() > kAgentMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "agent message: %u bytes, more than %u", static_cast<unsigned>(bytes.size()),
+        static_cast<unsigned>(kAgentMaxMessageBytes)));
+  }
+  Reader header(bytes.substr(0, kAgentHeaderBytes));
+  uint32_t magic = 0, length = 0, zero = 0;
+  uint16_t version = 0, type = 0;
+  INPROF_RETURN_IF_ERROR(header.U32("header (magic)", magic));
+  if (magic != kAgentMagic) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "agent message: bad magic 0x%08x (not an inprof agent peer?)", magic));
+  }
+  INPROF_RETURN_IF_ERROR(header.U16("header (version)", version));
+  if (version != kAgentProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "agent protocol version %u, this side speaks version %u (use an "
+        "inprof agent and library of the same release)",
+        version, kAgentProtocolVersion));
+  }
+  INPROF_RETURN_IF_ERROR(header.U16("header (type)", type));
+  INPROF_RETURN_IF_ERROR(header.U32("header (length)", length));
+  INPROF_RETURN_IF_ERROR(header.U32("header (reserved)", zero));
+  if (zero != 0) {
+    return absl::InvalidArgumentError(
+        "agent message: header (reserved) is not zero");
+  }
+  if (length != bytes.size() - kAgentHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "agent message: header says %u payload bytes, %u came", length,
+        static_cast<unsigned>(bytes.size() - kAgentHeaderBytes)));
+  }
+  Reader in(bytes.substr(kAgentHeaderBytes));
+  switch (static_cast<AgentMessageType>(type)) {
+    case AgentMessageType::kHello: {
+      AgentHello hello;
+      int32_t pid = 0;
+      INPROF_RETURN_IF_ERROR(in.I32("hello.pid", pid));
+      if (pid <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("agent message: hello.pid ", pid, " is not a process id"));
+      }
+      hello.pid = pid;
+      INPROF_RETURN_IF_ERROR(in.Str("hello.program", hello.program));
+      uint32_t tags = 0;
+      INPROF_RETURN_IF_ERROR(in.U32("hello.tags", tags));
+      if (tags > kAgentMaxTags) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "agent message: %u tags, more than %u", tags,
+            static_cast<unsigned>(kAgentMaxTags)));
+      }
+      for (uint32_t i = 0; i < tags; ++i) {
+        std::string key, value;
+        INPROF_RETURN_IF_ERROR(in.Str("hello.tags (key)", key));
+        INPROF_RETURN_IF_ERROR(in.Str("hello.tags (value)", value));
+        if (key.empty()) {
+          return absl::InvalidArgumentError("agent message: a hello tag has an empty key");
+        }
+        hello.tags.emplace_back(std::move(key), std::move(value));
+      }
+      INPROF_RETURN_IF_ERROR(in.U32("hello.max_threads", hello.max_threads));
+      INPROF_RETURN_IF_ERROR(in.U32("hello.ring_bytes", hello.ring_bytes));
+      if (hello.max_threads == 0 || hello.max_threads > kAgentMaxThreads ||
+          hello.ring_bytes < 4096 || hello.ring_bytes > kAgentMaxRingBytes ||
+          hello.ring_bytes % 4096 != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "agent message: hello asks for %u rings of %u bytes (accepted: "
+            "1-%u rings, 4 KiB-1 MiB each, a multiple of 4 KiB)",
+            hello.max_threads, hello.ring_bytes,
+            static_cast<unsigned>(kAgentMaxThreads)));
+      }
+      INPROF_RETURN_IF_ERROR(in.End("hello"));
+      return hello;
+    }
+    case AgentMessageType::kWelcome: {
+      AgentWelcome welcome;
+      int32_t pid = 0;
+      INPROF_RETURN_IF_ERROR(in.I32("welcome.agent_pid", pid));
+      welcome.agent_pid = pid;
+      INPROF_RETURN_IF_ERROR(in.U64("welcome.region_bytes", welcome.region_bytes));
+      if (welcome.region_bytes == 0 ||
+          welcome.region_bytes > uint64_t{kAgentMaxThreads} * kAgentMaxRingBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "agent message: welcome.region_bytes ", welcome.region_bytes,
+            " is out of range"));
+      }
+      INPROF_RETURN_IF_ERROR(in.End("welcome"));
+      return welcome;
+    }
+    case AgentMessageType::kReject: {
+      AgentReject reject;
+      INPROF_RETURN_IF_ERROR(in.Str("reject.reason", reject.reason));
+      INPROF_RETURN_IF_ERROR(in.End("reject"));
+      return reject;
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("agent message: unknown type ", type));
+}
+
+absl::StatusOr<AgentSocketAddress> ParseAgentSocketAddress(absl::string_view value) {
+  AgentSocketAddress address;
+  address.abstract = !value.empty() && value.front() == '@';
+  address.name = std::string(address.abstract ? value.substr(1) : value);
+  if (address.name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "agent socket: the name contains a NUL byte");
+  }
+  socklen_t length = 0;
+  if (auto sa = ToSockaddr(address, length); !sa.ok()) return sa.status();
+  return address;
+}
+
+AgentSocketAddress NewAgentSocketAddress() {
+  std::random_device rd;
+  AgentSocketAddress address;
+  address.abstract = true;
+  address.name = absl::StrFormat("inprof-agent-%u-%d-%08x", getuid(), getpid(), rd());
+  return address;
+}
+
+namespace {
+// A socket and the address to bind or connect it to.
+struct UnboundSocket {
+  int fd = -1;
+  sockaddr_un sa{};
+  socklen_t length = 0;
+  const sockaddr* addr() const { return reinterpret_cast<const sockaddr*>(&sa); }
+};
+absl::StatusOr<UnboundSocket> NewSocket(const AgentSocketAddress& address) {
+  UnboundSocket s;
+  auto sa = ToSockaddr(address, s.length);
+  if (!sa.ok()) return sa.status();
+  s.sa = *sa;
+  s.fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s.fd < 0) return absl::InternalError(Errno("agent socket: socket"));
+  return s;
+}
+}  // namespace
+
+absl::StatusOr<int> ListenAgentSocket(const AgentSocketAddress& address) {
+  auto s = NewSocket(address);
+  if (!s.ok()) return s.status();
+  const int fd = s->fd;
+  if (bind(fd, s->addr(), s->length) != 0 || listen(fd, 64) != 0) {
+    const std::string error = absl::StrCat(
+        "agent socket \"", address.ToString(), "\": ",
+        errno == EADDRINUSE ? "already in use (another agent listens there?)"
+                            : std::strerror(errno));
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  return fd;
+}
+
+absl::StatusOr<int> ConnectAgentSocket(const AgentSocketAddress& address) {
+  auto s = NewSocket(address);
+  if (!s.ok()) return s.status();
+  const int fd = s->fd;
+  int rc;
+  do {
+    rc = connect(fd, s->addr(), s->length);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const std::string error = absl::StrCat(
+        "agent socket \"", address.ToString(), "\": ",
+        errno == ECONNREFUSED || errno == ENOENT
+            ? "no agent listens there (start one with `inprof agent`)"
+            : std::strerror(errno));
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  return fd;
+}
+
+absl::Status SendAgentMessage(int socket, const AgentMessage& message, int pass_fd) {
+  const std::string bytes = EncodeAgentMessage(message);
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (pass_fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(socket, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    return absl::UnavailableError(
+        errno == EPIPE || errno == ECONNRESET
+            ? std::string("agent connection: the peer is gone")
+            : Errno("agent connection: sendmsg"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AgentMessage> ReceiveAgentMessage(int socket, int timeout_ms,
+                                                 int* received_fd) {
+  if (received_fd != nullptr) *received_fd = -1;
+  pollfd p{socket, POLLIN, 0};
+  int ready;
+  do {
+    ready = poll(&p, 1, timeout_ms);
+  } while (ready < 0 && errno == EINTR);
+  if (ready < 0) return absl::InternalError(Errno("agent connection: poll"));
+  if (ready == 0) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "agent connection: no message within ", timeout_ms, " ms"));
+  }
+  std::string buffer(kAgentMaxMessageBytes + 1, '\0');
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  // Descriptors that came along are ours to close, whatever the message.
+  int fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int passed;
+      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (fd < 0 && received_fd != nullptr) {
+        fd = passed;
+      } else {
+        close(passed);
+      }
+    }
+  }
+  auto fail = [&](absl::Status status) {
+    if (fd >= 0) close(fd);
+    return status;
+  };
+  if (n < 0) {
+    return fail(absl::UnavailableError(Errno("agent connection: recvmsg")));
+  }
+  if (n == 0) {
+    return fail(absl::UnavailableError("agent connection: the peer closed it"));
+  }
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    return fail(absl::InvalidArgumentError(absl::StrFormat(
+        "agent message: more than %u bytes", static_cast<unsigned>(kAgentMaxMessageBytes))));
+  }
+  auto message = DecodeAgentMessage(absl::string_view(buffer.data(), n));
+  if (!message.ok()) return fail(message.status());
+  if (received_fd != nullptr) *received_fd = fd;
+  return message;
+}
+
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket) {
+  ucred cred{};
+  socklen_t length = sizeof(cred);
+  if (getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0) {
+    return absl::InternalError(Errno("agent connection: SO_PEERCRED"));
+  }
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+absl::StatusOr<AgentConnection> ConnectToAgent(const AgentSocketAddress& address,
+                                               const AgentHello& hello,
+                                               int timeout_ms) {
+  auto socket = ConnectAgentSocket(address);
+  if (!socket.ok()) return socket.status();
+  AgentConnection connection;
+  connection.socket = *socket;
+  auto fail = [&](absl::Status status) {
+    close(connection.socket);
+    return absl::Status(status.code(), absl::StrCat("agent socket \"", address.ToString(),
+                                                    "\": ", status.message()));
+  };
+  auto peer = GetPeerCredentials(connection.socket);
+  if (!peer.ok()) return fail(peer.status());
+  if (peer->uid != getuid() && peer->uid != 0) {
+    return fail(absl::PermissionDeniedError(absl::StrFormat(
+        "the agent there runs as uid %u, not as this process's user (uid "
+        "%u): refusing to hand it this process's samples",
+        peer->uid, getuid())));
+  }
+  if (absl::Status st = SendAgentMessage(connection.socket, hello); !st.ok()) {
+    return fail(st);
+  }
+  int region_fd = -1;
+  auto answer = ReceiveAgentMessage(connection.socket, timeout_ms, &region_fd);
+  if (!answer.ok()) return fail(answer.status());
+  if (const auto* reject = std::get_if<AgentReject>(&*answer)) {
+    if (region_fd >= 0) close(region_fd);
+    return fail(absl::PermissionDeniedError(
+        absl::StrCat("the agent refused: ", reject->reason)));
+  }
+  const auto* welcome = std::get_if<AgentWelcome>(&*answer);
+  if (welcome == nullptr || region_fd < 0) {
+    if (region_fd >= 0) close(region_fd);
+    return fail(absl::InvalidArgumentError(
+        "the agent answered without a welcome and its shared memory"));
+  }
+  connection.welcome = *welcome;
+  connection.region_fd = region_fd;
+  return connection;
+}
+
+}  // namespace inprof::internal

@@ -1,0 +1,233 @@
+#include "src/agent/agent_server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace inprof::agent {
+
+struct AgentServer::Client {
+  int fd = -1;
+  int region_fd = -1;
+  internal::PeerCredentials peer;
+  std::chrono::steady_clock::time_point accepted;
+  bool welcomed = false;
+  AgentProcess process;
+};
+
+AgentServer::AgentServer(AgentServerOptions options) : options_(std::move(options)) {}
+
+AgentServer::~AgentServer() { Stop(); }
+
+absl::Status AgentServer::Start() {
+  if (thread_.joinable()) return absl::OkStatus();
+  auto fd = internal::ListenAgentSocket(options_.address);
+  if (!fd.ok()) return fd.status();
+  listen_fd_ = *fd;
+  wake_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+    return absl::InternalError(absl::StrCat("agent: eventfd: ", std::strerror(errno)));
+  }
+  thread_ = std::thread([this] { Serve(); });
+  return absl::OkStatus();
+}
+
+void AgentServer::Stop() {
+  if (!thread_.joinable()) return;
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  thread_.join();
+  close(wake_fd_);
+  close(listen_fd_);
+  wake_fd_ = listen_fd_ = -1;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& c : clients_) {
+    if (c->fd >= 0) close(c->fd);
+    if (c->region_fd >= 0) close(c->region_fd);
+    c->fd = c->region_fd = -1;
+    c->process.connected = false;
+  }
+}
+
+std::vector<AgentProcess> AgentServer::Processes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<AgentProcess> out;
+  for (const auto& c : clients_) {
+    if (c->welcomed) out.push_back(c->process);
+  }
+  return out;
+}
+
+void AgentServer::Log(const std::string& line) const {
+  if (options_.log != nullptr) options_.log(line);
+}
+
+void AgentServer::Serve() {
+  std::vector<pollfd> fds;
+  std::vector<Client*> polled;
+  for (;;) {
+    fds.clear();
+    polled.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& c : clients_) {
+        if (c->fd < 0) continue;
+        fds.push_back({c->fd, POLLIN, 0});
+        polled.push_back(c.get());
+      }
+    }
+    const int ready = poll(fds.data(), fds.size(), 100);
+    if (ready < 0 && errno != EINTR) {
+      Log(absl::StrCat("agent: poll: ", std::strerror(errno)));
+      return;
+    }
+    if ((fds[0].revents & POLLIN) != 0) return;
+    if ((fds[1].revents & POLLIN) != 0) Accept();
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < polled.size(); ++i) {
+      Client& c = *polled[i];
+      if ((fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        if (!c.welcomed) {
+          Handshake(c);
+          continue;
+        }
+        // Version 1 says nothing after its hello: the process is gone, or
+        // it speaks garbage.
+        auto message = internal::ReceiveAgentMessage(c.fd, 0);
+        std::lock_guard<std::mutex> lock(mutex_);
+        Log(message.ok() || absl::IsUnavailable(message.status())
+                ? absl::StrFormat("agent: pid %d (%s) disconnected", c.peer.pid,
+                                  c.process.hello.program)
+                : absl::StrFormat("agent: pid %d (%s) dropped: %s", c.peer.pid,
+                                  c.process.hello.program,
+                                  message.status().message()));
+        close(c.fd);
+        c.fd = -1;
+        c.process.connected = false;
+      } else if (!c.welcomed &&
+                 now - c.accepted > std::chrono::milliseconds(options_.handshake_timeout_ms)) {
+        Refuse(c, absl::StrCat("no hello within ", options_.handshake_timeout_ms, " ms"));
+      }
+    }
+    // Connections that never became a process are forgotten.
+    std::lock_guard<std::mutex> lock(mutex_);
+    clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
+                                  [](const std::unique_ptr<Client>& c) {
+                                    return c->fd < 0 && !c->welcomed;
+                                  }),
+                   clients_.end());
+  }
+}
+
+void AgentServer::Accept() {
+  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  auto client = std::make_unique<Client>();
+  client->fd = fd;
+  client->accepted = std::chrono::steady_clock::now();
+  auto peer = internal::GetPeerCredentials(fd);
+  if (!peer.ok()) {
+    Log(absl::StrCat("agent: ", peer.status().message()));
+    close(fd);
+    return;
+  }
+  client->peer = *peer;
+  std::lock_guard<std::mutex> lock(mutex_);
+  clients_.push_back(std::move(client));
+}
+
+void AgentServer::Refuse(Client& client, const std::string& reason) {
+  refused_.fetch_add(1);
+  Log(absl::StrFormat("agent: refused pid %d (uid %u): %s", client.peer.pid,
+                      client.peer.uid, reason));
+  (void)internal::SendAgentMessage(client.fd, internal::AgentReject{reason});
+  close(client.fd);
+  client.fd = -1;
+}
+
+void AgentServer::Handshake(Client& client) {
+  int stray_fd = -1;
+  auto message = internal::ReceiveAgentMessage(client.fd, 0, &stray_fd);
+  if (stray_fd >= 0) close(stray_fd);  // a process passes nothing
+  if (!message.ok()) {
+    if (absl::IsUnavailable(message.status())) {  // gone before its hello
+      close(client.fd);
+      client.fd = -1;
+      return;
+    }
+    Refuse(client, std::string(message.status().message()));
+    return;
+  }
+  // Refused after its hello is read: closing a socket with unread data
+  // resets it, and the process would see "connection reset" instead of
+  // the reason.
+  const uid_t self = getuid();
+  const uid_t uid = client.peer.uid;
+  if (uid != self && uid != 0 &&
+      std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
+                uid) == options_.allowed_uids.end()) {
+    Refuse(client, absl::StrFormat(
+                       "uid %u may not use this agent (it runs as uid %u; "
+                       "`inprof agent --allow-uid %u` serves that user too)",
+                       uid, self, uid));
+    return;
+  }
+  const auto* hello = std::get_if<internal::AgentHello>(&*message);
+  if (hello == nullptr) {
+    Refuse(client, "the first message must be a hello");
+    return;
+  }
+  const uint64_t bytes = uint64_t{hello->max_threads} * hello->ring_bytes;
+  const int region = memfd_create(absl::StrCat("inprof-rings-", client.peer.pid).c_str(),
+                                  MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  // The process must not shrink the region under the agent's mapping (a
+  // read past the end would be SIGBUS in the agent).
+  if (region < 0 || ftruncate(region, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(region, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    const std::string error = std::strerror(errno);
+    if (region >= 0) close(region);
+    Refuse(client, absl::StrCat("the agent could not make ", bytes,
+                                " bytes of shared memory: ", error));
+    return;
+  }
+  if (absl::Status st = internal::SendAgentMessage(
+          client.fd, internal::AgentWelcome{getpid(), bytes}, region);
+      !st.ok()) {
+    Log(absl::StrFormat("agent: pid %d: %s", client.peer.pid, st.message()));
+    close(region);
+    close(client.fd);
+    client.fd = -1;
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  client.region_fd = region;
+  client.welcomed = true;
+  client.process.hello = *hello;
+  client.process.peer = client.peer;
+  client.process.region_bytes = bytes;
+  client.process.connected = true;
+  if (hello->pid != client.peer.pid) {
+    // Another PID namespace: the kernel's view is the one /proc answers to.
+    client.process.hello.pid = client.peer.pid;
+  }
+  Log(absl::StrFormat("agent: pid %d (%s) connected: %u rings of %u bytes",
+                      client.peer.pid, hello->program, hello->max_threads,
+                      hello->ring_bytes));
+}
+
+}  // namespace inprof::agent

@@ -1,0 +1,95 @@
+// internal: not part of the public API.
+//
+// The listening half of `inprof agent` (include/inprof/internal/
+// agent_protocol.h): one thread accepts profiled processes on a Unix
+// socket, checks who they are (SO_PEERCRED: the agent's own user, root, or
+// a uid it was told to accept), answers each Hello with a Welcome and a
+// memfd sized for the rings it asked for -- or a one-line Reject -- and
+// keeps the connection to learn when the process is gone. A peer that
+// sends garbage, stalls in its handshake or vanishes is logged and dropped;
+// the agent goes on serving the others.
+//
+// Status (issue 16): registration only. The regions are created, shared
+// and kept per process (also after it exited), but nothing drains,
+// symbolizes or exports them yet.
+//
+// Example:
+//   AgentServer server({.address = internal::NewAgentSocketAddress()});
+//   if (absl::Status st = server.Start(); !st.ok()) { ... }
+//   ... processes connect ...
+//   for (const auto& p : server.Processes()) { ... }
+//   server.Stop();
+#ifndef INPROF_SRC_AGENT_AGENT_SERVER_H_
+#define INPROF_SRC_AGENT_AGENT_SERVER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "inprof/internal/agent_protocol.h"
+
+namespace inprof::agent {
+
+struct AgentServerOptions {
+  internal::AgentSocketAddress address;
+  // Users besides the agent's own (and root) whose processes it serves.
+  std::vector<uid_t> allowed_uids;
+  // A connected peer must say hello within this time.
+  int handshake_timeout_ms = 2000;
+  // Where one line per event goes (nullptr: nowhere).
+  void (*log)(const std::string& line) = nullptr;
+};
+
+// A process the agent serves or served.
+struct AgentProcess {
+  internal::AgentHello hello;
+  internal::PeerCredentials peer;
+  uint64_t region_bytes = 0;
+  bool connected = false;
+};
+
+class AgentServer {
+ public:
+  explicit AgentServer(AgentServerOptions options);
+  ~AgentServer();
+  AgentServer(const AgentServer&) = delete;
+  AgentServer& operator=(const AgentServer&) = delete;
+
+  // Binds and listens, then serves on a thread of its own. The error names
+  // the address (in use, too long, ...).
+  absl::Status Start();
+  void Stop();
+
+  const internal::AgentSocketAddress& address() const { return options_.address; }
+  std::vector<AgentProcess> Processes() const;
+  // Connections refused (credentials, version, malformed hello, timeout).
+  uint64_t refused() const { return refused_.load(); }
+
+ private:
+  struct Client;
+  void Serve();
+  void Accept();
+  // The client's hello arrived (or did not): welcome it or drop it.
+  void Handshake(Client& client);
+  void Refuse(Client& client, const std::string& reason);
+  void Log(const std::string& line) const;
+
+  AgentServerOptions options_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: Stop() wakes the serving thread
+  std::thread thread_;
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Client>> clients_;  // mutex_
+  std::atomic<uint64_t> refused_{0};
+};
+
+}  // namespace inprof::agent
+
+#endif  // INPROF_SRC_AGENT_AGENT_SERVER_H_

@@ -1,0 +1,133 @@
+// `inprof agent [--socket ADDR] [--allow-uid UID]...`: the out-of-process
+// agent of ddprof's design (src/agent/agent_server.h). It listens until
+// SIGINT or SIGTERM, printing the address profiled processes connect to
+// (INPROF_AGENT_SOCKET) and one line per process that connects, leaves or
+// is refused.
+//
+// Status (issue 16): the agent registers processes and shares their ring
+// memory; it does not yet collect, symbolize or export their samples, and
+// the library does not yet connect to it.
+#include <getopt.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "inprof/internal/agent_protocol.h"
+#include "src/agent/agent_server.h"
+#include "src/cli/command.h"
+
+namespace inprof::cli {
+
+const char kAgentHelp[] =
+    "usage: inprof agent [OPTIONS]\n"
+    "\n"
+    "Runs the profiling agent: profiled processes connect to it over a Unix\n"
+    "socket and get the shared memory their sample rings live in. Runs until\n"
+    "SIGINT or SIGTERM. Preview: processes are registered (pid, program, tags)\n"
+    "but their samples are not collected or exported yet.\n"
+    "\n"
+    "Options:\n"
+    "  -s, --socket=ADDR    where to listen: @NAME (abstract, no file) or a\n"
+    "                       path (default: INPROF_AGENT_SOCKET, else a fresh\n"
+    "                       @inprof-agent-UID-PID-RANDOM)\n"
+    "      --allow-uid=UID  also serve this user's processes (repeatable; the\n"
+    "                       agent's own user and root always are)\n"
+    "  -h, --help           this text\n";
+
+namespace {
+void LogLine(const std::string& line) {
+  const std::string out = line + "\n";
+  fputs(out.c_str(), stderr);
+}
+// The server's lines begin "agent: ".
+void LogServerLine(const std::string& line) { LogLine("inprof " + line); }
+}  // namespace
+
+int AgentMain(int argc, char** argv) {
+  static const option kOptions[] = {
+      {"socket", required_argument, nullptr, 's'},
+      {"allow-uid", required_argument, nullptr, 'u'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  agent::AgentServerOptions options;
+  std::string socket;
+  if (const char* env = getenv("INPROF_AGENT_SOCKET"); env != nullptr && *env != 0) {
+    socket = env;
+  }
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "+s:h", kOptions, nullptr)) != -1) {
+    switch (c) {
+      case 's':
+        socket = optarg;
+        break;
+      case 'u': {
+        uint32_t uid = 0;
+        if (!absl::SimpleAtoi(optarg, &uid)) {
+          PrintError("agent", absl::StrCat("--allow-uid \"", optarg,
+                                           "\": expected a numeric user id"));
+          return 2;
+        }
+        options.allowed_uids.push_back(static_cast<uid_t>(uid));
+        break;
+      }
+      case 'h':
+        fputs(kAgentHelp, stdout);
+        return 0;
+      default:
+        PrintError("agent", absl::StrCat("unknown option \"", argv[optind - 1],
+                                         "\" (inprof agent --help)"));
+        return 2;
+    }
+  }
+  if (optind < argc) {
+    PrintError("agent", absl::StrCat("unexpected argument \"", argv[optind],
+                                     "\" (inprof agent --help)"));
+    return 2;
+  }
+  if (socket.empty()) {
+    options.address = internal::NewAgentSocketAddress();
+  } else {
+    auto address = internal::ParseAgentSocketAddress(socket);
+    if (!address.ok()) {
+      PrintError("agent", std::string(address.status().message()));
+      return 2;
+    }
+    options.address = *address;
+  }
+  options.log = &LogServerLine;
+  // Wait for SIGINT/SIGTERM synchronously; the serving thread (created
+  // after this) inherits the mask.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  agent::AgentServer server(options);
+  if (absl::Status st = server.Start(); !st.ok()) {
+    PrintError("agent", std::string(st.message()));
+    return 1;
+  }
+  LogLine(absl::StrCat("inprof agent: listening on ", options.address.ToString(),
+                       " (pid ", getpid(), ")"));
+  printf("INPROF_AGENT_SOCKET=%s\n", options.address.ToString().c_str());
+  fflush(stdout);
+  int sig = 0;
+  while (sigwait(&stop, &sig) != 0) {
+  }
+  server.Stop();
+  LogLine(absl::StrCat("inprof agent: stopped by signal ", sig, "; served ",
+                       server.Processes().size(), " processes, refused ",
+                       server.refused()));
+  return 0;
+}
+
+}  // namespace inprof::cli
