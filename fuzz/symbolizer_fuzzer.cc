@@ -4,7 +4,8 @@
 // The input is written to a memfd and symbolized by path
 // (/proc/self/fd/N) at a few addresses: 0, the ELF entry point read from the
 // input, and addresses around it. Checked: nothing crashes; a failure is an
-// error status naming the path.
+// error status naming the path. The same bytes also go to the line-table
+// reader and to the /proc/PID/maps parser.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,7 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "inprof/internal/line_table.h"
+#include "inprof/internal/process_maps.h"
 #include "inprof/symbolizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -43,6 +46,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
         }
       }
+    }
+  }
+  // The input as another process's /proc/PID/maps (what the agent's
+  // symbolizer parses): entries that keep their order, or one error line.
+  {
+    auto maps = inprof::internal::ParseProcessMaps(
+        absl::string_view(reinterpret_cast<const char*>(data), size));
+    if (maps.ok()) {
+      for (const auto& m : *maps) {
+        if (m.limit < m.start) std::abort();
+      }
+    } else if (maps.status().message().find('\n') != absl::string_view::npos) {
+      std::abort();
     }
   }
   static const int fd = memfd_create("inprof-fuzz-elf", 0);

@@ -30,6 +30,8 @@
 #ifndef INPROF_SYMBOLIZER_H_
 #define INPROF_SYMBOLIZER_H_
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -126,6 +128,16 @@ class Symbolizer {
   };
   ModuleCapabilities Capabilities(int module) const;
 
+  // A symbolizer of another process's addresses (the agent's, issue 16):
+  // its modules come from /proc/PID/maps, each file opened as the process
+  // mapped it (/proc/PID/map_files/; by path only when its device and
+  // inode match), and kept open: Refresh() picks up what the process maps
+  // later, and once the process is gone its last module map stays and
+  // symbolizes on. Needs the right to read the process's maps (same user,
+  // or root). The error names /proc/PID/maps.
+  static absl::StatusOr<std::unique_ptr<Symbolizer>> ForProcess(pid_t pid,
+                                                                bool symbolize = true);
+
   // Symbolizes addresses of the ELF file at `path`, which need not be loaded:
   // `file_addresses` are virtual addresses as the file's program headers lay
   // it out (a runtime address minus the load bias), looked up exactly (no
@@ -136,6 +148,7 @@ class Symbolizer {
       const std::string& path, const std::vector<uint64_t>& file_addresses);
 
  private:
+  Symbolizer(pid_t pid, bool symbolize);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,7 +1,8 @@
 // Symbolizer on elfutils' libdwfl.
 //
 // The module map comes from dl_iterate_phdr (the loader's own list, so it
-// agrees with what the process executes, including the vDSO). Each loaded
+// agrees with what the process executes, including the vDSO); for another
+// process (Symbolizer::ForProcess), from its /proc/PID/maps (ScanProcess). Each loaded
 // ELF object gets its own Dwfl session holding exactly one module, opened
 // lazily on the first lookup inside it and placed at bias 0, so that lookups
 // use file virtual addresses (runtime address minus the load bias). One
@@ -30,6 +31,7 @@
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -53,6 +55,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "inprof/internal/line_table.h"
+#include "inprof/internal/process_maps.h"
 #include "inprof/internal/log.h"
 
 namespace inprof {
@@ -1047,10 +1050,24 @@ absl::StatusOr<int> VdsoImageFd(const unsigned char* image, size_t size) {
   return fd;
 }
 
-// One loaded ELF object as dl_iterate_phdr reports it.
+// A descriptor shared by the module maps that name the same object.
+struct OpenFile {
+  explicit OpenFile(int f) : fd(f) {}
+  ~OpenFile() { close(fd); }
+  OpenFile(const OpenFile&) = delete;
+  OpenFile& operator=(const OpenFile&) = delete;
+  int fd;
+};
+
+// One loaded ELF object as dl_iterate_phdr reports it (or, for another
+// process, as its /proc/PID/maps shows it).
 struct LoadedObject {
   std::string path;       // ModuleInfo::path
   std::string open_path;  // file to read; empty for the vDSO
+  // Another process's object: the file it mapped, opened while it ran (so
+  // that it can be read after the process exited or the file was replaced).
+  std::shared_ptr<OpenFile> file;
+  std::string open_error;  // why it could not be opened (another process)
   uint64_t bias = 0;      // dlpi_addr
   std::string build_id;
   const unsigned char* vdso_image = nullptr;  // set for the vDSO
@@ -1155,6 +1172,137 @@ std::pair<unsigned long long, unsigned long long> LoaderCounters() {
   return counters;
 }
 
+// Another process's objects, from its /proc/PID/maps: every file mapped
+// executable (and its vDSO), grouped by file. Each file is opened through
+// /proc/PID/map_files/ -- the very inode the process mapped, even when the
+// path now names another file -- or, where that is refused, by its path
+// under /proc/PID/root with its device and inode checked against the maps
+// line: a file replaced on disk is never read for the code it replaced.
+ScanResult ScanProcess(pid_t pid, const std::vector<internal::MapsEntry>& maps) {
+  ScanResult scan;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  absl::flat_hash_set<std::string> seen;  // dev:inode:path
+  for (const internal::MapsEntry& entry : maps) {
+    if (!entry.executable) continue;
+    LoadedObject obj;
+    obj.path = entry.path;
+    Elf* elf = nullptr;
+    std::shared_ptr<OpenFile> file;
+    if (entry.path == "[vdso]") {
+      // The same kernel maps the same vDSO image into every process: read
+      // ours.
+      const uint64_t vdso = getauxval(AT_SYSINFO_EHDR);
+      if (vdso == 0) continue;
+      const auto* ehdr = reinterpret_cast<const ElfW(Ehdr)*>(vdso);
+      const auto* phdr = reinterpret_cast<const ElfW(Phdr)*>(vdso + ehdr->e_phoff);
+      for (int i = 0; i < ehdr->e_phnum; ++i) {
+        if (phdr[i].p_type == PT_LOAD && phdr[i].p_offset == 0) {
+          obj.vdso_image = reinterpret_cast<const unsigned char*>(vdso);
+          obj.vdso_size = VdsoImageSize(vdso, phdr[i].p_filesz);
+          obj.bias = entry.start - (phdr[i].p_vaddr & ~(page - 1));
+        }
+        if (phdr[i].p_type == PT_NOTE && obj.build_id.empty()) {
+          obj.build_id = BuildIdFromNotes(
+              reinterpret_cast<const unsigned char*>(vdso + phdr[i].p_offset),
+              phdr[i].p_filesz, phdr[i].p_align);
+        }
+      }
+      if (obj.vdso_image == nullptr) continue;
+      for (int i = 0; i < ehdr->e_phnum; ++i) {
+        if (phdr[i].p_type == PT_LOAD && (phdr[i].p_flags & PF_X) != 0) {
+          ModuleInfo m;
+          m.path = obj.path;
+          m.start = obj.bias + phdr[i].p_vaddr;
+          m.limit = m.start + phdr[i].p_memsz;
+          m.file_offset = phdr[i].p_offset;
+          m.build_id = obj.build_id;
+          obj.segments.push_back(std::move(m));
+        }
+      }
+      scan.objects.push_back(std::move(obj));
+      continue;
+    }
+    if (entry.path.empty() || entry.path.front() != '/' || entry.inode == 0) continue;
+    if (!seen.insert(absl::StrCat(entry.dev_major, ":", entry.dev_minor, ":",
+                                  entry.inode, ":", entry.path))
+             .second) {
+      continue;  // another executable mapping of an object already listed
+    }
+    int fd = open(absl::StrFormat("/proc/%d/map_files/%x-%x", pid, entry.start,
+                                  entry.limit)
+                      .c_str(),
+                  O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      fd = open(absl::StrCat("/proc/", pid, "/root", entry.path).c_str(),
+                O_RDONLY | O_CLOEXEC);
+      struct stat st;
+      if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_ino != entry.inode ||
+                      major(st.st_dev) != entry.dev_major ||
+                      minor(st.st_dev) != entry.dev_minor)) {
+        close(fd);
+        fd = -1;
+        obj.open_error = "the file at that path is not the one the process "
+                         "mapped (replaced on disk)";
+      } else if (fd < 0) {
+        obj.open_error = std::strerror(errno);
+      }
+    }
+    if (fd >= 0) {
+      file = std::make_shared<OpenFile>(fd);
+      elf = elf_begin(fd, ELF_C_READ, nullptr);
+    }
+    // Where the process placed the file: the PT_LOAD this mapping shows.
+    bool placed = false;
+    size_t phnum = 0;
+    if (elf != nullptr && elf_kind(elf) == ELF_K_ELF && elf_getphdrnum(elf, &phnum) == 0) {
+      for (size_t i = 0; i < phnum; ++i) {
+        GElf_Phdr ph;
+        if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr) continue;
+        if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X) != 0 &&
+            (ph.p_offset & ~(page - 1)) == entry.offset) {
+          obj.bias = entry.start - (ph.p_vaddr & ~(page - 1));
+          placed = true;
+        }
+      }
+      const void* id = nullptr;
+      const ssize_t id_len = dwelf_elf_gnu_build_id(elf, &id);
+      if (id_len > 0) {
+        obj.build_id = HexBytes(static_cast<const unsigned char*>(id),
+                                static_cast<size_t>(id_len));
+      }
+    }
+    if (placed) {
+      for (size_t i = 0; i < phnum; ++i) {
+        GElf_Phdr ph;
+        if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr) continue;
+        if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0 || ph.p_memsz == 0) continue;
+        ModuleInfo m;
+        m.path = obj.path;
+        m.start = obj.bias + ph.p_vaddr;
+        m.limit = m.start + ph.p_memsz;
+        m.file_offset = ph.p_offset;
+        m.build_id = obj.build_id;
+        obj.segments.push_back(std::move(m));
+      }
+    } else {
+      // Unreadable: the mapping itself, so that its addresses are still
+      // attributed to it (module + offset).
+      ModuleInfo m;
+      m.path = obj.path;
+      m.start = entry.start;
+      m.limit = entry.limit;
+      m.file_offset = entry.offset;
+      obj.bias = entry.start - entry.offset;
+      obj.segments.push_back(std::move(m));
+      if (obj.open_error.empty()) obj.open_error = "not an ELF object it can place";
+    }
+    if (elf != nullptr) elf_end(elf);
+    obj.file = placed ? std::move(file) : nullptr;
+    scan.objects.push_back(std::move(obj));
+  }
+  return scan;
+}
+
 }  // namespace
 
 struct Symbolizer::Impl {
@@ -1194,15 +1342,36 @@ struct Symbolizer::Impl {
   // unique_ptr keeps references returned by Lookup stable across rehashes.
   absl::flat_hash_map<uint64_t, std::unique_ptr<SymbolizedAddress>> cache;
   absl::flat_hash_set<std::string> warned;  // paths already warned about
+  // Another process's symbolizer (ForProcess): its pid, and the maps text
+  // the module list was built from.
+  pid_t pid = 0;
+  std::string maps_text;
 
   void Rebuild();
+  void Rebuild(ScanResult scan);
   int FindModule(uint64_t address) const;
   ElfSymbols* SymbolsOf(Object& object);
 };
 
 void Symbolizer::Impl::Rebuild() {
   ScanResult scan;
-  dl_iterate_phdr(ScanCallback, &scan);
+  if (pid != 0) {
+    std::string text;
+    auto maps = internal::ReadProcessMaps(pid, &text);
+    // Gone (or unreadable): the modules it had stay, opened or not.
+    if (!maps.ok() || (scanned && text == maps_text)) {
+      scanned = true;
+      return;
+    }
+    maps_text = std::move(text);
+    scan = ScanProcess(pid, *maps);
+  } else {
+    dl_iterate_phdr(ScanCallback, &scan);
+  }
+  Rebuild(std::move(scan));
+}
+
+void Symbolizer::Impl::Rebuild(ScanResult scan) {
   adds = scan.adds;
   subs = scan.subs;
   scanned = true;
@@ -1286,6 +1455,15 @@ ElfSymbols* Symbolizer::Impl::SymbolsOf(Object& object) {
   absl::StatusOr<int> fd;
   if (loaded.vdso_image != nullptr) {
     fd = VdsoImageFd(loaded.vdso_image, loaded.vdso_size);
+  } else if (loaded.file != nullptr) {
+    const int f = dup(loaded.file->fd);
+    if (f >= 0) {
+      fd = f;
+    } else {
+      fd = CannotRead(loaded.path, std::strerror(errno));
+    }
+  } else if (!loaded.open_error.empty()) {
+    fd = CannotRead(loaded.path, loaded.open_error);
   } else if (loaded.open_path.empty()) {
     fd = CannotRead(loaded.path, "no file backs this module");
   } else {
@@ -1319,10 +1497,32 @@ Symbolizer::Symbolizer(bool symbolize) : impl_(std::make_unique<Impl>()) {
 
 Symbolizer::~Symbolizer() = default;
 
+Symbolizer::Symbolizer(pid_t pid, bool symbolize) : impl_(std::make_unique<Impl>()) {
+  impl_->symbolize = symbolize;
+  impl_->pid = pid;
+  elf_version(EV_CURRENT);
+}
+
+absl::StatusOr<std::unique_ptr<Symbolizer>> Symbolizer::ForProcess(pid_t pid,
+                                                                   bool symbolize) {
+  if (pid <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("symbolizer: pid ", pid, " is not a process"));
+  }
+  auto maps = internal::ReadProcessMaps(pid);
+  if (!maps.ok()) return maps.status();
+  auto symbolizer = std::unique_ptr<Symbolizer>(new Symbolizer(pid, symbolize));
+  symbolizer->impl_->Rebuild();
+  return symbolizer;
+}
+
 void Symbolizer::Refresh() {
   if (impl_->cached_bytes > impl_->max_cached_bytes) {
     impl_->cache = {};  // also gives the table's memory back
     impl_->cached_bytes = 0;
+  }
+  if (impl_->pid != 0) {
+    impl_->Rebuild();  // re-reads the maps; a no-op when they did not change
+    return;
   }
   auto [adds, subs] = LoaderCounters();
   if (impl_->scanned && adds == impl_->adds && subs == impl_->subs) return;

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <sys/auxv.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "inprof/internal/process_maps.h"
 #include "inprof/internal/line_table.h"
 #include "util/test_util.h"
 
@@ -378,6 +380,153 @@ TEST(SymbolizerTest, UnreadableModuleWarnsOnceAndKeepsItsModule) {
   EXPECT_EQ(err.find(expected), err.rfind(expected)) << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   EXPECT_FALSE(symbolizer.Capabilities(module).has_functions);
+}
+
+TEST(ProcessMapsTest, ParsesWhatTheKernelWrites) {
+  auto maps = internal::ParseProcessMaps(
+      "55d0c0a00000-55d0c0a02000 r--p 00000000 08:01 1048602                    /usr/bin/cat\n"
+      "55d0c0a02000-55d0c0a07000 r-xp 00002000 08:01 1048602                    /usr/bin/cat\n"
+      "7f1e2c000000-7f1e2c021000 rw-p 00000000 00:00 0 \n"
+      "7f1e2d1a0000-7f1e2d1c5000 r-xp 00026000 fd:00 42   /tmp/a lib with spaces.so (deleted)\n"
+      "7ffc8a1f2000-7ffc8a1f4000 r-xp 00000000 00:00 0                          [vdso]\n");
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  ASSERT_THAT(*maps, SizeIs(5));
+  EXPECT_EQ((*maps)[1].start, 0x55d0c0a02000u);
+  EXPECT_EQ((*maps)[1].limit, 0x55d0c0a07000u);
+  EXPECT_TRUE((*maps)[1].executable);
+  EXPECT_FALSE((*maps)[0].executable);
+  EXPECT_EQ((*maps)[1].offset, 0x2000u);
+  EXPECT_EQ((*maps)[1].dev_major, 8u);
+  EXPECT_EQ((*maps)[1].inode, 1048602u);
+  EXPECT_EQ((*maps)[1].path, "/usr/bin/cat");
+  EXPECT_EQ((*maps)[2].path, "");
+  EXPECT_EQ((*maps)[3].path, "/tmp/a lib with spaces.so");
+  EXPECT_TRUE((*maps)[3].deleted);
+  EXPECT_EQ((*maps)[3].dev_major, 0xfdu);
+  EXPECT_EQ((*maps)[4].path, "[vdso]");
+
+  auto bad = internal::ParseProcessMaps(
+      "55d0c0a00000-55d0c0a02000 r--p 00000000 08:01 1 /a\nnot a maps line\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "maps line 2: expected START-END in hex: \"not a maps line\"");
+  EXPECT_FALSE(internal::ParseProcessMaps("2000-1000 r--p 0 08:01 1 /a").ok());
+  EXPECT_FALSE(internal::ParseProcessMaps("1000-2000 r-- 0 08:01 1 /a").ok());
+  EXPECT_FALSE(internal::ParseProcessMaps("1000-2000 r--p 0 0801 1 /a").ok());
+  auto mine = internal::ReadProcessMaps(getpid());
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_THAT(*mine, Not(IsEmpty()));
+}
+
+// Another process, for ForProcess: this test binary re-executed with
+// INPROF_REMOTE_CHILD_LIB set dlopen()s that library, writes the addresses
+// of InprofTestLibFunction and of the library's static helper to stdout,
+// and waits until its stdin closes (a global constructor: before gtest's
+// main).
+__attribute__((constructor)) void RemoteChildMain() {
+  const char* lib = std::getenv("INPROF_REMOTE_CHILD_LIB");
+  if (lib == nullptr) return;
+  void* handle = dlopen(lib, RTLD_NOW);
+  if (handle == nullptr) _exit(3);
+  const auto fn = reinterpret_cast<uintptr_t>(dlsym(handle, "InprofTestLibFunction"));
+  auto static_address = reinterpret_cast<uintptr_t (*)()>(
+      dlsym(handle, "InprofTestLibStaticAddress"));
+  if (fn == 0 || static_address == nullptr) _exit(4);
+  const std::string line = absl::StrCat(fn, " ", static_address(), "\n");
+  if (write(1, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(5);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  _exit(0);
+}
+
+// The agent's view (issue 16): addresses of another process, read from its
+// /proc/PID/maps, with the library it loaded replaced on disk before the
+// symbolizer looked, and still after the process exited.
+TEST(SymbolizerTest, AnotherProcessIsSymbolizedFromItsMapsAlsoAfterItExited) {
+  const std::string lib_path = TestLibPath();
+  ASSERT_THAT(lib_path, Not(IsEmpty())) << "INPROF_SYMBOLIZER_TEST_LIB unset";
+  // A copy that only the child loads: its addresses exist only there.
+  const std::string copy =
+      absl::StrCat(testing::TestTmpDir(), "/remote_lib_", getpid(), ".so");
+  WriteFileBytes(copy, ReadFileBytes(lib_path));
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe2(to_child, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(from_child, O_CLOEXEC), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    setenv("INPROF_REMOTE_CHILD_LIB", copy.c_str(), 1);
+    execl("/proc/self/exe", "symbolizer_test", nullptr);
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  std::string line;
+  char c;
+  while (read(from_child[0], &c, 1) == 1 && c != '\n') line += c;
+  close(from_child[0]);
+  std::vector<std::string> fields = absl::StrSplit(line, ' ');
+  uint64_t fn = 0, helper = 0;
+  ASSERT_EQ(fields.size(), 2u) << "child said \"" << line << "\"";
+  ASSERT_TRUE(absl::SimpleAtoi(fields[0], &fn));
+  ASSERT_TRUE(absl::SimpleAtoi(fields[1], &helper));
+
+  // Replaced on disk (a new inode at the same path, as a package upgrade
+  // does): the symbolizer must read what the child mapped.
+  const std::string other = copy + ".new";
+  WriteFileBytes(other, ReadFileBytes("/proc/self/exe"));
+  ASSERT_EQ(rename(other.c_str(), copy.c_str()), 0);
+
+  auto symbolizer = Symbolizer::ForProcess(child);
+  ASSERT_TRUE(symbolizer.ok()) << symbolizer.status();
+  const int module = ModuleIndexOf(**symbolizer, copy);
+  ASSERT_GE(module, 0) << "the child's library is not in its module map";
+  const SymbolizedAddress& at_fn = (*symbolizer)->Lookup(fn, false);
+  EXPECT_EQ(at_fn.module, module);
+  ASSERT_THAT(at_fn.frames, Not(IsEmpty()));
+  EXPECT_EQ(at_fn.frames.back().function, "InprofTestLibFunction");
+  EXPECT_FALSE((*symbolizer)->modules()[module].build_id.empty());
+  // Its vDSO, read from this process's (the same kernel's) image, placed
+  // where the child has it.
+  if (getauxval(AT_SYSINFO_EHDR) != 0) {
+    const int vdso = ModuleIndexOf(**symbolizer, "[vdso]");
+    ASSERT_GE(vdso, 0);
+    const ModuleInfo m = (*symbolizer)->modules()[vdso];
+    bool named = false;
+    for (uint64_t a = m.start; a < m.limit && !named; a += 4) {
+      for (const SourceFrame& f : (*symbolizer)->Lookup(a, false).frames) {
+        named = named || absl::StrContains(f.function, "clock_gettime");
+      }
+    }
+    EXPECT_TRUE(named) << "no address of the child's vDSO named clock_gettime";
+  }
+  // Not in this process: the same address means nothing here (or
+  // something else).
+  Symbolizer self;
+  const SymbolizedAddress& here = self.Lookup(fn, false);
+  EXPECT_TRUE(here.frames.empty() || here.frames.back().function != "InprofTestLibFunction");
+
+  // The child exits; a lookup of an address not looked up before still
+  // reads the library it mapped.
+  close(to_child[1]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  (*symbolizer)->Refresh();
+  const SymbolizedAddress& at_helper = (*symbolizer)->Lookup(helper, false);
+  EXPECT_EQ(at_helper.module, module);
+  ASSERT_THAT(at_helper.frames, Not(IsEmpty()));
+  EXPECT_THAT(at_helper.frames.back().function, HasSubstr("LibStaticHelper"));
+  EXPECT_THAT(at_helper.frames.back().file, HasSubstr("symbolizer_test_lib.cc"));
+  unlink(copy.c_str());
+
+  auto gone = Symbolizer::ForProcess(child);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().message(),
+            absl::StrCat("cannot read /proc/", child, "/maps: No such file or directory"));
 }
 
 TEST(SymbolizerTest, SymbolizeFileNamesFunctionsOfAFileOnDisk) {
