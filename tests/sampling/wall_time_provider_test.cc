@@ -380,6 +380,16 @@ TEST(WallTimeProviderTest, ThreadsBlockedBeforeTheTablesGetTheirWholeStack) {
   EXPECT_EXIT(std::exit(BlockedFromTheStartChild()), ::testing::ExitedWithCode(0), "");
 }
 
+// Arms `provider` for the calling thread, for tests that drive VisitThread
+// directly.
+void ArmThisThread(const std::string& name, WallTimeProvider& provider,
+                   ThreadContext& thread, WallTimeProvider::ThreadData& data) {
+  ASSERT_TRUE(provider.Configure(WallOptions(name)).ok());
+  thread.tid = static_cast<pid_t>(syscall(SYS_gettid));
+  ASSERT_EQ(pthread_getcpuclockid(pthread_self(), &thread.cpu_clock), 0);
+  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+}
+
 // The ticker's visit to a thread that used nearly all the wall time since
 // the last look as CPU signals it as running without reading its state
 // from /proc (~60 us, the costliest part of such a visit here); a thread
@@ -387,12 +397,9 @@ TEST(WallTimeProviderTest, ThreadsBlockedBeforeTheTablesGetTheirWholeStack) {
 // clocks only move forward, so "ran throughout" and "ran half" are exact.
 TEST(WallTimeProviderTest, ThreadsThatRanThroughoutAreSignalledWithoutAStateRead) {
   WallTimeProvider provider;
-  ASSERT_TRUE(provider.Configure(WallOptions("wall_visit")).ok());
   ThreadContext thread;
-  thread.tid = static_cast<pid_t>(syscall(SYS_gettid));
-  ASSERT_EQ(pthread_getcpuclockid(pthread_self(), &thread.cpu_clock), 0);
   WallTimeProvider::ThreadData data;
-  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_visit", provider, thread, data));
   int64_t values[2] = {};
 
   // Since a look 2 ms ago, this thread used 2 ms of CPU.
@@ -423,12 +430,9 @@ TEST(WallTimeProviderTest, ThreadsThatRanThroughoutAreSignalledWithoutAStateRead
 // the thread ran, not for where it waited.
 TEST(WallTimeProviderTest, ThreadsThatRanThroughoutReuseTheirCpuSample) {
   WallTimeProvider provider;
-  ASSERT_TRUE(provider.Configure(WallOptions("wall_ride")).ok());
   ThreadContext thread;
-  thread.tid = static_cast<pid_t>(syscall(SYS_gettid));
-  ASSERT_EQ(pthread_getcpuclockid(pthread_self(), &thread.cpu_clock), 0);
   WallTimeProvider::ThreadData data;
-  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_ride", provider, thread, data));
   int64_t values[2] = {};
 
   int64_t now = WallTimeProvider::NowNanos();
