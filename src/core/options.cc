@@ -370,6 +370,19 @@ Options Options::FromLookup(const Lookup& lookup,
            absl::Minutes(10), /*allow_zero=*/false, "1s");
   integer("INPROF_UPLOAD_QUEUE", &up.max_queued, 1, kMaxUploadQueue);
 
+  // Library mode (issue 16) is not built yet: a process pointed at an
+  // agent says so and profiles in-process, rather than silently ignoring
+  // the setting.
+  for (const char* name : {"INPROF_AGENT_SOCKET", "INPROF_AGENT"}) {
+    const char* v = lookup(name);
+    if (v != nullptr && *v != '\0' && errors != nullptr) {
+      errors->push_back(absl::StrCat(
+          name, "='", absl::CHexEscape(v),
+          "': profiling through `inprof agent` is not built yet (the agent "
+          "is a preview); profiling in this process"));
+    }
+  }
+
   // A service that uploads does not also leave files behind unless asked.
   if ((dd.enabled || !py.url.empty()) && lookup("INPROF_OUTPUT") == nullptr) {
     options.write_output = false;

@@ -704,6 +704,22 @@ TEST(OptionsEngineTest, CpuEngineAcceptsEachEngineName) {
   EXPECT_TRUE(errors.empty());
 }
 
+// The agent's library mode is not built: a process told to use one says
+// so in one line and profiles in-process.
+TEST(OptionsTest, AnAgentSocketIsNotSilentlyIgnored) {
+  std::vector<std::string> errors;
+  const Options o = FromMap({{"INPROF_AGENT_SOCKET", "@inprof-agent-x"}}, &errors);
+  EXPECT_TRUE(o.Validate().ok());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0],
+            "INPROF_AGENT_SOCKET='@inprof-agent-x': profiling through `inprof "
+            "agent` is not built yet (the agent is a preview); profiling in "
+            "this process");
+  errors.clear();
+  FromMap({{"INPROF_AGENT_SOCKET", ""}}, &errors);
+  EXPECT_TRUE(errors.empty());
+}
+
 TEST(OptionsEngineTest, UnknownCpuEngineKeepsAutoAndSaysWhatIsAccepted) {
   std::vector<std::string> errors;
   const Options o = FromMap({{"INPROF_CPU_ENGINE", "hrtimer"}}, &errors);
