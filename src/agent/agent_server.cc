@@ -218,13 +218,12 @@ void AgentServer::Handshake(Client& client) {
   client.region_fd = region;
   client.welcomed = true;
   client.process.hello = *hello;
+  // The kernel's view of the pid (another PID namespace may say otherwise)
+  // is the one /proc answers to.
+  client.process.hello.pid = client.peer.pid;
   client.process.peer = client.peer;
   client.process.region_bytes = bytes;
   client.process.connected = true;
-  if (hello->pid != client.peer.pid) {
-    // Another PID namespace: the kernel's view is the one /proc answers to.
-    client.process.hello.pid = client.peer.pid;
-  }
   Log(absl::StrFormat("agent: pid %d (%s) connected: %u rings of %u bytes",
                       client.peer.pid, hello->program, hello->max_threads,
                       hello->ring_bytes));
