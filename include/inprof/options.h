@@ -30,6 +30,8 @@
 // | INPROF_UPLOAD_RETRIES | 3   | 0 to 10                                    |
 // | INPROF_UPLOAD_BACKOFF | 1s  | 10ms to 10m                                |
 // | INPROF_UPLOAD_QUEUE   | 4   | 1 to 64 profiles waiting per endpoint      |
+// | INPROF_AGENT_SOCKET   |     | @NAME or a path: profile through the agent |
+// | INPROF_AGENT_FALLBACK | local | local or off: when the agent is gone     |
 //
 // When an upload is enabled and INPROF_OUTPUT is not set, no file is written
 // (write_output = false).
@@ -109,6 +111,15 @@ enum class CpuEngine {
 // "auto", "perf", "timer", "itimer".
 const char* CpuEngineName(CpuEngine engine);
 
+// What a process in library mode does when its agent is not there or goes
+// away (INPROF_AGENT_FALLBACK).
+enum class AgentFallback {
+  kLocal,  // profile in the process from then on (the default: no profile
+           // is lost because an agent restarted)
+  kOff,    // stop profiling: Start() fails, and samples after a loss are
+           // counted as lost, not kept
+};
+
 struct Options {
   // False turns the profiler into a no-op: no thread, timer, signal handler
   // or file is created.
@@ -161,6 +172,12 @@ struct Options {
   // "HOST:PORT", "[IPV6]:PORT"; port 0 picks a free one (logged). Empty:
   // off. Loads libmicrohttpd at Start() when set.
   std::string http_addr;
+  // Library mode (INPROF_AGENT_SOCKET): "@NAME" (abstract) or a path where
+  // `inprof agent` listens. Set: Start() connects and the process forwards
+  // its samples there; aggregation, symbolization, encoding and upload
+  // happen in the agent. Empty: all in this process.
+  std::string agent_socket;
+  AgentFallback agent_fallback = AgentFallback::kLocal;
 
   // Accepted range of cpu_period. Below 1 ms the kernel's CPU-timer checks
   // (at scheduler ticks) bunch samples together and the handler's cost grows.

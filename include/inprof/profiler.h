@@ -321,6 +321,9 @@ class Profiler final : public internal::ProfilerControl,
                                  "architecture; profiling stays off"));
       return absl::OkStatus();
     }
+    // Library mode: the agent gets the samples (a local socket round trip;
+    // without an agent, profiling stays here unless INPROF_AGENT_FALLBACK=off).
+    if (absl::Status s = core_.ConnectAgent(); !s.ok()) return s;
     // No unwind tables are built here: the collector thread builds them
     // first thing (Drain), so Start() returns in well under a millisecond.
     if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;

@@ -32,6 +32,27 @@
 
 namespace inprof {
 
+// Where a forwarding aggregator sends what it is given instead of summing
+// it (library mode: internal/agent_link.h forwards to `inprof agent`).
+// Called with the aggregator's lock held; must not block.
+class SampleForwarder {
+ public:
+  virtual void ForwardThread(uint32_t index, int64_t tid,
+                             absl::string_view name) = 0;
+  virtual void ForwardThreadName(uint32_t index, absl::string_view name) = 0;
+  virtual void ForwardThreadRemoved(uint32_t index) = 0;
+  virtual void ForwardSample(uint32_t thread, std::span<const uint64_t> frames,
+                             std::span<const uint64_t> label_words,
+                             size_t value_offset,
+                             std::span<const int64_t> values) = 0;
+  virtual void ForwardSynthetic(uint32_t thread, absl::string_view frame,
+                                size_t value_offset,
+                                std::span<const int64_t> values) = 0;
+
+ protected:
+  ~SampleForwarder() = default;
+};
+
 class SampleAggregator {
  public:
   explicit SampleAggregator(std::vector<ValueType> sample_types);
@@ -90,6 +111,14 @@ class SampleAggregator {
   // must outlive its use.
   void SetMirror(SampleAggregator* mirror);
 
+  // From now on samples go to `forwarder` instead of being summed here
+  // (nullptr: summed here again). The thread table is still kept, and
+  // forwarded: the threads known now at once, later ones as they come. While
+  // forwarding, a removed thread's index is reusable at once (no Take()
+  // waits for its samples). Not owned; it must outlive its use.
+  void SetForwarder(SampleForwarder* forwarder);
+  bool forwarding() const { return forwarder_ != nullptr; }
+
  private:
   struct KeyView {
     uint32_t thread;
@@ -143,6 +172,7 @@ class SampleAggregator {
   uint64_t records_added_ = 0;
   uint64_t values_rejected_ = 0;
   SampleAggregator* mirror_ = nullptr;
+  SampleForwarder* forwarder_ = nullptr;
   std::vector<uint32_t> mirror_threads_;  // this table's index -> mirror's
 };
 

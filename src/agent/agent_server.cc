@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "inprof/symbolizer.h"
+#include "src/agent/agent_session.h"
 
 namespace inprof::agent {
 
@@ -24,6 +26,8 @@ struct AgentServer::Client {
   std::chrono::steady_clock::time_point accepted;
   bool welcomed = false;
   AgentProcess process;
+  std::shared_ptr<AgentSession> session;
+  std::atomic<bool> finished{false};
 };
 
 AgentServer::AgentServer(AgentServerOptions options) : options_(std::move(options)) {}
@@ -53,20 +57,70 @@ void AgentServer::Stop() {
   close(wake_fd_);
   close(listen_fd_);
   wake_fd_ = listen_fd_ = -1;
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& c : clients_) {
-    if (c->fd >= 0) close(c->fd);
-    if (c->region_fd >= 0) close(c->region_fd);
-    c->fd = c->region_fd = -1;
-    c->process.connected = false;
+  std::vector<std::pair<Client*, std::thread>> finishers;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& c : clients_) {
+      if (c->fd >= 0) close(c->fd);
+      if (c->region_fd >= 0) close(c->region_fd);
+      c->fd = c->region_fd = -1;
+      if (c->process.connected) FinishLocked(*c);  // their last windows
+      c->process.connected = false;
+    }
+    finishers.swap(finishers_);
   }
+  for (auto& f : finishers) f.second.join();
+  std::lock_guard<std::mutex> lock(mutex_);
+  finishers_ = std::move(finishers);
+  ReapLocked(/*all=*/true);
+}
+
+void AgentServer::ReapLocked(bool all) {
+  for (auto it = finishers_.begin(); it != finishers_.end();) {
+    Client& c = *it->first;
+    if (!all && !c.finished.load()) {
+      ++it;
+      continue;
+    }
+    if (it->second.joinable()) it->second.join();
+    if (c.session != nullptr) {
+      c.process.output = c.session->process_options().output;
+      c.process.samples = c.session->samples_read();
+      c.process.profiles = c.session->windows_exported();
+      c.process.ended_cleanly = c.session->ended_cleanly();
+      c.process.error = c.session->error();
+      c.session.reset();
+    }
+    it = finishers_.erase(it);
+  }
+}
+
+void AgentServer::FinishLocked(Client& client) {
+  if (client.session == nullptr) {
+    client.finished = true;
+    return;
+  }
+  finishers_.emplace_back(&client, std::thread([&client, session = client.session] {
+    session->Finish().IgnoreError();
+    client.finished = true;
+  }));
 }
 
 std::vector<AgentProcess> AgentServer::Processes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<AgentProcess> out;
   for (const auto& c : clients_) {
-    if (c->welcomed) out.push_back(c->process);
+    if (!c->welcomed) continue;
+    out.push_back(c->process);
+    AgentProcess& p = out.back();
+    p.finished = c->finished.load();
+    if (c->session != nullptr) {
+      p.output = c->session->process_options().output;
+      p.samples = c->session->samples_read();
+      p.profiles = c->session->windows_exported();
+      p.ended_cleanly = c->session->ended_cleanly();
+      p.error = c->session->error();
+    }
   }
   return out;
 }
@@ -91,7 +145,9 @@ void AgentServer::Serve() {
         polled.push_back(c.get());
       }
     }
-    const int ready = poll(fds.data(), fds.size(), 100);
+    // Rings are read every 20 ms (a 1 MiB ring holds over a second of a
+    // busy process's samples).
+    const int ready = poll(fds.data(), fds.size(), options_.profile ? 20 : 100);
     if (ready < 0 && errno != EINTR) {
       Log(absl::StrCat("agent: poll: ", std::strerror(errno)));
       return;
@@ -99,6 +155,16 @@ void AgentServer::Serve() {
     if ((fds[0].revents & POLLIN) != 0) return;
     if ((fds[1].revents & POLLIN) != 0) Accept();
     const auto now = std::chrono::steady_clock::now();
+    if (options_.profile) {
+      std::vector<std::shared_ptr<AgentSession>> sessions;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& c : clients_) {
+          if (c->session != nullptr && c->fd >= 0) sessions.push_back(c->session);
+        }
+      }
+      for (auto& session : sessions) session->Drain();
+    }
     for (size_t i = 0; i < polled.size(); ++i) {
       Client& c = *polled[i];
       if ((fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
@@ -119,6 +185,7 @@ void AgentServer::Serve() {
         close(c.fd);
         c.fd = -1;
         c.process.connected = false;
+        FinishLocked(c);
       } else if (!c.welcomed &&
                  now - c.accepted > std::chrono::milliseconds(options_.handshake_timeout_ms)) {
         Refuse(c, absl::StrCat("no hello within ", options_.handshake_timeout_ms, " ms"));
@@ -126,6 +193,7 @@ void AgentServer::Serve() {
     }
     // Connections that never became a process are forgotten.
     std::lock_guard<std::mutex> lock(mutex_);
+    ReapLocked(/*all=*/false);
     clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
                                   [](const std::unique_ptr<Client>& c) {
                                     return c->fd < 0 && !c->welcomed;
@@ -205,6 +273,25 @@ void AgentServer::Handshake(Client& client) {
                                 " bytes of shared memory: ", error));
     return;
   }
+  // The process's symbolizer is made now, while the process waits for its
+  // welcome and so is certainly alive: its maps are read and its mapped
+  // files opened (kept open: a process that lives a millisecond is still
+  // symbolized).
+  std::shared_ptr<AgentSession> session;
+  if (options_.profile) {
+    auto symbolizer = Symbolizer::ForProcess(client.peer.pid,
+                                             options_.profile_options.symbolize);
+    if (!symbolizer.ok()) {
+      Log(absl::StrFormat("agent: pid %d: %s", client.peer.pid,
+                          symbolizer.status().message()));
+    }
+    internal::AgentHello described = *hello;
+    described.pid = client.peer.pid;
+    session = std::make_shared<AgentSession>(
+        options_.profile_options, described, client.peer.pid, region, bytes,
+        symbolizer.ok() ? std::move(*symbolizer) : nullptr,
+        [this](const std::string& line) { Log(line); });
+  }
   if (absl::Status st = internal::SendAgentMessage(
           client.fd, internal::AgentWelcome{getpid(), bytes}, region);
       !st.ok()) {
@@ -216,6 +303,7 @@ void AgentServer::Handshake(Client& client) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   client.region_fd = region;
+  client.session = std::move(session);
   client.welcomed = true;
   client.process.hello = *hello;
   // The kernel's view of the pid (another PID namespace may say otherwise)

@@ -9,9 +9,14 @@
 // sends garbage, stalls in its handshake or vanishes is logged and dropped;
 // the agent goes on serving the others.
 //
-// Status (issue 16): registration only. The regions are created, shared
-// and kept per process (also after it exited), but nothing drains,
-// symbolizes or exports them yet.
+// With `profile` set, each process that describes its profile gets an
+// AgentSession (agent_session.h): its ring is read every 20 ms, aggregated,
+// symbolized from its maps and exported to the sinks of `profile_options`
+// (the agent's INPROF_*); when its connection ends (it stopped, exited or
+// died) the rest is read and its last window exported, on a thread of its
+// own so the other processes are not kept waiting. Stop() finishes the
+// processes still connected the same way. Without `profile`: registration
+// only (the handshake and the regions, for tests of the protocol).
 //
 // Example:
 //   AgentServer server({.address = internal::NewAgentSocketAddress()});
@@ -34,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "inprof/internal/agent_protocol.h"
+#include "inprof/options.h"
 
 namespace inprof::agent {
 
@@ -45,6 +51,9 @@ struct AgentServerOptions {
   int handshake_timeout_ms = 2000;
   // Where one line per event goes (nullptr: nowhere).
   void (*log)(const std::string& line) = nullptr;
+  // Aggregate, symbolize and export what the processes forward.
+  bool profile = false;
+  Options profile_options;
 };
 
 // A process the agent serves or served.
@@ -53,6 +62,13 @@ struct AgentProcess {
   internal::PeerCredentials peer;
   uint64_t region_bytes = 0;
   bool connected = false;
+  // With AgentServerOptions::profile:
+  std::string output;        // its windows' file pattern (%p expanded)
+  uint64_t samples = 0;      // samples read from its ring
+  uint64_t profiles = 0;     // windows exported
+  bool ended_cleanly = false;  // it stopped its profiler before it went
+  bool finished = false;     // its last window was exported
+  std::string error;         // why its ring stopped being read
 };
 
 class AgentServer {
@@ -75,6 +91,11 @@ class AgentServer {
  private:
   struct Client;
   void Serve();
+  // The client's connection ended: its session's last window, on a thread.
+  void FinishLocked(Client& client);
+  // Joins the finishers that are done and frees their sessions (the
+  // process's region, symbolizer and aggregate), keeping its counts.
+  void ReapLocked(bool all);
   void Accept();
   // The client's hello arrived (or did not): welcome it or drop it.
   void Handshake(Client& client);
@@ -87,6 +108,9 @@ class AgentServer {
   std::thread thread_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Client>> clients_;  // mutex_
+  // Threads exporting a gone process's last window (mutex_); joined, and
+  // the session freed, by the serving loop once done.
+  std::vector<std::pair<Client*, std::thread>> finishers_;
   std::atomic<uint64_t> refused_{0};
 };
 

@@ -2,11 +2,9 @@
 // agent of ddprof's design (src/agent/agent_server.h). It listens until
 // SIGINT or SIGTERM, printing the address profiled processes connect to
 // (INPROF_AGENT_SOCKET) and one line per process that connects, leaves or
-// is refused.
-//
-// Status (issue 16): the agent registers processes and shares their ring
-// memory; it does not yet collect, symbolize or export their samples, and
-// the library does not yet connect to it.
+// is refused; each process's samples are aggregated, symbolized and
+// exported here (src/agent/agent_session.h), configured by the agent's own
+// INPROF_* / DD_* variables.
 #include <getopt.h>
 #include <signal.h>
 #include <unistd.h>
@@ -19,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/agent_protocol.h"
+#include "inprof/options.h"
 #include "src/agent/agent_server.h"
 #include "src/cli/command.h"
 
@@ -27,10 +26,13 @@ namespace inprof::cli {
 const char kAgentHelp[] =
     "usage: inprof agent [OPTIONS]\n"
     "\n"
-    "Runs the profiling agent: profiled processes connect to it over a Unix\n"
-    "socket and get the shared memory their sample rings live in. Runs until\n"
-    "SIGINT or SIGTERM. Preview: processes are registered (pid, program, tags)\n"
-    "but their samples are not collected or exported yet.\n"
+    "Runs the profiling agent: processes started with INPROF_AGENT_SOCKET set\n"
+    "to its address forward their samples to it through shared memory, and\n"
+    "the agent aggregates, symbolizes and exports one profile per process\n"
+    "and window -- to INPROF_OUTPUT (default here inprof-%p.pb.gz, %p: the\n"
+    "profiled process), Datadog or Pyroscope, as the agent's own INPROF_* and\n"
+    "DD_* variables say. Runs until SIGINT or SIGTERM, then exports the last\n"
+    "window of each process still connected.\n"
     "\n"
     "Options:\n"
     "  -s, --socket=ADDR    where to listen: @NAME (abstract, no file) or a\n"
@@ -38,6 +40,8 @@ const char kAgentHelp[] =
     "                       @inprof-agent-UID-PID-RANDOM)\n"
     "      --allow-uid=UID  also serve this user's processes (repeatable; the\n"
     "                       agent's own user and root always are)\n"
+    "  -o, --output=PATTERN profile path per process and window; %p: its\n"
+    "                       process id, %t: window start   INPROF_OUTPUT\n"
     "  -h, --help           this text\n";
 
 namespace {
@@ -53,21 +57,26 @@ int AgentMain(int argc, char** argv) {
   static const option kOptions[] = {
       {"socket", required_argument, nullptr, 's'},
       {"allow-uid", required_argument, nullptr, 'u'},
+      {"output", required_argument, nullptr, 'o'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
   agent::AgentServerOptions options;
   std::string socket;
+  std::string output;
   if (const char* env = getenv("INPROF_AGENT_SOCKET"); env != nullptr && *env != 0) {
     socket = env;
   }
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "+s:h", kOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "+s:o:h", kOptions, nullptr)) != -1) {
     switch (c) {
       case 's':
         socket = optarg;
+        break;
+      case 'o':
+        output = optarg;
         break;
       case 'u': {
         uint32_t uid = 0;
@@ -104,6 +113,16 @@ int AgentMain(int argc, char** argv) {
     options.address = *address;
   }
   options.log = &LogServerLine;
+  // The processes' profiles: the agent's own configuration. Each process
+  // writes its own file unless told otherwise.
+  options.profile = true;
+  options.profile_options = Options::FromEnv();
+  if (!output.empty()) {
+    options.profile_options.output = output;
+    options.profile_options.write_output = true;
+  } else if (getenv("INPROF_OUTPUT") == nullptr) {
+    options.profile_options.output = "inprof-%p.pb.gz";
+  }
   // Wait for SIGINT/SIGTERM synchronously; the serving thread (created
   // after this) inherits the mask.
   sigset_t stop;

@@ -1,5 +1,7 @@
 #include "inprof/options.h"
 
+#include "inprof/internal/agent_protocol.h"
+
 #include "inprof/internal/debug_endpoint.h"
 
 #include <cstdlib>
@@ -370,17 +372,40 @@ Options Options::FromLookup(const Lookup& lookup,
            absl::Minutes(10), /*allow_zero=*/false, "1s");
   integer("INPROF_UPLOAD_QUEUE", &up.max_queued, 1, kMaxUploadQueue);
 
-  // Library mode (issue 16) is not built yet: a process pointed at an
-  // agent says so and profiles in-process, rather than silently ignoring
-  // the setting.
-  for (const char* name : {"INPROF_AGENT_SOCKET", "INPROF_AGENT"}) {
-    const char* v = lookup(name);
-    if (v != nullptr && *v != '\0' && errors != nullptr) {
-      errors->push_back(absl::StrCat(
-          name, "='", absl::CHexEscape(v),
-          "': profiling through `inprof agent` is not built yet (the agent "
-          "is a preview); profiling in this process"));
+  // Library mode: profile through `inprof agent` (internal/agent_link.h).
+  if (const char* v = lookup("INPROF_AGENT_SOCKET"); v != nullptr && *v != '\0') {
+    auto parsed = internal::ParseAgentSocketAddress(v);
+    if (parsed.ok()) {
+      options.agent_socket = parsed->ToString();
+    } else {
+      report(absl::InvalidArgumentError(absl::StrCat(
+                 "INPROF_AGENT_SOCKET='", absl::CHexEscape(v), "': ",
+                 parsed.status().message())),
+             "none, profiling in this process");
     }
+  }
+  if (const char* v = lookup("INPROF_AGENT_FALLBACK")) {
+    const std::string value = absl::AsciiStrToLower(absl::StripAsciiWhitespace(v));
+    if (value == "local") {
+      options.agent_fallback = AgentFallback::kLocal;
+    } else if (value == "off") {
+      options.agent_fallback = AgentFallback::kOff;
+    } else {
+      report(absl::InvalidArgumentError(absl::StrCat(
+                 "INPROF_AGENT_FALLBACK='", absl::CHexEscape(v),
+                 "': expected local or off")),
+             "local");
+    }
+  }
+  // The library does not start an agent of its own yet (ddprof's
+  // daemonizing library mode): said, not silently ignored.
+  if (const char* v = lookup("INPROF_AGENT"); v != nullptr && *v != '\0' &&
+                                              errors != nullptr) {
+    errors->push_back(absl::StrCat(
+        "INPROF_AGENT='", absl::CHexEscape(v),
+        "': starting an agent from the library is not built yet; run "
+        "`inprof agent` and set INPROF_AGENT_SOCKET, or use `inprof run "
+        "--agent`"));
   }
 
   // A service that uploads does not also leave files behind unless asked.
@@ -437,6 +462,12 @@ absl::Status Options::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "Options.datadog.agent_url='", absl::CHexEscape(datadog.agent_url),
         "': expected http://host:port, https://host:port or unix:///path"));
+  }
+  if (!agent_socket.empty()) {
+    if (auto parsed = internal::ParseAgentSocketAddress(agent_socket); !parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Options.agent_socket: ", parsed.status().message()));
+    }
   }
   if (!http_addr.empty()) {
     if (auto parsed = internal::ParseListenAddress(http_addr); !parsed.ok()) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/datadog_uploader.h"
+#include "inprof/internal/agent_link.h"
 #include "inprof/internal/debug_endpoint.h"
 #include "inprof/internal/http_client.h"
 #include "inprof/internal/log.h"
@@ -37,6 +38,30 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
 }
 
 }  // namespace
+
+std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
+  return {s.samples_taken,        s.samples_recorded,
+          s.samples_dropped,      s.stacks_truncated,
+          s.stacks_before_tables, s.blocked_episodes_resampled,
+          s.wall_signals,         s.wall_running_credits,
+          s.threads_registered,   s.profiles_written};
+}
+
+ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
+  auto at = [&](size_t i) { return i < c.size() ? c[i] : 0; };
+  ProfilerStats s;
+  s.samples_taken = at(0);
+  s.samples_recorded = at(1);
+  s.samples_dropped = at(2);
+  s.stacks_truncated = at(3);
+  s.stacks_before_tables = at(4);
+  s.blocked_episodes_resampled = at(5);
+  s.wall_signals = at(6);
+  s.wall_running_credits = at(7);
+  s.threads_registered = at(8);
+  s.profiles_written = at(9);
+  return s;
+}
 
 struct ProfilerCore::Threads {
   std::mutex mutex;
@@ -100,35 +125,137 @@ void ProfilerCore::StartCollector(std::function<void()> drain,
     std::lock_guard<std::mutex> lock(mutex_);
     stats_ = std::move(stats);
   }
-  {
+  // In library mode the agent has the sinks; they are made here only if
+  // the process falls back to profiling itself.
+  const bool forwarding = agent_ != nullptr;
+  if (!forwarding) {
     std::lock_guard<std::mutex> lock(export_mutex_);
     EnsureSinks();
   }
   threads_ = std::make_unique<Threads>();
   Threads* t = threads_.get();
   const auto period = absl::ToChronoNanoseconds(options_.collect_period);
-  t->collector = std::thread([t, drain, period] {
+  std::function<void()> step = drain;
+  if (forwarding) {
+    step = [this, t, drain] {
+      drain();
+      AfterForwardingDrain(t, drain);
+    };
+  }
+  t->collector = std::thread([t, step, period] {
     pthread_setname_np(pthread_self(), "inprof-collect");
     // A first pass right away: unwinders with per-module tables build them
     // here, off the thread that called Start().
-    drain();
+    step();
     std::unique_lock<std::mutex> lock(t->mutex);
     while (!t->stop) {
       t->cv.wait_for(lock, period, [t] { return t->stop; });
       if (t->stop) break;
       lock.unlock();
-      drain();
+      step();
       lock.lock();
     }
   });
-  if (options_.export_period > absl::ZeroDuration()) {
-    t->exporter = std::thread([this, t, drain] {
-      pthread_setname_np(pthread_self(), "inprof-export");
-      ExporterLoop(t, drain);
-    });
-  }
+  if (!forwarding) StartExporter(t, drain);
   t->drain = std::move(drain);
   if (!options_.http_addr.empty()) StartEndpoint();
+}
+
+void ProfilerCore::StartExporter(Threads* t, const std::function<void()>& drain) {
+  if (options_.export_period <= absl::ZeroDuration()) return;
+  t->exporter = std::thread([this, t, drain] {
+    pthread_setname_np(pthread_self(), "inprof-export");
+    ExporterLoop(t, drain);
+  });
+}
+
+absl::Status ProfilerCore::ConnectAgent() {
+  if (options_.agent_socket.empty()) return absl::OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aggregator_.SetForwarder(nullptr);
+    agent_note_.clear();
+  }
+  agent_.reset();
+  AgentDescribe describe{aggregator_.sample_types(), period_type_, period_, engine_};
+  absl::StatusOr<std::unique_ptr<AgentLink>> link =
+      AgentLink::Connect(options_, describe, /*timeout_ms=*/1000);
+  if (!link.ok()) {
+    const std::string why = absl::StrCat(
+        "INPROF_AGENT_SOCKET=", options_.agent_socket, ": ", link.status().message());
+    if (options_.agent_fallback == AgentFallback::kOff) {
+      return absl::Status(link.status().code(),
+                          absl::StrCat(why, "; not profiling (INPROF_AGENT_FALLBACK=off)"));
+    }
+    Log(absl::StrCat(why, "; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
+    std::lock_guard<std::mutex> lock(mutex_);
+    agent_note_ = absl::StrCat("library mode: ", why, "; profiled in the process");
+    return absl::OkStatus();
+  }
+  agent_ = std::move(*link);
+  std::lock_guard<std::mutex> lock(mutex_);
+  aggregator_.SetForwarder(agent_.get());
+  return absl::OkStatus();
+}
+
+bool ProfilerCore::forwarding_to_agent() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return aggregator_.forwarding();
+}
+
+void ProfilerCore::UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer) {
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  symbolizer_ = std::move(symbolizer);
+}
+
+void ProfilerCore::SetProcessNote(std::string note) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  process_note_ = std::move(note);
+}
+
+std::string ProfilerCore::NotesLocked() const {
+  if (process_note_.empty()) return agent_note_;
+  if (agent_note_.empty()) return process_note_;
+  return absl::StrCat(process_note_, "; ", agent_note_);
+}
+
+void ProfilerCore::AfterForwardingDrain(Threads* t,
+                                        const std::function<void()>& drain) {
+  std::string line;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (agent_ == nullptr || agent_->lost()) return;
+    const ProfilerStats now = stats_ ? stats_() : baseline_;
+    if (agent_->Flush(StatsToCounters(now), engine_detail_)) return;
+    OnAgentLostLocked(absl::GetCurrentTimeNanos());
+    line = agent_note_;
+  }
+  const bool local = options_.agent_fallback == AgentFallback::kLocal;
+  Log(absl::StrCat(line, local ? "; profiling in this process from now on "
+                                 "(INPROF_AGENT_FALLBACK=local)"
+                               : "; samples are no longer kept "
+                                 "(INPROF_AGENT_FALLBACK=off)"));
+  if (local) {
+    {
+      std::lock_guard<std::mutex> lock(export_mutex_);
+      EnsureSinks();
+    }
+    StartExporter(t, drain);
+  }
+}
+
+void ProfilerCore::OnAgentLostLocked(int64_t now) {
+  agent_note_ = absl::StrCat(
+      "library mode: the agent at ", agent_->address(), " (pid ",
+      agent_->agent_pid(), ") went away after ", agent_->samples_forwarded(),
+      " samples were forwarded; ", agent_->samples_unconsumed(),
+      " of them it had not read are lost");
+  if (options_.agent_fallback == AgentFallback::kLocal) {
+    aggregator_.SetForwarder(nullptr);
+    // The process's own windows start now, counting from now.
+    window_start_ns_ = now;
+    baseline_ = stats_ ? stats_() : baseline_;
+  }
 }
 
 void ProfilerCore::StartEndpoint() {
@@ -208,6 +335,7 @@ absl::StatusOr<std::string> ProfilerCore::Capture(absl::Duration duration) {
   ProfileData data;
   ProfilerStats window_stats;
   std::string engine_detail;
+  std::string notes;
   int64_t end = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -217,13 +345,14 @@ absl::StatusOr<std::string> ProfilerCore::Capture(absl::Duration duration) {
       end = absl::GetCurrentTimeNanos();
       window_stats = Delta(stats_ ? stats_() : baseline_, before);
       engine_detail = engine_detail_;
+      notes = NotesLocked();
     }
   }
   if (stopped) {
     return absl::UnavailableError(
         "the profiler stopped during the capture; no profile");
   }
-  Describe(data, start, end, window_stats, engine_detail);
+  Describe(data, start, end, window_stats, engine_detail, notes);
   data.comments.push_back(absl::StrCat(
       "live capture of ", absl::FormatDuration(duration),
       " (INPROF_HTTP_ADDR); the periodic export's windows are separate"));
@@ -312,7 +441,8 @@ void ProfilerCore::BeginWindow() {
 
 void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
                             const ProfilerStats& window_stats,
-                            const std::string& engine_detail) const {
+                            const std::string& engine_detail,
+                            const std::string& notes) const {
   data.period_type = period_type_;
   data.period = period_;
   // Viewers open on the period's type (cpu-time), not on the last one
@@ -326,6 +456,7 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
   data.duration_nanos = end - start;
   data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
   if (!engine_detail.empty()) data.comments.push_back(engine_detail);
+  if (!notes.empty()) data.comments.push_back(notes);
   data.comments.push_back(absl::StrCat(
       "samples taken=", window_stats.samples_taken,
       " recorded=", window_stats.samples_recorded,
@@ -351,6 +482,7 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
   ProfileData data;
   ProfilerStats window_stats;
   std::string engine_detail;
+  std::string notes;
   int64_t start = 0;
   int64_t end = 0;
   {
@@ -365,10 +497,11 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
     window_stats = Delta(now, baseline_);
     baseline_ = now;
     engine_detail = engine_detail_;
+    notes = NotesLocked();
   }
   if (sinks_.empty()) return absl::OkStatus();
 
-  Describe(data, start, end, window_stats, engine_detail);
+  Describe(data, start, end, window_stats, engine_detail, notes);
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
     symbolizer_->set_system_debug_info(options_.system_debug_info);
@@ -417,6 +550,30 @@ absl::Status ProfilerCore::ExportWindow(const ProfilerStats* stats,
 }
 
 absl::Status ProfilerCore::Export(const ProfilerStats& stats) {
+  if (agent_ != nullptr) {
+    std::string line;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const std::vector<uint64_t> counters =
+          StatsToCounters(stats_ ? stats_() : stats);
+      if (!agent_->lost()) {
+        // The agent exports the last window once it reads the end.
+        agent_->End(counters);
+        if (!agent_->lost()) {
+          aggregator_.SetForwarder(nullptr);
+          agent_.reset();
+          return absl::OkStatus();
+        }
+        OnAgentLostLocked(absl::GetCurrentTimeNanos());
+        line = agent_note_;
+      }
+    }
+    if (!line.empty()) Log(line);
+    if (options_.agent_fallback == AgentFallback::kOff) {
+      return absl::UnavailableError(absl::StrCat(
+          agent_note_, "; no profile (INPROF_AGENT_FALLBACK=off)"));
+    }
+  }
   const absl::Time deadline = absl::Now() + options_.stop_timeout;
   std::lock_guard<std::mutex> lock(export_mutex_);
   absl::Status status = ExportWindow(&stats, /*last=*/true);

@@ -16,23 +16,43 @@ uint32_t SampleAggregator::AddThread(int64_t tid, absl::string_view name) {
     reusable_.pop_back();
     threads_[index] = {tid, std::string(name)};
     if (mirror_ != nullptr) mirror_threads_[index] = mirror_->AddThread(tid, name);
+    if (forwarder_ != nullptr) forwarder_->ForwardThread(index, tid, name);
     return index;
   }
   threads_.push_back({tid, std::string(name)});
   if (mirror_ != nullptr) mirror_threads_.push_back(mirror_->AddThread(tid, name));
-  return static_cast<uint32_t>(threads_.size() - 1);
+  const auto index = static_cast<uint32_t>(threads_.size() - 1);
+  if (forwarder_ != nullptr) forwarder_->ForwardThread(index, tid, name);
+  return index;
 }
 
 void SampleAggregator::SetThreadName(uint32_t thread, absl::string_view name) {
   if (thread >= threads_.size()) return;
   threads_[thread].name = std::string(name);
   if (mirror_ != nullptr) mirror_->SetThreadName(mirror_threads_[thread], name);
+  if (forwarder_ != nullptr) forwarder_->ForwardThreadName(thread, name);
 }
 
 void SampleAggregator::RemoveThread(uint32_t thread) {
   if (thread >= threads_.size()) return;
-  retired_.push_back(thread);
   if (mirror_ != nullptr) mirror_->RemoveThread(mirror_threads_[thread]);
+  if (forwarder_ != nullptr) {
+    forwarder_->ForwardThreadRemoved(thread);
+    reusable_.push_back(thread);  // no sample here refers to it
+    return;
+  }
+  retired_.push_back(thread);
+}
+
+void SampleAggregator::SetForwarder(SampleForwarder* forwarder) {
+  forwarder_ = forwarder;
+  if (forwarder == nullptr) return;
+  std::vector<bool> gone(threads_.size(), false);
+  for (uint32_t i : reusable_) gone[i] = true;
+  for (uint32_t i : retired_) gone[i] = true;
+  for (uint32_t i = 0; i < threads_.size(); ++i) {
+    if (!gone[i]) forwarder->ForwardThread(i, threads_[i].tid, threads_[i].name);
+  }
 }
 
 void SampleAggregator::SetMirror(SampleAggregator* mirror) {
@@ -89,6 +109,14 @@ void SampleAggregator::Add(uint32_t thread, std::span<const uint64_t> frames,
     ++values_rejected_;
     return;
   }
+  if (forwarder_ != nullptr) {
+    forwarder_->ForwardSample(thread, frames, label_words, value_offset, values);
+    if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+      mirror_->Add(mirror_threads_[thread], frames, label_words, value_offset,
+                   values);
+    }
+    return;
+  }
   std::vector<int64_t>& totals = Slot({thread, frames, label_words, {}});
   for (size_t i = 0; i < values.size(); ++i) totals[value_offset + i] += values[i];
   if (mirror_ != nullptr && thread < mirror_threads_.size()) {
@@ -103,6 +131,13 @@ void SampleAggregator::AddSynthetic(uint32_t thread, absl::string_view frame,
   ++records_added_;
   if (value_offset + values.size() > sample_types_.size()) {
     ++values_rejected_;
+    return;
+  }
+  if (forwarder_ != nullptr) {
+    forwarder_->ForwardSynthetic(thread, frame, value_offset, values);
+    if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+      mirror_->AddSynthetic(mirror_threads_[thread], frame, value_offset, values);
+    }
     return;
   }
   std::vector<int64_t>& totals = Slot({thread, {}, {}, frame});

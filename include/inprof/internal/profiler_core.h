@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,7 @@
 namespace inprof {
 class Symbolizer;
 namespace internal {
+class AgentLink;
 class DebugEndpoint;
 class DebugServer;
 }  // namespace internal
@@ -71,6 +73,11 @@ struct ProfilerStats {
 
 namespace internal {
 
+// ProfilerStats as the words library mode forwards (agent_stream.h:
+// AgentStats), in field order, and back (missing words are zero).
+std::vector<uint64_t> StatsToCounters(const ProfilerStats& stats);
+ProfilerStats StatsFromCounters(std::span<const uint64_t> counters);
+
 class ProfilerCore {
  public:
   using StatsFunction = std::function<ProfilerStats()>;
@@ -97,6 +104,23 @@ class ProfilerCore {
   // In a forked child the threads do not exist: forget them (their state is
   // leaked, never destroyed) and the sinks' threads too.
   void AbandonCollector();
+
+  // Library mode (options().agent_socket set): connects to the agent, and
+  // from then on the aggregate forwards to it (internal/agent_link.h); the
+  // exporter, the sinks and the symbolizer are then never made here. When
+  // the agent cannot be reached: an error with INPROF_AGENT_FALLBACK=off,
+  // else one line logged and profiling stays in the process. Call before
+  // StartCollector; OK and nothing done without a socket.
+  absl::Status ConnectAgent();
+  // Whether samples go to an agent now.
+  bool forwarding_to_agent() const;
+
+  // For `inprof agent`, which runs a core per profiled process: the
+  // symbolizer its windows use (Symbolizer::ForProcess) instead of one of
+  // this process, and a line every window's comments carry (who the
+  // process is). Before StartCollector.
+  void UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer);
+  void SetProcessNote(std::string note);
 
   // Starts a profile window now.
   void BeginWindow();
@@ -138,11 +162,18 @@ class ProfilerCore {
   // Fills a cut window's metadata and comments.
   void Describe(ProfileData& data, int64_t start, int64_t end,
                 const ProfilerStats& window_stats,
-                const std::string& engine_detail) const;
+                const std::string& engine_detail, const std::string& notes) const;
   // Cuts, encodes and hands one window to the sinks. `last`: errors are
   // returned rather than logged. export_mutex_ held.
   absl::Status ExportWindow(const ProfilerStats* stats, bool last);
   void ExporterLoop(Threads* threads, const std::function<void()>& drain);
+  void StartExporter(Threads* threads, const std::function<void()>& drain);
+  // Library mode, on the collector thread after each drain: the counters
+  // to the agent, and the fallback once it is gone.
+  void AfterForwardingDrain(Threads* threads, const std::function<void()>& drain);
+  // mutex_ held: the agent is gone; the fallback's state and note.
+  void OnAgentLostLocked(int64_t now);
+  std::string NotesLocked() const;  // mutex_ held
 
   Options options_;
   ValueType period_type_;
@@ -171,6 +202,13 @@ class ProfilerCore {
   // leak them (a condition variable that a vanished thread waited on cannot
   // be destroyed).
   std::unique_ptr<Threads> threads_;
+
+  // Library mode: the link while connected (and after it was lost, for
+  // its counts); touched by Start/Stop and the collector thread, never at
+  // once. agent_note_ (mutex_) goes into the windows' comments.
+  std::unique_ptr<AgentLink> agent_;
+  std::string agent_note_;
+  std::string process_note_;  // mutex_
 
   // The live endpoint, from StartCollector to StopCollector.
   std::unique_ptr<DebugEndpoint> endpoint_;

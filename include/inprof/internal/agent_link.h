@@ -1,0 +1,116 @@
+// internal: not part of the public API.
+//
+// Library mode's process side (issue 16): a profiled process connected to
+// `inprof agent`. Start() connects (agent_protocol.h: Hello, Welcome with a
+// memfd), maps the region and from then on the collector's aggregate
+// forwards every sample, thread and label string into the region's ring
+// (agent_stream.h) instead of summing it: no aggregation, symbolization,
+// encoding or upload in the process.
+//
+// Faults: nothing here blocks or raises SIGPIPE. A full ring drops the
+// record; a dropped sample's values reach the agent later as a synthetic
+// "[inprof: samples lost, agent ring full]" frame. The agent's end is seen
+// at the next Flush() (the socket reads end-of-file, or anything at all:
+// the agent never speaks after its Welcome), and the samples the process
+// forwarded that the agent never read are counted (samples_unconsumed()).
+//
+// Thread-safety: the forwarding calls and Flush() run under the owner's
+// aggregate lock; the rest from the thread that owns the link.
+#ifndef INPROF_INTERNAL_AGENT_LINK_H_
+#define INPROF_INTERNAL_AGENT_LINK_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/agent_stream.h"
+#include "inprof/options.h"
+#include "inprof/sample_aggregator.h"
+
+namespace inprof::internal {
+
+// The ring a process asks for: 1 MiB holds ~2,600 samples of 40 frames,
+// 1.3 s of 20 busy threads at 100 Hz; the agent reads it every 20 ms.
+inline constexpr uint32_t kAgentLinkRingBytes = 1u << 20;
+
+class AgentLink final : public SampleForwarder {
+ public:
+  // Connects to options.agent_socket within `timeout_ms`. The error is one
+  // line naming the socket (no agent listens, another user's agent,
+  // rejected, another protocol version).
+  static absl::StatusOr<std::unique_ptr<AgentLink>> Connect(
+      const Options& options, const AgentDescribe& describe, int timeout_ms);
+  ~AgentLink();
+  AgentLink(const AgentLink&) = delete;
+  AgentLink& operator=(const AgentLink&) = delete;
+
+  // SampleForwarder.
+  void ForwardThread(uint32_t index, int64_t tid, absl::string_view name) override;
+  void ForwardThreadName(uint32_t index, absl::string_view name) override;
+  void ForwardThreadRemoved(uint32_t index) override;
+  void ForwardSample(uint32_t thread, std::span<const uint64_t> frames,
+                     std::span<const uint64_t> label_words, size_t value_offset,
+                     std::span<const int64_t> values) override;
+  void ForwardSynthetic(uint32_t thread, absl::string_view frame,
+                        size_t value_offset,
+                        std::span<const int64_t> values) override;
+
+  // After each collector pass: the counters (when they changed) and the
+  // engine's detail (when it changed), then whether the agent is still
+  // there. Returns false once it is gone (and from then on).
+  bool Flush(const std::vector<uint64_t>& counters, const std::string& engine_detail);
+  // The process stops profiling: the last counters and an end record, then
+  // the connection is closed (the agent exports the process's last window).
+  void End(const std::vector<uint64_t>& counters);
+
+  // The agent went away while the process was profiling (not after End()).
+  bool lost() const { return gone_ && !ended_; }
+  const std::string& address() const { return address_; }
+  pid_t agent_pid() const { return agent_pid_; }
+  uint64_t samples_forwarded() const { return samples_forwarded_; }
+  // Samples forwarded that the agent had not read when it went.
+  uint64_t samples_unconsumed() const { return unconsumed_at_loss_; }
+  // Records refused because the ring was full (samples among them are
+  // also in samples_ring_full()).
+  uint64_t records_dropped() const { return records_dropped_; }
+  uint64_t samples_ring_full() const { return samples_ring_full_; }
+
+ private:
+  AgentLink() = default;
+  bool Push(std::span<const uint64_t> record);
+  void SendNewStrings(std::span<const uint64_t> label_words);
+  void MarkGone();
+  bool Usable() const;
+
+  int socket_ = -1;
+  void* region_ = nullptr;
+  uint64_t region_bytes_ = 0;
+  std::unique_ptr<AgentRingWriter> ring_;
+  std::string address_;
+  pid_t agent_pid_ = 0;
+  pid_t pid_ = 0;  // a forked child never writes into its parent's ring
+  uint64_t generation_ = 0;  // the fork generation it was made in
+  bool gone_ = false;
+  bool ended_ = false;
+  uint32_t strings_sent_ = 0;  // label ids [0, strings_sent_) are known there
+  uint64_t samples_forwarded_ = 0;
+  uint64_t unconsumed_at_loss_ = 0;
+  uint64_t records_dropped_ = 0;
+  uint64_t samples_ring_full_ = 0;
+  // Values of samples the full ring refused, per thread, sent when it has room.
+  absl::flat_hash_map<uint32_t, std::vector<int64_t>> lost_values_;
+  size_t num_values_ = 0;
+  std::vector<uint64_t> last_counters_;
+  std::string last_engine_detail_;
+  std::vector<uint64_t> scratch_;
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_AGENT_LINK_H_

@@ -1,0 +1,240 @@
+#include "inprof/internal/agent_link.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "inprof/internal/label_table.h"
+
+namespace inprof::internal {
+namespace {
+
+// The connected socket, closed in a forked child: the agent learns that a
+// process is gone when its connection ends, which a child that inherited the
+// descriptor (and may live on) would otherwise prevent. One profiler runs
+// in a process at a time, so one link at a time.
+std::atomic<int> g_link_socket{-1};
+std::atomic<uint64_t> g_fork_generation{0};
+
+void CloseLinkInChild() {
+  const int fd = g_link_socket.exchange(-1);
+  if (fd >= 0) close(fd);
+  g_fork_generation.fetch_add(1);
+}
+
+void InstallForkHandler() {
+  static const bool installed = [] {
+    pthread_atfork(nullptr, nullptr, &CloseLinkInChild);
+    return true;
+  }();
+  (void)installed;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AgentLink>> AgentLink::Connect(
+    const Options& options, const AgentDescribe& describe, int timeout_ms) {
+  absl::StatusOr<AgentSocketAddress> address =
+      ParseAgentSocketAddress(options.agent_socket);
+  if (!address.ok()) return address.status();
+  AgentHello hello;
+  hello.pid = getpid();
+  hello.program = program_invocation_short_name;
+  const DatadogOptions& dd = options.datadog;
+  hello.tags.emplace_back("service", dd.service.empty() ? hello.program : dd.service);
+  if (!dd.env.empty()) hello.tags.emplace_back("env", dd.env);
+  if (!dd.version.empty()) hello.tags.emplace_back("version", dd.version);
+  for (const std::string& tag : dd.tags) {
+    if (hello.tags.size() >= kAgentMaxTags) break;
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(tag, absl::MaxSplits(':', 1));
+    if (!kv.first.empty()) hello.tags.push_back(std::move(kv));
+  }
+  hello.max_threads = 1;  // one forwarding ring (agent_stream.h)
+  hello.ring_bytes = kAgentLinkRingBytes;
+  absl::StatusOr<AgentConnection> connection =
+      ConnectToAgent(*address, hello, timeout_ms);
+  if (!connection.ok()) return connection.status();
+
+  std::unique_ptr<AgentLink> link(new AgentLink());
+  link->socket_ = connection->socket;
+  link->address_ = address->ToString();
+  link->agent_pid_ = connection->welcome.agent_pid;
+  link->pid_ = getpid();
+  auto fail = [&](const std::string& why) -> absl::Status {
+    close(connection->region_fd);
+    return absl::UnavailableError(
+        absl::StrCat("agent at ", link->address_, ": ", why));
+  };
+  struct stat st;
+  const uint64_t bytes = connection->welcome.region_bytes;
+  if (fstat(connection->region_fd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) < bytes || AgentRingWords(bytes) == 0) {
+    return fail(absl::StrCat("its shared region of ", bytes,
+                             " bytes is not usable"));
+  }
+  void* region = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      connection->region_fd, 0);
+  if (region == MAP_FAILED) {
+    return fail(absl::StrCat("cannot map its shared region: ", std::strerror(errno)));
+  }
+  close(connection->region_fd);
+  link->region_ = region;
+  link->region_bytes_ = bytes;
+  link->ring_ = std::make_unique<AgentRingWriter>(region, bytes);
+  link->num_values_ = describe.sample_types.size();
+  InstallForkHandler();
+  g_link_socket.store(link->socket_);
+  link->generation_ = g_fork_generation.load();
+  if (!link->Push(EncodeAgentOp(describe))) {
+    return absl::UnavailableError(absl::StrCat(
+        "agent at ", link->address_, ": its ring refused the first record"));
+  }
+  return link;
+}
+
+AgentLink::~AgentLink() {
+  if (!Usable()) return;  // a forked child: the parent's, not ours to touch
+  if (socket_ >= 0) {
+    int expected = socket_;
+    g_link_socket.compare_exchange_strong(expected, -1);
+    close(socket_);
+  }
+  if (region_ != nullptr) munmap(region_, region_bytes_);
+}
+
+bool AgentLink::Usable() const {
+  return g_fork_generation.load(std::memory_order_relaxed) == generation_;
+}
+
+bool AgentLink::Push(std::span<const uint64_t> record) {
+  if (gone_ || !Usable()) return false;
+  if (ring_->Push(record)) return true;
+  ++records_dropped_;
+  return false;
+}
+
+void AgentLink::SendNewStrings(std::span<const uint64_t> label_words) {
+  uint64_t highest = 0;
+  for (size_t i = 0; i + 1 < label_words.size(); i += 2) {
+    highest = std::max(highest, label_words[i] & ~kNumericLabel);
+    if ((label_words[i] & kNumericLabel) == 0) {
+      highest = std::max(highest, label_words[i + 1]);
+    }
+  }
+  if (highest < strings_sent_) return;
+  LabelTable& table = LabelTable::Global();
+  const size_t known = table.size();
+  while (strings_sent_ < known) {
+    if (!Push(EncodeAgentOp(AgentString{strings_sent_, table.Lookup(strings_sent_)}))) {
+      return;  // sent again with the next sample that needs it
+    }
+    ++strings_sent_;
+  }
+}
+
+void AgentLink::ForwardThread(uint32_t index, int64_t tid, absl::string_view name) {
+  Push(EncodeAgentOp(AgentThreadAdd{index, tid, std::string(name)}));
+}
+
+void AgentLink::ForwardThreadName(uint32_t index, absl::string_view name) {
+  Push(EncodeAgentOp(AgentThreadName{index, std::string(name)}));
+}
+
+void AgentLink::ForwardThreadRemoved(uint32_t index) {
+  // Values still waiting for room belong to the thread's samples.
+  if (auto it = lost_values_.find(index); it != lost_values_.end()) {
+    if (Push(EncodeAgentOp(AgentSynthetic{index, 0, it->second,
+                                          "[inprof: samples lost, agent ring full]"}))) {
+      lost_values_.erase(it);
+    }
+  }
+  Push(EncodeAgentOp(AgentThreadRemove{index}));
+}
+
+void AgentLink::ForwardSample(uint32_t thread, std::span<const uint64_t> frames,
+                              std::span<const uint64_t> label_words,
+                              size_t value_offset,
+                              std::span<const int64_t> values) {
+  if (gone_ || !Usable()) return;
+  if (!label_words.empty()) SendNewStrings(label_words);
+  EncodeAgentSample(thread, static_cast<uint32_t>(value_offset), values,
+                    label_words, frames, scratch_);
+  if (Push(scratch_)) {
+    ++samples_forwarded_;
+    return;
+  }
+  ++samples_ring_full_;
+  std::vector<int64_t>& lost = lost_values_[thread];
+  lost.resize(num_values_, 0);
+  for (size_t i = 0; i < values.size() && value_offset + i < num_values_; ++i) {
+    lost[value_offset + i] += values[i];
+  }
+}
+
+void AgentLink::ForwardSynthetic(uint32_t thread, absl::string_view frame,
+                                 size_t value_offset,
+                                 std::span<const int64_t> values) {
+  Push(EncodeAgentOp(AgentSynthetic{thread, static_cast<uint32_t>(value_offset),
+                                    std::vector<int64_t>(values.begin(), values.end()),
+                                    std::string(frame)}));
+}
+
+void AgentLink::MarkGone() {
+  if (gone_) return;
+  gone_ = true;
+  const uint64_t consumed = ring_->samples_consumed();
+  unconsumed_at_loss_ =
+      samples_forwarded_ > consumed ? samples_forwarded_ - consumed : 0;
+}
+
+bool AgentLink::Flush(const std::vector<uint64_t>& counters,
+                      const std::string& engine_detail) {
+  if (gone_) return false;
+  if (!Usable()) return true;  // a forked child: not its link
+  for (auto it = lost_values_.begin(); it != lost_values_.end();) {
+    if (!Push(EncodeAgentOp(AgentSynthetic{it->first, 0, it->second,
+                                           "[inprof: samples lost, agent ring full]"}))) {
+      break;
+    }
+    lost_values_.erase(it++);
+  }
+  if (engine_detail != last_engine_detail_ &&
+      Push(EncodeAgentOp(AgentEngine{engine_detail}))) {
+    last_engine_detail_ = engine_detail;
+  }
+  if (counters != last_counters_ && Push(EncodeAgentOp(AgentStats{counters}))) {
+    last_counters_ = counters;
+  }
+  // The agent says nothing after its Welcome: a readable socket is its
+  // end (end-of-file) or a peer that is not an agent any more.
+  pollfd p{socket_, POLLIN | POLLRDHUP, 0};
+  const int ready = poll(&p, 1, 0);
+  if (ready > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+    MarkGone();
+    return false;
+  }
+  return true;
+}
+
+void AgentLink::End(const std::vector<uint64_t>& counters) {
+  if (!Flush(counters, last_engine_detail_)) return;
+  Push(EncodeAgentOp(AgentEnd{}));
+  int expected = socket_;
+  g_link_socket.compare_exchange_strong(expected, -1);
+  close(socket_);
+  socket_ = -1;
+  gone_ = ended_ = true;  // nothing more is forwarded; nothing was lost
+}
+
+}  // namespace inprof::internal

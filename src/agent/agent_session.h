@@ -1,0 +1,109 @@
+// internal: not part of the public API.
+//
+// What `inprof agent` keeps for one profiled process (one connection): the
+// process's shared region, read as an AgentRingReader, and -- from the
+// process's Describe record on -- a ProfilerCore of the agent's own, with
+// the agent's sinks (INPROF_OUTPUT with %p naming the profiled process,
+// Datadog, Pyroscope), a symbolizer of the process made while it was alive
+// (Symbolizer::ForProcess: its maps and mapped files, kept open so that it
+// symbolizes on after the process exited), and the windows cut on the
+// agent's schedule (INPROF_EXPORT_PERIOD).
+//
+// The records are translated as they are read: the process's thread indices
+// and label-string ids into the agent's own. Nothing the process wrote is
+// trusted: a record that does not decode stops the reading of that
+// process's ring (logged once); what was read stays and is exported.
+//
+// Thread-safety: Drain() from any thread (the server's loop, the core's
+// collector and exporter); Finish() once, after the connection ended.
+#ifndef INPROF_SRC_AGENT_AGENT_SESSION_H_
+#define INPROF_SRC_AGENT_AGENT_SESSION_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/agent_stream.h"
+#include "inprof/internal/profiler_core.h"
+#include "inprof/options.h"
+
+namespace inprof {
+class Symbolizer;
+}
+
+namespace inprof::agent {
+
+class AgentSession {
+ public:
+  using LogFunction = std::function<void(const std::string&)>;
+  // Maps the region (`region_fd` is not taken over). The options are the
+  // agent's; the session derives the process's from them. `symbolizer`:
+  // the process's (Symbolizer::ForProcess, made while it waited for its
+  // Welcome, so it was alive), or null when that failed: its profiles then
+  // carry addresses only.
+  AgentSession(const Options& options, const internal::AgentHello& hello,
+               pid_t pid, int region_fd, uint64_t region_bytes,
+               std::unique_ptr<Symbolizer> symbolizer, LogFunction log);
+  ~AgentSession();
+  AgentSession(const AgentSession&) = delete;
+  AgentSession& operator=(const AgentSession&) = delete;
+
+  // Reads what the process wrote since the last call.
+  void Drain();
+  // The connection ended: reads the rest, then exports the last window and
+  // waits for its delivery (the options' stop_timeout). Idempotent.
+  absl::Status Finish();
+
+  pid_t pid() const { return pid_; }
+  // Counts, for the agent's log and tests.
+  uint64_t samples_read() const;
+  uint64_t windows_exported() const;
+  bool ended_cleanly() const;  // the process sent its end record
+  // The options the process's windows go out with (its output path etc.).
+  const Options& process_options() const { return options_; }
+  // Why its ring stopped being read (empty while it is fine).
+  std::string error() const;
+
+ private:
+  void Apply(const internal::AgentOp& op);  // mu_ held
+  uint32_t Thread(uint32_t index);           // mu_ and the core's lock held
+  uint64_t LabelId(uint64_t host_id);        // mu_ held
+  void StartCore(const internal::AgentDescribe& describe);  // mu_ held
+
+  Options options_;
+  internal::AgentHello hello_;
+  pid_t pid_;
+  LogFunction log_;
+  void* region_ = nullptr;
+  uint64_t region_bytes_ = 0;
+  std::unique_ptr<Symbolizer> symbolizer_;  // until the core takes it
+
+  mutable std::mutex mu_;  // the reader, the translations, the counts
+  std::unique_ptr<internal::AgentRingReader> reader_;
+  std::string error_;
+  bool ended_ = false;
+  bool finished_ = false;
+  uint64_t samples_read_ = 0;
+  std::vector<uint64_t> record_;
+  absl::flat_hash_map<uint32_t, uint32_t> threads_;  // process index -> ours
+  std::vector<uint32_t> strings_;  // process label id -> ours (0: unknown)
+  std::vector<uint64_t> labels_;   // scratch
+  ProfilerStats stats_;  // the process's newest counters (core lock)
+  std::unique_ptr<internal::ProfilerCore> core_;
+};
+
+// `pattern` with each %p replaced by `pid` (other % sequences are kept for
+// the file sink: %t, %%).
+std::string ExpandProcessPattern(const std::string& pattern, pid_t pid);
+
+}  // namespace inprof::agent
+
+#endif  // INPROF_SRC_AGENT_AGENT_SESSION_H_
