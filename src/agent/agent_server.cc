@@ -129,6 +129,10 @@ void AgentServer::Log(const std::string& line) const {
   if (options_.log != nullptr) options_.log(line);
 }
 
+void AgentServer::LogEvent(const std::string& line) const {
+  if (options_.log_connections) Log(line);
+}
+
 void AgentServer::Serve() {
   std::vector<pollfd> fds;
   std::vector<Client*> polled;
@@ -176,12 +180,13 @@ void AgentServer::Serve() {
         // it speaks garbage.
         auto message = internal::ReceiveAgentMessage(c.fd, 0);
         std::lock_guard<std::mutex> lock(mutex_);
-        Log(message.ok() || absl::IsUnavailable(message.status())
-                ? absl::StrFormat("agent: pid %d (%s) disconnected", c.peer.pid,
-                                  c.process.hello.program)
-                : absl::StrFormat("agent: pid %d (%s) dropped: %s", c.peer.pid,
-                                  c.process.hello.program,
-                                  message.status().message()));
+        if (message.ok() || absl::IsUnavailable(message.status())) {
+          LogEvent(absl::StrFormat("agent: pid %d (%s) disconnected", c.peer.pid,
+                                   c.process.hello.program));
+        } else {
+          Log(absl::StrFormat("agent: pid %d (%s) dropped: %s", c.peer.pid,
+                              c.process.hello.program, message.status().message()));
+        }
         close(c.fd);
         c.fd = -1;
         c.process.connected = false;
@@ -290,7 +295,8 @@ void AgentServer::Handshake(Client& client) {
     session = std::make_shared<AgentSession>(
         options_.profile_options, described, client.peer.pid, region, bytes,
         symbolizer.ok() ? std::move(*symbolizer) : nullptr,
-        [this](const std::string& line) { Log(line); });
+        [this](const std::string& line) { Log(line); },
+        [this](const std::string& line) { LogEvent(line); });
   }
   if (absl::Status st = internal::SendAgentMessage(
           client.fd, internal::AgentWelcome{getpid(), bytes}, region);
@@ -312,7 +318,7 @@ void AgentServer::Handshake(Client& client) {
   client.process.peer = client.peer;
   client.process.region_bytes = bytes;
   client.process.connected = true;
-  Log(absl::StrFormat("agent: pid %d (%s) connected: %u rings of %u bytes",
+  LogEvent(absl::StrFormat("agent: pid %d (%s) connected: %u rings of %u bytes",
                       client.peer.pid, hello->program, hello->max_threads,
                       hello->ring_bytes));
 }

@@ -51,6 +51,9 @@ struct AgentServerOptions {
   int handshake_timeout_ms = 2000;
   // Where one line per event goes (nullptr: nowhere).
   void (*log)(const std::string& line) = nullptr;
+  // False: only errors are logged (processes connecting and leaving,
+  // and each one's summary, are not).
+  bool log_connections = true;
   // Aggregate, symbolize and export what the processes forward.
   bool profile = false;
   Options profile_options;
@@ -101,6 +104,7 @@ class AgentServer {
   void Handshake(Client& client);
   void Refuse(Client& client, const std::string& reason);
   void Log(const std::string& line) const;
+  void LogEvent(const std::string& line) const;  // unless !log_connections
 
   AgentServerOptions options_;
   int listen_fd_ = -1;

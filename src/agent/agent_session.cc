@@ -40,11 +40,12 @@ AgentSession::AgentSession(const Options& options,
                            const internal::AgentHello& hello, pid_t pid,
                            int region_fd, uint64_t region_bytes,
                            std::unique_ptr<Symbolizer> symbolizer,
-                           LogFunction log)
+                           LogFunction log, LogFunction log_summary)
     : options_(options),
       hello_(hello),
       pid_(pid),
       log_(std::move(log)),
+      log_summary_(std::move(log_summary)),
       symbolizer_(std::move(symbolizer)) {
   // The process's own windows: its pid in the file name, its name as the
   // service, its tags on every upload.
@@ -252,9 +253,10 @@ absl::Status AgentSession::Finish() {
     last = stats_;
   }
   absl::Status status = core_->Export(last);
-  if (log_) {
+  const LogFunction& log = status.ok() ? log_summary_ : log_;
+  if (log) {
     std::lock_guard<std::mutex> lock(mu_);
-    log_(absl::StrCat("agent: pid ", pid_, " (", hello_.program, "): ",
+    log(absl::StrCat("agent: pid ", pid_, " (", hello_.program, "): ",
                       samples_read_, " samples, ", core_->windows_exported(),
                       " profiles", options_.write_output
                                        ? absl::StrCat(" (", options_.output, ")")

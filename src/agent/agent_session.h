@@ -44,14 +44,16 @@ namespace inprof::agent {
 class AgentSession {
  public:
   using LogFunction = std::function<void(const std::string&)>;
-  // Maps the region (`region_fd` is not taken over). The options are the
+  // Maps the region (`region_fd` is not taken over). `log`: errors (its
+  // ring unreadable); `log_summary`: one line when it is finished. The options are the
   // agent's; the session derives the process's from them. `symbolizer`:
   // the process's (Symbolizer::ForProcess, made while it waited for its
   // Welcome, so it was alive), or null when that failed: its profiles then
   // carry addresses only.
   AgentSession(const Options& options, const internal::AgentHello& hello,
                pid_t pid, int region_fd, uint64_t region_bytes,
-               std::unique_ptr<Symbolizer> symbolizer, LogFunction log);
+               std::unique_ptr<Symbolizer> symbolizer, LogFunction log,
+               LogFunction log_summary = nullptr);
   ~AgentSession();
   AgentSession(const AgentSession&) = delete;
   AgentSession& operator=(const AgentSession&) = delete;
@@ -81,7 +83,8 @@ class AgentSession {
   Options options_;
   internal::AgentHello hello_;
   pid_t pid_;
-  LogFunction log_;
+  LogFunction log_;          // errors
+  LogFunction log_summary_;  // the line at its end
   void* region_ = nullptr;
   uint64_t region_bytes_ = 0;
   std::unique_ptr<Symbolizer> symbolizer_;  // until the core takes it

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "inprof/internal/debug_endpoint.h"
 #include "inprof/options.h"
+#include "src/agent/agent_server.h"
 #include "src/cli/command.h"
 
 #ifndef INPROF_PRELOAD_NAME
@@ -72,6 +74,12 @@ const char kRunHelp[] =
     "                          127.0.0.1), HOST:PORT; port 0: any free one,\n"
     "                          logged                          INPROF_HTTP_ADDR\n"
     "      --no-children       profile CMD only, not the programs it starts\n"
+    "      --agent             one agent (inprof agent) for the whole tree: it\n"
+    "                          starts first, every process forwards its samples\n"
+    "                          to it, and it aggregates, symbolizes and writes\n"
+    "                          each process's profile; processes still running\n"
+    "                          when CMD ends get their profile up to then\n"
+    "                                                          INPROF_AGENT_SOCKET\n"
     "  -q, --quiet             do not list the profiles written\n"
     "  -h, --help              this text\n"
     "\n"
@@ -224,7 +232,12 @@ struct Settings {
   std::map<std::string, std::string> env;  // INPROF_* set by options
   bool quiet = false;
   bool children = true;
+  bool agent = false;
 };
+
+void LogAgentLine(const std::string& line) {
+  fputs(absl::StrCat("inprof run: ", line, "\n").c_str(), stderr);
+}
 
 absl::Status CheckDuration(const char* option, const char* value,
                            absl::Duration min, absl::Duration max,
@@ -245,6 +258,7 @@ int RunMain(int argc, char** argv) {
       {"no-symbolize", no_argument, nullptr, 'S'},
       {"http", required_argument, nullptr, 'H'},
       {"no-children", no_argument, nullptr, 'C'},
+      {"agent", no_argument, nullptr, 'A'},
       {"quiet", no_argument, nullptr, 'q'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
@@ -300,6 +314,9 @@ int RunMain(int argc, char** argv) {
         break;
       case 'C':
         s.children = false;
+        break;
+      case 'A':
+        s.agent = true;
         break;
       case 'q':
         s.quiet = true;
@@ -379,6 +396,32 @@ int RunMain(int argc, char** argv) {
   }
   s.env["LD_PRELOAD"] = ld_preload;
 
+  // Wrapper mode with an agent: it listens before CMD starts (so the first
+  // process's Start() finds it), and the profiles are its to write.
+  std::unique_ptr<agent::AgentServer> agent_server;
+  if (s.agent) {
+    agent::AgentServerOptions ao;
+    ao.address = internal::NewAgentSocketAddress();
+    ao.log = &LogAgentLine;
+    ao.log_connections = false;
+    ao.profile = true;
+    std::vector<std::string> errors;
+    ao.profile_options = Options::FromLookup(
+        [&s](const char* name) -> const char* {
+          if (auto it = s.env.find(name); it != s.env.end()) return it->second.c_str();
+          return getenv(name);
+        },
+        &errors);
+    ao.profile_options.agent_socket.clear();
+    agent_server = std::make_unique<agent::AgentServer>(ao);
+    if (absl::Status st = agent_server->Start(); !st.ok()) {
+      PrintError(kCmd, absl::StrCat("cannot start the agent: ", st.message()));
+      unlink(report.c_str());
+      return 1;
+    }
+    s.env["INPROF_AGENT_SOCKET"] = ao.address.ToString();
+  }
+
   // The terminal's SIGINT/SIGQUIT reach CMD directly (same process group);
   // SIGTERM and SIGHUP sent to inprof are passed on.
   signal(SIGINT, SIG_IGN);
@@ -413,8 +456,42 @@ int RunMain(int argc, char** argv) {
   }
   g_child = 0;
 
-  // The report: one line per profile, in the order they were written.
   int written = 0;
+  if (agent_server != nullptr) {
+    // Processes of the tree that are still connected get a moment to end
+    // (a pipeline's last stage), then their profile up to now.
+    for (int i = 0; i < 50; ++i) {
+      bool connected = false;
+      for (const agent::AgentProcess& p : agent_server->Processes()) {
+        connected |= p.connected;
+      }
+      if (!connected) break;
+      usleep(20'000);
+    }
+    agent_server->Stop();
+    // A process that exec'd, or whose program started a profiler of its
+    // own after the preload's stepped aside, connected more than once; the
+    // file holds what its last connection exported (as without an agent).
+    std::vector<std::string> order;
+    std::map<std::string, agent::AgentProcess> by_path;
+    for (const agent::AgentProcess& p : agent_server->Processes()) {
+      if (p.profiles == 0) continue;
+      if (!by_path.count(p.output)) order.push_back(p.output);
+      by_path[p.output] = p;
+    }
+    for (const std::string& path : order) {
+      const agent::AgentProcess& p = by_path[path];
+      ++written;
+      if (!s.quiet) {
+        fprintf(stderr, "inprof run: wrote %s (pid %d, %s%s)\n", path.c_str(),
+                static_cast<int>(p.hello.pid), p.hello.program.c_str(),
+                p.profiles > 1 ? absl::StrCat("; ", p.profiles, " windows").c_str()
+                               : "");
+      }
+    }
+  }
+
+  // The report: one line per profile, in the order they were written.
   if (FILE* f = fopen(report.c_str(), "re"); f != nullptr) {
     char line[PATH_MAX + 128];
     while (fgets(line, sizeof(line), f) != nullptr) {

@@ -1358,13 +1358,26 @@ void Symbolizer::Impl::Rebuild() {
   if (pid != 0) {
     std::string text;
     auto maps = internal::ReadProcessMaps(pid, &text);
-    // Gone (or unreadable): the modules it had stay, opened or not.
-    if (!maps.ok() || (scanned && text == maps_text)) {
+    // Gone (or unreadable): the modules it had stay, opened or not. A
+    // process that exited but was not reaped yet (a zombie) reads as empty
+    // maps: gone too (every live process maps at least its program).
+    if (!maps.ok() || (scanned && (maps->empty() || text == maps_text))) {
       scanned = true;
       return;
     }
-    maps_text = std::move(text);
     scan = ScanProcess(pid, *maps);
+    if (scanned) {
+      // A process exiting while it is read: its maps still list files that
+      // it no longer has (map_files and /proc/PID/root say ENOENT). What it
+      // had stays; the next Refresh() reads again.
+      for (const LoadedObject& o : scan.objects) {
+        if (o.file == nullptr && o.vdso_image == nullptr &&
+            o.open_error == std::strerror(ENOENT)) {
+          return;
+        }
+      }
+    }
+    maps_text = std::move(text);
   } else {
     dl_iterate_phdr(ScanCallback, &scan);
   }

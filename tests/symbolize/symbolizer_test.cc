@@ -512,6 +512,12 @@ TEST(SymbolizerTest, AnotherProcessIsSymbolizedFromItsMapsAlsoAfterItExited) {
   // The child exits; a lookup of an address not looked up before still
   // reads the library it mapped.
   close(to_child[1]);
+  // Exited but not reaped (a zombie, as when its parent is busy): its maps
+  // read empty, which must not empty the module map.
+  siginfo_t exited;
+  ASSERT_EQ(waitid(P_PID, child, &exited, WEXITED | WNOWAIT), 0);
+  (*symbolizer)->Refresh();
+  EXPECT_EQ(ModuleIndexOf(**symbolizer, copy), module) << "forgotten while a zombie";
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;

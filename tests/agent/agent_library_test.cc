@@ -1,0 +1,464 @@
+// Library mode end to end (issue 16): programs that link inprof
+// (tests/agent/agent_workload.cc) forward their samples to an agent, which
+// writes one profile per process; read back with go tool pprof. And the
+// faults: a process that dies, an agent that is killed and restarted, no
+// agent at all, a ring with garbage in it, and `inprof run --agent`.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/agent_stream.h"
+#include "src/agent/agent_server.h"
+#include "tests/util/test_util.h"
+
+namespace inprof::agent {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::mutex g_log_mu;
+std::string g_log;
+void CaptureLog(const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  g_log += line + "\n";
+}
+std::string Log() {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  return g_log;
+}
+
+template <typename Pred>
+bool Eventually(Pred pred, int seconds = 20) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+// "name value" lines.
+std::map<std::string, int64_t> ReadNumbers(const std::string& path) {
+  std::map<std::string, int64_t> out;
+  std::ifstream in(path);
+  std::string name;
+  int64_t value;
+  while (in >> name >> value) out[name] = value;
+  return out;
+}
+
+bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+struct Profile {
+  std::map<std::string, int64_t> cpu_by_thread;  // "thread name" -> cpu-time
+  std::map<std::string, int64_t> cpu_by_function;  // anywhere on the stack
+  std::string comments;
+};
+
+Profile ReadProfile(const std::string& path) {
+  Profile p;
+  auto samples = testing::ReadWithGoPprofRaw(path);
+  EXPECT_TRUE(samples.ok()) << samples.status();
+  if (!samples.ok()) return p;
+  for (const auto& s : *samples) {
+    if (s.values.size() < 2) continue;
+    const int64_t cpu = s.values[1];
+    if (auto it = s.labels.find("thread name"); it != s.labels.end()) {
+      p.cpu_by_thread[it->second] += cpu;
+    }
+    std::set<std::string> seen(s.stack.begin(), s.stack.end());
+    for (const std::string& f : seen) p.cpu_by_function[f] += cpu;
+  }
+  auto comments = testing::GoPprof("-comments " + testing::ShellQuote(path));
+  if (comments.ok()) p.comments = *comments;
+  return p;
+}
+
+class AgentLibraryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    workload_ = testing::EnvOrEmpty("INPROF_AGENT_WORKLOAD");
+    if (workload_.empty()) GTEST_SKIP() << "INPROF_AGENT_WORKLOAD not set (run under meson test)";
+    if (!testing::GoPprofAvailable()) GTEST_SKIP() << "go tool pprof not found (install golang-go)";
+    static std::atomic<int> n{0};
+    dir_ = absl::StrCat(testing::TestTmpDir(), "/agent_library_", getpid(), "_", n++);
+    mkdir(dir_.c_str(), 0755);
+    std::lock_guard<std::mutex> lock(g_log_mu);
+    g_log.clear();
+  }
+
+  AgentServerOptions ServerOptions() {
+    AgentServerOptions o;
+    o.address = internal::NewAgentSocketAddress();
+    o.log = &CaptureLog;
+    o.profile = true;
+    o.profile_options.output = dir_ + "/agent-%p.pb.gz";
+    o.profile_options.export_period = absl::ZeroDuration();
+    return o;
+  }
+
+  // The workload's command line with the agent's address in its environment.
+  std::string Workload(const std::string& socket, const std::string& args) {
+    return absl::StrCat("INPROF_AGENT_SOCKET=", socket, " INPROF_OUTPUT=",
+                        testing::ShellQuote(dir_ + "/local-%p.pb.gz"), " ",
+                        testing::ShellQuote(workload_), " ", args);
+  }
+
+  // Every process served so far finished (its last window exported).
+  static bool AllFinished(const AgentServer& server, size_t count) {
+    auto processes = server.Processes();
+    if (processes.size() < count) return false;
+    for (const auto& p : processes) {
+      if (!p.finished) return false;
+    }
+    return true;
+  }
+
+  std::string workload_;
+  std::string dir_;
+};
+
+// Each measured thread's CPU against its profiled CPU: the bound of the
+// in-process test (tests/core/profiler_e2e_test.cc, PerThreadCpuMatches...).
+void ExpectThreadsMatch(const Profile& p, const std::map<std::string, int64_t>& measured,
+                        const std::string& what) {
+  for (const char* name : {"light", "heavy"}) {
+    const double m = static_cast<double>(measured.at(name));
+    const double got = static_cast<double>(p.cpu_by_thread.count(name) ? p.cpu_by_thread.at(name) : 0);
+    std::printf("%s %-6s measured %.3fs profiled %.3fs\n", what.c_str(), name, m / 1e9, got / 1e9);
+    EXPECT_NEAR(got, m, 0.10 * m) << what << " " << name;
+  }
+  EXPECT_GT(p.cpu_by_function.count("AgentSpinLight") ? p.cpu_by_function.at("AgentSpinLight") : 0,
+            100'000'000) << what;
+  EXPECT_GT(p.cpu_by_function.count("AgentSpinHeavy") ? p.cpu_by_function.at("AgentSpinHeavy") : 0,
+            300'000'000) << what;
+}
+
+TEST_F(AgentLibraryTest, TwoProcessesAndAnExecdChildReportToOneAgent) {
+  AgentServerOptions options = ServerOptions();
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  const std::string socket = options.address.ToString();
+  const std::string a_out = dir_ + "/a.txt", b_out = dir_ + "/b.txt";
+  // A alone; B, which spins and then fork+exec's C with the environment it
+  // inherited (so C finds the agent through INPROF_AGENT_SOCKET too).
+  auto run = testing::RunCommandSeparately(absl::StrCat(
+      Workload(socket, "threads " + testing::ShellQuote(a_out)), " & ",
+      Workload(socket, "spawn " + testing::ShellQuote(b_out)), "; wait"));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->err;
+  EXPECT_THAT(run->err, Not(HasSubstr("profiling in this process"))) << run->err;
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 3); })) << Log();
+  server.Stop();
+
+  const auto a = ReadNumbers(a_out), c = ReadNumbers(b_out + ".child");
+  ASSERT_TRUE(a.count("pid") && c.count("pid")) << "the workloads wrote no pid";
+  std::map<pid_t, AgentProcess> by_pid;
+  for (const AgentProcess& p : server.Processes()) by_pid[p.hello.pid] = p;
+  ASSERT_EQ(by_pid.size(), 3u) << Log();
+  pid_t b_pid = 0;
+  for (const auto& [pid, p] : by_pid) {
+    EXPECT_TRUE(p.ended_cleanly) << pid;
+    EXPECT_EQ(p.profiles, 1u) << pid;
+    EXPECT_EQ(p.error, "") << pid;
+    EXPECT_EQ(p.output, absl::StrCat(dir_, "/agent-", pid, ".pb.gz"));
+    EXPECT_EQ(p.hello.program, "agent_workload");
+    if (pid != a.at("pid") && pid != c.at("pid")) b_pid = pid;
+  }
+  ASSERT_NE(b_pid, 0);
+  // Nothing was written by the processes themselves.
+  for (pid_t pid : {static_cast<pid_t>(a.at("pid")), b_pid, static_cast<pid_t>(c.at("pid"))}) {
+    EXPECT_FALSE(Exists(absl::StrCat(dir_, "/local-", pid, ".pb.gz"))) << pid;
+  }
+
+  Profile pa = ReadProfile(by_pid[a.at("pid")].output);
+  Profile pb = ReadProfile(by_pid[b_pid].output);
+  Profile pc = ReadProfile(by_pid[c.at("pid")].output);
+  ExpectThreadsMatch(pa, a, "A");
+  ExpectThreadsMatch(pc, c, "C (exec'd by B)");
+  // B's own work, and none of its child's.
+  EXPECT_GT(pb.cpu_by_function["AgentSpinParent"], 150'000'000);
+  EXPECT_EQ(pb.cpu_by_function.count("AgentSpinLight"), 0u);
+  EXPECT_EQ(pa.cpu_by_function.count("AgentSpinParent"), 0u);
+  // Each profile says whose it is.
+  EXPECT_THAT(pa.comments, HasSubstr(absl::StrCat("process pid=", a.at("pid"),
+                                                  " program=agent_workload")));
+  EXPECT_THAT(pb.comments, HasSubstr(absl::StrCat("process pid=", b_pid)));
+  EXPECT_THAT(pc.comments, HasSubstr("profiled through inprof agent"));
+  // And protoc reads them as profile.proto says.
+  EXPECT_TRUE(testing::ProtocDecodeOk(by_pid[a.at("pid")].output).ok());
+}
+
+TEST_F(AgentLibraryTest, AProcessThatDiesKeepsWhatItForwarded) {
+  AgentServerOptions options = ServerOptions();
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  auto run = testing::RunCommandSeparately(Workload(options.address.ToString(), "die"));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 128 + SIGKILL) << run->err;
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
+  server.Stop();
+  const AgentProcess p = server.Processes().at(0);
+  EXPECT_FALSE(p.ended_cleanly);
+  EXPECT_THAT(Log(), HasSubstr("it ended without stopping its profiler"));
+  // 300 ms of CPU; what its collector had not forwarded yet when it died
+  // (one 50 ms pass, more if the collector was kept off the CPU) is lost.
+  Profile profile = ReadProfile(p.output);
+  EXPECT_GT(profile.cpu_by_function["AgentSpinDie"], 150'000'000);
+  EXPECT_LT(profile.cpu_by_function["AgentSpinDie"], 330'000'000);
+}
+
+TEST_F(AgentLibraryTest, WithoutAnAgentTheProcessProfilesItselfOrNotAtAll) {
+  const std::string nobody = absl::StrCat("@inprof-test-nobody-", getpid());
+  auto local = testing::RunCommandSeparately(Workload(nobody, "long 100"));
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->exit_code, 0) << local->err;
+  EXPECT_THAT(local->err, HasSubstr(absl::StrCat("INPROF_AGENT_SOCKET=", nobody, ": ")));
+  EXPECT_THAT(local->err, HasSubstr("; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
+  std::string pid_line = local->out;
+  EXPECT_THAT(pid_line, HasSubstr("started"));
+
+  auto off = testing::RunCommandSeparately(absl::StrCat(
+      "INPROF_AGENT_FALLBACK=off ", Workload(nobody, "long 100")));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->exit_code, 0) << off->err;
+  EXPECT_THAT(off->err, HasSubstr("not profiling (INPROF_AGENT_FALLBACK=off)"));
+  // The local run wrote its own profile; the one with fallback off did not.
+  std::vector<std::string> files;
+  auto ls = testing::RunCommand("ls " + testing::ShellQuote(dir_));
+  ASSERT_TRUE(ls.ok());
+  for (absl::string_view f : absl::StrSplit(*ls, '\n', absl::SkipEmpty())) {
+    files.emplace_back(f);
+  }
+  ASSERT_EQ(files.size(), 1u) << *ls;
+  Profile profile = ReadProfile(dir_ + "/" + files[0]);
+  EXPECT_THAT(profile.comments, HasSubstr("library mode: INPROF_AGENT_SOCKET="));
+  EXPECT_GT(profile.cpu_by_function["AgentSpinLong"], 50'000'000);
+}
+
+// The agent as users run it (`inprof agent`), killed with SIGKILL while a
+// process forwards to it, then started again at the same address.
+class AgentProcessHandle {
+ public:
+  AgentProcessHandle(const std::string& cli, const std::string& socket,
+                     const std::string& output) {
+    int out[2];
+    EXPECT_EQ(pipe(out), 0);
+    err_path_ = output + ".agent-log";
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      const int err = open(err_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      dup2(err, 2);
+      close(out[0]);
+      execl(cli.c_str(), cli.c_str(), "agent", "--socket", socket.c_str(), "--output",
+            output.c_str(), nullptr);
+      _exit(127);
+    }
+    close(out[1]);
+    std::string first;
+    char ch;
+    while (read(out[0], &ch, 1) == 1 && ch != '\n') first += ch;
+    close(out[0]);
+    ready_ = first == "INPROF_AGENT_SOCKET=" + socket;
+  }
+  bool ready() const { return ready_; }
+  int Kill(int sig) {
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    return status;
+  }
+  std::string log() const {
+    std::ifstream in(err_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool ready_ = false;
+  std::string err_path_;
+};
+
+TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServes) {
+  const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
+  if (cli.empty()) GTEST_SKIP() << "INPROF_CLI not set";
+  const std::string socket = internal::NewAgentSocketAddress().ToString();
+  AgentProcessHandle agent(cli, socket, dir_ + "/first-%p.pb.gz");
+  ASSERT_TRUE(agent.ready()) << agent.log();
+
+  // The process spins 1.5 s; the agent is killed once it has been
+  // forwarding for a while.
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const std::string err_path = dir_ + "/workload.err";
+  const pid_t workload = fork();
+  if (workload == 0) {
+    dup2(out[1], 1);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(err, 2);
+    close(out[0]);
+    execl("/bin/sh", "sh", "-c", Workload(socket, "long 1500").c_str(), nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string started;
+  char ch;
+  while (read(out[0], &ch, 1) == 1 && ch != '\n') started += ch;
+  close(out[0]);
+  ASSERT_EQ(started, "started");
+  ASSERT_TRUE(Eventually([&] {
+    return agent.log().find("connected: 1 rings") != std::string::npos;
+  })) << agent.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int agent_status = agent.Kill(SIGKILL);
+  EXPECT_TRUE(WIFSIGNALED(agent_status) && WTERMSIG(agent_status) == SIGKILL);
+
+  int status = 0;
+  ASSERT_EQ(waitpid(workload, &status, 0), workload);
+  std::ifstream err_in(err_path);
+  std::stringstream err;
+  err << err_in.rdbuf();
+  // It ran to its end: no SIGPIPE, no hang, one line saying what happened.
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << err.str();
+  EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("library mode: the agent at ", socket)));
+  EXPECT_THAT(err.str(),
+              HasSubstr("; profiling in this process from now on (INPROF_AGENT_FALLBACK=local)"));
+  // Its own profile, from the loss on, says what was lost.
+  std::string local;
+  auto ls = testing::RunCommand("ls " + testing::ShellQuote(dir_) + " | grep '^local-'");
+  ASSERT_TRUE(ls.ok()) << "no local profile was written\n" << err.str();
+  local = dir_ + "/" + std::string(absl::StripSuffix(*ls, "\n"));
+  Profile after = ReadProfile(local);
+  EXPECT_THAT(after.comments, HasSubstr("went away after"));
+  EXPECT_THAT(after.comments, HasSubstr("of them it had not read are lost"));
+  // Killed at ~0.3-0.5 s of 1.5 s: most of the spin is in the local profile.
+  EXPECT_GT(after.cpu_by_function["AgentSpinLong"], 600'000'000) << err.str();
+
+  // A new agent at the same address serves the next process.
+  AgentProcessHandle again(cli, socket, dir_ + "/second-%p.pb.gz");
+  ASSERT_TRUE(again.ready()) << again.log();
+  const std::string threads_out = dir_ + "/again.txt";
+  auto run = testing::RunCommandSeparately(
+      Workload(socket, "threads " + testing::ShellQuote(threads_out)));
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->exit_code, 0) << run->err;
+  EXPECT_THAT(run->err, Not(HasSubstr("profiling in this process")));
+  const auto measured = ReadNumbers(threads_out);
+  const std::string second = absl::StrCat(dir_, "/second-", measured.at("pid"), ".pb.gz");
+  ASSERT_TRUE(Eventually([&] { return Exists(second); })) << again.log();
+  const int again_status = again.Kill(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(again_status) && WEXITSTATUS(again_status) == 0) << again.log();
+  ExpectThreadsMatch(ReadProfile(second), measured, "after the restart");
+}
+
+// A process that writes garbage into its ring: the agent stops reading that
+// ring, says why, exports what it read, and serves the others.
+TEST_F(AgentLibraryTest, GarbageInARingIsRefusedAndOthersStillServed) {
+  AgentServerOptions options = ServerOptions();
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  internal::AgentHello hello;
+  hello.pid = getpid();
+  hello.program = "garbage";
+  hello.max_threads = 1;
+  hello.ring_bytes = 64 * 1024;
+  auto c = internal::ConnectToAgent(options.address, hello, 5000);
+  ASSERT_TRUE(c.ok()) << c.status();
+  void* region = mmap(nullptr, c->welcome.region_bytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED, c->region_fd, 0);
+  ASSERT_NE(region, MAP_FAILED);
+  internal::AgentRingWriter writer(region, c->welcome.region_bytes);
+  ASSERT_TRUE(writer.Push(internal::EncodeAgentOp(internal::AgentDescribe{
+      {{"cpu-samples", "count"}}, {"cpu-samples", "count"}, 1, "test"})));
+  ASSERT_TRUE(writer.Push(std::vector<uint64_t>{7, 1, 2, 3}));  // a short sample
+  ASSERT_TRUE(Eventually([&] {
+    return Log().find("its ring is not read any more") != std::string::npos;
+  })) << Log();
+  EXPECT_THAT(Log(), HasSubstr("agent stream: sample record"));
+
+  const std::string out = dir_ + "/after-garbage.txt";
+  auto run = testing::RunCommandSeparately(
+      Workload(options.address.ToString(), "threads " + testing::ShellQuote(out)));
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->exit_code, 0) << run->err;
+  close(c->socket);
+  close(c->region_fd);
+  munmap(region, c->welcome.region_bytes);
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 2); })) << Log();
+  server.Stop();
+  const auto measured = ReadNumbers(out);
+  for (const AgentProcess& p : server.Processes()) {
+    if (p.hello.program == "garbage") {
+      EXPECT_THAT(p.error, HasSubstr("sample record"));
+    } else {
+      EXPECT_EQ(p.error, "");
+      ExpectThreadsMatch(ReadProfile(p.output), measured, "beside the garbage");
+    }
+  }
+}
+
+// Wrapper mode: `inprof run --agent -- CMD` starts the agent first and every
+// process of the tree reports to it.
+TEST_F(AgentLibraryTest, InprofRunWithAnAgentProfilesTheWholeTree) {
+  const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
+  const std::string target = testing::EnvOrEmpty("INPROF_RUN_TARGET");
+  if (cli.empty() || target.empty()) GTEST_SKIP() << "INPROF_CLI / INPROF_RUN_TARGET not set";
+  const std::string t = testing::ShellQuote(target);
+  auto run = testing::RunCommandSeparately(absl::StrCat(
+      testing::ShellQuote(cli), " run --agent -o ", testing::ShellQuote(dir_ + "/run-%p.pb.gz"),
+      " -- sh -c ", testing::ShellQuote(absl::StrCat(t, " spin 300 & ", t, " spin 200; wait"))));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->err;
+  // One line per run_target (and one for the shell itself).
+  std::vector<std::string> targets;
+  for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty())) {
+    if (!absl::StrContains(line, ", run_target)")) continue;
+    const size_t at = line.find("wrote ");
+    ASSERT_NE(at, absl::string_view::npos) << line;
+    targets.emplace_back(line.substr(at + 6, line.find(" (pid") - at - 6));
+  }
+  ASSERT_EQ(targets.size(), 2u) << run->err;
+  std::vector<int64_t> spins;
+  for (const std::string& path : targets) {
+    Profile p = ReadProfile(path);
+    EXPECT_THAT(p.comments, HasSubstr("profiled through inprof agent"));
+    int64_t spin = 0;  // "(anonymous namespace)::SpinWork(long)"
+    for (const auto& [function, cpu] : p.cpu_by_function) {
+      if (absl::StrContains(function, "::SpinWork(")) spin += cpu;
+    }
+    spins.push_back(spin);
+  }
+  std::sort(spins.begin(), spins.end());
+  EXPECT_NEAR(spins[0], 200'000'000, 30'000'000) << run->err;
+  EXPECT_NEAR(spins[1], 300'000'000, 40'000'000) << run->err;
+}
+
+}  // namespace
+}  // namespace inprof::agent

@@ -1,0 +1,113 @@
+// A profiled program for tests/agent/agent_library_test.cc: it links inprof
+// and profiles itself with Options::FromEnv(), so INPROF_AGENT_SOCKET in its
+// environment puts it in library mode.
+//
+//   agent_workload threads OUT   threads "light" (200 ms of CPU in
+//                                AgentSpinLight) and "heavy" (500 ms in
+//                                AgentSpinHeavy); writes "pid N" and "name ns"
+//                                lines of each one's measured CPU to OUT
+//   agent_workload spawn OUT     200 ms in AgentSpinParent on "main", then
+//                                fork+exec's `agent_workload threads OUT.child`
+//                                and waits for it
+//   agent_workload die           300 ms in AgentSpinDie, then SIGKILL itself
+//                                (no Stop(), no exit handlers)
+//   agent_workload long MS       MS ms of CPU in AgentSpinLong; prints
+//                                "started" once its profiler runs
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "inprof/inprof.h"
+
+namespace {
+
+int64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+volatile uint64_t g_sink;
+
+// Each burns `ns` of the calling thread's CPU in a loop of its own, so the
+// profile names the function.
+#define INPROF_SPIN_FUNCTION(name, salt)                       \
+  __attribute__((noinline)) int64_t name(int64_t ns) {         \
+    const int64_t t0 = ThreadCpuNs();                          \
+    uint64_t x = salt;                                         \
+    while (ThreadCpuNs() - t0 < ns) {                          \
+      for (int i = 0; i < 20000; ++i) x = x * 6364136223846793005ULL + salt; \
+      g_sink = x;                                              \
+    }                                                          \
+    return ThreadCpuNs() - t0;                                 \
+  }
+
+}  // namespace
+
+extern "C" {
+INPROF_SPIN_FUNCTION(AgentSpinLight, 1)
+INPROF_SPIN_FUNCTION(AgentSpinHeavy, 3)
+INPROF_SPIN_FUNCTION(AgentSpinParent, 5)
+INPROF_SPIN_FUNCTION(AgentSpinDie, 7)
+INPROF_SPIN_FUNCTION(AgentSpinLong, 9)
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: agent_workload threads|spawn|die|long ...\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  inprof::DefaultProfiler profiler(inprof::Options::FromEnv());
+  inprof::ScopedProfiler running(profiler);
+  auto self = profiler.RegisterThread("main");
+  if (mode == "threads" && argc == 3) {
+    int64_t light = 0, heavy = 0;
+    std::thread a([&] {
+      auto r = profiler.RegisterThread("light");
+      light = AgentSpinLight(200'000'000);
+    });
+    std::thread b([&] {
+      auto r = profiler.RegisterThread("heavy");
+      heavy = AgentSpinHeavy(500'000'000);
+    });
+    a.join();
+    b.join();
+    std::ofstream(argv[2]) << "pid " << getpid() << "\nlight " << light
+                           << "\nheavy " << heavy << "\n";
+    return 0;
+  }
+  if (mode == "spawn" && argc == 3) {
+    AgentSpinParent(200'000'000);
+    const std::string out = std::string(argv[2]) + ".child";
+    const pid_t child = fork();
+    if (child == 0) {
+      execl("/proc/self/exe", "agent_workload", "threads", out.c_str(), nullptr);
+      _exit(127);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  }
+  if (mode == "die") {
+    AgentSpinDie(300'000'000);
+    raise(SIGKILL);
+    return 1;
+  }
+  if (mode == "long" && argc == 3) {
+    std::printf("started\n");
+    std::fflush(stdout);
+    AgentSpinLong(std::atoll(argv[2]) * 1'000'000);
+    return 0;
+  }
+  std::fprintf(stderr, "agent_workload: unknown mode %s\n", mode.c_str());
+  return 2;
+}
