@@ -23,6 +23,8 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::StartsWith;
+using ::testing::EndsWith;
+using ::testing::StartsWith;
 
 // FromLookup over a fixed set of variables.
 Options FromMap(const std::map<std::string, std::string>& vars,
@@ -706,18 +708,44 @@ TEST(OptionsEngineTest, CpuEngineAcceptsEachEngineName) {
 
 // The agent's library mode is not built: a process told to use one says
 // so in one line and profiles in-process.
-TEST(OptionsTest, AnAgentSocketIsNotSilentlyIgnored) {
+TEST(OptionsTest, LibraryModeVariables) {
   std::vector<std::string> errors;
-  const Options o = FromMap({{"INPROF_AGENT_SOCKET", "@inprof-agent-x"}}, &errors);
+  Options o = FromMap({{"INPROF_AGENT_SOCKET", "@inprof-agent-x"}}, &errors);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(o.agent_socket, "@inprof-agent-x");
+  EXPECT_EQ(o.agent_fallback, AgentFallback::kLocal);
   EXPECT_TRUE(o.Validate().ok());
+  o = FromMap({{"INPROF_AGENT_SOCKET", "/run/inprof.sock"},
+               {"INPROF_AGENT_FALLBACK", "OFF"}},
+              &errors);
+  EXPECT_EQ(o.agent_socket, "/run/inprof.sock");
+  EXPECT_EQ(o.agent_fallback, AgentFallback::kOff);
+  EXPECT_TRUE(errors.empty());
+
+  o = FromMap({{"INPROF_AGENT_SOCKET", "@" + std::string(200, 'a')},
+               {"INPROF_AGENT_FALLBACK", "maybe"}},
+              &errors);
+  EXPECT_EQ(o.agent_socket, "");
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_THAT(errors[0], StartsWith("INPROF_AGENT_SOCKET='@aaaa"));
+  EXPECT_THAT(errors[0], EndsWith("; using none, profiling in this process"));
+  EXPECT_EQ(errors[1], "INPROF_AGENT_FALLBACK='maybe': expected local or off; using local");
+
+  // Not built: said, not silently ignored.
+  errors.clear();
+  FromMap({{"INPROF_AGENT", "spawn"}}, &errors);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0],
-            "INPROF_AGENT_SOCKET='@inprof-agent-x': profiling through `inprof "
-            "agent` is not built yet (the agent is a preview); profiling in "
-            "this process");
+            "INPROF_AGENT='spawn': starting an agent from the library is not "
+            "built yet; run `inprof agent` and set INPROF_AGENT_SOCKET, or use "
+            "`inprof run --agent`");
   errors.clear();
-  FromMap({{"INPROF_AGENT_SOCKET", ""}}, &errors);
+  FromMap({{"INPROF_AGENT_SOCKET", ""}, {"INPROF_AGENT", ""}}, &errors);
   EXPECT_TRUE(errors.empty());
+
+  Options code;
+  code.agent_socket = "@";
+  EXPECT_THAT(std::string(code.Validate().message()), StartsWith("Options.agent_socket: "));
 }
 
 TEST(OptionsEngineTest, UnknownCpuEngineKeepsAutoAndSaysWhatIsAccepted) {

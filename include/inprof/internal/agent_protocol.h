@@ -8,10 +8,8 @@
 // why not. The connection stays open: its end is how each side learns that
 // the other is gone.
 //
-// Status: the handshake, the socket addresses, peer-credential checks and
-// the shared region are built and tested; the profiler does not yet place
-// its rings in the region nor connect from Start(), and the agent does not
-// yet drain, symbolize or export (issue 16).
+// After the Welcome the process forwards its samples through the region
+// (agent_stream.h, agent_link.h) and sends nothing more on the socket.
 //
 // Messages are SOCK_SEQPACKET datagrams (one message, one recv): a 16-byte
 // header -- magic "INPA", protocol version (u16), type (u16), payload
@@ -60,7 +58,7 @@ enum class AgentMessageType : uint16_t {
 };
 
 // Who is connecting, and the rings it wants: `max_threads` rings of
-// `ring_bytes` each.
+// `ring_bytes` each (library mode asks for one: agent_link.h).
 struct AgentHello {
   pid_t pid = 0;
   std::string program;  // the name its profiles carry (`service` by default)
