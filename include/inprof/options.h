@@ -32,6 +32,8 @@
 // | INPROF_UPLOAD_QUEUE   | 4   | 1 to 64 profiles waiting per endpoint      |
 // | INPROF_AGENT_SOCKET   |     | @NAME or a path: profile through the agent |
 // | INPROF_AGENT_FALLBACK | local | local or off: when the agent is gone     |
+// | INPROF_AGENT          |     | spawn: start an agent when no socket is set |
+// | INPROF_AGENT_BINARY   | installed inprof | the `inprof` a spawn runs       |
 //
 // When an upload is enabled and INPROF_OUTPUT is not set, no file is written
 // (write_output = false).
@@ -178,6 +180,14 @@ struct Options {
   // happen in the agent. Empty: all in this process.
   std::string agent_socket;
   AgentFallback agent_fallback = AgentFallback::kLocal;
+  // INPROF_AGENT=spawn: with no agent_socket, Start() starts an agent of
+  // its own (`inprof agent`, found as agent_binary, else
+  // $INPROF_AGENT_BINARY, else the installed one, else `inprof` on PATH),
+  // detached from the process, and exports INPROF_AGENT_SOCKET so that
+  // programs it exec's join the same agent. That agent exits 2 s after its
+  // last process left.
+  bool agent_spawn = false;
+  std::string agent_binary;
 
   // Accepted range of cpu_period. Below 1 ms the kernel's CPU-timer checks
   // (at scheduler ticks) bunch samples together and the handler's cost grows.

@@ -3,8 +3,11 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +17,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "inprof/internal/label_table.h"
 
 namespace inprof::internal {
@@ -41,6 +46,76 @@ void InstallForkHandler() {
 }
 
 }  // namespace
+
+#ifndef INPROF_INSTALLED_CLI
+#define INPROF_INSTALLED_CLI "/usr/local/bin/inprof"
+#endif
+
+absl::StatusOr<std::string> SpawnAgent(const Options& options, int timeout_ms) {
+  std::string binary = options.agent_binary;
+  if (binary.empty() && access(INPROF_INSTALLED_CLI, X_OK) == 0) {
+    binary = INPROF_INSTALLED_CLI;
+  }
+  if (binary.empty()) binary = "inprof";  // on PATH
+  const AgentSocketAddress address = NewAgentSocketAddress();
+  const std::string socket = address.ToString();
+  // Everything the children need, prepared before fork(): between fork()
+  // and exec() only async-signal-safe calls (this process has threads).
+  const char* argv[] = {binary.c_str(), "agent",  "--socket", socket.c_str(),
+                        "--idle-exit",  "2",      "--quiet",  "--daemonize",
+                        nullptr};
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("INPROF_AGENT=spawn: pipe: ", std::strerror(errno)));
+  }
+  // posix_spawn, not fork(): Start() holds locks that inprof's fork
+  // handlers take (internal/fork_guard.h), and posix_spawn runs no fork
+  // handlers. The tool daemonizes itself (--daemonize): the child here
+  // exits at once, and the agent is never this process's child to reap.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, ready[1], 1);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  pid_t middle = 0;
+  const int spawned =
+      binary.find('/') == std::string::npos
+          ? posix_spawnp(&middle, binary.c_str(), &actions, nullptr,
+                         const_cast<char* const*>(argv), environ)
+          : posix_spawn(&middle, binary.c_str(), &actions, nullptr,
+                        const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(ready[1]);
+  if (spawned != 0) {
+    close(ready[0]);
+    return absl::UnavailableError(absl::StrCat(
+        "INPROF_AGENT=spawn: cannot run '", binary, "': ", std::strerror(spawned),
+        " (INPROF_AGENT_BINARY names the inprof tool to run)"));
+  }
+  int status = 0;
+  while (waitpid(middle, &status, 0) < 0 && errno == EINTR) {
+  }
+  // The agent's first line is the address it listens on.
+  std::string line;
+  const auto deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  char c = 0;
+  while (line.size() < 256) {
+    const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    pollfd p{ready[0], POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, left) <= 0) break;
+    const ssize_t n = read(ready[0], &c, 1);
+    if (n <= 0 || c == '\n') break;
+    line.push_back(c);
+  }
+  close(ready[0]);
+  if (line != "INPROF_AGENT_SOCKET=" + socket) {
+    return absl::UnavailableError(absl::StrCat(
+        "INPROF_AGENT=spawn: '", binary, "' did not start an agent within ",
+        timeout_ms, " ms (", c == '\n' || !line.empty() ? "it said '" + line + "'"
+                                                         : "it exited or could not be run",
+        "; INPROF_AGENT_BINARY names the inprof tool to run)"));
+  }
+  return socket;
+}
 
 absl::StatusOr<std::unique_ptr<AgentLink>> AgentLink::Connect(
     const Options& options, const AgentDescribe& describe, int timeout_ms) {

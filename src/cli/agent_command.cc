@@ -10,12 +10,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/options.h"
 #include "src/agent/agent_server.h"
@@ -40,6 +43,12 @@ const char kAgentHelp[] =
     "                       @inprof-agent-UID-PID-RANDOM)\n"
     "      --allow-uid=UID  also serve this user's processes (repeatable; the\n"
     "                       agent's own user and root always are)\n"
+    "      --idle-exit=SECONDS  exit once no process has been connected for\n"
+    "                       SECONDS (after serving at least one, or from the\n"
+    "                       start); INPROF_AGENT=spawn starts agents this way\n"
+    "      --daemonize      detach (fork, new session) before listening\n"
+    "  -q, --quiet          log errors only (not each process's arrival,\n"
+    "                       departure and summary)\n"
     "  -o, --output=PATTERN profile path per process and window; %p: its\n"
     "                       process id, %t: window start   INPROF_OUTPUT\n"
     "  -h, --help           this text\n";
@@ -58,19 +67,24 @@ int AgentMain(int argc, char** argv) {
       {"socket", required_argument, nullptr, 's'},
       {"allow-uid", required_argument, nullptr, 'u'},
       {"output", required_argument, nullptr, 'o'},
+      {"idle-exit", required_argument, nullptr, 'i'},
+      {"quiet", no_argument, nullptr, 'q'},
+      {"daemonize", no_argument, nullptr, 'd'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
   agent::AgentServerOptions options;
   std::string socket;
   std::string output;
+  absl::Duration idle_exit = absl::InfiniteDuration();
+  bool daemonize = false;
   if (const char* env = getenv("INPROF_AGENT_SOCKET"); env != nullptr && *env != 0) {
     socket = env;
   }
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "+s:o:h", kOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "+s:o:qh", kOptions, nullptr)) != -1) {
     switch (c) {
       case 's':
         socket = optarg;
@@ -78,6 +92,22 @@ int AgentMain(int argc, char** argv) {
       case 'o':
         output = optarg;
         break;
+      case 'q':
+        options.log_connections = false;
+        break;
+      case 'd':
+        daemonize = true;
+        break;
+      case 'i': {
+        double seconds = 0;
+        if (!absl::SimpleAtod(optarg, &seconds) || seconds < 0.1 || seconds > 86400) {
+          PrintError("agent", absl::StrCat("--idle-exit \"", optarg,
+                                           "\": expected seconds from 0.1 to 86400"));
+          return 2;
+        }
+        idle_exit = absl::Seconds(seconds);
+        break;
+      }
       case 'u': {
         uint32_t uid = 0;
         if (!absl::SimpleAtoi(optarg, &uid)) {
@@ -112,6 +142,17 @@ int AgentMain(int argc, char** argv) {
     }
     options.address = *address;
   }
+  if (daemonize) {
+    // Detached from whoever started it (INPROF_AGENT=spawn): the parent
+    // returns at once, the agent runs on in a session of its own.
+    const pid_t child = fork();
+    if (child < 0) {
+      PrintError("agent", absl::StrCat("fork: ", std::strerror(errno)));
+      return 1;
+    }
+    if (child > 0) _exit(0);
+    setsid();
+  }
   options.log = &LogServerLine;
   // The processes' profiles: the agent's own configuration. Each process
   // writes its own file unless told otherwise.
@@ -135,17 +176,43 @@ int AgentMain(int argc, char** argv) {
     PrintError("agent", std::string(st.message()));
     return 1;
   }
-  LogLine(absl::StrCat("inprof agent: listening on ", options.address.ToString(),
-                       " (pid ", getpid(), ")"));
+  if (options.log_connections) {
+    LogLine(absl::StrCat("inprof agent: listening on ", options.address.ToString(),
+                         " (pid ", getpid(), ")"));
+  }
   printf("INPROF_AGENT_SOCKET=%s\n", options.address.ToString().c_str());
   fflush(stdout);
   int sig = 0;
-  while (sigwait(&stop, &sig) != 0) {
+  if (idle_exit == absl::InfiniteDuration()) {
+    while (sigwait(&stop, &sig) != 0) {
+    }
+  } else {
+    // Also stops once no process has been connected for `idle_exit`.
+    absl::Time idle_since = absl::Now();
+    const timespec tick{0, 100'000'000};
+    for (;;) {
+      const int got = sigtimedwait(&stop, nullptr, &tick);
+      if (got > 0) {
+        sig = got;
+        break;
+      }
+      bool busy = false;
+      for (const agent::AgentProcess& p : server.Processes()) {
+        busy |= p.connected || !p.finished;
+      }
+      if (busy) idle_since = absl::Now();
+      if (absl::Now() - idle_since >= idle_exit) break;
+    }
   }
   server.Stop();
-  LogLine(absl::StrCat("inprof agent: stopped by signal ", sig, "; served ",
-                       server.Processes().size(), " processes, refused ",
-                       server.refused()));
+  if (sig != 0 || options.log_connections) {
+    LogLine(absl::StrCat("inprof agent: stopped ",
+                         sig != 0 ? absl::StrCat("by signal ", sig)
+                                  : absl::StrCat("after ", absl::FormatDuration(idle_exit),
+                                                 " without a process"),
+                         "; served ", server.Processes().size(), " processes, refused ",
+                         server.refused()));
+  }
   return 0;
 }
 

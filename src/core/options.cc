@@ -397,16 +397,19 @@ Options Options::FromLookup(const Lookup& lookup,
              "local");
     }
   }
-  // The library does not start an agent of its own yet (ddprof's
-  // daemonizing library mode): said, not silently ignored.
-  if (const char* v = lookup("INPROF_AGENT"); v != nullptr && *v != '\0' &&
-                                              errors != nullptr) {
-    errors->push_back(absl::StrCat(
-        "INPROF_AGENT='", absl::CHexEscape(v),
-        "': starting an agent from the library is not built yet; run "
-        "`inprof agent` and set INPROF_AGENT_SOCKET, or use `inprof run "
-        "--agent`"));
+  if (const char* v = lookup("INPROF_AGENT"); v != nullptr && *v != '\0') {
+    const std::string value = absl::AsciiStrToLower(absl::StripAsciiWhitespace(v));
+    if (value == "spawn") {
+      options.agent_spawn = true;
+    } else {
+      report(absl::InvalidArgumentError(absl::StrCat(
+                 "INPROF_AGENT='", absl::CHexEscape(v),
+                 "': expected spawn (start an agent when INPROF_AGENT_SOCKET "
+                 "is not set)")),
+             "none, profiling in this process");
+    }
   }
+  text("INPROF_AGENT_BINARY", &options.agent_binary);
 
   // A service that uploads does not also leave files behind unless asked.
   if ((dd.enabled || !py.url.empty()) && lookup("INPROF_OUTPUT") == nullptr) {

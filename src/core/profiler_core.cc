@@ -170,6 +170,26 @@ void ProfilerCore::StartExporter(Threads* t, const std::function<void()>& drain)
 }
 
 absl::Status ProfilerCore::ConnectAgent() {
+  if (options_.agent_socket.empty() && options_.agent_spawn) {
+    // ddprof's library mode: an agent of the process's own, and the
+    // variable exported for the programs it exec's (they join it).
+    absl::StatusOr<std::string> spawned = SpawnAgent(options_, /*timeout_ms=*/2000);
+    if (!spawned.ok()) {
+      if (options_.agent_fallback == AgentFallback::kOff) {
+        return absl::Status(spawned.status().code(),
+                            absl::StrCat(spawned.status().message(),
+                                         "; not profiling (INPROF_AGENT_FALLBACK=off)"));
+      }
+      Log(absl::StrCat(spawned.status().message(),
+                       "; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
+      std::lock_guard<std::mutex> lock(mutex_);
+      agent_note_ = absl::StrCat("library mode: ", spawned.status().message(),
+                                 "; profiled in the process");
+      return absl::OkStatus();
+    }
+    options_.agent_socket = *spawned;
+    setenv("INPROF_AGENT_SOCKET", spawned->c_str(), 1);
+  }
   if (options_.agent_socket.empty()) return absl::OkStatus();
   {
     std::lock_guard<std::mutex> lock(mutex_);

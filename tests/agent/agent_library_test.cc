@@ -424,6 +424,61 @@ TEST_F(AgentLibraryTest, GarbageInARingIsRefusedAndOthersStillServed) {
   }
 }
 
+// ddprof's library mode: INPROF_AGENT=spawn starts an agent from Start(),
+// and the program the process exec's joins it through the exported
+// INPROF_AGENT_SOCKET; the agent leaves by itself once both are gone.
+TEST_F(AgentLibraryTest, ASpawnedAgentServesTheProcessAndWhatItExecsThenLeaves) {
+  const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
+  if (cli.empty()) GTEST_SKIP() << "INPROF_CLI not set";
+  const std::string out = dir_ + "/spawn.txt";
+  auto run = testing::RunCommandSeparately(absl::StrCat(
+      "INPROF_AGENT=spawn INPROF_AGENT_BINARY=", testing::ShellQuote(cli),
+      " INPROF_OUTPUT=", testing::ShellQuote(dir_ + "/spawned-%p.pb.gz"), " ",
+      testing::ShellQuote(workload_), " spawn ", testing::ShellQuote(out)));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 0) << run->err;
+  EXPECT_THAT(run->err, Not(HasSubstr("profiling in this process"))) << run->err;
+  const auto child = ReadNumbers(out + ".child");
+  ASSERT_TRUE(child.count("pid"));
+  const std::string child_profile = absl::StrCat(dir_, "/spawned-", child.at("pid"), ".pb.gz");
+  ASSERT_TRUE(Eventually([&] {
+    auto ls = testing::RunCommand("ls " + testing::ShellQuote(dir_) + " | grep -c '^spawned-'");
+    return Exists(child_profile) && ls.ok() && *ls == "2\n";
+  })) << run->err;
+  // Both profiles name the same agent, which is not the process itself.
+  std::set<std::string> agents;
+  auto ls = testing::RunCommand("ls " + testing::ShellQuote(dir_) + " | grep '^spawned-'");
+  ASSERT_TRUE(ls.ok());
+  pid_t agent_pid = 0;
+  for (absl::string_view f : absl::StrSplit(*ls, '\n', absl::SkipEmpty())) {
+    Profile p = ReadProfile(dir_ + "/" + std::string(f));
+    const size_t at = p.comments.find("profiled through inprof agent (pid ");
+    ASSERT_NE(at, std::string::npos) << p.comments;
+    const std::string rest = p.comments.substr(at + 35);
+    agents.insert(rest.substr(0, rest.find(')')));
+    ASSERT_TRUE(absl::SimpleAtoi(rest.substr(0, rest.find(')')), &agent_pid));
+    if (f == absl::StrCat("spawned-", child.at("pid"), ".pb.gz")) {
+      ExpectThreadsMatch(p, child, "exec'd child of a spawning process");
+    } else {
+      EXPECT_GT(p.cpu_by_function["AgentSpinParent"], 150'000'000);
+    }
+  }
+  EXPECT_EQ(agents.size(), 1u);
+  // Gone 2 s after its last process (--idle-exit 2), on its own.
+  EXPECT_TRUE(Eventually([&] { return kill(agent_pid, 0) != 0; }, 10))
+      << "the spawned agent " << agent_pid << " is still running";
+
+  // A binary that is no agent: one line, and the process profiles itself.
+  auto bad = testing::RunCommandSeparately(absl::StrCat(
+      "INPROF_AGENT=spawn INPROF_AGENT_BINARY=/bin/false INPROF_OUTPUT=",
+      testing::ShellQuote(dir_ + "/fallback-%p.pb.gz"), " ",
+      testing::ShellQuote(workload_), " long 50"));
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->exit_code, 0) << bad->err;
+  EXPECT_THAT(bad->err, HasSubstr("INPROF_AGENT=spawn: '/bin/false' did not start an agent"));
+  EXPECT_THAT(bad->err, HasSubstr("; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
+}
+
 // Wrapper mode: `inprof run --agent -- CMD` starts the agent first and every
 // process of the tree reports to it.
 TEST_F(AgentLibraryTest, InprofRunWithAnAgentProfilesTheWholeTree) {

@@ -731,14 +731,17 @@ TEST(OptionsTest, LibraryModeVariables) {
   EXPECT_THAT(errors[0], EndsWith("; using none, profiling in this process"));
   EXPECT_EQ(errors[1], "INPROF_AGENT_FALLBACK='maybe': expected local or off; using local");
 
-  // Not built: said, not silently ignored.
   errors.clear();
-  FromMap({{"INPROF_AGENT", "spawn"}}, &errors);
+  o = FromMap({{"INPROF_AGENT", "spawn"}, {"INPROF_AGENT_BINARY", " /opt/inprof "}}, &errors);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_TRUE(o.agent_spawn);
+  EXPECT_EQ(o.agent_binary, "/opt/inprof");
+  o = FromMap({{"INPROF_AGENT", "yes"}}, &errors);
+  EXPECT_FALSE(o.agent_spawn);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0],
-            "INPROF_AGENT='spawn': starting an agent from the library is not "
-            "built yet; run `inprof agent` and set INPROF_AGENT_SOCKET, or use "
-            "`inprof run --agent`");
+            "INPROF_AGENT='yes': expected spawn (start an agent when "
+            "INPROF_AGENT_SOCKET is not set); using none, profiling in this process");
   errors.clear();
   FromMap({{"INPROF_AGENT_SOCKET", ""}, {"INPROF_AGENT", ""}}, &errors);
   EXPECT_TRUE(errors.empty());

@@ -39,6 +39,16 @@ namespace inprof::internal {
 // 1.3 s of 20 busy threads at 100 Hz; the agent reads it every 20 ms.
 inline constexpr uint32_t kAgentLinkRingBytes = 1u << 20;
 
+// INPROF_AGENT=spawn: starts `inprof agent --socket @fresh --idle-exit 2
+// --quiet --daemonize` with posix_spawn (no fork handlers run: Start()
+// holds locks they take); the tool detaches itself (its own session, a
+// grandchild that is never this process's child to reap), waits until it listens (its
+// first line, over a pipe; at most `timeout_ms`) and returns the address.
+// The binary: options.agent_binary, else $INPROF_AGENT_BINARY (read by
+// Options), else the installed tool, else `inprof` on PATH. The error names
+// the binary and why.
+absl::StatusOr<std::string> SpawnAgent(const Options& options, int timeout_ms);
+
 class AgentLink final : public SampleForwarder {
  public:
   // Connects to options.agent_socket within `timeout_ms`. The error is one
