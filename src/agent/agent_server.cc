@@ -150,8 +150,10 @@ void AgentServer::Serve() {
       }
     }
     // Rings are read every 20 ms (a 1 MiB ring holds over a second of a
-    // busy process's samples).
-    const int ready = poll(fds.data(), fds.size(), options_.profile ? 20 : 100);
+    // busy process's samples); with no process connected the agent only
+    // waits (the timeout then bounds a handshake's wait for its hello).
+    const int ready = poll(fds.data(), fds.size(),
+                           options_.profile && !polled.empty() ? 20 : 100);
     if (ready < 0 && errno != EINTR) {
       Log(absl::StrCat("agent: poll: ", std::strerror(errno)));
       return;
