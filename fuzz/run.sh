@@ -19,6 +19,8 @@
 #   debug_endpoint_fuzzer the live endpoint's requests and INPROF_HTTP_ADDR
 #   agent_protocol_fuzzer what `inprof agent` reads from a connecting process
 #                         (DecodeAgentMessage) and INPROF_AGENT_SOCKET
+#   agent_stream_fuzzer   what `inprof agent` reads from a profiled process's
+#                         shared memory (AgentRingReader, DecodeAgentOp)
 # Each is linked with only the sources it needs (compiled with coverage
 # instrumentation) and the Debian libraries (GCC-built, libstdc++ ABI).
 # New inputs go to BUILD_DIR/corpus/<target>; crashes to
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 out=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 cxx=${CXX:-clang++}
-targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer agent_protocol_fuzzer}
+targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer agent_protocol_fuzzer agent_stream_fuzzer}
 
 mkdir -p "$out/obj" "$out/corpus" "$out/artifacts"
 
@@ -42,13 +44,14 @@ libs="$(pkg-config --libs $absl zlib libdw) -lpthread -ldl"
 
 # name -> sources besides the target itself
 declare -A sources=(
-  [options_fuzzer]="src/core/options.cc src/core/log.cc src/serve/debug_endpoint.cc"
+  [options_fuzzer]="src/core/options.cc src/core/log.cc src/serve/debug_endpoint.cc src/agent/agent_protocol.cc"
   [pprof_reader_fuzzer]="src/export/pprof_reader.cc"
   [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/symbolize/line_table.cc src/symbolize/process_maps_linux.cc src/core/log.cc"
   [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/symbolize/line_table.cc src/symbolize/process_maps_linux.cc src/core/log.cc"
   [cfi_table_fuzzer]="src/unwind/cfi_table_libdw.cc src/core/log.cc"
   [debug_endpoint_fuzzer]="src/serve/debug_endpoint.cc"
   [agent_protocol_fuzzer]="src/agent/agent_protocol.cc"
+  [agent_stream_fuzzer]="src/agent/agent_stream.cc"
 )
 
 # Compile every needed source once, two at a time, with coverage for

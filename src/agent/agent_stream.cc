@@ -66,7 +66,9 @@ AgentRingReader::Result AgentRingReader::Pop(std::vector<uint64_t>& record) {
   }
   const uint64_t mask = words_ - 1;
   const uint64_t length = data_[tail_ & mask];
-  if (length == 0 || length + 1 > head - tail_) {
+  // `length >= written`, not `length + 1 > written`: a length of 2^64-1
+  // must not wrap around (fuzz/agent_stream_fuzzer.cc).
+  if (length == 0 || length >= head - tail_) {
     error_ = absl::StrCat("a record of ", length, " words at index ", tail_,
                           " does not fit the ", head - tail_,
                           " words written");
@@ -147,8 +149,15 @@ class Reader {
       Fail(field, absl::StrCat("has ", bytes, " bytes, past the record's end"));
       return {};
     }
-    std::string s(bytes, '\0');
-    if (bytes > 0) std::memcpy(s.data(), words_.data() + at_, bytes);
+    // One encoding per string: the padding after it is zero.
+    const char* packed = reinterpret_cast<const char*>(words_.data() + at_);
+    for (size_t i = bytes; i < words * sizeof(uint64_t); ++i) {
+      if (packed[i] != 0) {
+        Fail(field, absl::StrCat("has ", bytes, " bytes and then padding that is not zero"));
+        return {};
+      }
+    }
+    std::string s(packed, bytes);
     at_ += words;
     return s;
   }

@@ -73,6 +73,18 @@ std::map<std::string, int64_t> ReadNumbers(const std::string& path) {
 
 bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
+// Under ThreadSanitizer, where a thread's CPU lands by function is TSan's:
+// it delivers asynchronous signals only at its next interceptor call, so one
+// late sample carries the time of several and its stack is TSan's own (the
+// reason scripts/sanitizers.sh leaves ProfilerE2eTest out there). The
+// threads' totals are still right and are checked; the per-function shares
+// are checked in every other build.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kFunctionSharesMeasurable = false;
+#else
+constexpr bool kFunctionSharesMeasurable = true;
+#endif
+
 struct Profile {
   std::map<std::string, int64_t> cpu_by_thread;  // "thread name" -> cpu-time
   std::map<std::string, int64_t> cpu_by_function;  // anywhere on the stack
@@ -152,6 +164,7 @@ void ExpectThreadsMatch(const Profile& p, const std::map<std::string, int64_t>& 
     std::printf("%s %-6s measured %.3fs profiled %.3fs\n", what.c_str(), name, m / 1e9, got / 1e9);
     EXPECT_NEAR(got, m, 0.10 * m) << what << " " << name;
   }
+  if (!kFunctionSharesMeasurable) return;
   EXPECT_GT(p.cpu_by_function.count("AgentSpinLight") ? p.cpu_by_function.at("AgentSpinLight") : 0,
             100'000'000) << what;
   EXPECT_GT(p.cpu_by_function.count("AgentSpinHeavy") ? p.cpu_by_function.at("AgentSpinHeavy") : 0,
@@ -201,7 +214,9 @@ TEST_F(AgentLibraryTest, TwoProcessesAndAnExecdChildReportToOneAgent) {
   ExpectThreadsMatch(pa, a, "A");
   ExpectThreadsMatch(pc, c, "C (exec'd by B)");
   // B's own work, and none of its child's.
-  EXPECT_GT(pb.cpu_by_function["AgentSpinParent"], 150'000'000);
+  if (kFunctionSharesMeasurable) {
+    EXPECT_GT(pb.cpu_by_function["AgentSpinParent"], 150'000'000);
+  }
   EXPECT_EQ(pb.cpu_by_function.count("AgentSpinLight"), 0u);
   EXPECT_EQ(pa.cpu_by_function.count("AgentSpinParent"), 0u);
   // Each profile says whose it is.
@@ -227,9 +242,12 @@ TEST_F(AgentLibraryTest, AProcessThatDiesKeepsWhatItForwarded) {
   EXPECT_THAT(Log(), HasSubstr("it ended without stopping its profiler"));
   // 300 ms of CPU; what its collector had not forwarded yet when it died
   // (one 50 ms pass, more if the collector was kept off the CPU) is lost.
+  EXPECT_GT(p.samples, 0u);
   Profile profile = ReadProfile(p.output);
-  EXPECT_GT(profile.cpu_by_function["AgentSpinDie"], 150'000'000);
-  EXPECT_LT(profile.cpu_by_function["AgentSpinDie"], 330'000'000);
+  if (kFunctionSharesMeasurable) {
+    EXPECT_GT(profile.cpu_by_function["AgentSpinDie"], 150'000'000);
+    EXPECT_LT(profile.cpu_by_function["AgentSpinDie"], 330'000'000);
+  }
 }
 
 TEST_F(AgentLibraryTest, WithoutAnAgentTheProcessProfilesItselfOrNotAtAll) {
@@ -257,7 +275,9 @@ TEST_F(AgentLibraryTest, WithoutAnAgentTheProcessProfilesItselfOrNotAtAll) {
   ASSERT_EQ(files.size(), 1u) << *ls;
   Profile profile = ReadProfile(dir_ + "/" + files[0]);
   EXPECT_THAT(profile.comments, HasSubstr("library mode: INPROF_AGENT_SOCKET="));
-  EXPECT_GT(profile.cpu_by_function["AgentSpinLong"], 50'000'000);
+  if (kFunctionSharesMeasurable) {
+    EXPECT_GT(profile.cpu_by_function["AgentSpinLong"], 50'000'000);
+  }
 }
 
 // The agent as users run it (`inprof agent`), killed with SIGKILL while a
@@ -359,7 +379,9 @@ TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServ
   EXPECT_THAT(after.comments, HasSubstr("went away after"));
   EXPECT_THAT(after.comments, HasSubstr("of them it had not read are lost"));
   // Killed at ~0.3-0.5 s of 1.5 s: most of the spin is in the local profile.
-  EXPECT_GT(after.cpu_by_function["AgentSpinLong"], 600'000'000) << err.str();
+  if (kFunctionSharesMeasurable) {
+    EXPECT_GT(after.cpu_by_function["AgentSpinLong"], 600'000'000) << err.str();
+  }
 
   // A new agent at the same address serves the next process.
   AgentProcessHandle again(cli, socket, dir_ + "/second-%p.pb.gz");
@@ -459,7 +481,7 @@ TEST_F(AgentLibraryTest, ASpawnedAgentServesTheProcessAndWhatItExecsThenLeaves) 
     ASSERT_TRUE(absl::SimpleAtoi(rest.substr(0, rest.find(')')), &agent_pid));
     if (f == absl::StrCat("spawned-", child.at("pid"), ".pb.gz")) {
       ExpectThreadsMatch(p, child, "exec'd child of a spawning process");
-    } else {
+    } else if (kFunctionSharesMeasurable) {
       EXPECT_GT(p.cpu_by_function["AgentSpinParent"], 150'000'000);
     }
   }
@@ -482,6 +504,11 @@ TEST_F(AgentLibraryTest, ASpawnedAgentServesTheProcessAndWhatItExecsThenLeaves) 
 // Wrapper mode: `inprof run --agent -- CMD` starts the agent first and every
 // process of the tree reports to it.
 TEST_F(AgentLibraryTest, InprofRunWithAnAgentProfilesTheWholeTree) {
+  // It needs the preload library: it runs with the run suite (agent_run),
+  // which the sanitizer builds leave out.
+  if (testing::EnvOrEmpty("INPROF_AGENT_RUN_SUITE").empty()) {
+    GTEST_SKIP() << "runs as the run suite's agent_run";
+  }
   const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
   const std::string target = testing::EnvOrEmpty("INPROF_RUN_TARGET");
   if (cli.empty() || target.empty()) GTEST_SKIP() << "INPROF_CLI / INPROF_RUN_TARGET not set";

@@ -78,6 +78,11 @@ TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
   words[3] = 1000;
   EXPECT_THAT(DecodeAgentOp(words).status().message(),
               HasSubstr("thread record: name has 1000 bytes, past the record's end"));
+  // A string's padding must be zero: one encoding per record.
+  words = EncodeAgentOp(AgentThreadAdd{1, 2, "ab"});
+  words[4] |= uint64_t{0x24} << 16;
+  EXPECT_THAT(DecodeAgentOp(words).status().message(),
+              HasSubstr("name has 2 bytes and then padding that is not zero"));
   // A sample whose counts do not add up to its length.
   words = EncodeAgentOp(AgentSample{1, 0, {1}, {}, {2, 3}});
   words[5] = 5;  // frames
@@ -138,6 +143,17 @@ TEST(AgentStreamTest, AnImpossibleIndexOrLengthStopsTheReader) {
     std::vector<uint64_t> out;
     EXPECT_EQ(reader.Pop(out), AgentRingReader::kCorrupt);
     EXPECT_THAT(reader.error(), HasSubstr("a record of 40 words"));
+  }
+  {
+    // A length that wraps around when one is added (found by the fuzzer:
+    // it used to pass the check and ask for 2^64-1 words).
+    control->head.store(1);
+    control->tail.store(0);
+    region.words[kAgentRingControlBytes / 8] = ~uint64_t{0};
+    AgentRingReader reader(region.data(), region.bytes);
+    std::vector<uint64_t> out;
+    EXPECT_EQ(reader.Pop(out), AgentRingReader::kCorrupt);
+    EXPECT_THAT(reader.error(), HasSubstr("a record of 18446744073709551615 words"));
   }
   EXPECT_EQ(AgentRingWords(100), 0u);
   AgentRingReader tiny(region.data(), 100);
