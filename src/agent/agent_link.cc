@@ -241,7 +241,11 @@ void AgentLink::ForwardSample(uint32_t thread, std::span<const uint64_t> frames,
                               std::span<const uint64_t> label_words,
                               size_t value_offset,
                               std::span<const int64_t> values) {
-  if (gone_ || !Usable()) return;
+  if (!Usable()) return;
+  if (gone_) {
+    ++samples_after_loss_;  // INPROF_AGENT_FALLBACK=off: counted, not kept
+    return;
+  }
   if (!label_words.empty()) SendNewStrings(label_words);
   EncodeAgentSample(thread, static_cast<uint32_t>(value_offset), values,
                     label_words, frames, scratch_);

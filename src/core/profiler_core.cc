@@ -590,8 +590,10 @@ absl::Status ProfilerCore::Export(const ProfilerStats& stats) {
     }
     if (!line.empty()) Log(line);
     if (options_.agent_fallback == AgentFallback::kOff) {
+      std::lock_guard<std::mutex> lock(mutex_);
       return absl::UnavailableError(absl::StrCat(
-          agent_note_, "; no profile (INPROF_AGENT_FALLBACK=off)"));
+          agent_note_, "; ", agent_->samples_after_loss(),
+          " samples taken after that were not kept (INPROF_AGENT_FALLBACK=off)"));
     }
   }
   const absl::Time deadline = absl::Now() + options_.stop_timeout;

@@ -400,6 +400,55 @@ TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServ
   ExpectThreadsMatch(ReadProfile(second), measured, "after the restart");
 }
 
+// With INPROF_AGENT_FALLBACK=off a lost agent is not replaced: the process
+// runs on, keeps nothing more, and says how much it did not keep.
+TEST_F(AgentLibraryTest, AKilledAgentWithFallbackOffCountsWhatWasNotKept) {
+  const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
+  if (cli.empty()) GTEST_SKIP() << "INPROF_CLI not set";
+  const std::string socket = internal::NewAgentSocketAddress().ToString();
+  AgentProcessHandle agent(cli, socket, dir_ + "/off-%p.pb.gz");
+  ASSERT_TRUE(agent.ready()) << agent.log();
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const std::string err_path = dir_ + "/off.err";
+  const pid_t workload = fork();
+  if (workload == 0) {
+    dup2(out[1], 1);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(err, 2);
+    close(out[0]);
+    execl("/bin/sh", "sh", "-c",
+          ("INPROF_AGENT_FALLBACK=off " + Workload(socket, "long 800")).c_str(), nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string started;
+  char ch;
+  while (read(out[0], &ch, 1) == 1 && ch != '\n') started += ch;
+  close(out[0]);
+  ASSERT_EQ(started, "started");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  agent.Kill(SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(workload, &status, 0), workload);
+  std::ifstream err_in(err_path);
+  std::stringstream err;
+  err << err_in.rdbuf();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << err.str();
+  EXPECT_THAT(err.str(), HasSubstr("; samples are no longer kept (INPROF_AGENT_FALLBACK=off)"));
+  // At Stop(): the count of samples taken after the loss (the wall sampler
+  // alone takes dozens in 0.6 s), and no file of its own.
+  const size_t at = err.str().find(" samples taken after that were not kept");
+  ASSERT_NE(at, std::string::npos) << err.str();
+  const size_t begin = err.str().rfind(' ', at - 1) + 1;
+  int64_t not_kept = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(err.str().substr(begin, at - begin), &not_kept)) << err.str();
+  EXPECT_GT(not_kept, 10) << err.str();
+  auto ls = testing::RunCommand("ls " + testing::ShellQuote(dir_));
+  ASSERT_TRUE(ls.ok());
+  EXPECT_THAT(*ls, Not(HasSubstr("local-")));
+}
+
 // A process that writes garbage into its ring: the agent stops reading that
 // ring, says why, exports what it read, and serves the others.
 TEST_F(AgentLibraryTest, GarbageInARingIsRefusedAndOthersStillServed) {

@@ -90,6 +90,9 @@ class AgentLink final : public SampleForwarder {
   // also in samples_ring_full()).
   uint64_t records_dropped() const { return records_dropped_; }
   uint64_t samples_ring_full() const { return samples_ring_full_; }
+  // Samples handed to the link after the agent was lost (kept by nobody:
+  // INPROF_AGENT_FALLBACK=off).
+  uint64_t samples_after_loss() const { return samples_after_loss_; }
 
  private:
   AgentLink() = default;
@@ -113,6 +116,7 @@ class AgentLink final : public SampleForwarder {
   uint64_t unconsumed_at_loss_ = 0;
   uint64_t records_dropped_ = 0;
   uint64_t samples_ring_full_ = 0;
+  uint64_t samples_after_loss_ = 0;
   // Values of samples the full ring refused, per thread, sent when it has room.
   absl::flat_hash_map<uint32_t, std::vector<int64_t>> lost_values_;
   size_t num_values_ = 0;
