@@ -27,7 +27,7 @@ std::span<const Command> Commands() {
        kFlamegraphHelp, &FlamegraphMain},
       {"diff", "differential flame graph: inprof diff BASE NEW -o diff.html",
        kDiffHelp, &DiffMain},
-      {"agent", "the out-of-process agent (preview: registers processes)",
+      {"agent", "the out-of-process agent: profiles processes that forward to it",
        kAgentHelp, &AgentMain},
   };
   return kCommands;
