@@ -326,6 +326,46 @@ class AgentProcessHandle {
   std::string err_path_;
 };
 
+// A workload started through /bin/sh with its stderr in a file, returned
+// once it printed "started" (its profiler runs).
+class RunningWorkload {
+ public:
+  RunningWorkload(const std::string& command, const std::string& err_path)
+      : err_path_(err_path) {
+    int out[2];
+    EXPECT_EQ(pipe(out), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(err, 2);
+      close(out[0]);
+      execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+      _exit(127);
+    }
+    close(out[1]);
+    char ch;
+    while (read(out[0], &ch, 1) == 1 && ch != '\n') started_ += ch;
+    close(out[0]);
+  }
+  bool started() const { return started_ == "started"; }
+  // Waits for it; its wait status, and what it wrote on stderr.
+  int Wait(std::string* err) {
+    int status = 0;
+    EXPECT_EQ(waitpid(pid_, &status, 0), pid_);
+    std::ifstream in(err_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    *err = ss.str();
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string err_path_;
+  std::string started_;
+};
+
 TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServes) {
   const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
   if (cli.empty()) GTEST_SKIP() << "INPROF_CLI not set";
@@ -335,24 +375,8 @@ TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServ
 
   // The process spins 1.5 s; the agent is killed once it has been
   // forwarding for a while.
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  const std::string err_path = dir_ + "/workload.err";
-  const pid_t workload = fork();
-  if (workload == 0) {
-    dup2(out[1], 1);
-    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(err, 2);
-    close(out[0]);
-    execl("/bin/sh", "sh", "-c", Workload(socket, "long 1500").c_str(), nullptr);
-    _exit(127);
-  }
-  close(out[1]);
-  std::string started;
-  char ch;
-  while (read(out[0], &ch, 1) == 1 && ch != '\n') started += ch;
-  close(out[0]);
-  ASSERT_EQ(started, "started");
+  RunningWorkload workload(Workload(socket, "long 1500"), dir_ + "/workload.err");
+  ASSERT_TRUE(workload.started());
   ASSERT_TRUE(Eventually([&] {
     return agent.log().find("connected: 1 rings") != std::string::npos;
   })) << agent.log();
@@ -360,27 +384,24 @@ TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServ
   const int agent_status = agent.Kill(SIGKILL);
   EXPECT_TRUE(WIFSIGNALED(agent_status) && WTERMSIG(agent_status) == SIGKILL);
 
-  int status = 0;
-  ASSERT_EQ(waitpid(workload, &status, 0), workload);
-  std::ifstream err_in(err_path);
-  std::stringstream err;
-  err << err_in.rdbuf();
+  std::string err;
+  const int status = workload.Wait(&err);
   // It ran to its end: no SIGPIPE, no hang, one line saying what happened.
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << err.str();
-  EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("library mode: the agent at ", socket)));
-  EXPECT_THAT(err.str(),
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << err;
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("library mode: the agent at ", socket)));
+  EXPECT_THAT(err,
               HasSubstr("; profiling in this process from now on (INPROF_AGENT_FALLBACK=local)"));
   // Its own profile, from the loss on, says what was lost.
   std::string local;
   auto ls = testing::RunCommand("ls " + testing::ShellQuote(dir_) + " | grep '^local-'");
-  ASSERT_TRUE(ls.ok()) << "no local profile was written\n" << err.str();
+  ASSERT_TRUE(ls.ok()) << "no local profile was written\n" << err;
   local = dir_ + "/" + std::string(absl::StripSuffix(*ls, "\n"));
   Profile after = ReadProfile(local);
   EXPECT_THAT(after.comments, HasSubstr("went away after"));
   EXPECT_THAT(after.comments, HasSubstr("of them it had not read are lost"));
   // Killed at ~0.3-0.5 s of 1.5 s: most of the spin is in the local profile.
   if (kFunctionSharesMeasurable) {
-    EXPECT_GT(after.cpu_by_function["AgentSpinLong"], 600'000'000) << err.str();
+    EXPECT_GT(after.cpu_by_function["AgentSpinLong"], 600'000'000) << err;
   }
 
   // A new agent at the same address serves the next process.
@@ -408,42 +429,23 @@ TEST_F(AgentLibraryTest, AKilledAgentWithFallbackOffCountsWhatWasNotKept) {
   const std::string socket = internal::NewAgentSocketAddress().ToString();
   AgentProcessHandle agent(cli, socket, dir_ + "/off-%p.pb.gz");
   ASSERT_TRUE(agent.ready()) << agent.log();
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  const std::string err_path = dir_ + "/off.err";
-  const pid_t workload = fork();
-  if (workload == 0) {
-    dup2(out[1], 1);
-    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(err, 2);
-    close(out[0]);
-    execl("/bin/sh", "sh", "-c",
-          ("INPROF_AGENT_FALLBACK=off " + Workload(socket, "long 800")).c_str(), nullptr);
-    _exit(127);
-  }
-  close(out[1]);
-  std::string started;
-  char ch;
-  while (read(out[0], &ch, 1) == 1 && ch != '\n') started += ch;
-  close(out[0]);
-  ASSERT_EQ(started, "started");
+  RunningWorkload workload("INPROF_AGENT_FALLBACK=off " + Workload(socket, "long 800"),
+                           dir_ + "/off.err");
+  ASSERT_TRUE(workload.started());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   agent.Kill(SIGKILL);
-  int status = 0;
-  ASSERT_EQ(waitpid(workload, &status, 0), workload);
-  std::ifstream err_in(err_path);
-  std::stringstream err;
-  err << err_in.rdbuf();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << err.str();
-  EXPECT_THAT(err.str(), HasSubstr("; samples are no longer kept (INPROF_AGENT_FALLBACK=off)"));
+  std::string err;
+  const int status = workload.Wait(&err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << err;
+  EXPECT_THAT(err, HasSubstr("; samples are no longer kept (INPROF_AGENT_FALLBACK=off)"));
   // At Stop(): the count of samples taken after the loss (the wall sampler
   // alone takes dozens in 0.6 s), and no file of its own.
-  const size_t at = err.str().find(" samples taken after that were not kept");
-  ASSERT_NE(at, std::string::npos) << err.str();
-  const size_t begin = err.str().rfind(' ', at - 1) + 1;
+  const size_t at = err.find(" samples taken after that were not kept");
+  ASSERT_NE(at, std::string::npos) << err;
+  const size_t begin = err.rfind(' ', at - 1) + 1;
   int64_t not_kept = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(err.str().substr(begin, at - begin), &not_kept)) << err.str();
-  EXPECT_GT(not_kept, 10) << err.str();
+  ASSERT_TRUE(absl::SimpleAtoi(err.substr(begin, at - begin), &not_kept)) << err;
+  EXPECT_GT(not_kept, 10) << err;
   auto ls = testing::RunCommand("ls " + testing::ShellQuote(dir_));
   ASSERT_TRUE(ls.ok());
   EXPECT_THAT(*ls, Not(HasSubstr("local-")));
