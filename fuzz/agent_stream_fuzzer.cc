@@ -13,7 +13,13 @@
 //    so ASan sees any read past it): popping until kEmpty or kCorrupt, and
 //    decoding every record popped, neither crashes nor reads out of bounds,
 //    a record is never longer than the ring, and kCorrupt comes with an
-//    error and stays.
+//    error and stays;
+//  - the input as the threads' ring area of a process that died
+//    (ReadAgentThreadArea): its first bytes as the area's header (the magic
+//    set right when the first byte is even, so that the rest is explored),
+//    the rest as its chunks, in a buffer of exactly that size: the reader
+//    neither crashes nor reads out of bounds, calls back once per sample it
+//    counts, and every sample's parts fit in a record of the ring.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -85,6 +91,38 @@ void CheckRing(const uint8_t* data, size_t size) {
   ::operator delete(region, kAlign);
 }
 
+void CheckThreadArea(const uint8_t* data, size_t size) {
+  using inprof::internal::AgentThreadAreaHeader;
+  using inprof::internal::AgentThreadAreaShape;
+  using inprof::internal::kAgentThreadAreaHeaderBytes;
+  const size_t header_input = sizeof(AgentThreadAreaShape) + sizeof(uint32_t);
+  if (size < header_input) return;
+  const size_t bytes = kAgentThreadAreaHeaderBytes + (size - header_input);
+  constexpr std::align_val_t kAlign{64};
+  char* area = static_cast<char*>(::operator new(bytes, kAlign));
+  std::memset(area, 0, kAgentThreadAreaHeaderBytes);
+  std::memcpy(area, data, header_input);
+  if ((data[0] & 1) == 0) {
+    reinterpret_cast<AgentThreadAreaShape*>(area)->magic =
+        inprof::internal::kAgentThreadAreaMagic;
+  }
+  std::memcpy(area + kAgentThreadAreaHeaderBytes, data + header_input, size - header_input);
+  const uint32_t ring_words = reinterpret_cast<AgentThreadAreaShape*>(area)->ring_words;
+  uint64_t calls = 0;
+  const inprof::internal::AgentThreadAreaSummary summary = inprof::internal::ReadAgentThreadArea(
+      area, bytes, [&](const inprof::internal::AgentLeftoverSample& s) {
+        ++calls;
+        const size_t words = 1 + s.values.size() + s.labels.size() + s.frames.size();
+        if (words >= ring_words || s.values.size() > inprof::internal::kAgentOpMaxValues ||
+            s.labels.size() % 2 != 0) {
+          std::abort();
+        }
+      });
+  if (calls != summary.samples) std::abort();
+  if (!summary.error.empty() && calls != 0) std::abort();
+  ::operator delete(area, kAlign);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -93,5 +131,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!words.empty()) std::memcpy(words.data(), data, words.size() * sizeof(uint64_t));
   CheckRecord(words);
   CheckRing(data, size);
+  CheckThreadArea(data, size);
   return 0;
 }

@@ -20,7 +20,8 @@
 #   agent_protocol_fuzzer what `inprof agent` reads from a connecting process
 #                         (DecodeAgentMessage) and INPROF_AGENT_SOCKET
 #   agent_stream_fuzzer   what `inprof agent` reads from a profiled process's
-#                         shared memory (AgentRingReader, DecodeAgentOp)
+#                         shared memory (AgentRingReader, DecodeAgentOp,
+#                         ReadAgentThreadArea)
 # Each is linked with only the sources it needs (compiled with coverage
 # instrumentation) and the Debian libraries (GCC-built, libstdc++ ABI).
 # New inputs go to BUILD_DIR/corpus/<target>; crashes to

@@ -54,11 +54,13 @@
 #include "absl/time/time.h"
 #include "inprof/cpu_time_provider.h"
 #include "inprof/frame_pointer_unwinder.h"
+#include "inprof/internal/agent_stream.h"
 #include "inprof/internal/fork_guard.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/log.h"
 #include "inprof/internal/profiler_core.h"
+#include "inprof/internal/sample_record.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/options.h"
@@ -195,20 +197,15 @@ class Profiler final : public internal::ProfilerControl,
     }
   }();
   static_assert(kLeafWords <= internal::LeafFrameResolver::kStackWords);
-  // Record: [meta][values...][leaf stack words...][label words...][frames...];
-  // meta = provider | truncated << 8 | has leaf words << 9 |
-  //        label count << 10 (6 bits) | depth << 16 (16 bits) |
-  //        sampled while blocked << 32 | provisional stack << 33 |
-  //        (a provisional blocked stack's) tables ready at the walk << 34 |
-  //        their generation then << 35 (29 bits).
-  static constexpr uint64_t kTruncatedBit = 1u << 8;
-  static constexpr uint64_t kBlockedBit = uint64_t{1} << 32;
-  static constexpr uint64_t kProvisionalBit = uint64_t{1} << 33;
-  static constexpr uint64_t kWalkTablesReadyBit = uint64_t{1} << 34;
-  static constexpr int kWalkGenerationShift = 35;
-  static constexpr uint64_t kWalkGenerationMask = (uint64_t{1} << 29) - 1;
-  static constexpr uint64_t kLeafWordsBit = 1u << 9;
-  static constexpr int kLabelCountShift = 10;
+  // Record layout: internal/sample_record.h.
+  static constexpr uint64_t kTruncatedBit = internal::kRecordTruncatedBit;
+  static constexpr uint64_t kBlockedBit = internal::kRecordBlockedBit;
+  static constexpr uint64_t kProvisionalBit = internal::kRecordProvisionalBit;
+  static constexpr uint64_t kWalkTablesReadyBit = internal::kRecordWalkTablesReadyBit;
+  static constexpr int kWalkGenerationShift = internal::kRecordWalkGenerationShift;
+  static constexpr uint64_t kWalkGenerationMask = internal::kRecordWalkGenerationMask;
+  static constexpr uint64_t kLeafWordsBit = internal::kRecordLeafWordsBit;
+  static constexpr int kLabelCountShift = internal::kRecordLabelCountShift;
   static constexpr size_t kMaxLabelWords =
       2 * internal::ThreadSlotHeader::kMaxLabels;
   static constexpr size_t kHeaderWords =
@@ -267,6 +264,10 @@ class Profiler final : public internal::ProfilerControl,
     bool arm_in_flight = false;
     uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
     R ring;
+    // The ring its handler writes: `ring`, or in library mode one in the
+    // agent's shared region (so that a process that dies loses nothing its
+    // handlers wrote). Switched only while no handler can run for the slot.
+    R* active_ring = &ring;
   };
 
  public:
@@ -323,7 +324,11 @@ class Profiler final : public internal::ProfilerControl,
     }
     // Library mode: the agent gets the samples (a local socket round trip;
     // without an agent, profiling stays here unless INPROF_AGENT_FALLBACK=off).
-    if (absl::Status s = core_.ConnectAgent(); !s.ok()) return s;
+    // The last session's shared rings (drained, no handler runs) go back
+    // before its link does.
+    for (Slot* slot : active_) UseOwnRingLocked(slot);
+    if (absl::Status s = core_.ConnectAgent(ThreadRingLayout()); !s.ok()) return s;
+    for (Slot* slot : active_) UseSharedRingLocked(slot);
     // No unwind tables are built here: the collector thread builds them
     // first thing (Drain), so Start() returns in well under a millisecond.
     if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;
@@ -441,6 +446,7 @@ class Profiler final : public internal::ProfilerControl,
     active_.push_back(slot);
     ++threads_registered_;
     if (running_ && !stopping_ && getpid() == start_pid_) {
+      UseSharedRingLocked(slot);
       const uint64_t session = session_;
       if constexpr (kArmsOutsideLock) {
         // The engines' system calls (perf_event_open, fcntl) without the
@@ -637,7 +643,7 @@ class Profiler final : public internal::ProfilerControl,
     if (unwound.truncated) {
       slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
     }
-    if (!slot->ring.TryPush(
+    if (!slot->active_ring->TryPush(
             std::span<const uint64_t>(record, header_words + unwound.depth))) {
       // Keep the values so totals stay true; the ring counted the drop.
       const size_t offset = kValueOffsets[provider];
@@ -802,7 +808,7 @@ class Profiler final : public internal::ProfilerControl,
     // Room for one inserted caller frame.
     uint64_t* repaired = record + kMaxRecordWords;
     uint64_t recorded = 0;
-    while (size_t n = slot->ring.TryPop(std::span<uint64_t>(record, kMaxRecordWords))) {
+    while (size_t n = slot->active_ring->TryPop(std::span<uint64_t>(record, kMaxRecordWords))) {
       const size_t provider = record[0] & 0xff;
       const size_t depth = (record[0] >> 16) & 0xffff;
       const bool blocked = (record[0] & kBlockedBit) != 0;
@@ -854,7 +860,7 @@ class Profiler final : public internal::ProfilerControl,
                                record + label_at + 2 * nlabels);
       ++recorded;
     }
-    const uint64_t dropped = slot->ring.dropped();
+    const uint64_t dropped = slot->active_ring->dropped();
     if (dropped != slot->seen_dropped) {
       std::array<int64_t, kNumValues> lost{};
       for (size_t i = 0; i < kNumValues; ++i) {
@@ -1283,9 +1289,54 @@ class Profiler final : public internal::ProfilerControl,
   void ForgetSlotLocked(Slot* slot) {
     slot->session.store(0, std::memory_order_seq_cst);
     ResetProviderData(slot);
+    slot->active_ring = &slot->ring;  // a shared one is the parent's
     if (internal::CurrentThreadSlot() == slot) {
       internal::SetCurrentThreadSlot(nullptr);
     }
+  }
+
+  // Library mode: the shape of the records and rings, for the agent to read
+  // the rings of a process that died (internal/agent_stream.h); null when
+  // the ring type is not an SpscRecordRing.
+  const internal::AgentThreadRingLayout* ThreadRingLayout() const {
+    if constexpr (kIsSpscRecordRing<R>) {
+      static const internal::AgentThreadRingLayout layout = [] {
+        internal::AgentThreadRingLayout l;
+        l.ring_bytes = static_cast<uint32_t>(sizeof(R));
+        l.ring_words = static_cast<uint32_t>(R::capacity_words());
+        l.leaf_words = static_cast<uint32_t>(kLeafWords);
+        for (size_t i = 0; i < kNumProviders; ++i) {
+          l.value_counts.push_back(static_cast<uint32_t>(kValueCounts[i]));
+          l.value_offsets.push_back(static_cast<uint32_t>(kValueOffsets[i]));
+          if (state_label_provider_[i]) l.state_label_providers |= 1u << i;
+        }
+        return l;
+      }();
+      return kNumProviders <= internal::kAgentMaxProviders ? &layout : nullptr;
+    } else {
+      return nullptr;
+    }
+  }
+
+  // Registry lock held; no handler can run for the slot (not armed yet, or
+  // disarmed and waited for). Its ring becomes one in the agent's region
+  // when there is an agent (its own ring is empty: drained or unused).
+  void UseSharedRingLocked(Slot* slot) {
+    if constexpr (kIsSpscRecordRing<R>) {
+      if (slot->active_ring != &slot->ring) return;
+      void* memory = core_.AcquireAgentThreadRing(slot->tid, slot->name);
+      if (memory == nullptr) return;
+      slot->active_ring = new (memory) R;  // default-init: its words untouched
+      slot->seen_dropped = 0;
+    }
+  }
+  // Registry lock held; the shared ring is drained and no handler can run
+  // for the slot. Back to its own ring.
+  void UseOwnRingLocked(Slot* slot) {
+    if (slot->active_ring == &slot->ring) return;
+    core_.ReleaseAgentThreadRing(slot->active_ring);
+    slot->active_ring = &slot->ring;
+    slot->seen_dropped = slot->ring.dropped();
   }
 
   // Registry lock held: the profiler and its registered slots take `session`.
@@ -1307,6 +1358,7 @@ class Profiler final : public internal::ProfilerControl,
     DisarmLocked(slot);
     slot->session.store(0, std::memory_order_seq_cst);
     internal::WaitForHandler(*slot);
+    if (start_pid_ == 0 || getpid() == start_pid_) UseOwnRingLocked(slot);
     if (reusable) ReleaseSlot(slot);
   }
 
@@ -1342,6 +1394,7 @@ class Profiler final : public internal::ProfilerControl,
     // Reset per-registration state; the ring is empty after the drain.
     ResetProviderData(slot);
     slot->seen_taken = slot->samples_taken.load();
+    slot->active_ring = &slot->ring;
     slot->seen_dropped = slot->ring.dropped();
     slot->seen_truncated = slot->samples_truncated.load();
     SlotPool& pool = Pool();

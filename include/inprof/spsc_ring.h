@@ -185,6 +185,16 @@ class SpscRecordRing {
   // Largest payload one record can carry.
   static constexpr size_t max_record_words() noexcept { return Words - 1; }
 
+  // Where the indices and the words are, for a reader in another process
+  // (library mode's agent reads the rings of a process that died:
+  // internal/agent_stream.h). The same for every Words.
+  static constexpr size_t head_offset() noexcept { return offsetof(SpscRecordRing, head_); }
+  static constexpr size_t tail_offset() noexcept { return offsetof(SpscRecordRing, tail_); }
+  static constexpr size_t dropped_offset() noexcept {
+    return offsetof(SpscRecordRing, dropped_);
+  }
+  static constexpr size_t words_offset() noexcept { return offsetof(SpscRecordRing, words_); }
+
   // Layout check used by a static_assert below: producer index, consumer
   // index and the drop counter never share a cache line (no false sharing).
   static constexpr bool IndicesOnOwnCacheLines() noexcept {
@@ -230,6 +240,15 @@ class SpscRecordRing {
 
 static_assert(SpscRecordRing<16>::IndicesOnOwnCacheLines(),
               "each index must sit on its own cache line");
+static_assert(SpscRecordRing<16>::words_offset() == SpscRecordRing<4096>::words_offset(),
+              "the layout before the words does not depend on their number");
+
+// Whether R is an SpscRecordRing (of any size): library mode puts such rings
+// in memory the agent shares.
+template <typename R>
+inline constexpr bool kIsSpscRecordRing = false;
+template <size_t Words>
+inline constexpr bool kIsSpscRecordRing<SpscRecordRing<Words>> = true;
 
 // A ring a Profiler can use between a thread's signal handler and the
 // collector. Requirements:

@@ -10,8 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -44,6 +46,10 @@ void InstallForkHandler() {
   }();
   (void)installed;
 }
+
+// Chunks are mapped 16 at a time (~0.6 MiB of address space for
+// 32 KiB rings; pages are only touched as the rings are written).
+constexpr uint32_t kChunksPerBatch = 16;
 
 }  // namespace
 
@@ -163,7 +169,7 @@ absl::StatusOr<std::unique_ptr<AgentLink>> AgentLink::Connect(
   if (region == MAP_FAILED) {
     return fail(absl::StrCat("cannot map its shared region: ", std::strerror(errno)));
   }
-  close(connection->region_fd);
+  link->region_fd_ = connection->region_fd;
   link->region_ = region;
   link->region_bytes_ = bytes;
   link->ring_ = std::make_unique<AgentRingWriter>(region, bytes);
@@ -186,6 +192,96 @@ AgentLink::~AgentLink() {
     close(socket_);
   }
   if (region_ != nullptr) munmap(region_, region_bytes_);
+  if (area_header_ != nullptr) munmap(area_header_, kAgentThreadAreaHeaderBytes);
+  for (char* batch : batches_) {
+    munmap(batch, size_t{kChunksPerBatch} * chunk_bytes_);
+  }
+  if (region_fd_ >= 0) close(region_fd_);
+}
+
+void AgentLink::EnableThreadRings(const AgentThreadRingLayout& layout) {
+  if (area_header_ != nullptr || region_fd_ < 0 || layout.value_counts.empty() ||
+      layout.value_counts.size() > kAgentMaxProviders ||
+      layout.value_offsets.size() != layout.value_counts.size()) {
+    return;
+  }
+  area_offset_ = AgentThreadAreaOffset(region_bytes_);
+  chunk_bytes_ = AgentThreadChunkBytes(layout);
+  ring_bytes_ = layout.ring_bytes;
+  if (ftruncate(region_fd_, static_cast<off_t>(area_offset_ + kAgentThreadAreaHeaderBytes)) != 0) {
+    return;
+  }
+  void* page = mmap(nullptr, kAgentThreadAreaHeaderBytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED, region_fd_, static_cast<off_t>(area_offset_));
+  if (page == MAP_FAILED) return;
+  auto* header = new (page) AgentThreadAreaHeader{};
+  AgentThreadAreaShape& shape = header->shape;
+  shape.magic = kAgentThreadAreaMagic;
+  shape.chunk_bytes = chunk_bytes_;
+  shape.ring_offset = kAgentThreadRingOffset;
+  shape.ring_words = layout.ring_words;
+  shape.leaf_words = layout.leaf_words;
+  shape.num_providers = static_cast<uint32_t>(layout.value_counts.size());
+  shape.state_label_providers = layout.state_label_providers;
+  for (size_t i = 0; i < layout.value_counts.size(); ++i) {
+    shape.value_counts[i] = layout.value_counts[i];
+    shape.value_offsets[i] = layout.value_offsets[i];
+  }
+  header->chunks.store(0, std::memory_order_release);
+  area_header_ = header;
+}
+
+bool AgentLink::GrowThreadArea() {
+  if (chunks_made_ + kChunksPerBatch > kAgentMaxThreads) return false;
+  const uint64_t at = area_offset_ + kAgentThreadAreaHeaderBytes +
+                      uint64_t{chunks_made_} * chunk_bytes_;
+  const uint64_t bytes = uint64_t{kChunksPerBatch} * chunk_bytes_;
+  if (ftruncate(region_fd_, static_cast<off_t>(at + bytes)) != 0) return false;
+  void* batch = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                     region_fd_, static_cast<off_t>(at));
+  if (batch == MAP_FAILED) return false;
+  batches_.push_back(static_cast<char*>(batch));
+  for (uint32_t i = 0; i < kChunksPerBatch; ++i) {
+    // Highest first: chunks are handed out in order.
+    free_chunks_.push_back(chunks_made_ + kChunksPerBatch - 1 - i);
+  }
+  chunks_made_ += kChunksPerBatch;
+  area_header_->chunks.store(chunks_made_, std::memory_order_release);
+  return true;
+}
+
+void* AgentLink::AcquireThreadRing(pid_t tid, absl::string_view name) {
+  if (area_header_ == nullptr || gone_ || !Usable()) return nullptr;
+  if (free_chunks_.empty() && !GrowThreadArea()) {
+    ++thread_rings_refused_;
+    return nullptr;
+  }
+  const uint32_t chunk = free_chunks_.back();
+  free_chunks_.pop_back();
+  char* base = batches_[chunk / kChunksPerBatch] +
+               size_t{chunk % kChunksPerBatch} * chunk_bytes_;
+  auto* header = reinterpret_cast<AgentThreadChunkHeader*>(base);
+  header->tid = tid;
+  std::memset(header->name, 0, sizeof(header->name));
+  std::memcpy(header->name, name.data(), std::min(name.size(), sizeof(header->name)));
+  char* ring = base + kAgentThreadRingOffset;
+  // Empty indices before the agent may look (the ring's words are read only
+  // between them).
+  std::memset(ring, 0, std::min<size_t>(ring_bytes_, kAgentThreadRingIndexBytes));
+  header->in_use.store(1, std::memory_order_release);
+  ring_chunks_[ring] = chunk;
+  return ring;
+}
+
+void AgentLink::ReleaseThreadRing(void* ring) {
+  auto it = ring_chunks_.find(ring);
+  if (it == ring_chunks_.end()) return;
+  const uint32_t chunk = it->second;
+  ring_chunks_.erase(it);
+  char* base = batches_[chunk / kChunksPerBatch] +
+               size_t{chunk % kChunksPerBatch} * chunk_bytes_;
+  reinterpret_cast<AgentThreadChunkHeader*>(base)->in_use.store(0, std::memory_order_release);
+  free_chunks_.push_back(chunk);
 }
 
 bool AgentLink::Usable() const {

@@ -86,6 +86,7 @@ void AgentServer::ReapLocked(bool all) {
     if (c.session != nullptr) {
       c.process.output = c.session->process_options().output;
       c.process.samples = c.session->samples_read();
+      c.process.samples_from_thread_rings = c.session->samples_from_thread_rings();
       c.process.profiles = c.session->windows_exported();
       c.process.ended_cleanly = c.session->ended_cleanly();
       c.process.error = c.session->error();
@@ -117,6 +118,7 @@ std::vector<AgentProcess> AgentServer::Processes() const {
     if (c->session != nullptr) {
       p.output = c->session->process_options().output;
       p.samples = c->session->samples_read();
+      p.samples_from_thread_rings = c->session->samples_from_thread_rings();
       p.profiles = c->session->windows_exported();
       p.ended_cleanly = c->session->ended_cleanly();
       p.error = c->session->error();

@@ -68,6 +68,9 @@ struct AgentProcess {
   // With AgentServerOptions::profile:
   std::string output;        // its windows' file pattern (%p expanded)
   uint64_t samples = 0;      // samples read from its ring
+  // Of those, read from its threads' rings after it died (it never stopped
+  // its profiler: what its collector had not drained).
+  uint64_t samples_from_thread_rings = 0;
   uint64_t profiles = 0;     // windows exported
   bool ended_cleanly = false;  // it stopped its profiler before it went
   bool finished = false;     // its last window was exported

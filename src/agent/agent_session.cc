@@ -1,7 +1,10 @@
 #include "src/agent/agent_session.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/symbolizer.h"
+#include "inprof/wall_time_provider.h"
 
 namespace inprof::agent {
 namespace {
@@ -73,6 +77,7 @@ AgentSession::AgentSession(const Options& options,
   }
   region_ = region;
   region_bytes_ = region_bytes;
+  region_fd_ = fcntl(region_fd, F_DUPFD_CLOEXEC, 0);
   reader_ = std::make_unique<internal::AgentRingReader>(region, region_bytes);
   if (!reader_->error().empty()) error_ = reader_->error();
 }
@@ -81,6 +86,7 @@ AgentSession::~AgentSession() {
   Finish().IgnoreError();
   core_.reset();
   if (region_ != nullptr) munmap(region_, region_bytes_);
+  if (region_fd_ >= 0) close(region_fd_);
 }
 
 std::string AgentSession::error() const {
@@ -91,6 +97,11 @@ std::string AgentSession::error() const {
 uint64_t AgentSession::samples_read() const {
   std::lock_guard<std::mutex> lock(mu_);
   return samples_read_;
+}
+
+uint64_t AgentSession::samples_from_thread_rings() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return samples_from_rings_;
 }
 
 uint64_t AgentSession::windows_exported() const {
@@ -146,15 +157,19 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
              "its samples cannot be symbolized";
     return;
   }
+  internal::LabelTable& table = internal::LabelTable::Global();
+  pid_key_ = table.Intern("pid") | internal::kNumericLabel;
+  program_key_ = table.Intern("program");
+  program_value_ = table.Intern(hello_.program);
   core_ = std::make_unique<internal::ProfilerCore>(
       options_, d.sample_types, d.period_type, d.period, d.engine);
   core_->UseSymbolizer(std::move(symbolizer_));
   std::vector<std::string> tags;
   for (const auto& [key, value] : hello_.tags) tags.push_back(absl::StrCat(key, "=", value));
-  core_->SetProcessNote(absl::StrCat(
-      "process pid=", pid_, " program=", hello_.program,
-      tags.empty() ? "" : " tags ", absl::StrJoin(tags, ","),
-      "; profiled through inprof agent (pid ", getpid(), ")"));
+  note_ = absl::StrCat("process pid=", pid_, " program=", hello_.program,
+                       tags.empty() ? "" : " tags ", absl::StrJoin(tags, ","),
+                       "; profiled through inprof agent (pid ", getpid(), ")");
+  core_->SetProcessNote(note_);
   core_->BeginWindow();
   core_->StartCollector([this] { Drain(); }, [this] { return stats_; });
 }
@@ -203,20 +218,9 @@ void AgentSession::Apply(const internal::AgentOp& op) {
   std::lock_guard<std::mutex> lock(core_->mutex());
   SampleAggregator& agg = core_->aggregator();
   if (const auto* s = std::get_if<AgentSample>(&op)) {
-    // The process's label ids become ours, in our canonical (key) order.
-    labels_.clear();
-    for (size_t i = 0; i + 1 < s->labels.size(); i += 2) {
-      const uint64_t key = s->labels[i];
-      const uint64_t numeric = key & kNumericLabel;
-      labels_.push_back(numeric | LabelId(key & ~kNumericLabel & 0xffffffffu));
-      labels_.push_back(numeric != 0 ? s->labels[i + 1] : LabelId(s->labels[i + 1]));
-    }
-    for (size_t i = 2; i < labels_.size(); i += 2) {
-      for (size_t j = i; j >= 2 && labels_[j - 2] > labels_[j]; j -= 2) {
-        std::swap(labels_[j - 2], labels_[j]);
-        std::swap(labels_[j - 1], labels_[j + 1]);
-      }
-    }
+    // Canonical there already (one per key, the state label included); the
+    // process's own labels are added.
+    TranslateLabels(s->labels, /*state_label=*/false, /*blocked=*/false);
     agg.Add(Thread(s->thread), s->frames, labels_, s->value_offset, s->values);
   } else if (const auto* y = std::get_if<AgentSynthetic>(&op)) {
     agg.AddSynthetic(Thread(y->thread), y->frame, y->value_offset, y->values);
@@ -225,16 +229,125 @@ void AgentSession::Apply(const internal::AgentOp& op) {
       agg.RemoveThread(it->second);
       threads_.erase(it);
     }
-    threads_.emplace(t->index, agg.AddThread(t->tid, t->name));
+    const uint32_t ours = agg.AddThread(t->tid, t->name);
+    threads_.emplace(t->index, ours);
+    tids_[t->tid] = ours;
   } else if (const auto* n = std::get_if<AgentThreadName>(&op)) {
     agg.SetThreadName(Thread(n->index), n->name);
   } else if (const auto* r = std::get_if<AgentThreadRemove>(&op)) {
     if (auto it = threads_.find(r->index); it != threads_.end()) {
       agg.RemoveThread(it->second);
+      for (auto t = tids_.begin(); t != tids_.end(); ++t) {
+        if (t->second == it->second) {
+          tids_.erase(t);
+          break;
+        }
+      }
       threads_.erase(it);
     }
   } else if (const auto* st = std::get_if<AgentStats>(&op)) {
     stats_ = internal::StatsFromCounters(st->counters);
+  }
+}
+
+void AgentSession::TranslateLabels(std::span<const uint64_t> words,
+                                   bool state_label, bool blocked) {
+  using internal::kNumericLabel;
+  labels_.clear();
+  auto put = [&](uint64_t key, uint64_t value) {
+    for (size_t i = 0; i < labels_.size(); i += 2) {
+      if ((labels_[i] & ~kNumericLabel) == (key & ~kNumericLabel)) {
+        labels_[i] = key;
+        labels_[i + 1] = value;
+        return;
+      }
+    }
+    labels_.push_back(key);
+    labels_.push_back(value);
+  };
+  for (size_t i = 0; i + 1 < words.size(); i += 2) {
+    const uint64_t key = words[i];
+    const uint64_t numeric = key & kNumericLabel;
+    put(numeric | LabelId(key & ~kNumericLabel & 0xffffffffu),
+        numeric != 0 ? words[i + 1] : LabelId(words[i + 1]));
+  }
+  // Whose sample it is: profiles of several processes merged (go tool
+  // pprof a.pb.gz b.pb.gz, a backend's query) still tell them apart.
+  put(pid_key_, static_cast<uint64_t>(pid_));
+  put(program_key_, program_value_);
+  if (state_label) {
+    internal::LabelTable& table = internal::LabelTable::Global();
+    put(table.Intern(WallTimeProvider::kStateLabel),
+        table.Intern(blocked ? WallTimeProvider::kBlocked : WallTimeProvider::kRunning));
+  }
+  for (size_t i = 2; i < labels_.size(); i += 2) {
+    for (size_t j = i; j >= 2 && labels_[j - 2] > labels_[j]; j -= 2) {
+      std::swap(labels_[j - 2], labels_[j]);
+      std::swap(labels_[j - 1], labels_[j + 1]);
+    }
+  }
+}
+
+uint32_t AgentSession::ThreadByTid(int64_t tid, std::string_view name) {
+  if (auto it = tids_.find(tid); it != tids_.end()) return it->second;
+  // Registered after the process's last collector pass.
+  const uint32_t ours =
+      core_->aggregator().AddThread(tid, absl::string_view(name.data(), name.size()));
+  tids_.emplace(tid, ours);
+  return ours;
+}
+
+void AgentSession::ReadThreadRings() {
+  if (region_fd_ < 0 || core_ == nullptr) return;
+  struct stat st;
+  const uint64_t offset = internal::AgentThreadAreaOffset(region_bytes_);
+  if (fstat(region_fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) <= offset) {
+    return;  // the process made no thread rings
+  }
+  // At most kAgentMaxThreads rings of 32 KiB and then some; the region is
+  // sealed against shrinking, so no read past its end can fault.
+  constexpr uint64_t kMaxAreaBytes = uint64_t{512} << 20;
+  const uint64_t bytes =
+      std::min<uint64_t>(static_cast<uint64_t>(st.st_size) - offset, kMaxAreaBytes);
+  void* area = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, region_fd_,
+                    static_cast<off_t>(offset));
+  if (area == MAP_FAILED) {
+    if (log_) {
+      log_(absl::StrCat("agent: pid ", pid_, " (", hello_.program,
+                        "): cannot map its threads' rings: ", std::strerror(errno)));
+    }
+    return;
+  }
+  internal::AgentThreadAreaSummary summary;
+  {
+    std::lock_guard<std::mutex> lock(core_->mutex());
+    SampleAggregator& agg = core_->aggregator();
+    std::vector<int64_t> values;
+    summary = internal::ReadAgentThreadArea(
+        area, bytes, [&](const internal::AgentLeftoverSample& s) {
+          TranslateLabels(s.labels, s.state_label, s.blocked);
+          values.assign(s.values.begin(), s.values.end());
+          agg.Add(ThreadByTid(s.tid, s.thread_name), s.frames, labels_,
+                  s.value_offset, values);
+        });
+  }
+  munmap(area, bytes);
+  samples_from_rings_ = summary.samples;
+  samples_read_ += summary.samples;
+  if (!summary.error.empty() || summary.skipped > 0) {
+    if (log_) {
+      log_(absl::StrCat("agent: pid ", pid_, " (", hello_.program, "): ",
+                        summary.error.empty() ? "" : summary.error,
+                        summary.error.empty() ? "" : "; ", summary.skipped,
+                        " records or rings of its threads could not be read"));
+    }
+  }
+  if (summary.samples > 0 || summary.skipped > 0) {
+    core_->SetProcessNote(absl::StrCat(
+        note_, "; ended without stopping its profiler: ", summary.samples,
+        " samples read from its threads' rings afterwards",
+        summary.skipped > 0 ? absl::StrCat(", ", summary.skipped, " unreadable")
+                            : std::string()));
   }
 }
 
@@ -244,6 +357,9 @@ absl::Status AgentSession::Finish() {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return absl::OkStatus();
     finished_ = true;  // Drain() does nothing from now on
+    // A process that ended without its end record died (or exec'd): its
+    // collector never drained what its handlers wrote last.
+    if (!ended_ && error_.empty()) ReadThreadRings();
   }
   if (core_ == nullptr) return absl::OkStatus();
   core_->StopCollector();  // its drain calls return at once now
@@ -261,7 +377,10 @@ absl::Status AgentSession::Finish() {
                       " profiles", options_.write_output
                                        ? absl::StrCat(" (", options_.output, ")")
                                        : std::string(),
-                      ended_ ? "" : "; it ended without stopping its profiler",
+                      ended_ ? ""
+                             : absl::StrCat("; it ended without stopping its profiler (",
+                                            samples_from_rings_,
+                                            " samples read from its threads' rings)"),
                       status.ok() ? "" : "; ",
                       status.ok() ? "" : status.message()));
   }

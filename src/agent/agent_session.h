@@ -25,7 +25,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -44,7 +46,8 @@ namespace inprof::agent {
 class AgentSession {
  public:
   using LogFunction = std::function<void(const std::string&)>;
-  // Maps the region (`region_fd` is not taken over). `log`: errors (its
+  // Maps the region (`region_fd` is not taken over: the session keeps a
+  // copy, to read the threads' rings of a process that dies). `log`: errors (its
   // ring unreadable); `log_summary`: one line when it is finished. The options are the
   // agent's; the session derives the process's from them. `symbolizer`:
   // the process's (Symbolizer::ForProcess, made while it waited for its
@@ -60,13 +63,18 @@ class AgentSession {
 
   // Reads what the process wrote since the last call.
   void Drain();
-  // The connection ended: reads the rest, then exports the last window and
-  // waits for its delivery (the options' stop_timeout). Idempotent.
+  // The connection ended: reads the rest -- and, when the process did not
+  // stop its profiler (it died), what its threads' rings still hold
+  // (agent_stream.h: the threads' own rings) -- then exports the last
+  // window and waits for its delivery (the options' stop_timeout).
+  // Idempotent.
   absl::Status Finish();
 
   pid_t pid() const { return pid_; }
   // Counts, for the agent's log and tests.
   uint64_t samples_read() const;
+  // Of those, read from the threads' rings after the process ended.
+  uint64_t samples_from_thread_rings() const;
   uint64_t windows_exported() const;
   bool ended_cleanly() const;  // the process sent its end record
   // The options the process's windows go out with (its output path etc.).
@@ -79,12 +87,19 @@ class AgentSession {
   uint32_t Thread(uint32_t index);           // mu_ and the core's lock held
   uint64_t LabelId(uint64_t host_id);        // mu_ held
   void StartCore(const internal::AgentDescribe& describe);  // mu_ held
+  // The process's label words as ours, one per key (the innermost wins),
+  // plus the wall state label when `state_label`, sorted by key (mu_ held).
+  void TranslateLabels(std::span<const uint64_t> words, bool state_label,
+                       bool blocked);
+  void ReadThreadRings();  // mu_ held; the process is gone
+  uint32_t ThreadByTid(int64_t tid, std::string_view name);  // mu_, core lock
 
   Options options_;
   internal::AgentHello hello_;
   pid_t pid_;
   LogFunction log_;          // errors
   LogFunction log_summary_;  // the line at its end
+  int region_fd_ = -1;
   void* region_ = nullptr;
   uint64_t region_bytes_ = 0;
   std::unique_ptr<Symbolizer> symbolizer_;  // until the core takes it
@@ -95,10 +110,15 @@ class AgentSession {
   bool ended_ = false;
   bool finished_ = false;
   uint64_t samples_read_ = 0;
+  uint64_t samples_from_rings_ = 0;
+  std::string note_;  // the process note in its windows' comments
+  absl::flat_hash_map<int64_t, uint32_t> tids_;  // tid -> our thread
   std::vector<uint64_t> record_;
   absl::flat_hash_map<uint32_t, uint32_t> threads_;  // process index -> ours
   std::vector<uint32_t> strings_;  // process label id -> ours (0: unknown)
   std::vector<uint64_t> labels_;   // scratch
+  // Every sample's labels pid (numeric) and program (label-table ids).
+  uint64_t pid_key_ = 0, program_key_ = 0, program_value_ = 0;
   ProfilerStats stats_;  // the process's newest counters (core lock)
   std::unique_ptr<internal::ProfilerCore> core_;
 };

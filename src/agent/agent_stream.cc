@@ -4,6 +4,8 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "inprof/internal/sample_record.h"
+#include "inprof/spsc_ring.h"
 
 namespace inprof::internal {
 
@@ -390,6 +392,127 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
       return absl::InvalidArgumentError(
           absl::StrCat("agent stream: unknown record type ", record[0]));
   }
+}
+
+// ---------------------------------------------------------------------------
+// The threads' own rings.
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr size_t kChunkHeaderBytes = kAgentThreadRingOffset;
+static_assert(sizeof(AgentThreadChunkHeader) <= kChunkHeaderBytes);
+static_assert(SpscRecordRing<16>::words_offset() == kAgentThreadRingIndexBytes);
+// Where an SpscRecordRing keeps its indices and words (the same for every size).
+constexpr size_t kRingHead = SpscRecordRing<16>::head_offset();
+constexpr size_t kRingTail = SpscRecordRing<16>::tail_offset();
+constexpr size_t kRingWords = SpscRecordRing<16>::words_offset();
+
+uint64_t LoadWord(const char* at) {
+  return reinterpret_cast<const std::atomic<uint64_t>*>(at)->load(
+      std::memory_order_acquire);
+}
+
+}  // namespace
+
+uint32_t AgentThreadChunkBytes(const AgentThreadRingLayout& layout) {
+  const uint64_t bytes = kChunkHeaderBytes + uint64_t{layout.ring_bytes};
+  return static_cast<uint32_t>((bytes + kPage - 1) / kPage * kPage);
+}
+
+uint64_t AgentThreadAreaOffset(uint64_t region_bytes) {
+  return (region_bytes + kPage - 1) / kPage * kPage;
+}
+
+AgentThreadAreaSummary ReadAgentThreadArea(
+    const void* area, uint64_t bytes,
+    const std::function<void(const AgentLeftoverSample&)>& on_sample) {
+  AgentThreadAreaSummary summary;
+  if (bytes < kAgentThreadAreaHeaderBytes) return summary;  // none was made
+  const char* base = static_cast<const char*>(area);
+  AgentThreadAreaShape h;
+  std::memcpy(&h, base, sizeof(h));
+  const uint32_t chunks = reinterpret_cast<const AgentThreadAreaHeader*>(base)->chunks.load(
+      std::memory_order_acquire);
+  if (h.magic != kAgentThreadAreaMagic) {
+    summary.error = "its threads' ring area has no header";
+    return summary;
+  }
+  const uint64_t ring_words = h.ring_words;
+  if (h.num_providers == 0 || h.num_providers > kAgentMaxProviders ||
+      ring_words < 16 || (ring_words & (ring_words - 1)) != 0 ||
+      ring_words > (uint64_t{1} << 24) || h.ring_offset < kChunkHeaderBytes ||
+      h.ring_offset % 64 != 0 ||
+      uint64_t{h.ring_offset} + kRingWords + ring_words * 8 > h.chunk_bytes ||
+      h.leaf_words > 1024) {
+    summary.error = "its threads' ring area has an impossible layout";
+    return summary;
+  }
+  for (uint32_t p = 0; p < h.num_providers; ++p) {
+    if (h.value_counts[p] > kAgentOpMaxValues ||
+        h.value_offsets[p] + uint64_t{h.value_counts[p]} > kAgentOpMaxValues) {
+      summary.error = "its threads' ring area has an impossible layout";
+      return summary;
+    }
+  }
+  const uint64_t room = (bytes - kAgentThreadAreaHeaderBytes) / h.chunk_bytes;
+  const uint64_t n = chunks < room ? chunks : room;
+  const uint64_t mask = ring_words - 1;
+  std::vector<uint64_t> record(ring_words);
+  for (uint64_t c = 0; c < n; ++c) {
+    const char* chunk = base + kAgentThreadAreaHeaderBytes + c * h.chunk_bytes;
+    const auto* ch = reinterpret_cast<const AgentThreadChunkHeader*>(chunk);
+    if (ch->in_use.load(std::memory_order_acquire) != 1) continue;
+    ++summary.rings;
+    char name[sizeof(ch->name) + 1] = {};
+    std::memcpy(name, ch->name, sizeof(ch->name));
+    const char* ring = chunk + h.ring_offset;
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(ring + kRingWords);
+    const uint64_t head = LoadWord(ring + kRingHead);
+    uint64_t tail = LoadWord(ring + kRingTail);
+    if (tail > head || head - tail > ring_words) {
+      ++summary.skipped;
+      continue;
+    }
+    while (tail < head) {
+      const uint64_t length = words[tail & mask];
+      if (length == 0 || length >= ring_words || length > head - tail - 1) {
+        ++summary.skipped;
+        break;
+      }
+      for (uint64_t i = 0; i < length; ++i) record[i] = words[(tail + 1 + i) & mask];
+      tail += 1 + length;
+      const uint64_t meta = record[0];
+      const uint64_t provider = meta & kRecordProviderMask;
+      if (provider >= h.num_providers) {
+        ++summary.skipped;
+        continue;
+      }
+      const uint64_t nvalues = h.value_counts[provider];
+      const uint64_t leaf = (meta & kRecordLeafWordsBit) ? h.leaf_words : 0;
+      const uint64_t nlabels = (meta >> kRecordLabelCountShift) & kRecordLabelCountMask;
+      const uint64_t depth = (meta >> kRecordDepthShift) & kRecordDepthMask;
+      const uint64_t label_at = 1 + nvalues + leaf;
+      const uint64_t frames_at = label_at + 2 * nlabels;
+      if (frames_at + depth != length) {
+        ++summary.skipped;
+        continue;
+      }
+      AgentLeftoverSample s;
+      s.tid = ch->tid;
+      s.thread_name = name;
+      s.provider = static_cast<uint32_t>(provider);
+      s.value_offset = h.value_offsets[provider];
+      s.blocked = (meta & kRecordBlockedBit) != 0;
+      s.state_label = ((h.state_label_providers >> provider) & 1) != 0;
+      s.values = std::span<const uint64_t>(record.data() + 1, nvalues);
+      s.labels = std::span<const uint64_t>(record.data() + label_at, 2 * nlabels);
+      s.frames = std::span<const uint64_t>(record.data() + frames_at, depth);
+      ++summary.samples;
+      on_sample(s);
+    }
+  }
+  return summary;
 }
 
 }  // namespace inprof::internal

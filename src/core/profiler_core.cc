@@ -169,7 +169,7 @@ void ProfilerCore::StartExporter(Threads* t, const std::function<void()>& drain)
   });
 }
 
-absl::Status ProfilerCore::ConnectAgent() {
+absl::Status ProfilerCore::ConnectAgent(const AgentThreadRingLayout* thread_rings) {
   if (options_.agent_socket.empty() && options_.agent_spawn) {
     // ddprof's library mode: an agent of the process's own, and the
     // variable exported for the programs it exec's (they join it).
@@ -213,9 +213,22 @@ absl::Status ProfilerCore::ConnectAgent() {
     return absl::OkStatus();
   }
   agent_ = std::move(*link);
+  if (thread_rings != nullptr) agent_->EnableThreadRings(*thread_rings);
   std::lock_guard<std::mutex> lock(mutex_);
   aggregator_.SetForwarder(agent_.get());
   return absl::OkStatus();
+}
+
+void* ProfilerCore::AcquireAgentThreadRing(pid_t tid, absl::string_view name) {
+  if (agent_ == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);  // the link's gone_ is written under it
+  return agent_->AcquireThreadRing(tid, name);
+}
+
+void ProfilerCore::ReleaseAgentThreadRing(void* ring) {
+  if (agent_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  agent_->ReleaseThreadRing(ring);
 }
 
 bool ProfilerCore::forwarding_to_agent() const {

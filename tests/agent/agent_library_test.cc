@@ -38,6 +38,7 @@
 namespace inprof::agent {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -88,6 +89,7 @@ constexpr bool kFunctionSharesMeasurable = true;
 struct Profile {
   std::map<std::string, int64_t> cpu_by_thread;  // "thread name" -> cpu-time
   std::map<std::string, int64_t> cpu_by_function;  // anywhere on the stack
+  std::set<std::string> pids, programs;  // the samples' labels pid and program
   std::string comments;
 };
 
@@ -97,6 +99,8 @@ Profile ReadProfile(const std::string& path) {
   EXPECT_TRUE(samples.ok()) << samples.status();
   if (!samples.ok()) return p;
   for (const auto& s : *samples) {
+    if (auto it = s.labels.find("pid"); it != s.labels.end()) p.pids.insert(it->second);
+    if (auto it = s.labels.find("program"); it != s.labels.end()) p.programs.insert(it->second);
     if (s.values.size() < 2) continue;
     const int64_t cpu = s.values[1];
     if (auto it = s.labels.find("thread name"); it != s.labels.end()) {
@@ -219,7 +223,12 @@ TEST_F(AgentLibraryTest, TwoProcessesAndAnExecdChildReportToOneAgent) {
   }
   EXPECT_EQ(pb.cpu_by_function.count("AgentSpinLight"), 0u);
   EXPECT_EQ(pa.cpu_by_function.count("AgentSpinParent"), 0u);
-  // Each profile says whose it is.
+  // Each profile says whose it is: in every sample's labels,
+  EXPECT_THAT(pa.pids, ElementsAre(absl::StrCat(a.at("pid"))));
+  EXPECT_THAT(pc.pids, ElementsAre(absl::StrCat(c.at("pid"))));
+  EXPECT_THAT(pb.pids, ElementsAre(absl::StrCat(b_pid)));
+  EXPECT_THAT(pa.programs, ElementsAre("agent_workload"));
+  // and in the comments.
   EXPECT_THAT(pa.comments, HasSubstr(absl::StrCat("process pid=", a.at("pid"),
                                                   " program=agent_workload")));
   EXPECT_THAT(pb.comments, HasSubstr(absl::StrCat("process pid=", b_pid)));
@@ -240,14 +249,55 @@ TEST_F(AgentLibraryTest, AProcessThatDiesKeepsWhatItForwarded) {
   const AgentProcess p = server.Processes().at(0);
   EXPECT_FALSE(p.ended_cleanly);
   EXPECT_THAT(Log(), HasSubstr("it ended without stopping its profiler"));
-  // 300 ms of CPU; what its collector had not forwarded yet when it died
-  // (one 50 ms pass, more if the collector was kept off the CPU) is lost.
+  // 300 ms of CPU: what its collector forwarded, and what it had not yet
+  // drained from its threads' rings, which the agent read after its death.
   EXPECT_GT(p.samples, 0u);
   Profile profile = ReadProfile(p.output);
   if (kFunctionSharesMeasurable) {
-    EXPECT_GT(profile.cpu_by_function["AgentSpinDie"], 150'000'000);
+    EXPECT_GT(profile.cpu_by_function["AgentSpinDie"], 270'000'000);
     EXPECT_LT(profile.cpu_by_function["AgentSpinDie"], 330'000'000);
   }
+}
+
+// Its collector never drains (a 10 s period) and wall sampling is off, so
+// every sample of the 300 ms is still in the main thread's ring when the
+// process kills itself: all of them reach the profile through the agent's
+// reading of the threads' rings, on their stacks, to within the
+// in-process bound.
+TEST_F(AgentLibraryTest, WhatADeadProcessLeftInItsThreadsRingsIsProfiled) {
+  AgentServerOptions options = ServerOptions();
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  const std::string out = dir_ + "/die.txt";
+  auto run = testing::RunCommandSeparately(
+      "INPROF_WALL_PERIOD=0 " +
+      Workload(options.address.ToString(), "die " + testing::ShellQuote(out)));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 128 + SIGKILL) << run->err;
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
+  server.Stop();
+  const AgentProcess p = server.Processes().at(0);
+  EXPECT_FALSE(p.ended_cleanly);
+  EXPECT_EQ(p.error, "");
+  const auto measured = ReadNumbers(out);
+  ASSERT_TRUE(measured.count("die")) << "the workload wrote no CPU";
+  // ~30 samples at 100 Hz, from the ring (the collector's first pass, right
+  // after Start(), ended during the workload's 1 s sleep, before them).
+  EXPECT_GE(p.samples_from_thread_rings, 20u) << Log();
+  EXPECT_THAT(Log(), HasSubstr(absl::StrCat("(", p.samples_from_thread_rings,
+                                            " samples read from its threads' rings)")));
+  Profile profile = ReadProfile(p.output);
+  const double m = static_cast<double>(measured.at("die"));
+  const double main_cpu = static_cast<double>(profile.cpu_by_thread["main"]);
+  std::printf("died: measured %.3fs, profiled on main %.3fs from %llu ring samples\n",
+              m / 1e9, main_cpu / 1e9,
+              static_cast<unsigned long long>(p.samples_from_thread_rings));
+  EXPECT_NEAR(main_cpu, m, 0.10 * m);
+  if (kFunctionSharesMeasurable) {
+    EXPECT_GT(static_cast<double>(profile.cpu_by_function["AgentSpinDie"]), 0.9 * m);
+  }
+  EXPECT_THAT(profile.comments, HasSubstr("samples read from its threads' rings afterwards"));
+  EXPECT_TRUE(testing::ProtocDecodeOk(p.output).ok());
 }
 
 TEST_F(AgentLibraryTest, WithoutAnAgentTheProcessProfilesItselfOrNotAtAll) {

@@ -4,11 +4,16 @@
 #include "inprof/internal/agent_stream.h"
 
 #include <cstdint>
+#include <cstring>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/internal/label_table.h"
+#include "inprof/internal/sample_record.h"
+#include "inprof/spsc_ring.h"
 
 namespace inprof::internal {
 namespace {
@@ -159,6 +164,170 @@ TEST(AgentStreamTest, AnImpossibleIndexOrLengthStopsTheReader) {
   AgentRingReader tiny(region.data(), 100);
   std::vector<uint64_t> out;
   EXPECT_EQ(tiny.Pop(out), AgentRingReader::kCorrupt);
+}
+
+// The threads' own rings, as a process lays them out (AgentLink) and as the
+// agent reads them after the process died (ReadAgentThreadArea).
+class ThreadAreaTest : public ::testing::Test {
+ protected:
+  using Ring = SpscRecordRing<64>;
+  static constexpr size_t kChunks = 3;
+
+  void SetUp() override {
+    AgentThreadRingLayout layout;
+    layout.ring_bytes = sizeof(Ring);
+    chunk_bytes_ = AgentThreadChunkBytes(layout);
+    bytes_ = kAgentThreadAreaHeaderBytes + kChunks * chunk_bytes_;
+    memory_.assign(bytes_ / 8 + 8, 0);
+    auto* h = new (base()) AgentThreadAreaHeader{};
+    h->shape.magic = kAgentThreadAreaMagic;
+    h->shape.chunk_bytes = chunk_bytes_;
+    h->shape.ring_offset = kAgentThreadRingOffset;
+    h->shape.ring_words = 64;
+    h->shape.leaf_words = 2;
+    h->shape.num_providers = 2;  // cpu (2 values), wall (2 values, state label)
+    h->shape.state_label_providers = 0b10;
+    h->shape.value_counts[0] = h->shape.value_counts[1] = 2;
+    h->shape.value_offsets[0] = 0;
+    h->shape.value_offsets[1] = 2;
+    h->chunks.store(kChunks);
+  }
+  char* base() { return reinterpret_cast<char*>(memory_.data()); }
+  AgentThreadAreaHeader* header() { return reinterpret_cast<AgentThreadAreaHeader*>(base()); }
+  char* chunk(size_t i) { return base() + kAgentThreadAreaHeaderBytes + i * chunk_bytes_; }
+  // A chunk in use by `tid`, with its ring constructed.
+  Ring* UseChunk(size_t i, int32_t tid, const char* name) {
+    auto* c = new (chunk(i)) AgentThreadChunkHeader{};
+    c->tid = tid;
+    std::strncpy(c->name, name, sizeof(c->name));
+    c->in_use.store(1);
+    return new (chunk(i) + kAgentThreadRingOffset) Ring;
+  }
+  // A record as the signal handler writes it (internal/sample_record.h).
+  static std::vector<uint64_t> Record(uint64_t provider, std::vector<uint64_t> values,
+                                      std::vector<uint64_t> leaf,
+                                      std::vector<uint64_t> labels,
+                                      std::vector<uint64_t> frames, bool blocked) {
+    std::vector<uint64_t> r = {provider | (leaf.empty() ? 0 : kRecordLeafWordsBit) |
+                               ((labels.size() / 2) << kRecordLabelCountShift) |
+                               (frames.size() << kRecordDepthShift) |
+                               (blocked ? kRecordBlockedBit : 0)};
+    for (auto* part : {&values, &leaf, &labels, &frames}) {
+      r.insert(r.end(), part->begin(), part->end());
+    }
+    return r;
+  }
+  std::vector<AgentLeftoverSample> Read(AgentThreadAreaSummary* summary,
+                                        uint64_t bytes = 0) {
+    std::vector<AgentLeftoverSample> out;
+    names_.clear();
+    *summary = ReadAgentThreadArea(base(), bytes == 0 ? bytes_ : bytes,
+                                   [&](const AgentLeftoverSample& s) {
+                                     names_.emplace_back(s.thread_name);
+                                     out.push_back(s);
+                                     // The spans point into the reader's scratch.
+                                     copies_.push_back({s.values.begin(), s.values.end()});
+                                     copies_.push_back({s.labels.begin(), s.labels.end()});
+                                     copies_.push_back({s.frames.begin(), s.frames.end()});
+                                   });
+    return out;
+  }
+
+  uint32_t chunk_bytes_ = 0;
+  size_t bytes_ = 0;
+  std::vector<uint64_t> memory_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<uint64_t>> copies_;
+};
+
+TEST_F(ThreadAreaTest, WhatTheHandlersLeftIsReadWithItsThread) {
+  Ring* a = UseChunk(0, 101, "worker-a");
+  Ring* b = UseChunk(2, 102, "worker-b");
+  ASSERT_TRUE(a->TryPush(Record(0, {1, 10'000'000}, {7, 8}, {}, {0x401000, 0x402000}, false)));
+  ASSERT_TRUE(a->TryPush(Record(1, {1, 9'000'000}, {}, {5, 6}, {0x403000}, true)));
+  // Drained already (the tail moved past it): not read again.
+  ASSERT_TRUE(b->TryPush(Record(0, {1, 1}, {}, {}, {0x1}, false)));
+  uint64_t scratch[64];
+  ASSERT_EQ(b->TryPop(scratch), 4u);
+  ASSERT_TRUE(b->TryPush(Record(0, {1, 20'000'000}, {}, {}, {0x404000, 0x405000, 0x406000}, false)));
+  // Chunk 1 is free: whatever it holds is not a thread's.
+  AgentThreadAreaSummary summary;
+  const auto samples = Read(&summary);
+  EXPECT_EQ(summary.error, "");
+  EXPECT_EQ(summary.rings, 2u);
+  EXPECT_EQ(summary.samples, 3u);
+  EXPECT_EQ(summary.skipped, 0u);
+  ASSERT_EQ(samples.size(), 3u);
+  EXPECT_EQ(samples[0].tid, 101);
+  EXPECT_EQ(names_[0], "worker-a");
+  EXPECT_EQ(samples[0].provider, 0u);
+  EXPECT_EQ(samples[0].value_offset, 0u);
+  EXPECT_FALSE(samples[0].state_label);
+  EXPECT_EQ(copies_[0], (std::vector<uint64_t>{1, 10'000'000}));
+  EXPECT_EQ(copies_[2], (std::vector<uint64_t>{0x401000, 0x402000}));  // leaf words skipped
+  EXPECT_EQ(samples[1].value_offset, 2u);
+  EXPECT_TRUE(samples[1].state_label);
+  EXPECT_TRUE(samples[1].blocked);
+  EXPECT_EQ(copies_[4], (std::vector<uint64_t>{5, 6}));
+  EXPECT_EQ(samples[2].tid, 102);
+  EXPECT_EQ(names_[2], "worker-b");
+  EXPECT_EQ(copies_[8], (std::vector<uint64_t>{0x404000, 0x405000, 0x406000}));
+}
+
+TEST_F(ThreadAreaTest, NoAreaOrABrokenOneIsSaidAndNothingIsReadOutOfBounds) {
+  AgentThreadAreaSummary summary;
+  // No area at all (a process that made none): nothing, no error.
+  EXPECT_TRUE(Read(&summary, 100).empty());
+  EXPECT_EQ(summary.error, "");
+  Ring* r = UseChunk(0, 7, "t");
+  ASSERT_TRUE(r->TryPush(Record(0, {1, 2}, {}, {}, {0x1}, false)));
+  header()->shape.magic = 1;
+  EXPECT_TRUE(Read(&summary).empty());
+  EXPECT_THAT(summary.error, HasSubstr("no header"));
+  header()->shape.magic = kAgentThreadAreaMagic;
+  for (auto breaks : std::vector<void (*)(AgentThreadAreaShape&)>{
+           [](AgentThreadAreaShape& s) { s.ring_words = 63; },
+           [](AgentThreadAreaShape& s) { s.ring_words = 1u << 30; },
+           [](AgentThreadAreaShape& s) { s.num_providers = 0; },
+           [](AgentThreadAreaShape& s) { s.num_providers = 99; },
+           [](AgentThreadAreaShape& s) { s.ring_offset = 8; },
+           [](AgentThreadAreaShape& s) { s.chunk_bytes = 64; },
+           [](AgentThreadAreaShape& s) { s.value_counts[1] = 1000; },
+       }) {
+    const AgentThreadAreaShape good = header()->shape;
+    breaks(header()->shape);
+    EXPECT_TRUE(Read(&summary).empty());
+    EXPECT_THAT(summary.error, HasSubstr("impossible layout"));
+    header()->shape = good;
+  }
+  // More chunks claimed than the memory holds: only those inside are read.
+  header()->chunks.store(1'000'000);
+  EXPECT_EQ(Read(&summary).size(), 1u);
+  EXPECT_EQ(summary.rings, 1u);
+}
+
+TEST_F(ThreadAreaTest, AnImpossibleIndexOrRecordSkipsWhatCannotBeRead) {
+  Ring* r = UseChunk(0, 7, "t");
+  Ring* s = UseChunk(1, 8, "u");
+  ASSERT_TRUE(r->TryPush(Record(5, {1, 2}, {}, {}, {0x1}, false)));  // no provider 5
+  ASSERT_TRUE(r->TryPush(Record(0, {1, 2}, {}, {}, {0x2}, false)));
+  ASSERT_TRUE(s->TryPush(Record(0, {1, 2}, {}, {}, {0x3}, false)));
+  AgentThreadAreaSummary summary;
+  auto samples = Read(&summary);
+  EXPECT_EQ(samples.size(), 2u);  // the record after the bad one is still read
+  EXPECT_EQ(summary.skipped, 1u);
+  // A head further than the ring from the tail, then a length past the head.
+  auto* words = reinterpret_cast<uint64_t*>(chunk(1) + kAgentThreadRingOffset);
+  const uint64_t head = words[Ring::head_offset() / 8];
+  words[Ring::head_offset() / 8] = head + 1000;
+  samples = Read(&summary);
+  EXPECT_EQ(samples.size(), 1u);
+  EXPECT_EQ(summary.skipped, 2u);
+  words[Ring::head_offset() / 8] = head;
+  words[Ring::words_offset() / 8] = 63;  // the first record's length
+  samples = Read(&summary);
+  EXPECT_EQ(samples.size(), 1u);
+  EXPECT_EQ(summary.skipped, 2u);
 }
 
 }  // namespace

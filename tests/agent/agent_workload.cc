@@ -9,8 +9,13 @@
 //   agent_workload spawn OUT     200 ms in AgentSpinParent on "main", then
 //                                fork+exec's `agent_workload threads OUT.child`
 //                                and waits for it
-//   agent_workload die           300 ms in AgentSpinDie, then SIGKILL itself
-//                                (no Stop(), no exit handlers)
+//   agent_workload die [OUT]     300 ms in AgentSpinDie, then SIGKILL itself
+//                                (no Stop(), no exit handlers); with OUT, writes
+//                                "die NS" (its measured CPU) there first and
+//                                collects every 10 s (its collector never
+//                                drains the samples before it dies; it waits
+//                                1 s before it spins, for the collector's
+//                                first pass to end)
 //   agent_workload long MS       MS ms of CPU in AgentSpinLong; prints
 //                                "started" once its profiler runs
 #include <signal.h>
@@ -19,6 +24,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,7 +75,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
-  inprof::DefaultProfiler profiler(inprof::Options::FromEnv());
+  inprof::Options options = inprof::Options::FromEnv();
+  if (mode == "die" && argc == 3) options.collect_period = absl::Seconds(10);
+  inprof::DefaultProfiler profiler(options);
   inprof::ScopedProfiler running(profiler);
   auto self = profiler.RegisterThread("main");
   if (mode == "threads" && argc == 3) {
@@ -101,7 +109,11 @@ int main(int argc, char** argv) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
   }
   if (mode == "die") {
-    AgentSpinDie(300'000'000);
+    // Without a collection period to wait for: its collector's first pass
+    // (right after Start(), building the unwind tables) ends meanwhile.
+    if (argc == 3) std::this_thread::sleep_for(std::chrono::seconds(1));
+    const int64_t spun = AgentSpinDie(300'000'000);
+    if (argc == 3) std::ofstream(argv[2]) << "die " << spun << "\n";
     raise(SIGKILL);
     return 1;
   }

@@ -79,6 +79,19 @@ class AgentLink final : public SampleForwarder {
   // the connection is closed (the agent exports the process's last window).
   void End(const std::vector<uint64_t>& counters);
 
+  // The threads' own rings in the shared region (agent_stream.h), so that
+  // the agent reads what a process that died had not drained. Called once,
+  // after Connect(), by a profiler whose rings are SpscRecordRings. The
+  // rest of these run under the owner's registry lock.
+  void EnableThreadRings(const AgentThreadRingLayout& layout);
+  // Zeroed indices for one ring of the layout's ring_bytes, 64-byte aligned,
+  // marked as `tid`'s; null when thread rings are off, the agent is gone or
+  // the region cannot grow (the thread keeps its own ring; counted).
+  void* AcquireThreadRing(pid_t tid, absl::string_view name);
+  // The ring is drained and its thread's handler can no longer write it.
+  void ReleaseThreadRing(void* ring);
+  uint64_t thread_rings_refused() const { return thread_rings_refused_; }
+
   // The agent went away while the process was profiling (not after End()).
   bool lost() const { return gone_ && !ended_; }
   const std::string& address() const { return address_; }
@@ -101,7 +114,10 @@ class AgentLink final : public SampleForwarder {
   void MarkGone();
   bool Usable() const;
 
+  bool GrowThreadArea();
+
   int socket_ = -1;
+  int region_fd_ = -1;  // kept to grow the threads' area
   void* region_ = nullptr;
   uint64_t region_bytes_ = 0;
   std::unique_ptr<AgentRingWriter> ring_;
@@ -123,6 +139,19 @@ class AgentLink final : public SampleForwarder {
   std::vector<uint64_t> last_counters_;
   std::string last_engine_detail_;
   std::vector<uint64_t> scratch_;
+
+  // The threads' area: its header page, chunk size, the mapped batches of
+  // chunks (kept until the link goes), the free chunks and which chunk a
+  // ring is.
+  AgentThreadAreaHeader* area_header_ = nullptr;
+  uint64_t area_offset_ = 0;
+  uint32_t chunk_bytes_ = 0;
+  uint32_t ring_bytes_ = 0;
+  uint32_t chunks_made_ = 0;
+  std::vector<char*> batches_;
+  std::vector<uint32_t> free_chunks_;
+  absl::flat_hash_map<void*, uint32_t> ring_chunks_;
+  uint64_t thread_rings_refused_ = 0;
 };
 
 }  // namespace inprof::internal

@@ -4,12 +4,14 @@
 // memory it received in the Welcome (agent_protocol.h): one ring of records
 // in the memfd, written by the process's collector and read by the agent.
 //
-// Why one forwarding ring and not the threads' own rings in the region: the
-// signal handler, the wall sampler's blocked-episode bookkeeping and the
-// leaf-frame repair stay exactly the same in both modes (they read what the
-// collector drained in the process); what moves to the agent is everything
-// after the drain -- aggregation, symbolization, encoding, upload. The
-// process's per-sample work in library mode is one copy into this ring.
+// Why a forwarding ring rather than the agent reading the threads' own
+// rings: the signal handler, the wall sampler's blocked-episode bookkeeping
+// and the leaf-frame repair stay exactly the same in both modes (they read
+// what the collector drained in the process); what moves to the agent is
+// everything after the drain -- aggregation, symbolization, encoding,
+// upload. The process's per-sample work in library mode is one copy into
+// this ring. The threads' rings are in the region too (the end of this
+// file), but the agent reads them only once the process is gone.
 //
 // The region starts with a control block -- the producer's index, the
 // consumer's index and the number of samples consumed, each on its own cache
@@ -37,7 +39,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <variant>
 #include <vector>
@@ -174,6 +178,95 @@ void EncodeAgentSample(uint32_t thread, uint32_t value_offset,
                        std::span<const uint64_t> labels,
                        std::span<const uint64_t> frames,
                        std::vector<uint64_t>& out);
+
+// ---------------------------------------------------------------------------
+// The threads' own rings.
+//
+// Beyond the forwarding ring -- from offset `region_bytes` of the Welcome on
+// -- the process grows the memfd with its registered threads' sample rings
+// (the rings their signal handlers write), so that a process that dies
+// (SIGKILL, a crash) loses nothing its handlers had written: when a
+// connection ends without an AgentEnd, the agent reads what the process's
+// collector had not drained (ReadAgentThreadArea) and adds it to the
+// process's last window. While the process lives its collector alone reads
+// them, as in-process.
+//
+// Layout: one page holding an AgentThreadAreaHeader, then chunks of
+// chunk_bytes, each an AgentThreadChunkHeader and, at ring_offset, an
+// SpscRecordRing<ring_words> (spsc_ring.h) of sample records
+// (internal/sample_record.h). The process writes the header and each chunk
+// before it publishes the chunk count. The agent checks every field against
+// the memfd's size and reads nothing out of bounds.
+inline constexpr uint64_t kAgentThreadAreaMagic = 0x3152485452504e49;  // "INPRTHR1"
+inline constexpr size_t kAgentThreadAreaHeaderBytes = 4096;
+inline constexpr size_t kAgentMaxProviders = 16;
+// Where the process puts the ring in each chunk, and the bytes of an
+// SpscRecordRing before its words (its indices and drop count).
+inline constexpr uint32_t kAgentThreadRingOffset = 64;
+inline constexpr size_t kAgentThreadRingIndexBytes = 320;
+
+struct AgentThreadAreaShape {
+  uint64_t magic;
+  uint32_t chunk_bytes;
+  uint32_t ring_offset;  // of the ring in a chunk
+  uint32_t ring_words;
+  uint32_t leaf_words;   // the unwinder's leaf stack words (sample_record.h)
+  uint32_t num_providers;
+  uint32_t state_label_providers;  // bit i: provider i's samples are labelled
+                                   // "thread state" running/blocked
+  uint32_t value_counts[kAgentMaxProviders];
+  uint32_t value_offsets[kAgentMaxProviders];
+};
+struct AgentThreadAreaHeader {
+  AgentThreadAreaShape shape;
+  std::atomic<uint32_t> chunks;  // made so far (release after each is made)
+};
+static_assert(sizeof(AgentThreadAreaHeader) <= kAgentThreadAreaHeaderBytes);
+
+struct AgentThreadChunkHeader {
+  std::atomic<uint32_t> in_use;  // a registered thread's ring
+  int32_t tid;
+  char name[56];  // NUL-terminated unless all 56 are used
+};
+
+// The shape of the process's records and rings (its Profiler type's).
+struct AgentThreadRingLayout {
+  uint32_t ring_bytes = 0;  // sizeof the ring object
+  uint32_t ring_words = 0;
+  uint32_t leaf_words = 0;
+  uint32_t state_label_providers = 0;
+  std::vector<uint32_t> value_counts;   // per provider
+  std::vector<uint32_t> value_offsets;  // per provider
+};
+// A chunk's size for `layout`: the header's 64 bytes, then the ring, in pages.
+uint32_t AgentThreadChunkBytes(const AgentThreadRingLayout& layout);
+// Where the thread area starts in a region whose Welcome said `region_bytes`.
+uint64_t AgentThreadAreaOffset(uint64_t region_bytes);
+
+// A record left in a thread's ring, decoded.
+struct AgentLeftoverSample {
+  int32_t tid = 0;
+  std::string_view thread_name;
+  uint32_t provider = 0;
+  uint32_t value_offset = 0;
+  bool blocked = false;      // sampled while blocked
+  bool state_label = false;  // the provider labels "thread state"
+  std::span<const uint64_t> values;  // int64 values as words
+  std::span<const uint64_t> labels;  // label words (process ids)
+  std::span<const uint64_t> frames;  // as unwound (no leaf repair)
+};
+struct AgentThreadAreaSummary {
+  uint64_t rings = 0;    // in use when the process ended
+  uint64_t samples = 0;  // read from them
+  uint64_t skipped = 0;  // records or rings that did not decode
+  std::string error;     // the area itself is unusable (empty: fine)
+};
+// Reads every record left in the in-use rings of `area` (`bytes` long, as
+// mapped from AgentThreadAreaOffset), calling `on_sample` for each. Reads
+// only: the area is the process's. Never reads outside [area, area + bytes).
+AgentThreadAreaSummary ReadAgentThreadArea(
+    const void* area, uint64_t bytes,
+    const std::function<void(const AgentLeftoverSample&)>& on_sample);
 
 }  // namespace inprof::internal
 

@@ -46,6 +46,7 @@ namespace inprof {
 class Symbolizer;
 namespace internal {
 class AgentLink;
+struct AgentThreadRingLayout;
 class DebugEndpoint;
 class DebugServer;
 }  // namespace internal
@@ -111,7 +112,14 @@ class ProfilerCore {
   // the agent cannot be reached: an error with INPROF_AGENT_FALLBACK=off,
   // else one line logged and profiling stays in the process. Call before
   // StartCollector; OK and nothing done without a socket.
-  absl::Status ConnectAgent();
+  // `thread_rings`: the profiler's rings can live in the agent's shared
+  // region (AcquireAgentThreadRing); null when they cannot.
+  absl::Status ConnectAgent(const AgentThreadRingLayout* thread_rings = nullptr);
+  // Library mode: shared memory for a thread's ring (AgentLink's
+  // AcquireThreadRing), or null (no agent, or none to spare). The owner's
+  // registry lock serializes these and ConnectAgent().
+  void* AcquireAgentThreadRing(pid_t tid, absl::string_view name);
+  void ReleaseAgentThreadRing(void* ring);
   // Whether samples go to an agent now.
   bool forwarding_to_agent() const;
 
