@@ -5,11 +5,14 @@
 // input is also parsed as an address. Captures answer at once with fixed
 // bytes. Checked: nothing crashes; every answer has a known status; a
 // plain-text answer is one line; a capture runs only for a valid request,
-// for 1 to 600 s; an accepted address re-parses to itself.
+// for 1 to 600 s; an accepted address re-parses to itself. The same request
+// also goes to an endpoint for several processes (pid=N), whose captures
+// are only of the processes it lists.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
@@ -71,5 +74,36 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Check(captures <= 1);
   if (captures == 1) Check(r.status == 200);
+
+  // The same request to an endpoint for several processes (`inprof agent
+  // --http`: pid=N picks one of two): a capture only of a listed pid.
+  int process_captures = 0;
+  inprof::internal::DebugEndpoint agent(
+      [&](absl::Duration d, int64_t pid) -> absl::StatusOr<std::string> {
+        Check(d >= absl::Seconds(1) && d <= absl::Seconds(600));
+        Check(pid == 11 || pid == 4242);
+        ++process_captures;
+        return std::string("\x1f\x8b", 2);
+      },
+      [] {
+        return std::vector<inprof::internal::DebugEndpoint::Process>{{11, "a"}, {4242, "b<"}};
+      },
+      [](const std::string& pprof,
+         absl::string_view) -> absl::StatusOr<std::string> { return pprof; },
+      "fuzz agent");
+  const inprof::internal::DebugResponse a = agent.Respond(method, target);
+  switch (a.status) {
+    case 200: case 400: case 404: case 405: case 414: case 429: case 500:
+    case 503:
+      break;
+    default:
+      std::abort();
+  }
+  if (absl::StartsWith(a.content_type, "text/plain")) {
+    Check(!a.body.empty() && a.body.back() == '\n' &&
+          a.body.find('\n') == a.body.size() - 1);
+  }
+  Check(process_captures <= 1);
+  if (process_captures == 1) Check(a.status == 200);
   return 0;
 }

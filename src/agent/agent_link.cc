@@ -82,13 +82,20 @@ absl::StatusOr<std::string> SpawnAgent(const Options& options, int timeout_ms) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, ready[1], 1);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  // The process's environment but its live endpoint: the process serves
+  // INPROF_HTTP_ADDR itself, and an agent on the same port would fail.
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "INPROF_HTTP_ADDR=", 17) != 0) env.push_back(*e);
+  }
+  env.push_back(nullptr);
   pid_t middle = 0;
   const int spawned =
       binary.find('/') == std::string::npos
           ? posix_spawnp(&middle, binary.c_str(), &actions, nullptr,
-                         const_cast<char* const*>(argv), environ)
+                         const_cast<char* const*>(argv), env.data())
           : posix_spawn(&middle, binary.c_str(), &actions, nullptr,
-                        const_cast<char* const*>(argv), environ);
+                        const_cast<char* const*>(argv), env.data());
   posix_spawn_file_actions_destroy(&actions);
   close(ready[1]);
   if (spawned != 0) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "inprof/symbolizer.h"
@@ -46,11 +47,71 @@ absl::Status AgentServer::Start() {
     return absl::InternalError(absl::StrCat("agent: eventfd: ", std::strerror(errno)));
   }
   thread_ = std::thread([this] { Serve(); });
+  if (options_.profile && !options_.profile_options.http_addr.empty()) StartEndpoint();
   return absl::OkStatus();
+}
+
+void AgentServer::StartEndpoint() {
+  absl::StatusOr<internal::ListenAddress> address =
+      internal::ParseListenAddress(options_.profile_options.http_addr);
+  if (!address.ok()) {
+    Log(absl::StrCat("agent: ", address.status().message(), "; no endpoint"));
+    return;
+  }
+  endpoint_ = std::make_unique<internal::DebugEndpoint>(
+      [this](absl::Duration d, int64_t pid) { return Capture(d, pid); },
+      [this] {
+        std::vector<internal::DebugEndpoint::Process> out;
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const auto& c : clients_) {
+          if (c->process.connected && c->session != nullptr) {
+            out.push_back({c->process.hello.pid, c->process.hello.program});
+          }
+        }
+        return out;
+      },
+      &internal::ProfilerCore::RenderFlamegraph,
+      absl::StrCat("inprof agent (pid ", getpid(), ")"));
+  absl::StatusOr<std::unique_ptr<internal::DebugServer>> server =
+      internal::DebugServer::Start(*address, endpoint_.get());
+  if (!server.ok()) {
+    Log(absl::StrCat("agent: INPROF_HTTP_ADDR='",
+                     absl::CHexEscape(options_.profile_options.http_addr),
+                     "': ", server.status().message(), "; no endpoint"));
+    endpoint_.reset();
+    return;
+  }
+  http_ = std::move(*server);
+  Log(absl::StrCat("agent: serving http://", http_->address(),
+                        "/debug/pprof/ for its processes (INPROF_HTTP_ADDR)"));
+}
+
+std::string AgentServer::http_address() const {
+  return http_ != nullptr ? http_->address() : std::string();
+}
+
+absl::StatusOr<std::string> AgentServer::Capture(absl::Duration duration, int64_t pid) {
+  std::shared_ptr<AgentSession> session;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& c : clients_) {
+      if (c->process.connected && c->session != nullptr &&
+          c->process.hello.pid == pid) {
+        session = c->session;
+      }
+    }
+  }
+  if (session == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no process ", pid, " is connected"));
+  }
+  return session->Capture(duration);
 }
 
 void AgentServer::Stop() {
   if (!thread_.joinable()) return;
+  // Before the sessions finish: a capture in progress is ended by its
+  // session's Finish(), and the server waits for its answer.
+  std::unique_ptr<internal::DebugServer> http = std::move(http_);
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
@@ -70,9 +131,13 @@ void AgentServer::Stop() {
     finishers.swap(finishers_);
   }
   for (auto& f : finishers) f.second.join();
-  std::lock_guard<std::mutex> lock(mutex_);
-  finishers_ = std::move(finishers);
-  ReapLocked(/*all=*/true);
+  if (http != nullptr) http->Stop();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finishers_ = std::move(finishers);
+    ReapLocked(/*all=*/true);
+  }
+  endpoint_.reset();
 }
 
 void AgentServer::ReapLocked(bool all) {

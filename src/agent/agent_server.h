@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/debug_endpoint.h"
 #include "inprof/options.h"
 
 namespace inprof::agent {
@@ -56,6 +57,9 @@ struct AgentServerOptions {
   bool log_connections = true;
   // Aggregate, symbolize and export what the processes forward.
   bool profile = false;
+  // The agent's own (INPROF_*): its sinks, windows, and with http_addr
+  // set a live endpoint for the processes it serves (/debug/pprof/, a
+  // capture naming the process with pid=N).
   Options profile_options;
 };
 
@@ -90,6 +94,8 @@ class AgentServer {
   void Stop();
 
   const internal::AgentSocketAddress& address() const { return options_.address; }
+  // The live endpoint's address ("127.0.0.1:6060"); empty when it is off.
+  std::string http_address() const;
   std::vector<AgentProcess> Processes() const;
   // Connections refused (credentials, version, malformed hello, timeout).
   uint64_t refused() const { return refused_.load(); }
@@ -106,6 +112,8 @@ class AgentServer {
   // The client's hello arrived (or did not): welcome it or drop it.
   void Handshake(Client& client);
   void Refuse(Client& client, const std::string& reason);
+  void StartEndpoint();
+  absl::StatusOr<std::string> Capture(absl::Duration duration, int64_t pid);
   void Log(const std::string& line) const;
   void LogEvent(const std::string& line) const;  // unless !log_connections
 
@@ -119,6 +127,8 @@ class AgentServer {
   // the session freed, by the serving loop once done.
   std::vector<std::pair<Client*, std::thread>> finishers_;
   std::atomic<uint64_t> refused_{0};
+  std::unique_ptr<internal::DebugEndpoint> endpoint_;
+  std::unique_ptr<internal::DebugServer> http_;
 };
 
 }  // namespace inprof::agent

@@ -99,6 +99,21 @@ uint64_t AgentSession::samples_read() const {
   return samples_read_;
 }
 
+absl::StatusOr<std::string> AgentSession::Capture(absl::Duration duration) {
+  internal::ProfilerCore* core = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) core = core_.get();
+  }
+  // The core lives as long as the session; Finish() stops its collector,
+  // which ends a capture in progress (Unavailable) and waits for it.
+  if (core == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "process ", pid_, " has not described its profile yet, or has ended"));
+  }
+  return core->Capture(duration);
+}
+
 uint64_t AgentSession::samples_from_thread_rings() const {
   std::lock_guard<std::mutex> lock(mu_);
   return samples_from_rings_;

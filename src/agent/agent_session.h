@@ -77,6 +77,11 @@ class AgentSession {
   uint64_t samples_from_thread_rings() const;
   uint64_t windows_exported() const;
   bool ended_cleanly() const;  // the process sent its end record
+  // The live endpoint's capture of the process (`inprof agent --http`): a
+  // window of its own over the next `duration`, symbolized with the
+  // process's symbolizer. Unavailable before it described its profile or
+  // once it is finished.
+  absl::StatusOr<std::string> Capture(absl::Duration duration);
   // The options the process's windows go out with (its output path etc.).
   const Options& process_options() const { return options_; }
   // Why its ring stopped being read (empty while it is fine).

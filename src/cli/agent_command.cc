@@ -51,6 +51,9 @@ const char kAgentHelp[] =
     "                       departure and summary)\n"
     "  -o, --output=PATTERN profile path per process and window; %p: its\n"
     "                       process id, %t: window start   INPROF_OUTPUT\n"
+    "      --http=ADDR      serve /debug/pprof/ for the processes: a capture\n"
+    "                       of the next N seconds of one (pid=N; not needed\n"
+    "                       while only one is connected)  INPROF_HTTP_ADDR\n"
     "  -h, --help           this text\n";
 
 namespace {
@@ -67,6 +70,7 @@ int AgentMain(int argc, char** argv) {
       {"socket", required_argument, nullptr, 's'},
       {"allow-uid", required_argument, nullptr, 'u'},
       {"output", required_argument, nullptr, 'o'},
+      {"http", required_argument, nullptr, 'H'},
       {"idle-exit", required_argument, nullptr, 'i'},
       {"quiet", no_argument, nullptr, 'q'},
       {"daemonize", no_argument, nullptr, 'd'},
@@ -76,6 +80,8 @@ int AgentMain(int argc, char** argv) {
   agent::AgentServerOptions options;
   std::string socket;
   std::string output;
+  std::string http;
+  bool http_given = false;
   absl::Duration idle_exit = absl::InfiniteDuration();
   bool daemonize = false;
   if (const char* env = getenv("INPROF_AGENT_SOCKET"); env != nullptr && *env != 0) {
@@ -91,6 +97,14 @@ int AgentMain(int argc, char** argv) {
         break;
       case 'o':
         output = optarg;
+        break;
+      case 'H':
+        http = optarg;
+        http_given = true;
+        if (auto parsed = internal::ParseListenAddress(http); !parsed.ok()) {
+          PrintError("agent", absl::StrCat("--http: ", parsed.status().message()));
+          return 2;
+        }
         break;
       case 'q':
         options.log_connections = false;
@@ -164,6 +178,7 @@ int AgentMain(int argc, char** argv) {
   } else if (getenv("INPROF_OUTPUT") == nullptr) {
     options.profile_options.output = "inprof-%p.pb.gz";
   }
+  if (http_given) options.profile_options.http_addr = http;
   // Wait for SIGINT/SIGTERM synchronously; the serving thread (created
   // after this) inherits the mask.
   sigset_t stop;

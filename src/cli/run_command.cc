@@ -72,7 +72,9 @@ const char kRunHelp[] =
     "      --no-symbolize      addresses and build-ids only    INPROF_SYMBOLIZE=0\n"
     "      --http=ADDR         serve /debug/pprof/ while CMD runs: PORT (on\n"
     "                          127.0.0.1), HOST:PORT; port 0: any free one,\n"
-    "                          logged                          INPROF_HTTP_ADDR\n"
+    "                          logged; with --agent the agent serves it for\n"
+    "                          the whole tree (a capture names pid=N)\n"
+    "                                                          INPROF_HTTP_ADDR\n"
     "      --no-children       profile CMD only, not the programs it starts\n"
     "      --agent             one agent (inprof agent) for the whole tree: it\n"
     "                          starts first, every process forwards its samples\n"
@@ -230,6 +232,7 @@ void Forward(int sig) {
 
 struct Settings {
   std::map<std::string, std::string> env;  // INPROF_* set by options
+  std::vector<std::string> unset;          // removed from CMD's environment
   bool quiet = false;
   bool children = true;
   bool agent = false;
@@ -286,7 +289,9 @@ int RunMain(int argc, char** argv) {
         s.env["INPROF_WALL_PERIOD"] = optarg;
         break;
       case 'w':
-        s.env["INPROF_WALL_PERIOD"] = "0";
+        // std::string(1, '0'), not "0": GCC 12 at -O3 warns (-Wrestrict, a
+        // false positive, GCC PR 105329) on assigning a one-char literal.
+        s.env["INPROF_WALL_PERIOD"] = std::string(1, '0');
         break;
       case 'E':
         if (std::strcmp(optarg, "auto") != 0 && std::strcmp(optarg, "perf") != 0 &&
@@ -302,7 +307,7 @@ int RunMain(int argc, char** argv) {
         s.env["INPROF_EXPORT_PERIOD"] = optarg;
         break;
       case 'S':
-        s.env["INPROF_SYMBOLIZE"] = "0";
+        s.env["INPROF_SYMBOLIZE"] = std::string(1, '0');
         break;
       case 'H':
         if (auto a = internal::ParseListenAddress(optarg); !a.ok()) {
@@ -413,6 +418,12 @@ int RunMain(int argc, char** argv) {
         },
         &errors);
     ao.profile_options.agent_socket.clear();
+    if (!ao.profile_options.http_addr.empty()) {
+      // The agent serves the endpoint, for every process of the tree; the
+      // processes do not (the first would find the port taken).
+      s.env.erase("INPROF_HTTP_ADDR");
+      s.unset.push_back("INPROF_HTTP_ADDR");
+    }
     agent_server = std::make_unique<agent::AgentServer>(ao);
     if (absl::Status st = agent_server->Start(); !st.ok()) {
       PrintError(kCmd, absl::StrCat("cannot start the agent: ", st.message()));
@@ -445,6 +456,7 @@ int RunMain(int argc, char** argv) {
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
     for (const auto& [k, v] : s.env) setenv(k.c_str(), v.c_str(), 1);
+    for (const std::string& k : s.unset) unsetenv(k.c_str());
     execv(path->c_str(), argv + optind);
     const int err = errno;
     PrintError(kCmd, absl::StrCat("cannot execute '", cmd, "': ", strerror(err)));

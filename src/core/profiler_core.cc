@@ -239,6 +239,7 @@ bool ProfilerCore::forwarding_to_agent() const {
 void ProfilerCore::UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer) {
   std::lock_guard<std::mutex> lock(export_mutex_);
   symbolizer_ = std::move(symbolizer);
+  symbolizer_given_ = symbolizer_ != nullptr;
 }
 
 void ProfilerCore::SetProcessNote(std::string note) {
@@ -300,13 +301,7 @@ void ProfilerCore::StartEndpoint() {
   }
   if (endpoint_ == nullptr) {
     endpoint_ = std::make_unique<DebugEndpoint>(
-        [this](absl::Duration d) { return Capture(d); },
-        [](const std::string& pprof,
-           absl::string_view title) -> absl::StatusOr<std::string> {
-          absl::StatusOr<DecodedProfile> p = DecodePprof(pprof);
-          if (!p.ok()) return p.status();
-          return report::FlamegraphHtml(*p, title, nullptr, "");
-        },
+        [this](absl::Duration d) { return Capture(d); }, &RenderFlamegraph,
         absl::StrCat(program_invocation_short_name, " (pid ", getpid(), ")"));
   }
   absl::StatusOr<std::unique_ptr<DebugServer>> server =
@@ -323,6 +318,13 @@ void ProfilerCore::StartEndpoint() {
   }
   Log(absl::StrCat("serving http://", server_->address(),
                    "/debug/pprof/ (INPROF_HTTP_ADDR)"));
+}
+
+absl::StatusOr<std::string> ProfilerCore::RenderFlamegraph(const std::string& pprof,
+                                                          absl::string_view title) {
+  absl::StatusOr<DecodedProfile> p = DecodePprof(pprof);
+  if (!p.ok()) return p.status();
+  return report::FlamegraphHtml(*p, title, nullptr, "");
 }
 
 std::string ProfilerCore::http_address() const {
@@ -389,12 +391,21 @@ absl::StatusOr<std::string> ProfilerCore::Capture(absl::Duration duration) {
   data.comments.push_back(absl::StrCat(
       "live capture of ", absl::FormatDuration(duration),
       " (INPROF_HTTP_ADDR); the periodic export's windows are separate"));
-  // The request's own symbolizer: the exporter's is not shared (no lock
-  // held across symbolization), and this one's caches go with the request.
-  Symbolizer symbolizer(options_.symbolize);
-  symbolizer.set_system_debug_info(options_.system_debug_info);
-  symbolizer.Refresh();
-  absl::StatusOr<std::string> encoded = EncodePprof(data, symbolizer);
+  absl::StatusOr<std::string> encoded;
+  if (symbolizer_given_) {
+    // Another process's (`inprof agent`): its symbolizer holds its files
+    // open, and it may have exited since; shared with the exporter.
+    std::lock_guard<std::mutex> lock(export_mutex_);
+    encoded = EncodePprof(data, *symbolizer_);
+  } else {
+    // The request's own symbolizer: the exporter's is not shared (no lock
+    // held across symbolization), and this one's caches go with the
+    // request.
+    Symbolizer symbolizer(options_.symbolize);
+    symbolizer.set_system_debug_info(options_.system_debug_info);
+    symbolizer.Refresh();
+    encoded = EncodePprof(data, symbolizer);
+  }
   if (encoded.ok()) encoded = GzipCompress(*encoded);
   return encoded;
 }

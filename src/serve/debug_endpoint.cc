@@ -158,6 +158,13 @@ DebugEndpoint::DebugEndpoint(Capture capture, Render render,
       render_(std::move(render)),
       program_(std::move(program)) {}
 
+DebugEndpoint::DebugEndpoint(ProcessCapture capture, ProcessList processes,
+                             Render render, std::string program)
+    : process_capture_(std::move(capture)),
+      processes_(std::move(processes)),
+      render_(std::move(render)),
+      program_(std::move(program)) {}
+
 DebugResponse DebugEndpoint::Index() const {
   DebugResponse r;
   r.content_type = "text/html; charset=utf-8";
@@ -179,8 +186,26 @@ DebugResponse DebugEndpoint::Index() const {
       "type=\"number\" min=\"1\" max=\"", kMaxSeconds, "\" value=\"10\"> "
       "<button>flame graph</button></form>\n"
       "<p>One capture at a time; another request gets 429.</p>\n",
-      Running(), "</body></html>\n");
+      Running(), ProcessTable(), "</body></html>\n");
   return r;
+}
+
+std::string DebugEndpoint::ProcessTable() const {
+  if (!processes_) return "";
+  const std::vector<Process> list = processes_();
+  std::string out = absl::StrCat(
+      "<h2>Processes</h2>\n<p>", list.size(),
+      " connected; a capture names one with <code>pid=N</code> (not needed "
+      "while only one is connected)</p>\n<table id=\"processes\">\n");
+  for (const Process& p : list) {
+    absl::StrAppend(&out, "<tr><td>", p.pid, "</td><td>", HtmlEscape(p.program),
+                    "</td><td><a href=\"profile?seconds=", kDefaultSeconds,
+                    "&amp;pid=", p.pid, "\">profile</a></td><td><a href=\"",
+                    "flamegraph?seconds=", kDefaultSeconds, "&amp;pid=", p.pid,
+                    "\">flamegraph</a></td></tr>\n");
+  }
+  absl::StrAppend(&out, "</table>\n");
+  return out;
 }
 
 std::string DebugEndpoint::Running() const {
@@ -231,6 +256,8 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
 
   int seconds = kDefaultSeconds;
   bool seen = false;
+  int64_t pid = 0;  // 0: not given
+  bool pid_seen = false;
   for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     const size_t eq = pair.find('=');
     std::string key;
@@ -240,6 +267,16 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
          !FormDecode(pair.substr(eq + 1), &value))) {
       return Text(400, absl::StrCat("bad %-escape in the query ",
                                     Quote(query)));
+    }
+    if (key == "pid" && !pid_seen && processes_) {
+      pid_seen = true;
+      if (value.empty() || value.size() > 10 ||
+          !absl::c_all_of(value, [](char c) { return absl::ascii_isdigit(c); }) ||
+          !absl::SimpleAtoi(value, &pid) || pid < 1 || pid > INT32_MAX) {
+        return Text(400, absl::StrCat("pid=", Quote(value),
+                                      ": expected a process id (see ", kIndexPath, ")"));
+      }
+      continue;
     }
     if (key != "seconds" || seen) continue;  // the first one counts
     seen = true;
@@ -253,6 +290,26 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
                                     "from 1 to ", kMaxSeconds));
     }
     seconds = parsed;
+  }
+
+  std::string title = program_;
+  if (processes_) {
+    const std::vector<Process> list = processes_();
+    const Process* chosen = nullptr;
+    for (const Process& p : list) {
+      if (pid == 0 ? list.size() == 1 : p.pid == pid) chosen = &p;
+    }
+    if (chosen == nullptr) {
+      if (pid != 0) {
+        return Text(404, absl::StrCat("no process ", pid, " is connected (see ",
+                                      kIndexPath, ")"));
+      }
+      if (list.empty()) return Text(503, "no process is connected");
+      return Text(400, absl::StrCat(list.size(), " processes are connected: add pid=N (see ",
+                                    kIndexPath, ")"));
+    }
+    pid = chosen->pid;
+    title = absl::StrCat(chosen->program, " (pid ", pid, ")");
   }
 
   bool expected = false;
@@ -270,11 +327,15 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
   }
   busy_until_ns_.store(absl::GetCurrentTimeNanos() +
                        int64_t{seconds} * 1'000'000'000);
-  absl::StatusOr<std::string> pprof = capture_(absl::Seconds(seconds));
+  absl::StatusOr<std::string> pprof =
+      processes_ ? process_capture_(absl::Seconds(seconds), pid)
+                 : capture_(absl::Seconds(seconds));
   busy_.store(false);
   if (!pprof.ok()) {
-    return Text(pprof.status().code() == absl::StatusCode::kUnavailable ? 503
-                                                                        : 500,
+    const absl::StatusCode code = pprof.status().code();
+    return Text(code == absl::StatusCode::kUnavailable ? 503
+                : code == absl::StatusCode::kNotFound  ? 404
+                                                       : 500,
                 std::string(pprof.status().message()));
   }
   captures_.fetch_add(1);
@@ -288,7 +349,7 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
     return r;
   }
   absl::StatusOr<std::string> page =
-      render_(*pprof, absl::StrCat(program_, " (live, ", seconds, " s)"));
+      render_(*pprof, absl::StrCat(title, " (live, ", seconds, " s)"));
   if (!page.ok()) return Text(500, std::string(page.status().message()));
   DebugResponse r;
   r.content_type = "text/html; charset=utf-8";

@@ -416,6 +416,64 @@ class RunningWorkload {
   std::string started_;
 };
 
+// `inprof agent --http`: a live capture of one process the agent serves,
+// symbolized with that process's files, over HTTP as go tool pprof asks.
+TEST_F(AgentLibraryTest, TheAgentServesALiveCaptureOfAProcess) {
+  AgentServerOptions options = ServerOptions();
+  options.profile_options.http_addr = "127.0.0.1:0";
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  const std::string http = server.http_address();
+  ASSERT_FALSE(http.empty()) << Log();
+  EXPECT_THAT(Log(), HasSubstr(absl::StrCat("agent: serving http://", http, "/debug/pprof/")));
+  RunningWorkload workload(Workload(options.address.ToString(), "long 3000"),
+                           dir_ + "/workload.err");
+  ASSERT_TRUE(workload.started());
+  pid_t pid = 0;
+  ASSERT_TRUE(Eventually([&] {
+    for (const AgentProcess& p : server.Processes()) {
+      if (p.connected && p.samples > 0) pid = p.hello.pid;
+    }
+    return pid != 0;
+  })) << Log();
+
+  testing::HttpReply index = testing::HttpFetch(http, "GET", "/debug/pprof/");
+  EXPECT_EQ(index.status, 200) << index.error;
+  EXPECT_THAT(index.body, HasSubstr(absl::StrCat("<td>", pid, "</td><td>agent_workload</td>")));
+  testing::HttpReply missing =
+      testing::HttpFetch(http, "GET", "/debug/pprof/profile?seconds=1&pid=1");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_THAT(missing.body, HasSubstr("no process 1 is connected"));
+
+  testing::HttpReply live = testing::HttpFetch(
+      http, "GET", absl::StrCat("/debug/pprof/profile?seconds=1&pid=", pid));
+  ASSERT_EQ(live.status, 200) << live.error << live.body;
+  const std::string path = dir_ + "/live.pb.gz";
+  std::ofstream(path, std::ios::binary) << live.body;
+  Profile p = ReadProfile(path);
+  EXPECT_THAT(p.pids, ElementsAre(absl::StrCat(pid)));
+  EXPECT_THAT(p.comments, HasSubstr("live capture of 1s"));
+  EXPECT_THAT(p.comments, HasSubstr(absl::StrCat("process pid=", pid)));
+  // A second of a spinning thread (less on a loaded machine), on its stack.
+  EXPECT_GT(p.cpu_by_thread["main"], 100'000'000);
+  if (kFunctionSharesMeasurable) {
+    EXPECT_GT(p.cpu_by_function["AgentSpinLong"], 100'000'000);
+  }
+
+  std::string err;
+  const int status = workload.Wait(&err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
+  // The periodic export is whole: the capture took nothing from it.
+  const AgentProcess done = server.Processes().at(0);
+  Profile whole = ReadProfile(done.output);
+  if (kFunctionSharesMeasurable) {
+    EXPECT_GT(whole.cpu_by_function["AgentSpinLong"], 2'500'000'000);
+  }
+  server.Stop();
+  EXPECT_EQ(server.http_address(), "");
+}
+
 TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServes) {
   const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
   if (cli.empty()) GTEST_SKIP() << "INPROF_CLI not set";
@@ -615,10 +673,14 @@ TEST_F(AgentLibraryTest, InprofRunWithAnAgentProfilesTheWholeTree) {
   if (cli.empty() || target.empty()) GTEST_SKIP() << "INPROF_CLI / INPROF_RUN_TARGET not set";
   const std::string t = testing::ShellQuote(target);
   auto run = testing::RunCommandSeparately(absl::StrCat(
-      testing::ShellQuote(cli), " run --agent -o ", testing::ShellQuote(dir_ + "/run-%p.pb.gz"),
+      testing::ShellQuote(cli), " run --agent --http 0 -o ",
+      testing::ShellQuote(dir_ + "/run-%p.pb.gz"),
       " -- sh -c ", testing::ShellQuote(absl::StrCat(t, " spin 300 & ", t, " spin 200; wait"))));
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->exit_code, 0) << run->err;
+  // The agent serves the endpoint for the tree; the processes do not.
+  EXPECT_THAT(run->err, HasSubstr("agent: serving http://127.0.0.1:"));
+  EXPECT_THAT(run->err, Not(HasSubstr("inprof: serving http://")));
   // One line per run_target (and one for the shell itself).
   std::vector<std::string> targets;
   for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty())) {

@@ -259,6 +259,67 @@ TEST(DebugEndpointTest, RejectsBadRequestsWithOneLine) {
   EXPECT_EQ(endpoint.captures(), 0u);
 }
 
+// `inprof agent --http`: one endpoint for the processes the agent serves.
+TEST(DebugEndpointTest, SeveralProcessesAreListedAndACaptureNamesOne) {
+  std::vector<DebugEndpoint::Process> processes = {{4242, "checkout <a>"}};
+  std::vector<std::pair<absl::Duration, int64_t>> asked;
+  absl::Status result = absl::OkStatus();
+  std::string title;
+  DebugEndpoint endpoint(
+      [&](absl::Duration d, int64_t pid) -> absl::StatusOr<std::string> {
+        asked.emplace_back(d, pid);
+        if (!result.ok()) return result;
+        return absl::StrCat("PPROF of ", pid);
+      },
+      [&] { return processes; }, FakeRender(&title), "inprof agent (pid 1)");
+
+  DebugResponse index = endpoint.Respond("GET", "/debug/pprof/");
+  EXPECT_EQ(index.status, 200);
+  EXPECT_THAT(index.body, HasSubstr("1 connected"));
+  EXPECT_THAT(index.body, HasSubstr("<td>4242</td><td>checkout &lt;a&gt;</td>"));
+  EXPECT_THAT(index.body, HasSubstr("href=\"profile?seconds=30&amp;pid=4242\""));
+  // One process: pid= is not needed.
+  DebugResponse one = endpoint.Respond("GET", "/debug/pprof/profile?seconds=2");
+  EXPECT_EQ(one.status, 200);
+  EXPECT_EQ(one.body, "PPROF of 4242");
+  processes.push_back({77, "worker"});
+  DebugResponse named = endpoint.Respond("GET", "/debug/pprof/flamegraph?pid=77&seconds=1");
+  EXPECT_EQ(named.status, 200);
+  EXPECT_EQ(named.body, "<html>PPROF of 77</html>");
+  EXPECT_EQ(title, "worker (pid 77) (live, 1 s)");
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[0], std::make_pair(absl::Seconds(2), int64_t{4242}));
+  EXPECT_EQ(asked[1], std::make_pair(absl::Seconds(1), int64_t{77}));
+
+  struct Case {
+    std::string target;
+    int status;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"/debug/pprof/profile?seconds=1", 400,
+            "2 processes are connected: add pid=N (see /debug/pprof/)"},
+           {"/debug/pprof/profile?pid=9", 404, "no process 9 is connected"},
+           {"/debug/pprof/profile?pid=abc", 400, "pid='abc': expected a process id"},
+           {"/debug/pprof/profile?pid=0", 400, "pid='0'"},
+           {"/debug/pprof/profile?pid=99999999999", 400, "pid='99999999999'"},
+       }) {
+    SCOPED_TRACE(c.target);
+    DebugResponse r = endpoint.Respond("GET", c.target);
+    EXPECT_EQ(r.status, c.status);
+    EXPECT_THAT(r.body, HasSubstr(c.says));
+    EXPECT_EQ(std::count(r.body.begin(), r.body.end(), '\n'), 1) << r.body;
+  }
+  // The process left during the request: 404, and none connected: 503.
+  result = absl::NotFoundError("no process 77 is connected");
+  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/profile?pid=77").status, 404);
+  processes.clear();
+  DebugResponse none = endpoint.Respond("GET", "/debug/pprof/profile");
+  EXPECT_EQ(none.status, 503);
+  EXPECT_THAT(none.body, HasSubstr("no process is connected"));
+  EXPECT_EQ(asked.size(), 3u);
+}
+
 TEST(DebugEndpointTest, OneCaptureAtATimeOthersGet429) {
   std::mutex mutex;
   std::condition_variable cv;

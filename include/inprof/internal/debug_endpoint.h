@@ -6,6 +6,9 @@
 //   /debug/pprof/flamegraph?seconds=N  the flame graph page of the same
 //   /debug/pprof/symbol                what go tool pprof asks (symbolz):
 //                                      captures come symbolized already
+// An endpoint for several processes (`inprof agent --http`) takes `pid=N`
+// with a capture (optional while one process is connected), and its index
+// lists the processes.
 // N defaults to 30 and is bounded (1 to kMaxSeconds); one capture runs at a
 // time and a second gets 429. The captures are windows of their own, cut
 // from a mirror of the aggregate (SampleAggregator::SetMirror): the periodic
@@ -73,6 +76,18 @@ class DebugEndpoint {
 
   DebugEndpoint(Capture capture, Render render, std::string program);
 
+  // Several processes (`inprof agent`): the capture of process `pid`
+  // (NotFound when it is not connected), and the processes to list.
+  struct Process {
+    int64_t pid = 0;
+    std::string program;
+  };
+  using ProcessCapture =
+      std::function<absl::StatusOr<std::string>(absl::Duration, int64_t pid)>;
+  using ProcessList = std::function<std::vector<Process>()>;
+  DebugEndpoint(ProcessCapture capture, ProcessList processes, Render render,
+                std::string program);
+
   // One request: `method` ("GET"), `target` as on the request line
   // ("/debug/pprof/profile?seconds=5"). Any thread; a capture blocks the
   // calling thread for its duration.
@@ -85,8 +100,11 @@ class DebugEndpoint {
  private:
   DebugResponse Index() const;
   std::string Running() const;  // the index's line about a capture
+  std::string ProcessTable() const;  // the index's processes (several)
 
   Capture capture_;
+  ProcessCapture process_capture_;  // set for several processes
+  ProcessList processes_;
   Render render_;
   std::string program_;
   std::atomic<bool> busy_{false};

@@ -162,6 +162,9 @@ class ProfilerCore {
   // running or stops meanwhile. Blocks the calling thread for `duration`;
   // one at a time (the endpoint sees to it).
   absl::StatusOr<std::string> Capture(absl::Duration duration);
+  // The live endpoint's flame graph page of a capture (DebugEndpoint::Render).
+  static absl::StatusOr<std::string> RenderFlamegraph(const std::string& pprof,
+                                                      absl::string_view title);
 
  private:
   struct Threads;
@@ -199,6 +202,7 @@ class ProfilerCore {
   // Serializes exports; guards symbolizer_, sinks_ and their failure state.
   std::mutex export_mutex_;
   std::unique_ptr<Symbolizer> symbolizer_;  // kept: caches across exports
+  bool symbolizer_given_ = false;  // UseSymbolizer(): captures use it too
   bool sinks_built_ = false;
   std::vector<std::shared_ptr<ProfileSink>> sinks_;
   std::vector<bool> sink_failing_;  // one log line per failure streak
