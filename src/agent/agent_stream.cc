@@ -441,9 +441,10 @@ AgentThreadAreaSummary ReadAgentThreadArea(
   const uint64_t ring_words = h.ring_words;
   if (h.num_providers == 0 || h.num_providers > kAgentMaxProviders ||
       ring_words < 16 || (ring_words & (ring_words - 1)) != 0 ||
-      ring_words > (uint64_t{1} << 24) || h.ring_offset < kChunkHeaderBytes ||
+      ring_words > (uint64_t{1} << 20) || h.ring_offset < kChunkHeaderBytes ||
       h.ring_offset % 64 != 0 ||
       uint64_t{h.ring_offset} + kRingWords + ring_words * 8 > h.chunk_bytes ||
+      h.chunk_bytes % kPage != 0 ||  // chunks are whole pages: aligned
       h.leaf_words > 1024) {
     summary.error = "its threads' ring area has an impossible layout";
     return summary;
@@ -457,6 +458,7 @@ AgentThreadAreaSummary ReadAgentThreadArea(
   }
   const uint64_t room = (bytes - kAgentThreadAreaHeaderBytes) / h.chunk_bytes;
   const uint64_t n = chunks < room ? chunks : room;
+  if (n == 0) return summary;
   const uint64_t mask = ring_words - 1;
   std::vector<uint64_t> record(ring_words);
   for (uint64_t c = 0; c < n; ++c) {

@@ -292,6 +292,9 @@ TEST_F(ThreadAreaTest, NoAreaOrABrokenOneIsSaidAndNothingIsReadOutOfBounds) {
            [](AgentThreadAreaShape& s) { s.num_providers = 99; },
            [](AgentThreadAreaShape& s) { s.ring_offset = 8; },
            [](AgentThreadAreaShape& s) { s.chunk_bytes = 64; },
+           // Not whole pages: the next chunk's header would be misaligned
+           // (found by fuzz/agent_stream_fuzzer.cc under UBSan).
+           [](AgentThreadAreaShape& s) { s.chunk_bytes += 2; },
            [](AgentThreadAreaShape& s) { s.value_counts[1] = 1000; },
        }) {
     const AgentThreadAreaShape good = header()->shape;
