@@ -25,6 +25,24 @@ void Check(bool ok) {
   if (!ok) std::abort();
 }
 
+// Every answer: a known status, a plain-text one is one line, and a capture
+// ran (at most once) only for a 200.
+void CheckResponse(const inprof::internal::DebugResponse& r, int captures) {
+  switch (r.status) {
+    case 200: case 400: case 404: case 405: case 414: case 429: case 500:
+    case 503:
+      break;
+    default:
+      std::abort();
+  }
+  if (absl::StartsWith(r.content_type, "text/plain")) {
+    Check(!r.body.empty() && r.body.back() == '\n' &&
+          r.body.find('\n') == r.body.size() - 1);
+  }
+  Check(captures <= 1);
+  if (captures == 1) Check(r.status == 200);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -60,20 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view target =
       space == std::string::npos ? absl::string_view(input)
                                  : absl::string_view(input).substr(space + 1);
-  const inprof::internal::DebugResponse r = endpoint.Respond(method, target);
-  switch (r.status) {
-    case 200: case 400: case 404: case 405: case 414: case 429: case 500:
-    case 503:
-      break;
-    default:
-      std::abort();
-  }
-  if (absl::StartsWith(r.content_type, "text/plain")) {
-    Check(!r.body.empty() && r.body.back() == '\n' &&
-          r.body.find('\n') == r.body.size() - 1);
-  }
-  Check(captures <= 1);
-  if (captures == 1) Check(r.status == 200);
+  CheckResponse(endpoint.Respond(method, target), captures);
 
   // The same request to an endpoint for several processes (`inprof agent
   // --http`: pid=N picks one of two): a capture only of a listed pid.
@@ -91,19 +96,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       [](const std::string& pprof,
          absl::string_view) -> absl::StatusOr<std::string> { return pprof; },
       "fuzz agent");
-  const inprof::internal::DebugResponse a = agent.Respond(method, target);
-  switch (a.status) {
-    case 200: case 400: case 404: case 405: case 414: case 429: case 500:
-    case 503:
-      break;
-    default:
-      std::abort();
-  }
-  if (absl::StartsWith(a.content_type, "text/plain")) {
-    Check(!a.body.empty() && a.body.back() == '\n' &&
-          a.body.find('\n') == a.body.size() - 1);
-  }
-  Check(process_captures <= 1);
-  if (process_captures == 1) Check(a.status == 200);
+  CheckResponse(agent.Respond(method, target), process_captures);
   return 0;
 }

@@ -1394,7 +1394,6 @@ class Profiler final : public internal::ProfilerControl,
     // Reset per-registration state; the ring is empty after the drain.
     ResetProviderData(slot);
     slot->seen_taken = slot->samples_taken.load();
-    slot->active_ring = &slot->ring;
     slot->seen_dropped = slot->ring.dropped();
     slot->seen_truncated = slot->samples_truncated.load();
     SlotPool& pool = Pool();

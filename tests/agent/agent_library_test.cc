@@ -154,6 +154,24 @@ class AgentLibraryTest : public ::testing::Test {
     return true;
   }
 
+  // Runs the workload in `die` mode (it SIGKILLs itself) against an agent
+  // of the test's, `env` before its command line; returns what the agent
+  // kept of it once its last window was exported.
+  AgentProcess RunDyingWorkload(const std::string& env, const std::string& args) {
+    AgentServerOptions options = ServerOptions();
+    AgentServer server(options);
+    EXPECT_TRUE(server.Start().ok());
+    auto run = testing::RunCommandSeparately(
+        env + Workload(options.address.ToString(), "die" + args));
+    EXPECT_TRUE(run.ok()) << run.status();
+    if (run.ok()) EXPECT_EQ(run->exit_code, 128 + SIGKILL) << run->err;
+    EXPECT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
+    server.Stop();
+    const std::vector<AgentProcess> processes = server.Processes();
+    EXPECT_EQ(processes.size(), 1u) << Log();
+    return processes.empty() ? AgentProcess() : processes[0];
+  }
+
   std::string workload_;
   std::string dir_;
 };
@@ -238,15 +256,8 @@ TEST_F(AgentLibraryTest, TwoProcessesAndAnExecdChildReportToOneAgent) {
 }
 
 TEST_F(AgentLibraryTest, AProcessThatDiesKeepsWhatItForwarded) {
-  AgentServerOptions options = ServerOptions();
-  AgentServer server(options);
-  ASSERT_TRUE(server.Start().ok());
-  auto run = testing::RunCommandSeparately(Workload(options.address.ToString(), "die"));
-  ASSERT_TRUE(run.ok()) << run.status();
-  EXPECT_EQ(run->exit_code, 128 + SIGKILL) << run->err;
-  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
-  server.Stop();
-  const AgentProcess p = server.Processes().at(0);
+  const AgentProcess p = RunDyingWorkload("", "");
+  ASSERT_FALSE(HasFailure());
   EXPECT_FALSE(p.ended_cleanly);
   EXPECT_THAT(Log(), HasSubstr("it ended without stopping its profiler"));
   // 300 ms of CPU: what its collector forwarded, and what it had not yet
@@ -265,18 +276,10 @@ TEST_F(AgentLibraryTest, AProcessThatDiesKeepsWhatItForwarded) {
 // reading of the threads' rings, on their stacks, to within the
 // in-process bound.
 TEST_F(AgentLibraryTest, WhatADeadProcessLeftInItsThreadsRingsIsProfiled) {
-  AgentServerOptions options = ServerOptions();
-  AgentServer server(options);
-  ASSERT_TRUE(server.Start().ok());
   const std::string out = dir_ + "/die.txt";
-  auto run = testing::RunCommandSeparately(
-      "INPROF_WALL_PERIOD=0 " +
-      Workload(options.address.ToString(), "die " + testing::ShellQuote(out)));
-  ASSERT_TRUE(run.ok()) << run.status();
-  EXPECT_EQ(run->exit_code, 128 + SIGKILL) << run->err;
-  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
-  server.Stop();
-  const AgentProcess p = server.Processes().at(0);
+  const AgentProcess p =
+      RunDyingWorkload("INPROF_WALL_PERIOD=0 ", " " + testing::ShellQuote(out));
+  ASSERT_FALSE(HasFailure());
   EXPECT_FALSE(p.ended_cleanly);
   EXPECT_EQ(p.error, "");
   const auto measured = ReadNumbers(out);
