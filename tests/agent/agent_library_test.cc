@@ -164,7 +164,9 @@ class AgentLibraryTest : public ::testing::Test {
     auto run = testing::RunCommandSeparately(
         env + Workload(options.address.ToString(), "die" + args));
     EXPECT_TRUE(run.ok()) << run.status();
-    if (run.ok()) EXPECT_EQ(run->exit_code, 128 + SIGKILL) << run->err;
+    if (run.ok()) {
+      EXPECT_EQ(run->exit_code, 128 + SIGKILL) << run->err;
+    }
     EXPECT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
     server.Stop();
     const std::vector<AgentProcess> processes = server.Processes();
