@@ -225,32 +225,42 @@ void* SpinThread(void*) {
   return nullptr;
 }
 
-// The first reading waits for the profiler's steady state: 50 ms of CPU on
-// a thread started like the churning ones (its samples walk every module
-// theirs do, so the unwinder's tables that are built when a walk first
-// needs them, the preload library's ~5 MiB among them, exist, and the
-// exporter's symbolizer has read those modules), then two more windows
-// written to `dir` (that CPU's window exported). Reading it after a count of
-// threads (2,000) or a time (300 ms) came before that when the run was fast
-// or its first samples late, 5 MiB lower, one run in three.
+// RSS swings by up to 1.5 MiB from one round to the next (each window's
+// aggregate and encoding are allocated and freed; malloc returns memory to
+// the system at its own pace), so each reading is the lowest of four
+// rounds': what stays allocated. The first waits for the profiler's steady
+// state: 50 ms of CPU on a thread started like the churning ones (its
+// samples walk every module theirs do, so the unwinder's tables that are
+// built when a walk first needs them, the preload library's ~5 MiB among
+// them, exist), then two more windows written to `dir` (that CPU's window
+// exported). Single readings after a count of threads (2,000) or a time
+// (300 ms) differed by up to 9 MiB without a leak, one run in three.
 int Churn(int n, int rounds, const char* dir) {
+  constexpr int kReadings = 4;
   pthread_t spinner;
   if (pthread_create(&spinner, nullptr, &SpinThread, nullptr) != 0) return 13;
   pthread_join(spinner, nullptr);
   const int windows_before = CountFiles(dir);
-  long first = -1;
-  for (int r = 0; first < 0 || r < rounds; ++r) {
+  bool steady = false;
+  long first = -1, last = -1;
+  for (int r = 0; !steady || r < rounds; ++r) {
     for (int i = 0; i < n; ++i) {
       pthread_t t;
       if (pthread_create(&t, nullptr, &ChurnThread, nullptr) != 0) return 13;
       pthread_join(t, nullptr);
     }
-    if (first < 0 && CountFiles(dir) >= windows_before + 2) {
-      first = RssKb();
-      r = -1;  // ROUNDS more from here
+    if (!steady) {
+      if (CountFiles(dir) >= windows_before + 2) {
+        steady = true;
+        r = -1;  // ROUNDS more from here
+      }
+      continue;
     }
+    const long rss = RssKb();
+    if (r < kReadings && (first < 0 || rss < first)) first = rss;
+    if (r >= rounds - kReadings && (last < 0 || rss < last)) last = rss;
   }
-  printf("rss_first_kb=%ld rss_last_kb=%ld\n", first, RssKb());
+  printf("rss_first_kb=%ld rss_last_kb=%ld\n", first, last);
   return 0;
 }
 
