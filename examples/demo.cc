@@ -11,9 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -114,11 +114,9 @@ int main() {
               static_cast<size_t>(profile->Total(profile->ValueIndex("cpu-samples"))));
   print_table("CPU time by function (self):", profile->FlatByFunction(cpu), 8);
   print_table("CPU time by thread:", profile->ByLabel("thread name", cpu), 8);
-  char cwd[4096];
-  std::string path = output;
-  if (!output.empty() && output[0] != '/' && getcwd(cwd, sizeof(cwd))) {
-    path = std::string(cwd) + "/" + output;
-  }
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(output, error);
+  const std::string path = error ? output : absolute.string();
   std::printf("\nProfile written to %s\nExplore it with: go tool pprof -top %s\n",
               path.c_str(), path.c_str());
   return 0;

@@ -19,6 +19,30 @@
 
 #include <type_traits>
 
+#if defined(_WIN32)
+#include "inprof/labels.h"
+#include "inprof/options.h"
+#include "inprof/profiler.h"
+#include "inprof/spsc_ring.h"
+#include "inprof/windows/cpu_time_provider_windows.h"
+#include "inprof/windows/os_unwinder_windows.h"
+#include "inprof/windows/wall_time_provider_windows.h"
+
+namespace inprof {
+
+// Windows x64 (dd-win-prof's design): the OS's own unwinder over each
+// module's unwind information, which every x64 compiler emits, so stacks
+// are complete with or without frame pointers; CPU time from the threads'
+// clocks, wall time from the sampler's visits.
+using DefaultUnwinder = OsUnwinder;
+using DefaultProfiler = Profiler<DefaultUnwinder, DefaultSampleRing,
+                                 CpuTimeProvider, WallTimeProvider>;
+// On Windows the unwind information is the CFI: the same composition.
+using DwarfProfiler = DefaultProfiler;
+
+}  // namespace inprof
+
+#else
 #include "inprof/cpu_time_provider.h"
 #include "inprof/dwarf_unwinder.h"
 #include "inprof/frame_pointer_unwinder.h"
@@ -57,5 +81,7 @@ using FramePointerProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,
                                       CpuTimeProvider, WallTimeProvider>;
 
 }  // namespace inprof
+
+#endif  // !_WIN32
 
 #endif  // INPROF_INPROF_H_

@@ -8,8 +8,9 @@
 // the names below.
 //
 // Thread-safety: a ScopedLabels belongs to the thread that created it and
-// must be destroyed on it (RAII does this). The signal handler reads the
-// thread's current labels without locks or allocation. Keys and string
+// must be destroyed on it (RAII does this). The signal handler (on Windows:
+// the sampler, while the thread is suspended) reads the thread's current
+// labels without locks or allocation. Keys and string
 // values are interned (a mutex and a hash lookup on scope entry, no
 // allocation once a string has been seen); there is room for 16 active
 // labels per thread, more are counted and ignored. Without a registration
@@ -29,7 +30,11 @@
 #include <type_traits>
 
 #include "absl/strings/string_view.h"
+#if defined(_WIN32)
+#include "inprof/internal/thread_slot_windows.h"
+#else
 #include "inprof/internal/signal_dispatch.h"
+#endif
 
 namespace inprof {
 

@@ -26,6 +26,12 @@
 #ifndef INPROF_PROFILER_H_
 #define INPROF_PROFILER_H_
 
+#if defined(_WIN32)
+// Windows: a sampler thread suspends and walks the threads instead of a
+// signal handler (dd-win-prof's design); the same API.
+#include "inprof/windows/profiler_windows.h"
+#else
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -59,6 +65,7 @@
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/log.h"
+#include "inprof/internal/profiler_control.h"
 #include "inprof/internal/profiler_core.h"
 #include "inprof/internal/sample_record.h"
 #include "inprof/internal/signal_dispatch.h"
@@ -70,91 +77,6 @@
 #include "inprof/wall_time_provider.h"
 
 namespace inprof {
-
-namespace internal {
-
-// What a ThreadRegistration calls back into; outlives the Profiler so that a
-// handle destroyed late finds out instead of touching freed memory.
-class Registry {
- public:
-  struct Owner {
-    // Called with `lock` (on `mutex`) held; may release it for a while and
-    // holds it again on return. The owner outlives that (its Stop() and
-    // destructor wait for such work).
-    virtual void Unregister(ThreadSlotHeader* slot, bool on_owner_thread,
-                            std::unique_lock<std::mutex>& lock) = 0;
-
-   protected:
-    ~Owner() = default;
-  };
-  std::mutex mutex;
-  Owner* owner = nullptr;  // null once the Profiler is gone
-};
-
-// The part of a profiler that ScopedProfiler drives.
-class ProfilerControl {
- public:
-  virtual absl::Status Start() = 0;
-  virtual absl::Status Stop() = 0;
-
- protected:
-  ~ProfilerControl() = default;
-};
-
-
-}  // namespace internal
-
-// A registered thread. Move-only; unregisters on destruction.
-class ThreadRegistration {
- public:
-  // An inert registration (profiler disabled, or registration failed).
-  ThreadRegistration() = default;
-  explicit ThreadRegistration(absl::Status why_inert)
-      : status_(std::move(why_inert)) {}
-  ThreadRegistration(std::shared_ptr<internal::Registry> registry,
-                     internal::ThreadSlotHeader* slot, pid_t tid)
-      : registry_(std::move(registry)), slot_(slot), tid_(tid) {}
-  ThreadRegistration(ThreadRegistration&& other) noexcept { *this = std::move(other); }
-  ThreadRegistration& operator=(ThreadRegistration&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      registry_ = std::move(other.registry_);
-      slot_ = std::exchange(other.slot_, nullptr);
-      tid_ = other.tid_;
-      status_ = std::move(other.status_);
-    }
-    return *this;
-  }
-  ThreadRegistration(const ThreadRegistration&) = delete;
-  ThreadRegistration& operator=(const ThreadRegistration&) = delete;
-  ~ThreadRegistration() { Reset(); }
-
-  // True while the thread is registered.
-  bool active() const { return slot_ != nullptr; }
-  // Why the registration is inert (OK for an active one, or when the
-  // profiler is disabled).
-  const absl::Status& status() const { return status_; }
-
-  // Unregisters now. Idempotent.
-  void Reset() {
-    if (slot_ == nullptr) return;
-    std::unique_lock<std::mutex> lock(registry_->mutex);
-    const bool own_thread = internal::CurrentTid() == tid_;
-    if (registry_->owner != nullptr) {
-      registry_->owner->Unregister(slot_, own_thread, lock);
-    } else if (own_thread &&
-               internal::CurrentThreadSlot() == slot_) {
-      internal::SetCurrentThreadSlot(nullptr);
-    }
-    slot_ = nullptr;
-  }
-
- private:
-  std::shared_ptr<internal::Registry> registry_;
-  internal::ThreadSlotHeader* slot_ = nullptr;
-  pid_t tid_ = 0;
-  absl::Status status_;
-};
 
 // A sampling profiler composed from components:
 //   U   an Unwinder (unwinder.h), e.g. FramePointerUnwinder;
@@ -1460,31 +1382,8 @@ class Profiler final : public internal::ProfilerControl,
   }();
 };
 
-// Starts a profiler on construction and stops it (writing the profile) on
-// destruction. Errors are logged on one line; the host keeps running.
-class ScopedProfiler {
- public:
-  explicit ScopedProfiler(internal::ProfilerControl& profiler)
-      : profiler_(profiler), start_status_(profiler.Start()) {
-    if (!start_status_.ok()) {
-      internal::Log(absl::StrCat("profiler not started: ",
-                                 start_status_.message()));
-    }
-  }
-  ~ScopedProfiler() {
-    if (start_status_.ok()) profiler_.Stop().IgnoreError();
-  }
-  ScopedProfiler(const ScopedProfiler&) = delete;
-  ScopedProfiler& operator=(const ScopedProfiler&) = delete;
-
-  // Why the profiler did not start (OK if it did).
-  const absl::Status& start_status() const { return start_status_; }
-
- private:
-  internal::ProfilerControl& profiler_;
-  absl::Status start_status_;
-};
-
 }  // namespace inprof
+
+#endif  // !_WIN32
 
 #endif  // INPROF_PROFILER_H_

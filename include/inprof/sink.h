@@ -77,8 +77,9 @@ std::string ExpandOutputPattern(absl::string_view pattern, pid_t pid,
                                 absl::Time start);
 
 // Writes `bytes` to `path` through a temporary file in the same directory
-// and rename(2), so a reader sees the old file or the new one, never a
-// partial one. Errors name the path.
+// that then replaces `path` (rename(2); MoveFileEx on Windows), so a reader
+// sees the old file or the new one, never a partial one. Errors name the
+// path.
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view bytes);
 

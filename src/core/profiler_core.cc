@@ -1,9 +1,5 @@
 #include "inprof/internal/profiler_core.h"
 
-#include <errno.h>
-#include <pthread.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <utility>
 
@@ -15,6 +11,8 @@
 #include "inprof/internal/debug_endpoint.h"
 #include "inprof/internal/http_client.h"
 #include "inprof/internal/log.h"
+#include "inprof/internal/platform.h"
+#include "inprof/internal/profiler_thread.h"
 #include "inprof/pprof_reader.h"
 #include "inprof/pprof_writer.h"
 #include "inprof/pyroscope_uploader.h"
@@ -34,6 +32,7 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.blocked_episodes_resampled -= before.blocked_episodes_resampled;
   d.wall_signals -= before.wall_signals;
   d.wall_running_credits -= before.wall_running_credits;
+  d.samples_unsuspended -= before.samples_unsuspended;
   return d;
 }
 
@@ -44,7 +43,8 @@ std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
           s.samples_dropped,      s.stacks_truncated,
           s.stacks_before_tables, s.blocked_episodes_resampled,
           s.wall_signals,         s.wall_running_credits,
-          s.threads_registered,   s.profiles_written};
+          s.threads_registered,   s.profiles_written,
+          s.samples_unsuspended};
 }
 
 ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
@@ -60,6 +60,7 @@ ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
   s.wall_running_credits = at(7);
   s.threads_registered = at(8);
   s.profiles_written = at(9);
+  s.samples_unsuspended = at(10);
   return s;
 }
 
@@ -67,8 +68,8 @@ struct ProfilerCore::Threads {
   std::mutex mutex;
   std::condition_variable cv;
   bool stop = false;
-  std::thread collector;
-  std::thread exporter;
+  ProfilerThread collector;
+  ProfilerThread exporter;
   std::function<void()> drain;  // for the endpoint's captures
   int captures = 0;  // Capture()s using this object (guarded by `mutex`)
 };
@@ -142,8 +143,8 @@ void ProfilerCore::StartCollector(std::function<void()> drain,
       AfterForwardingDrain(t, drain);
     };
   }
-  t->collector = std::thread([t, step, period] {
-    pthread_setname_np(pthread_self(), "inprof-collect");
+  t->collector = ProfilerThread([t, step, period] {
+    SetCurrentThreadName("inprof-collect");
     // A first pass right away: unwinders with per-module tables build them
     // here, off the thread that called Start().
     step();
@@ -163,8 +164,8 @@ void ProfilerCore::StartCollector(std::function<void()> drain,
 
 void ProfilerCore::StartExporter(Threads* t, const std::function<void()>& drain) {
   if (options_.export_period <= absl::ZeroDuration()) return;
-  t->exporter = std::thread([this, t, drain] {
-    pthread_setname_np(pthread_self(), "inprof-export");
+  t->exporter = ProfilerThread([this, t, drain] {
+    SetCurrentThreadName("inprof-export");
     ExporterLoop(t, drain);
   });
 }
@@ -188,7 +189,7 @@ absl::Status ProfilerCore::ConnectAgent(const AgentThreadRingLayout* thread_ring
       return absl::OkStatus();
     }
     options_.agent_socket = *spawned;
-    setenv("INPROF_AGENT_SOCKET", spawned->c_str(), 1);
+    SetEnvVar("INPROF_AGENT_SOCKET", spawned->c_str());
   }
   if (options_.agent_socket.empty()) return absl::OkStatus();
   {
@@ -302,7 +303,7 @@ void ProfilerCore::StartEndpoint() {
   if (endpoint_ == nullptr) {
     endpoint_ = std::make_unique<DebugEndpoint>(
         [this](absl::Duration d) { return Capture(d); }, &RenderFlamegraph,
-        absl::StrCat(program_invocation_short_name, " (pid ", getpid(), ")"));
+        absl::StrCat(ProgramName(), " (pid ", ProcessId(), ")"));
   }
   absl::StatusOr<std::unique_ptr<DebugServer>> server =
       DebugServer::Start(*address, endpoint_.get());
@@ -517,6 +518,12 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
         "; wall samples of threads that ran throughout, credited to a CPU "
         "sample's stack without a signal=",
         window_stats.wall_running_credits));
+  }
+  if (window_stats.samples_unsuspended > 0) {
+    data.comments.push_back(absl::StrCat(
+        "samples of threads that could not be suspended=",
+        window_stats.samples_unsuspended,
+        " (their values are on [inprof: thread could not be suspended])"));
   }
 }
 

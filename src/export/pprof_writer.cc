@@ -3,8 +3,6 @@
 
 #include "inprof/pprof_writer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -26,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/proto_wire.h"
+#include "inprof/sink.h"
 
 namespace inprof {
 namespace {
@@ -373,10 +372,6 @@ class Encoder {
       functions_;
 };
 
-absl::Status ErrnoError(int err, absl::string_view what) {
-  return absl::ErrnoToStatus(err, what);
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> EncodePprof(const ProfileData& data,
@@ -435,37 +430,10 @@ absl::Status WritePprofFile(const std::string& path, const ProfileData& data,
   absl::StatusOr<std::string> compressed = GzipCompress(*encoded);
   if (!compressed.ok()) return compressed.status();
 
-  // Same directory as `path`, so that rename() is atomic.
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return ErrnoError(errno, absl::StrCat("WritePprofFile: cannot create '",
-                                          tmp, "' to write '", path, "'"));
-  }
-  size_t done = 0;
-  while (done < compressed->size()) {
-    ssize_t n = write(fd, compressed->data() + done, compressed->size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      close(fd);
-      unlink(tmp.c_str());
-      return ErrnoError(err, absl::StrCat("WritePprofFile: cannot write '", tmp,
-                                          "' for '", path, "'"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (close(fd) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return ErrnoError(err, absl::StrCat("WritePprofFile: cannot write '", tmp,
-                                        "' for '", path, "'"));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return ErrnoError(err, absl::StrCat("WritePprofFile: cannot rename '", tmp,
-                                        "' to '", path, "'"));
+  absl::Status written = WriteFileAtomically(path, *compressed);
+  if (!written.ok()) {
+    return absl::Status(written.code(),
+                        absl::StrCat("WritePprofFile: ", written.message()));
   }
   return absl::OkStatus();
 }

@@ -3,7 +3,11 @@
 // (debug_server_mhd.cc serves it), so it is unit-tested and fuzzed alone.
 #include "inprof/internal/debug_endpoint.h"
 
+#if defined(_WIN32)
+#include <ws2tcpip.h>  // inet_pton
+#else
 #include <arpa/inet.h>
+#endif
 
 #include <algorithm>
 #include <utility>

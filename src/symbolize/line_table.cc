@@ -1,10 +1,5 @@
 #include "inprof/internal/line_table.h"
 
-#include <dwarf.h>
-#include <elfutils/libdw.h>
-#include <gelf.h>
-#include <libelf.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -15,6 +10,45 @@
 
 namespace inprof::internal {
 namespace {
+
+// The DWARF 5 standard's constants this reader uses (section 7): spelled
+// out rather than taken from elfutils' <dwarf.h>, which the Windows build
+// (mingw-w64) does not have.
+enum : uint32_t {
+  DW_FORM_data2 = 0x05,
+  DW_FORM_data4 = 0x06,
+  DW_FORM_data8 = 0x07,
+  DW_FORM_string = 0x08,
+  DW_FORM_block = 0x09,
+  DW_FORM_data1 = 0x0b,
+  DW_FORM_strp = 0x0e,
+  DW_FORM_udata = 0x0f,
+  DW_FORM_data16 = 0x1e,
+  DW_FORM_line_strp = 0x1f,
+};
+enum : uint32_t { DW_LNCT_path = 0x1, DW_LNCT_directory_index = 0x2 };
+enum : uint32_t {
+  DW_LNS_copy = 1,
+  DW_LNS_advance_pc = 2,
+  DW_LNS_advance_line = 3,
+  DW_LNS_set_file = 4,
+  DW_LNS_set_column = 5,
+  DW_LNS_negate_stmt = 6,
+  DW_LNS_set_basic_block = 7,
+  DW_LNS_const_add_pc = 8,
+  DW_LNS_fixed_advance_pc = 9,
+  DW_LNS_set_prologue_end = 10,
+  DW_LNS_set_epilogue_begin = 11,
+  DW_LNS_set_isa = 12,
+};
+enum : uint32_t {
+  DW_LNE_end_sequence = 1,
+  DW_LNE_set_address = 2,
+  DW_LNE_define_file = 3,
+  DW_LNE_set_discriminator = 4,
+  DW_LNE_NVIDIA_inlined_call = 144,  // vendor extensions libdw reads
+  DW_LNE_NVIDIA_set_function_name = 145,
+};
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(".debug_line: ", what));
@@ -545,64 +579,11 @@ bool LineTable::Find(uint64_t address, const std::string** file,
   return true;
 }
 
-namespace {
-
-// The data of section `name` of the ELF file holding `dwarf`'s sections
-// (libdw has already decompressed the ones it uses); empty when absent.
-std::span<const uint8_t> SectionData(Elf* elf, size_t shstrndx, const char* name) {
-  Elf_Scn* scn = nullptr;
-  while ((scn = elf_nextscn(elf, scn)) != nullptr) {
-    GElf_Shdr shdr;
-    if (gelf_getshdr(scn, &shdr) == nullptr) continue;
-    const char* n = elf_strptr(elf, shstrndx, shdr.sh_name);
-    if (n == nullptr || std::strcmp(n, name) != 0) continue;
-    if ((shdr.sh_flags & SHF_COMPRESSED) != 0 || shdr.sh_type == SHT_NOBITS) {
-      return {};
-    }
-    Elf_Data* data = elf_getdata(scn, nullptr);
-    if (data == nullptr || data->d_buf == nullptr) return {};
-    return {static_cast<const uint8_t*>(data->d_buf), data->d_size};
-  }
-  return {};
-}
-
-}  // namespace
-
-absl::StatusOr<LineTable> LineTable::ReadUnit(Dwarf_Die* cudie) {
-  if (cudie == nullptr || cudie->cu == nullptr) return Unsupported("no unit");
-  uint8_t unit_type = 0;
-  Dwarf_Half version = 0;
-  if (dwarf_cu_info(cudie->cu, &version, &unit_type, nullptr, nullptr, nullptr,
-                    nullptr, nullptr) != 0) {
-    return Unsupported("unit header");
-  }
-  if (unit_type == DW_UT_split_compile || unit_type == DW_UT_split_type ||
-      unit_type == DW_UT_skeleton) {
-    return Unsupported("split unit");
-  }
-  Dwarf_Attribute attr;
-  Dwarf_Word stmt_list = 0;
-  if (dwarf_attr(cudie, DW_AT_stmt_list, &attr) == nullptr ||
-      dwarf_formudata(&attr, &stmt_list) != 0) {
-    return Unsupported("no DW_AT_stmt_list");
-  }
-  const char* comp_dir = dwarf_formstring(dwarf_attr(cudie, DW_AT_comp_dir, &attr));
-  uint8_t address_size = 0;
-  Dwarf_Die result;
-  if (dwarf_diecu(cudie, &result, &address_size, nullptr) == nullptr) {
-    return Unsupported("unit header");
-  }
-  Dwarf* dwarf = dwarf_cu_getdwarf(cudie->cu);
-  Elf* elf = dwarf != nullptr ? dwarf_getelf(dwarf) : nullptr;
-  size_t shstrndx = 0;
-  if (elf == nullptr || elf_getshdrstrndx(elf, &shstrndx) != 0) {
-    return Unsupported("no ELF file");
-  }
-  LineSections sections{.debug_line = SectionData(elf, shstrndx, ".debug_line"),
-                        .debug_line_str = SectionData(elf, shstrndx, ".debug_line_str"),
-                        .debug_str = SectionData(elf, shstrndx, ".debug_str")};
-  if (sections.debug_line.empty()) return Unsupported("no .debug_line");
-  return Read(sections, stmt_list, comp_dir, address_size);
+std::pair<uint64_t, uint64_t> LineTable::AddressRange() const {
+  if (rows_.empty()) return {0, 0};
+  uint64_t hi = 0;
+  for (const Row& row : rows_) hi = std::max(hi, row.address);
+  return {rows_.front().address, hi};
 }
 
 }  // namespace inprof::internal

@@ -1,9 +1,5 @@
 #include "inprof/internal/upload_util.h"
 
-#include <errno.h>
-#include <limits.h>
-#include <unistd.h>
-
 #include <cstdint>
 
 #include "absl/random/random.h"
@@ -11,19 +7,6 @@
 #include "absl/strings/str_format.h"
 
 namespace inprof::internal {
-
-std::string ProgramName() {
-  const char* name = program_invocation_short_name;
-  return name != nullptr && name[0] != '\0' ? std::string(name) : "unknown";
-}
-
-std::string HostName() {
-  char buf[HOST_NAME_MAX + 1] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') {
-    return "unknown";
-  }
-  return buf;
-}
 
 std::string RandomUuid() {
   absl::BitGen gen;

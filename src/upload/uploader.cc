@@ -1,7 +1,5 @@
 #include "inprof/internal/uploader.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -13,6 +11,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/log.h"
+#include "inprof/internal/platform.h"
+#include "inprof/internal/profiler_thread.h"
 
 namespace inprof::internal {
 namespace {
@@ -58,7 +58,7 @@ struct Uploader::Shared {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<std::shared_ptr<const ExportedProfile>> queue;
-  std::thread worker;
+  ProfilerThread worker;
   std::unique_ptr<HttpClient> client;  // lives while `worker` does
   bool closing = false;   // Flush: exit once the queue is empty
   bool abort = false;     // Flush's deadline passed: drop everything
@@ -97,7 +97,7 @@ void Uploader::Enqueue(std::shared_ptr<const ExportedProfile> profile) {
   if (!s->worker.joinable()) {
     s->closing = s->abort = s->finished = false;
     s->client = std::make_unique<HttpClient>();
-    s->worker = std::thread(&Uploader::Run, s);
+    s->worker = ProfilerThread([s] { Uploader::Run(s); });
   }
   s->cv.notify_all();
 }
@@ -116,7 +116,7 @@ absl::Status Uploader::Flush(absl::Time deadline) {
     s->client->Abort();  // the request in flight returns within ms
     s->cv.notify_all();
   }
-  std::thread worker = std::move(s->worker);
+  ProfilerThread worker = std::move(s->worker);
   lock.unlock();
   worker.join();
   lock.lock();
@@ -142,7 +142,7 @@ UploadStats Uploader::stats() const {
 }
 
 void Uploader::Run(Shared* s) {
-  pthread_setname_np(pthread_self(), "inprof-upload");
+  SetCurrentThreadName("inprof-upload");
   std::unique_lock<std::mutex> lock(s->mutex);
   while (true) {
     s->cv.wait(lock, [s] { return s->abort || s->closing || !s->queue.empty(); });

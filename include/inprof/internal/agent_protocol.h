@@ -113,8 +113,8 @@ absl::StatusOr<AgentMessage> ReceiveAgentMessage(int socket, int timeout_ms,
 // The peer's credentials (SO_PEERCRED).
 struct PeerCredentials {
   pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
+  uint32_t uid = 0;  // uid_t
+  uint32_t gid = 0;  // gid_t
 };
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket);
 

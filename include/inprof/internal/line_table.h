@@ -21,9 +21,12 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#if !defined(_WIN32)
 #include <elfutils/libdw.h>
+#endif
 
 #include "absl/status/statusor.h"
 
@@ -44,9 +47,16 @@ class LineTable {
                                         uint64_t offset, const char* comp_dir,
                                         uint8_t address_size);
 
+#if !defined(_WIN32)
   // The unit `cudie` names (a CU DIE of libdw): its DW_AT_stmt_list,
-  // DW_AT_comp_dir and address size, and the sections of its Dwarf.
+  // DW_AT_comp_dir and address size, and the sections of its Dwarf
+  // (line_table_libdw.cc).
   static absl::StatusOr<LineTable> ReadUnit(Dwarf_Die* cudie);
+#endif
+
+  // The lowest address a row covers and one past the highest end of
+  // sequence ({0, 0} for an empty table): where Find() can answer.
+  std::pair<uint64_t, uint64_t> AddressRange() const;
 
   // The source line of unit-relative address `address`, as
   // dwfl_module_getsrc + dwfl_lineinfo give it: false where no row covers

@@ -70,6 +70,10 @@ struct ProfilerStats {
   uint64_t wall_running_credits = 0;
   uint64_t threads_registered = 0; // registrations since construction
   uint64_t profiles_written = 0;
+  // Windows: samples not taken because the thread could not be suspended or
+  // its registers read (it had exited); their values are kept on a frame of
+  // their own.
+  uint64_t samples_unsuspended = 0;
 };
 
 namespace internal {

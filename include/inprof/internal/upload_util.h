@@ -10,14 +10,9 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "inprof/internal/platform.h"  // ProgramName, HostName
 
 namespace inprof::internal {
-
-// The program's short name (e.g. "checkout"), "unknown" if none.
-std::string ProgramName();
-
-// gethostname(), "unknown" on failure.
-std::string HostName();
 
 // A random (version 4) UUID, lowercase: identifies this process's profiles.
 std::string RandomUuid();

@@ -1,0 +1,40 @@
+// internal: not part of the public API.
+//
+// The few operating-system services the portable core (options, export,
+// sinks, uploads) needs, behind one header with a variant per OS:
+// src/core/platform_linux.cc and src/platform/windows/platform_windows.cc.
+// Those files also hold sink.h's WriteFileAtomically, whose replacing of an
+// existing file is the OS's (rename(2); MoveFileEx on Windows).
+//
+// Thread-safety: reentrant. None of these is async-signal-safe.
+#ifndef INPROF_INTERNAL_PLATFORM_H_
+#define INPROF_INTERNAL_PLATFORM_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace inprof::internal {
+
+// The program's short name (e.g. "checkout"; "checkout.exe" loses its
+// extension), "unknown" if none.
+std::string ProgramName();
+
+// The host's name, "unknown" on failure.
+std::string HostName();
+
+// This process's id.
+int64_t ProcessId();
+
+// Sets an environment variable of this process (programs it starts inherit it).
+void SetEnvVar(const char* name, const char* value);
+
+// Names the calling thread (shown by debuggers, ps and inprof's own thread
+// labels on Windows); truncated where the OS limits names.
+void SetCurrentThreadName(const char* name);
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_PLATFORM_H_

@@ -1,0 +1,141 @@
+// internal: not part of the public API (its types are: ThreadRegistration,
+// ScopedProfiler; include inprof/profiler.h).
+//
+// What every platform's Profiler (profiler.h on Linux, profiler_windows.h
+// on Windows) shares: the registry a ThreadRegistration calls back into,
+// the registration handle itself, and ScopedProfiler.
+//
+// Thread-safety: a ThreadRegistration may be destroyed on any thread (see
+// profiler.h); the registry's mutex serializes it with the profiler.
+#ifndef INPROF_INTERNAL_PROFILER_CONTROL_H_
+#define INPROF_INTERNAL_PROFILER_CONTROL_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "inprof/internal/log.h"
+#if defined(_WIN32)
+#include "inprof/internal/thread_slot_windows.h"
+#else
+#include "inprof/internal/signal_dispatch.h"
+#include "inprof/internal/thread_info.h"
+#endif
+
+namespace inprof {
+
+namespace internal {
+
+// What a ThreadRegistration calls back into; outlives the Profiler so that a
+// handle destroyed late finds out instead of touching freed memory.
+class Registry {
+ public:
+  struct Owner {
+    // Called with `lock` (on `mutex`) held; may release it for a while and
+    // holds it again on return. The owner outlives that (its Stop() and
+    // destructor wait for such work).
+    virtual void Unregister(ThreadSlotHeader* slot, bool on_owner_thread,
+                            std::unique_lock<std::mutex>& lock) = 0;
+
+   protected:
+    ~Owner() = default;
+  };
+  std::mutex mutex;
+  Owner* owner = nullptr;  // null once the Profiler is gone
+};
+
+// The part of a profiler that ScopedProfiler drives.
+class ProfilerControl {
+ public:
+  virtual absl::Status Start() = 0;
+  virtual absl::Status Stop() = 0;
+
+ protected:
+  ~ProfilerControl() = default;
+};
+
+}  // namespace internal
+
+// A registered thread. Move-only; unregisters on destruction.
+class ThreadRegistration {
+ public:
+  // An inert registration (profiler disabled, or registration failed).
+  ThreadRegistration() = default;
+  explicit ThreadRegistration(absl::Status why_inert)
+      : status_(std::move(why_inert)) {}
+  ThreadRegistration(std::shared_ptr<internal::Registry> registry,
+                     internal::ThreadSlotHeader* slot, int64_t tid)
+      : registry_(std::move(registry)), slot_(slot), tid_(tid) {}
+  ThreadRegistration(ThreadRegistration&& other) noexcept { *this = std::move(other); }
+  ThreadRegistration& operator=(ThreadRegistration&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      registry_ = std::move(other.registry_);
+      slot_ = std::exchange(other.slot_, nullptr);
+      tid_ = other.tid_;
+      status_ = std::move(other.status_);
+    }
+    return *this;
+  }
+  ThreadRegistration(const ThreadRegistration&) = delete;
+  ThreadRegistration& operator=(const ThreadRegistration&) = delete;
+  ~ThreadRegistration() { Reset(); }
+
+  // True while the thread is registered.
+  bool active() const { return slot_ != nullptr; }
+  // Why the registration is inert (OK for an active one, or when the
+  // profiler is disabled).
+  const absl::Status& status() const { return status_; }
+
+  // Unregisters now. Idempotent.
+  void Reset() {
+    if (slot_ == nullptr) return;
+    std::unique_lock<std::mutex> lock(registry_->mutex);
+    const bool own_thread = static_cast<int64_t>(internal::CurrentTid()) == tid_;
+    if (registry_->owner != nullptr) {
+      registry_->owner->Unregister(slot_, own_thread, lock);
+    } else if (own_thread &&
+               internal::CurrentThreadSlot() == slot_) {
+      internal::SetCurrentThreadSlot(nullptr);
+    }
+    slot_ = nullptr;
+  }
+
+ private:
+  std::shared_ptr<internal::Registry> registry_;
+  internal::ThreadSlotHeader* slot_ = nullptr;
+  int64_t tid_ = 0;
+  absl::Status status_;
+};
+
+// Starts a profiler on construction and stops it (writing the profile) on
+// destruction. Errors are logged on one line; the host keeps running.
+class ScopedProfiler {
+ public:
+  explicit ScopedProfiler(internal::ProfilerControl& profiler)
+      : profiler_(profiler), start_status_(profiler.Start()) {
+    if (!start_status_.ok()) {
+      internal::Log(absl::StrCat("profiler not started: ",
+                                 start_status_.message()));
+    }
+  }
+  ~ScopedProfiler() {
+    if (start_status_.ok()) profiler_.Stop().IgnoreError();
+  }
+  ScopedProfiler(const ScopedProfiler&) = delete;
+  ScopedProfiler& operator=(const ScopedProfiler&) = delete;
+
+  // Why the profiler did not start (OK if it did).
+  const absl::Status& start_status() const { return start_status_; }
+
+ private:
+  internal::ProfilerControl& profiler_;
+  absl::Status start_status_;
+};
+
+}  // namespace inprof
+
+#endif  // INPROF_INTERNAL_PROFILER_CONTROL_H_
