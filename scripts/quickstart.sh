@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The README's two commands:
-#   scripts/quickstart.sh demo   build and run the demo (profile a program, show the result)
-#   scripts/quickstart.sh test   build and run the whole test suite, then again
-#                                under sanitizers, then the fuzzers
+# The README's commands:
+#   scripts/quickstart.sh demo     build and run the demo (profile a program, show the result)
+#   scripts/quickstart.sh test     build and run the whole test suite, then again
+#                                  under sanitizers, then the fuzzers, then the
+#                                  Windows suite (cross-built, under Wine)
+#   scripts/quickstart.sh windows  the Windows build: cross-build, test under
+#                                  Wine, install into build-windows/prefix, run
+#                                  the demo (scripts/windows.sh)
 # Installs the Debian packages it needs when they are missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = windows ]; then
+  exec bash scripts/windows.sh all
+fi
 
 packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev libbz2-dev
@@ -51,10 +59,13 @@ case "${1:-}" in
     status=0
     [ -z "${INPROF_SANITIZERS-asan tsan}" ] || bash scripts/sanitizers.sh "$build" || status=1
     [ "${FUZZ_SECONDS:-20}" = 0 ] || bash fuzz/run.sh "$build-fuzz" || status=1
+    # The Windows suite (INPROF_WINDOWS=0 skips): Abseil and GoogleTest are
+    # cross-built once and cached in build-windows/ (rm -rf it to rebuild).
+    [ "${INPROF_WINDOWS:-1}" = 0 ] || bash scripts/windows.sh test || status=1
     exit $status
     ;;
   *)
-    echo "usage: $0 demo|test" >&2
+    echo "usage: $0 demo|test|windows" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# inprof for Windows x64: cross-built with mingw-w64, run under Wine.
+#
+#   scripts/windows.sh build   the toolchain and libraries (scripts/windows_deps.sh,
+#                              cached), then inprof, its tests and the demo
+#   scripts/windows.sh test    build, then the Windows suite under Wine (meson
+#                              test), a program built against the installed
+#                              prefix with pkg-config, and the demo's profile
+#                              read by go tool pprof and protoc on this side
+#   scripts/windows.sh demo    build, install into build-windows/prefix, run the
+#                              demo under Wine and show its profile
+#   scripts/windows.sh all     test, then demo (scripts/quickstart.sh windows)
+#
+# INPROF_WINDOWS_DIR (default build-windows) holds everything: the cached
+# dependencies (deps/), the build (build/), the install (prefix/) and Wine's
+# prefix (wine/, so ~/.wine is never touched). INPROF_WERROR=true turns
+# warnings into errors (CI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-all}
+dir=${INPROF_WINDOWS_DIR:-build-windows}
+bash scripts/windows_deps.sh "$dir"
+dir=$(cd "$dir" && pwd)
+build=$dir/build
+prefix=$dir/prefix
+
+export WINEPREFIX=$dir/wine WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml="
+wine=/usr/lib/wine/wine64
+if [ ! -f "$WINEPREFIX/system.reg" ]; then
+  # Once, before anything runs in parallel: Wine makes its prefix at the
+  # first start (~10 s), and two first starts at once race.
+  echo "windows: creating a Wine prefix in $WINEPREFIX"
+  "$wine" cmd /c exit >/dev/null 2>&1 || true
+fi
+
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" --cross-file "$dir/cross-mingw64.ini" --prefix "$prefix" \
+    -Dbenchmarks=disabled -Dwerror="${INPROF_WERROR:-false}" >/dev/null
+fi
+ninja -C "$build" >/dev/null
+
+run_tests() {
+  local status=0
+  meson test -C "$build" --print-errorlogs || status=1
+  # A consumer's program, compiled and linked against the installed prefix
+  # as README says, then run under Wine.
+  meson install -C "$build" --quiet >/dev/null
+  bash tests/windows/consumer_check.sh "$prefix" "$dir/consumer" || status=1
+  # What a Windows program wrote, read by the tools users read it with.
+  bash tests/windows/pprof_check.sh "$build/examples/demo.exe" "$dir/pprof-check" || status=1
+  return $status
+}
+
+run_demo() {
+  meson install -C "$build" --quiet >/dev/null
+  mkdir -p "$dir/demo-out"
+  # The profile goes where Wine's Z: drive shows this directory.
+  local profile=$dir/demo-out/demo.pb.gz
+  INPROF_OUTPUT="Z:${profile//\//\\}" "$wine" "$build/examples/demo.exe"
+  if command -v go >/dev/null && [ -f "$profile" ]; then
+    echo
+    echo "The same profile through go tool pprof (on this side):"
+    go tool pprof -top -nodecount=8 "$profile" 2>/dev/null | sed -n '1,14p'
+  fi
+  echo
+  echo "Installed for mingw-w64 programs: $prefix"
+  echo "  x86_64-w64-mingw32-g++-posix app.cc \$(PKG_CONFIG_LIBDIR=$prefix/lib/pkgconfig:/usr/x86_64-w64-mingw32/lib/pkgconfig pkg-config --cflags --libs --static inprof) -static"
+}
+
+case "$mode" in
+  build) ;;
+  test) run_tests ;;
+  demo) run_demo ;;
+  all)
+    status=0
+    run_tests || status=1
+    run_demo || status=1
+    exit $status
+    ;;
+  *)
+    echo "usage: $0 build|test|demo|all" >&2
+    exit 2
+    ;;
+esac

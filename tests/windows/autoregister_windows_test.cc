@@ -1,0 +1,104 @@
+// inprof_autoregister.dll under Wine: a program that never calls inprof,
+// linked with the DLL, is profiled: every thread under its description,
+// the CPU in its functions, the profile written when main returns.
+#include <windows.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/pprof_reader.h"
+
+namespace inprof {
+namespace {
+
+// $NAME, a Linux path from tests/windows/meson.build, as Wine's Z: path.
+std::string WindowsPathFromEnv(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return "";
+  return absl::StrCat("Z:", absl::StrReplaceAll(v, {{"/", "\\"}}));
+}
+
+struct TargetRun {
+  DWORD exit_code = 0;
+  std::string output;  // the profile's path
+};
+
+// Runs the target with `env` added to this process's environment.
+TargetRun RunTarget(const std::string& env_line) {
+  const std::string target = WindowsPathFromEnv("INPROF_AUTOREGISTER_TARGET");
+  const std::string dll_dir = WindowsPathFromEnv("INPROF_AUTOREGISTER_DLL_DIR");
+  EXPECT_FALSE(target.empty() || dll_dir.empty()) << "run through meson test";
+  TargetRun run;
+  run.output = (std::filesystem::temp_directory_path() /
+                absl::StrCat("inprof-autoregister-", GetCurrentProcessId(), ".pb.gz"))
+                   .string();
+  std::filesystem::remove(run.output);
+  // The child's environment: ours, the DLL's directory first on PATH, the output.
+  const char* path = std::getenv("PATH");
+  SetEnvironmentVariableA("PATH", absl::StrCat(dll_dir, ";", path ? path : "").c_str());
+  SetEnvironmentVariableA("INPROF_OUTPUT", run.output.c_str());
+  if (!env_line.empty()) {
+    const size_t eq = env_line.find('=');
+    SetEnvironmentVariableA(env_line.substr(0, eq).c_str(), env_line.substr(eq + 1).c_str());
+  }
+  STARTUPINFOA si{};
+  si.cb = sizeof(si);
+  PROCESS_INFORMATION pi{};
+  std::string command = absl::StrCat("\"", target, "\"");
+  if (!CreateProcessA(nullptr, command.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr,
+                      &si, &pi)) {
+    ADD_FAILURE() << "CreateProcess " << target << ": error " << GetLastError();
+    return run;
+  }
+  WaitForSingleObject(pi.hProcess, 120'000);
+  GetExitCodeProcess(pi.hProcess, &run.exit_code);
+  CloseHandle(pi.hThread);
+  CloseHandle(pi.hProcess);
+  if (!env_line.empty()) {
+    SetEnvironmentVariableA(env_line.substr(0, env_line.find('=')).c_str(), nullptr);
+  }
+  return run;
+}
+
+TEST(AutoregisterWindowsTest, AProgramThatNeverCallsInprofIsProfiledThreadByThread) {
+  const TargetRun run = RunTarget("");
+  ASSERT_EQ(run.exit_code, 0u);
+  auto p = ReadPprofFile(run.output);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const int cpu = p->ValueIndex("cpu-time");
+  const auto by_thread = p->ByLabel("thread name", cpu);
+  // The named thread under its description; the others under their ids.
+  ASSERT_TRUE(by_thread.contains("named-worker")) << by_thread.size() << " threads";
+  EXPECT_NEAR(by_thread.at("named-worker"), 300'000'000, 30'000'000);
+  const auto flat = p->CumulativeByFunction(cpu);
+  auto cpu_in = [&](const std::string& name) {
+    int64_t sum = 0;
+    for (const auto& [function, ns] : flat) {
+      if (absl::StrContains(function, name)) sum += ns;
+    }
+    return sum;
+  };
+  EXPECT_NEAR(cpu_in("AutoBurnNamed"), 300'000'000, 30'000'000);
+  EXPECT_NEAR(cpu_in("AutoBurnRaw"), 200'000'000, 30'000'000);
+  EXPECT_NEAR(cpu_in("AutoBurnMain"), 100'000'000, 30'000'000);
+  // inprof's own threads are never in it.
+  for (const auto& [name, ns] : by_thread) {
+    EXPECT_FALSE(absl::StartsWith(name, "inprof-")) << name;
+  }
+}
+
+TEST(AutoregisterWindowsTest, DisabledByTheEnvironmentWritesNothing) {
+  const TargetRun run = RunTarget("INPROF_ENABLED=0");
+  EXPECT_EQ(run.exit_code, 0u);
+  EXPECT_FALSE(std::filesystem::exists(run.output));
+}
+
+}  // namespace
+}  // namespace inprof
