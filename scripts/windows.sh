@@ -10,6 +10,8 @@
 #   scripts/windows.sh demo    build, install into build-windows/prefix, run the
 #                              demo under Wine and show its profile
 #   scripts/windows.sh all     test, then demo (scripts/quickstart.sh windows)
+#   scripts/windows.sh bench   the sampler's benchmarks and the overhead run,
+#                              under Wine, in their own build (build-bench/)
 #
 # INPROF_WINDOWS_DIR (default build-windows) holds everything: the cached
 # dependencies (deps/), the build (build/), the install (prefix/) and Wine's
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 
 mode=${1:-all}
 dir=${INPROF_WINDOWS_DIR:-build-windows}
-bash scripts/windows_deps.sh "$dir"
+bash scripts/windows_deps.sh "$dir" "$([ "$mode" = bench ] && echo benchmark)"
 dir=$(cd "$dir" && pwd)
 build=$dir/build
 prefix=$dir/prefix
@@ -68,8 +70,24 @@ run_demo() {
   echo "  x86_64-w64-mingw32-g++-posix app.cc \$(PKG_CONFIG_LIBDIR=$prefix/lib/pkgconfig:/usr/x86_64-w64-mingw32/lib/pkgconfig pkg-config --cflags --libs --static inprof) -static"
 }
 
+run_bench() {
+  local bench_build=$dir/build-bench
+  if [ ! -f "$bench_build/build.ninja" ]; then
+    meson setup "$bench_build" --cross-file "$dir/cross-mingw64.ini" --buildtype=release \
+      -Dtests=disabled -Dbenchmarks=enabled >/dev/null
+  fi
+  ninja -C "$bench_build" bench/windows/sampler_windows_benchmark.exe \
+    bench/windows/overhead_windows.exe >/dev/null
+  "$wine" "$bench_build/bench/windows/sampler_windows_benchmark.exe" \
+    --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+  "$wine" "$bench_build/bench/windows/overhead_windows.exe" 7 1500
+  "$wine" "$bench_build/bench/windows/overhead_windows.exe" idle 100 2
+  "$wine" "$bench_build/bench/windows/overhead_windows.exe" idle 1000 2
+}
+
 case "$mode" in
   build) ;;
+  bench) run_bench ;;
   test) run_tests ;;
   demo) run_demo ;;
   all)
@@ -79,7 +97,7 @@ case "$mode" in
     exit $status
     ;;
   *)
-    echo "usage: $0 build|test|demo|all" >&2
+    echo "usage: $0 build|test|demo|all|bench" >&2
     exit 2
     ;;
 esac

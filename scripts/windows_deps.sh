@@ -2,7 +2,9 @@
 # The Windows x64 cross toolchain and the libraries inprof's Windows build
 # links, built once into a cache under the Windows build directory:
 #
-#   scripts/windows_deps.sh [DIR]     DIR defaults to build-windows
+#   scripts/windows_deps.sh [DIR] [benchmark]
+#                                     DIR defaults to build-windows; with
+#                                     `benchmark`, Google Benchmark too
 #
 # Leaves:
 #   DIR/prefix/                Abseil (Debian's source package), static, for
@@ -10,7 +12,8 @@
 #                              prefix inprof's Windows build installs into,
 #                              so that its inprof.pc finds what it requires
 #   DIR/deps/prefix/           GoogleTest (Debian's libgtest-dev sources), for
-#                              the tests only
+#                              the tests only, and Google Benchmark (its source
+#                              package) when asked, for bench/windows
 #   DIR/cross-mingw64.ini      a Meson cross file: mingw-w64's posix-thread
 #                              compilers, static runtime, pkg-config over the
 #                              prefix and mingw-w64's zlib, Wine as the
@@ -24,6 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dir=${1:-build-windows}
+with_benchmark=${2:-}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 deps=$dir/deps
@@ -132,6 +136,24 @@ for pc in "$prefix"/lib/pkgconfig/absl_*.pc; do
   ' "$pc"
 done
 cmake_build googletest /usr/src/googletest "$test_prefix" -DINSTALL_GTEST=ON -DBUILD_GMOCK=ON
+if [ "$with_benchmark" = benchmark ]; then
+  if ! compgen -G "$deps/src/benchmark-[0-9]*/CMakeLists.txt" >/dev/null; then
+    (cd "$deps/src" && apt-get source -qq benchmark >/dev/null 2>&1) || {
+      echo "windows: 'apt-get source benchmark' failed" >&2
+      exit 1
+    }
+  fi
+  bench_src=$(compgen -G "$deps/src/benchmark-[0-9]*/CMakeLists.txt" | head -1 | xargs dirname)
+  # Debian patched out the git version lookup; GIT_VERSION names the release.
+  cmake_build benchmark "$bench_src" "$test_prefix" -DBENCHMARK_ENABLE_TESTING=OFF \
+    -DGIT_VERSION="${bench_src##*benchmark-}" \
+    -DBENCHMARK_ENABLE_GTEST_TESTS=OFF -DBENCHMARK_ENABLE_WERROR=OFF
+  # shlwapi (Benchmark's CPU information) by name, after the library; and
+  # the static library's define (its headers otherwise declare dllimport).
+  grep -q -- '-lshlwapi' "$test_prefix/lib/pkgconfig/benchmark.pc" ||
+    sed -i -E -e 's/^(Libs:.*)$/\1 -lshlwapi/' \
+      -e 's/^(Cflags:.*)$/\1 -DBENCHMARK_STATIC_DEFINE/' "$test_prefix/lib/pkgconfig/benchmark.pc"
+fi
 
 cat >"$dir/cross-mingw64.ini" <<EOF
 # Written by scripts/windows_deps.sh.

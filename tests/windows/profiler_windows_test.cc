@@ -202,6 +202,47 @@ TEST(ProfilerWindowsTest, WallTimeCoversSleepingAndRunningThreads) {
   EXPECT_GE(Share(FunctionTotal(*p, wall, "SpinA"), by_thread.at("spinner")), 80.0);
 }
 
+// Past CpuTimeProvider::kIdleVisitsPerTick registered threads the sampler
+// reads only some idle ones a tick: a thread that starts running among 100
+// idle ones is still found, its CPU exact and on its own stack.
+TEST(ProfilerWindowsTest, ABusyThreadAmongManyIdleOnesKeepsItsCpu) {
+  const std::string path = TempPath("many.pb.gz");
+  std::atomic<int64_t> busy_cpu{0};
+  {
+    DefaultProfiler profiler(TestOptions(path));
+    ASSERT_TRUE(profiler.Start().ok());
+    HANDLE stop = CreateEventA(nullptr, TRUE, FALSE, nullptr);
+    std::vector<std::thread> idle;
+    for (int i = 0; i < 100; ++i) {
+      idle.emplace_back([&] {
+        auto registration = profiler.RegisterThread("idle");
+        WaitForSingleObject(stop, INFINITE);
+      });
+    }
+    std::thread busy([&] {
+      auto registration = profiler.RegisterThread("busy");
+      Sleep(100);  // registered, idle, visited round-robin for a while
+      const int64_t start = testing::ThreadCpuNanos();
+      testing::BurnA(400'000'000);
+      busy_cpu = testing::ThreadCpuNanos() - start;
+    });
+    busy.join();
+    SetEvent(stop);
+    for (auto& t : idle) t.join();
+    CloseHandle(stop);
+    ASSERT_TRUE(profiler.Stop().ok());
+  }
+  auto p = ReadPprofFile(path);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const int cpu = p->ValueIndex("cpu-time");
+  const auto by_thread = p->ByLabel("thread name", cpu);
+  ASSERT_TRUE(by_thread.contains("busy"));
+  EXPECT_NEAR(by_thread.at("busy"), busy_cpu.load(), 20'000'000);
+  // Found within 100 / 32 ticks: at most ~4 ticks of its CPU on the stack
+  // it was found at, which is SpinA's too.
+  EXPECT_GE(Share(FunctionTotal(*p, cpu, "SpinA"), by_thread.at("busy")), 95.0);
+}
+
 TEST(ProfilerWindowsTest, LabelsReachTheSamplesOfTheirScope) {
   const std::string path = TempPath("labels.pb.gz");
   {

@@ -134,6 +134,8 @@ class Profiler final : public internal::ProfilerControl,
     bool has_stack = false;       // a stack was pushed since registration
     ThreadTimes tick_times;       // read once per tick
     int64_t tick_times_at = -1;
+    // Per provider: its last visit took a sample (CPU: the thread ran).
+    std::array<bool, kNumProviders> busy{};
     // Values of samples dropped because the ring was full (sampler adds,
     // collector takes).
     std::array<std::atomic<int64_t>, kNumValues> dropped_values{};
@@ -275,6 +277,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->label_count = 0;
     slot->has_stack = false;
     slot->tick_times_at = -1;
+    slot->busy.fill(false);
     slot->has_aggregate_thread = false;
     slot->last_stack.clear();
     for (auto& v : slot->provider_last_stack) v.clear();
@@ -574,7 +577,10 @@ class Profiler final : public internal::ProfilerControl,
   }
 
   // Registry lock held. Visits threads round-robin until the provider's
-  // ThreadsPerTick() samples are picked or every thread was visited.
+  // ThreadsPerTick() samples are picked or every thread was visited. A
+  // provider with IdleVisitsPerTick() (CpuTimeProvider) visits the threads
+  // its last visit found running first, every tick, then at most that many
+  // of the others: each visit reads the thread's clocks, a system call.
   template <size_t I>
   void VisitProvider(int64_t now) {
     using P = std::tuple_element_t<I, std::tuple<Ps...>>;
@@ -582,16 +588,16 @@ class Profiler final : public internal::ProfilerControl,
     const size_t n = active_.size();
     if (n == 0) return;
     size_t budget = std::max<size_t>(1, provider.ThreadsPerTick());
-    size_t& cursor = cursor_[I];
-    size_t visited = 0;
+    size_t idle_visits = n;
+    if constexpr (requires { provider.IdleVisitsPerTick(); }) {
+      idle_visits = std::max<size_t>(1, provider.IdleVisitsPerTick());
+    }
+    const bool busy_first = idle_visits < n;
     const uint32_t self = internal::CurrentTid();
-    while (visited < n && budget > 0) {
-      Slot* slot = active_[(cursor + visited) % n];
-      ++visited;
+    auto visit = [&](Slot* slot) {
       // A thread that suspends itself never wakes: the sampler is never
-      // sampled (it leaves any registration first thing, but it could
-      // have been registered by then).
-      if (slot->tid == self) continue;
+      // sampled.
+      if (slot->tid == self) return;
       if (slot->tick_times_at != now) {
         slot->tick_times = internal::ReadThreadTimes(slot->handle);
         slot->tick_times_at = now;
@@ -600,13 +606,29 @@ class Profiler final : public internal::ProfilerControl,
       const VisitDecision d = provider.Visit(
           *slot, std::get<I>(slot->data), slot->tick_times, now,
           std::span<int64_t>(p.values.data(), kValueCounts[I]));
-      if (d == VisitDecision::kSkip) continue;
+      slot->busy[I] = d == VisitDecision::kSample;
+      if (d == VisitDecision::kSkip) return;
       p.same_stack = d == VisitDecision::kSameStack && slot->has_stack;
       if constexpr (LabelsThreadState<P>) p.blocked = P::SampledBlocked(std::get<I>(slot->data));
       pending_.push_back(p);
       --budget;
+    };
+    if (busy_first) {
+      for (Slot* slot : active_) {
+        if (budget == 0) break;
+        if (slot->busy[I]) visit(slot);
+      }
     }
-    cursor = (cursor + visited) % n;
+    size_t& cursor = cursor_[I];
+    size_t scanned = 0, visited = 0;
+    while (scanned < n && budget > 0 && visited < idle_visits) {
+      Slot* slot = active_[(cursor + scanned) % n];
+      ++scanned;
+      if (busy_first && slot->busy[I]) continue;  // visited above
+      visit(slot);
+      ++visited;
+    }
+    cursor = (cursor + scanned) % n;
   }
 
   struct LabelCopy {
