@@ -49,6 +49,11 @@
 #ifndef INPROF_CPU_TIME_PROVIDER_H_
 #define INPROF_CPU_TIME_PROVIDER_H_
 
+#if defined(_WIN32)
+// Windows: the sampler thread's variant, same names.
+#include "inprof/windows/cpu_time_provider_windows.h"
+#else
+
 #include <time.h>
 
 #include <array>
@@ -158,5 +163,7 @@ static_assert(SampleProvider<CpuTimeProvider>);
 static_assert(ReportsTail<CpuTimeProvider>);
 
 }  // namespace inprof
+
+#endif  // !_WIN32
 
 #endif  // INPROF_CPU_TIME_PROVIDER_H_

@@ -22,6 +22,11 @@
 #ifndef INPROF_SAMPLE_PROVIDER_H_
 #define INPROF_SAMPLE_PROVIDER_H_
 
+#if defined(_WIN32)
+// Windows: the sampler thread's variant, same names.
+#include "inprof/windows/sample_provider_windows.h"
+#else
+
 #include <signal.h>
 
 #include <concepts>
@@ -128,5 +133,7 @@ inline constexpr const char* kTailFrame =
     "[inprof: CPU since the thread's last sample]";
 
 }  // namespace inprof
+
+#endif  // !_WIN32
 
 #endif  // INPROF_SAMPLE_PROVIDER_H_

@@ -51,6 +51,11 @@
 #ifndef INPROF_WALL_TIME_PROVIDER_H_
 #define INPROF_WALL_TIME_PROVIDER_H_
 
+#if defined(_WIN32)
+// Windows: the sampler thread's variant, same names.
+#include "inprof/windows/wall_time_provider_windows.h"
+#else
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -196,5 +201,7 @@ static_assert(ReportsTail<WallTimeProvider>);
 static_assert(TicksThreads<WallTimeProvider>);
 
 }  // namespace inprof
+
+#endif  // !_WIN32
 
 #endif  // INPROF_WALL_TIME_PROVIDER_H_

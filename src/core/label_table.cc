@@ -1,6 +1,7 @@
 #include "inprof/internal/label_table.h"
 
 #include "inprof/internal/fork_guard.h"
+#include "inprof/internal/provider_set.h"
 
 namespace inprof::internal {
 
@@ -47,6 +48,34 @@ size_t LabelTable::size() const {
 uint64_t LabelTable::overflows() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return overflows_;
+}
+
+size_t CanonicalLabelWords(std::span<const uint64_t> words, bool with_state,
+                           uint64_t state_key, uint64_t state_value, uint64_t* out) {
+  size_t n = 0;
+  auto put = [&](uint64_t key, uint64_t value) {
+    const uint64_t key_id = key & ~kNumericLabel;
+    for (size_t i = 0; i < n; i += 2) {
+      if ((out[i] & ~kNumericLabel) == key_id) {
+        out[i] = key;
+        out[i + 1] = value;
+        return;
+      }
+    }
+    out[n] = key;
+    out[n + 1] = value;
+    n += 2;
+  };
+  for (size_t i = 0; i + 1 < words.size(); i += 2) put(words[i], words[i + 1]);
+  if (with_state) put(state_key, state_value);
+  // Insertion sort by key: at most 17 pairs.
+  for (size_t i = 2; i < n; i += 2) {
+    for (size_t j = i; j >= 2 && out[j - 2] > out[j]; j -= 2) {
+      std::swap(out[j - 2], out[j]);
+      std::swap(out[j - 1], out[j + 1]);
+    }
+  }
+  return n;
 }
 
 }  // namespace inprof::internal

@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,6 +28,10 @@ std::string HostName() {
     return "unknown";
   }
   return buf;
+}
+
+std::string SystemErrorText(uint32_t error) {
+  return absl::StrCat(strerror(static_cast<int>(error)), " (errno ", error, ")");
 }
 
 int64_t ProcessId() { return getpid(); }

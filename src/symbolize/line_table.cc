@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "inprof/internal/byte_cursor.h"
 
 namespace inprof::internal {
 namespace {
@@ -58,71 +59,7 @@ absl::Status Unsupported(absl::string_view what) {
   return absl::UnimplementedError(absl::StrCat(".debug_line: ", what));
 }
 
-// A cursor over [p, end). Every read checks the bounds.
-struct Cursor {
-  const uint8_t* p;
-  const uint8_t* end;
-
-  size_t left() const { return static_cast<size_t>(end - p); }
-
-  // A NUL-terminated string in place, the cursor moved past its NUL.
-  bool CString(const char** out) {
-    const void* nul = std::memchr(p, '\0', left());
-    if (nul == nullptr) return false;
-    *out = reinterpret_cast<const char*>(p);
-    p = static_cast<const uint8_t*>(nul) + 1;
-    return true;
-  }
-
-  bool Fixed(size_t n, uint64_t* out) {
-    if (left() < n) return false;
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v |= uint64_t{p[i]} << (8 * i);
-    p += n;
-    *out = v;
-    return true;
-  }
-
-  // LEB128 as libdw reads it: at most 10 bytes give bits, more are skipped.
-  bool Uleb(uint64_t* out) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    while (true) {
-      if (p >= end) return false;
-      const uint8_t b = *p++;
-      if (shift < 64) v |= uint64_t{b & 0x7fu} << shift;
-      shift += 7;
-      if ((b & 0x80) == 0) break;
-    }
-    *out = v;
-    return true;
-  }
-
-  bool Sleb(int64_t* out) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b = 0;
-    while (true) {
-      if (p >= end) return false;
-      b = *p++;
-      if (shift < 64) v |= uint64_t{b & 0x7fu} << shift;
-      shift += 7;
-      if ((b & 0x80) == 0) break;
-    }
-    if (shift < 64 && (b & 0x40) != 0) v |= ~uint64_t{0} << shift;
-    *out = static_cast<int64_t>(v);
-    return true;
-  }
-};
-
-// The NUL-terminated string at `offset` in `section`, or null.
-const char* StringAt(std::span<const uint8_t> section, uint64_t offset) {
-  if (offset >= section.size()) return nullptr;
-  const void* nul =
-      std::memchr(section.data() + offset, '\0', section.size() - offset);
-  if (nul == nullptr) return nullptr;
-  return reinterpret_cast<const char*>(section.data() + offset);
-}
+using Cursor = ByteCursor;
 
 // One DWARF 5 directory or file entry field: its string (DW_LNCT_path) or
 // number (DW_LNCT_directory_index), and the cursor moved past it. Forms

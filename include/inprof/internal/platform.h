@@ -25,6 +25,10 @@ std::string ProgramName();
 // The host's name, "unknown" on failure.
 std::string HostName();
 
+// The OS's text for error number `error` (errno; Windows: GetLastError),
+// with the number: "Access is denied (Windows error 5)".
+std::string SystemErrorText(uint32_t error);
+
 // This process's id.
 int64_t ProcessId();
 

@@ -53,6 +53,7 @@
 #include "inprof/internal/platform.h"
 #include "inprof/internal/profiler_control.h"
 #include "inprof/internal/profiler_core.h"
+#include "inprof/internal/provider_set.h"
 #include "inprof/internal/profiler_thread.h"
 #include "inprof/internal/sample_record.h"
 #include "inprof/internal/thread_slot_windows.h"
@@ -96,25 +97,13 @@ template <Unwinder U, SampleRing R, SampleProvider... Ps>
   requires(sizeof...(Ps) >= 1 && sizeof...(Ps) < 256)
 class Profiler final : public internal::ProfilerControl,
                        private internal::Registry::Owner {
-  static constexpr size_t kNumProviders = sizeof...(Ps);
-  static constexpr std::array<size_t, kNumProviders> kValueCounts{
-      Ps::kSampleTypes.size()...};
-  static constexpr std::array<size_t, kNumProviders> kValueOffsets = [] {
-    std::array<size_t, kNumProviders> offsets{};
-    size_t at = 0;
-    for (size_t i = 0; i < kNumProviders; ++i) {
-      offsets[i] = at;
-      at += kValueCounts[i];
-    }
-    return offsets;
-  }();
-  static constexpr size_t kNumValues =
-      kValueOffsets[kNumProviders - 1] + kValueCounts[kNumProviders - 1];
-  static constexpr size_t kMaxValuesPerProvider = [] {
-    size_t m = 0;
-    for (size_t c : kValueCounts) m = c > m ? c : m;
-    return m;
-  }();
+  // Where each provider's values sit (internal/provider_set.h).
+  using Set = internal::ProviderSet<Ps...>;
+  static constexpr size_t kNumProviders = Set::kNumProviders;
+  static constexpr std::array<size_t, kNumProviders> kValueCounts = Set::kValueCounts;
+  static constexpr std::array<size_t, kNumProviders> kValueOffsets = Set::kValueOffsets;
+  static constexpr size_t kNumValues = Set::kNumValues;
+  static constexpr size_t kMaxValuesPerProvider = Set::kMaxValuesPerProvider;
   static constexpr size_t kMaxFrames = 512;  // the seed's limit
   static constexpr size_t kMaxLabels = internal::ThreadSlotHeader::kMaxLabels;
   static constexpr size_t kMaxLabelWords = 2 * kMaxLabels;
@@ -329,33 +318,17 @@ class Profiler final : public internal::ProfilerControl,
   }
 
   // The pprof sample types, in value order.
-  static std::vector<ValueType> SampleTypes() {
-    std::vector<ValueType> types;
-    (AppendTypes<Ps>(types), ...);
-    return types;
-  }
+  static std::vector<ValueType> SampleTypes() { return Set::SampleTypes(); }
 
   // "unwinder=windows-unwind-info providers=cpu,wall".
-  static std::string Engine() {
-    std::vector<std::string> names{Ps::kName...};
-    return absl::StrCat("unwinder=", U::kName, " providers=", absl::StrJoin(names, ","));
-  }
+  static std::string Engine() { return Set::Engine(U::kName); }
 
  private:
   // The session of a slot registered while the profiler is not running: not
   // 0 (RegisterThread's "already registered" check), never a real session.
   static constexpr uint64_t kRegisteredIdle = ~uint64_t{0};
 
-  template <typename P>
-  static void AppendTypes(std::vector<ValueType>& types) {
-    for (const SampleTypeSpec& t : P::kSampleTypes) types.push_back({t.type, t.unit});
-  }
-
-  using FirstProvider = std::tuple_element_t<0, std::tuple<Ps...>>;
-  static ValueType PeriodType() {
-    const SampleTypeSpec& t = FirstProvider::kSampleTypes[FirstProvider::kPeriodTypeIndex];
-    return {t.type, t.unit};
-  }
+  static ValueType PeriodType() { return Set::PeriodType(); }
   template <size_t I>
   int64_t PeriodOf() {
     Options o = options_;
@@ -363,29 +336,9 @@ class Profiler final : public internal::ProfilerControl,
     return static_cast<int64_t>(std::get<I>(providers_).Period());
   }
 
-  std::string DescribeProviders() const {
-    std::vector<std::string> parts;
-    std::apply(
-        [&](const auto&... p) {
-          (
-              [&] {
-                if constexpr (requires { p.Describe(); }) parts.push_back(p.Describe());
-              }(),
-              ...);
-        },
-        providers_);
-    return absl::StrJoin(parts, "; ");
-  }
+  std::string DescribeProviders() const { return Set::Describe(providers_); }
 
-  absl::Status ConfigureProviders() {
-    absl::Status status;
-    std::apply(
-        [&](auto&... p) {
-          ((status.ok() ? (void)status.Update(p.Configure(options_)) : void()), ...);
-        },
-        providers_);
-    return status;
-  }
+  absl::Status ConfigureProviders() { return Set::Configure(providers_, options_); }
 
   // One process-wide sampler: a second running profiler is refused.
   static bool ClaimProcess(const void* owner) {
@@ -795,35 +748,13 @@ class Profiler final : public internal::ProfilerControl,
     slot->seen_unsuspended = unsuspended;
   }
 
-  // Canonical label words: one entry per key (the innermost scope wins),
-  // sorted by key, plus the thread-state label of providers that have one.
+  // Canonical label words for the aggregate (internal/provider_set.h),
+  // with the thread-state label of providers that have one.
   size_t CanonicalLabels(std::span<const uint64_t> words, size_t provider, uint64_t* out,
                          bool blocked) const {
-    size_t n = 0;
-    auto put = [&](uint64_t key, uint64_t value) {
-      const uint64_t key_id = key & ~internal::kNumericLabel;
-      for (size_t i = 0; i < n; i += 2) {
-        if ((out[i] & ~internal::kNumericLabel) == key_id) {
-          out[i] = key;
-          out[i + 1] = value;
-          return;
-        }
-      }
-      out[n] = key;
-      out[n + 1] = value;
-      n += 2;
-    };
-    for (size_t i = 0; i + 1 < words.size(); i += 2) put(words[i], words[i + 1]);
-    if (provider < kNumProviders && kStateLabelProvider[provider]) {
-      put(state_key_, blocked ? blocked_value_ : running_value_);
-    }
-    for (size_t i = 2; i < n; i += 2) {
-      for (size_t j = i; j >= 2 && out[j - 2] > out[j]; j -= 2) {
-        std::swap(out[j - 2], out[j]);
-        std::swap(out[j - 1], out[j + 1]);
-      }
-    }
-    return n;
+    return internal::CanonicalLabelWords(
+        words, provider < kNumProviders && kStateLabelProvider[provider], state_key_,
+        blocked ? blocked_value_ : running_value_, out);
   }
 
   // Registry and aggregate locks held: a thread registered without a name

@@ -15,9 +15,8 @@
 
 namespace inprof {
 namespace internal {
-namespace {
 
-std::string LastError(DWORD error) {
+std::string SystemErrorText(uint32_t error) {
   char buf[256] = {};
   const DWORD n = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS,
                                  nullptr, error, 0, buf, sizeof(buf), nullptr);
@@ -28,12 +27,14 @@ std::string LastError(DWORD error) {
   return absl::StrCat(text.empty() ? "error" : text, " (Windows error ", error, ")");
 }
 
+namespace {
+
 absl::Status WindowsError(DWORD error, absl::string_view what) {
   const absl::StatusCode code =
       error == ERROR_FILE_NOT_FOUND || error == ERROR_PATH_NOT_FOUND ? absl::StatusCode::kNotFound
       : error == ERROR_ACCESS_DENIED ? absl::StatusCode::kPermissionDenied
                                      : absl::StatusCode::kUnavailable;
-  return absl::Status(code, absl::StrCat(what, ": ", LastError(error)));
+  return absl::Status(code, absl::StrCat(what, ": ", SystemErrorText(error)));
 }
 
 }  // namespace

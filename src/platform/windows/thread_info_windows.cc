@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "inprof/internal/platform.h"
 #include "inprof/internal/thread_slot_windows.h"
 #include "inprof/windows/profiler_windows.h"
 
@@ -15,17 +16,6 @@ namespace inprof::internal {
 namespace {
 
 thread_local ThreadSlotHeader* tls_slot = nullptr;
-
-std::string LastErrorMessage(DWORD error) {
-  char buf[256] = {};
-  const DWORD n = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS,
-                                 nullptr, error, 0, buf, sizeof(buf), nullptr);
-  std::string text(buf, n);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == '.')) {
-    text.pop_back();
-  }
-  return absl::StrCat(text.empty() ? "error" : text, " (error ", error, ")");
-}
 
 // GetThreadDescription exists from Windows 10 1607 on: looked up, not linked.
 using GetThreadDescriptionFn = HRESULT(WINAPI*)(HANDLE, PWSTR*);
@@ -60,7 +50,7 @@ absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread() {
                              FALSE, info.tid);
   if (handle == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "OpenThread(", info.tid, "): ", LastErrorMessage(GetLastError())));
+        "OpenThread(", info.tid, "): ", SystemErrorText(GetLastError())));
   }
   ULONG_PTR lo = 0, hi = 0;
   GetCurrentThreadStackLimits(&lo, &hi);
