@@ -1,10 +1,11 @@
 // internal: not part of the public API.
 //
-// A small blocking HTTP client on libcurl (loaded at run time, only by a
-// process that uploads) for the uploaders: one request at
+// A small blocking HTTP client for the uploaders, on libcurl on Linux
+// (http_client_curl.cc) and WinHTTP on Windows (http_client_windows.cc),
+// each loaded at run time, only by a process that uploads: one request at
 // a time, a whole-request timeout, connection reuse, HTTP over a unix
-// socket, multipart/form-data bodies, and Abort() from another thread,
-// which makes the request in progress return within milliseconds.
+// socket (Linux), multipart/form-data bodies, and Abort() from another
+// thread, which makes the request in progress return within milliseconds.
 //
 // Thread-safety: Send() from one thread at a time; Abort() from any thread.
 #ifndef INPROF_INTERNAL_HTTP_CLIENT_H_
@@ -54,9 +55,10 @@ class HttpClient {
   // Response bytes kept (error pages can be large; one line is logged).
   static constexpr size_t kMaxResponseBody = 4096;
 
-  // OK when libcurl (loaded on first use, see http_client_curl.cc) is
-  // there; otherwise Unavailable with one line naming the library and the
-  // package that provides it. INPROF_LIBCURL overrides the file loaded.
+  // OK when libcurl (loaded on first use, see http_client_curl.cc; on
+  // Windows winhttp.dll) is there; otherwise Unavailable with one line
+  // naming the library and the package that provides it. INPROF_LIBCURL
+  // overrides the file loaded (Linux).
   static absl::Status Available();
 
   HttpClient();
@@ -74,8 +76,8 @@ class HttpClient {
   void Abort();
 
  private:
-  void* multi_ = nullptr;  // CURLM*
-  void* easy_ = nullptr;   // CURL*
+  void* multi_ = nullptr;  // CURLM* (Windows: the WinHTTP client's state)
+  void* easy_ = nullptr;   // CURL* (Windows: unused)
   std::atomic<bool> aborted_{false};
 };
 
