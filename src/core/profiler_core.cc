@@ -506,12 +506,17 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
       "samples taken=", window_stats.samples_taken,
       " recorded=", window_stats.samples_recorded,
       " dropped=", window_stats.samples_dropped, " (ring full)"));
-  data.comments.push_back(absl::StrCat(
-      "stacks truncated=", window_stats.stacks_truncated,
-      " walked by frame pointers through a module without its CFI table yet=",
-      window_stats.stacks_before_tables,
-      "; blocked episodes sampled again once the tables were ready=",
-      window_stats.blocked_episodes_resampled));
+  if (describe_unwind_tables_) {
+    data.comments.push_back(absl::StrCat(
+        "stacks truncated=", window_stats.stacks_truncated,
+        " walked by frame pointers through a module without its CFI table yet=",
+        window_stats.stacks_before_tables,
+        "; blocked episodes sampled again once the tables were ready=",
+        window_stats.blocked_episodes_resampled));
+  } else {
+    data.comments.push_back(
+        absl::StrCat("stacks truncated=", window_stats.stacks_truncated));
+  }
   if (window_stats.wall_signals + window_stats.wall_running_credits > 0) {
     data.comments.push_back(absl::StrCat(
         "wall sampler signals=", window_stats.wall_signals,

@@ -134,6 +134,11 @@ class ProfilerCore {
   void UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer);
   void SetProcessNote(std::string note);
 
+  // Whether the comments speak of the unwinder's CFI tables (Linux's
+  // unwinders build them; the Windows OS unwinder has none). Before
+  // StartCollector.
+  void set_describe_unwind_tables(bool on) { describe_unwind_tables_ = on; }
+
   // Starts a profile window now.
   void BeginWindow();
 
@@ -195,6 +200,7 @@ class ProfilerCore {
   int64_t period_;
   std::string engine_;
   std::string engine_detail_;  // mutex_
+  bool describe_unwind_tables_ = true;
 
   // Guards aggregator_, window_start_ns_, baseline_, http_address_.
   mutable std::mutex mutex_;

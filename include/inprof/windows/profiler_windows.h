@@ -152,6 +152,7 @@ class Profiler final : public internal::ProfilerControl,
     config_status_ = options_.Validate();
     if (!config_status_.ok()) internal::Log(config_status_.message());
     registry_->owner = this;
+    core_.set_describe_unwind_tables(false);
     // Looks GetThreadDescription up now: that takes the loader lock, which
     // must never be taken under the registry lock (a thread registering
     // from DllMain holds the loader lock and waits for the registry lock).
