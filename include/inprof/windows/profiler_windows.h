@@ -125,6 +125,14 @@ class Profiler final : public internal::ProfilerControl,
     int64_t tick_times_at = -1;
     // Per provider: its last visit took a sample (CPU: the thread ran).
     std::array<bool, kNumProviders> busy{};
+    // A tick picked the thread and its sample is not recorded yet (the
+    // sampler takes the registry lock again to push it), and the
+    // providers' state before that tick's visits: a thread that
+    // unregisters meanwhile gets that state back before its tails are
+    // taken, so the picked values go to its tail instead of being lost
+    // with the sample the sampler then drops.
+    bool pick_in_flight = false;
+    std::tuple<typename Ps::ThreadData...> data_before_pick;
     // Values of samples dropped because the ring was full (sampler adds,
     // collector takes).
     std::array<std::atomic<int64_t>, kNumValues> dropped_values{};
@@ -268,6 +276,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->has_stack = false;
     slot->tick_times_at = -1;
     slot->busy.fill(false);
+    slot->pick_in_flight = false;
     slot->has_aggregate_thread = false;
     slot->last_stack.clear();
     for (auto& v : slot->provider_last_stack) v.clear();
@@ -556,12 +565,14 @@ class Profiler final : public internal::ProfilerControl,
         slot->tick_times = internal::ReadThreadTimes(slot->handle);
         slot->tick_times_at = now;
       }
+      if (!slot->pick_in_flight) slot->data_before_pick = slot->data;
       Pending p{slot, slot->generation, static_cast<uint8_t>(I), false, false, {}};
       const VisitDecision d = provider.Visit(
           *slot, std::get<I>(slot->data), slot->tick_times, now,
           std::span<int64_t>(p.values.data(), kValueCounts[I]));
       slot->busy[I] = d == VisitDecision::kSample;
       if (d == VisitDecision::kSkip) return;
+      slot->pick_in_flight = true;
       p.same_stack = d == VisitDecision::kSameStack && slot->has_stack;
       if constexpr (LabelsThreadState<P>) p.blocked = P::SampledBlocked(std::get<I>(slot->data));
       pending_.push_back(p);
@@ -612,6 +623,7 @@ class Profiler final : public internal::ProfilerControl,
     internal::SnapshotOutcome outcome = internal::SnapshotOutcome::kOk;
     {
       std::lock_guard<std::mutex> lock(registry_->mutex);
+      // Unregistered since the pick: its tail took the picked values back.
       if (!StillSampled(slot, generation)) return;
       if (wants_stack) {
         outcome = snapshotter_->Capture(slot->handle, slot->stack, &CopyLabels, &labels);
@@ -633,7 +645,8 @@ class Profiler final : public internal::ProfilerControl,
                                 std::span<uintptr_t>(frames_.data(), max_frames));
     }
     std::lock_guard<std::mutex> lock(registry_->mutex);
-    if (!StillSampled(slot, generation)) return;
+    if (!StillSampled(slot, generation)) return;  // as above
+    slot->pick_in_flight = false;
     for (const Pending& p : entries) {
       const size_t nvalues = kValueCounts[p.provider];
       uint64_t meta = p.provider | (static_cast<uint64_t>(labels.count) << internal::kRecordLabelCountShift) |
@@ -795,6 +808,12 @@ class Profiler final : public internal::ProfilerControl,
     active_.erase(it);
     if (on_owner_thread && internal::CurrentThreadSlot() == slot) {
       internal::SetCurrentThreadSlot(nullptr);
+    }
+    if (slot->pick_in_flight) {
+      // The sampler will drop that sample (StillSampled): its values go to
+      // the tail.
+      slot->data = slot->data_before_pick;
+      slot->pick_in_flight = false;
     }
     if (running_) {
       DrainSlotLocked(slot);  // first: the tail goes to the newest stack

@@ -65,7 +65,9 @@ enum class VisitDecision {
 //   (1) P::kName: a short name for logs and profile comments;
 //   (2) P::kSampleTypes: a constexpr std::array<SampleTypeSpec, N>, N >= 1,
 //       and P::kPeriodTypeIndex < N (pprof's period type);
-//   (3) typename P::ThreadData: default-constructible per-thread state;
+//   (3) typename P::ThreadData: default-constructible and copyable
+//       per-thread state (the sampler keeps a copy from before a visit, to
+//       undo a pick whose thread unregisters before its sample is recorded);
 //   (4) p.Configure(const Options&) -> absl::Status: at Start;
 //   (5) p.Period() -> int64_t: the period in kPeriodTypeIndex's unit;
 //   (6) p.TickPeriod() -> absl::Duration: how often it visits threads
@@ -82,6 +84,7 @@ template <typename P>
 concept SampleProvider =
     requires { typename P::ThreadData; } &&
     std::default_initializable<typename P::ThreadData> &&
+    std::copyable<typename P::ThreadData> &&
     requires(P& p, const P& cp, const Options& options, ThreadContext& thread,
              typename P::ThreadData& data, const ThreadTimes& times,
              int64_t now, std::span<int64_t> values) {
