@@ -43,6 +43,19 @@ fi
 ninja -C "$build" >/dev/null
 
 run_tests() {
+  # The Linux side's checks read the Windows profiles with go tool pprof
+  # and protoc.
+  local missing=()
+  for p in golang-go protobuf-compiler; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "windows: installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  fi
   local status=0
   meson test -C "$build" --print-errorlogs || status=1
   # A consumer's program, compiled and linked against the installed prefix

@@ -40,11 +40,13 @@ if [ ! -s "$work/app.pb.gz" ]; then
   echo "windows consumer check: FAIL: app.exe wrote no profile ($work/app.pb.gz)" >&2
   exit 1
 fi
-if command -v go >/dev/null; then
-  if ! go tool pprof -top "$work/app.pb.gz" 2>/dev/null | grep -q ConsumerWork; then
-    echo "windows consumer check: FAIL: ConsumerWork is not in the profile" >&2
-    go tool pprof -top "$work/app.pb.gz" >&2 || true
-    exit 1
-  fi
+if ! command -v go >/dev/null; then
+  echo "windows consumer check: FAIL: go (golang-go) is not installed: nothing read the profile" >&2
+  exit 1
+fi
+if ! HOME=$work go tool pprof -top "$work/app.pb.gz" 2>/dev/null | grep -q ConsumerWork; then
+  echo "windows consumer check: FAIL: ConsumerWork is not in the profile" >&2
+  HOME=$work go tool pprof -top "$work/app.pb.gz" >&2 || true
+  exit 1
 fi
 echo "windows consumer check: ok (a program built with pkg-config --static inprof against $prefix)"

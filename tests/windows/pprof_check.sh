@@ -16,22 +16,20 @@ fail() {
   exit 1
 }
 [ -s "$profile" ] || fail "the demo wrote no profile"
-if command -v go >/dev/null; then
-  export HOME=$work PPROF_TMPDIR=$work
-  go tool pprof -top -lines "$profile" >"$work/lines.txt" 2>"$work/pprof.err" ||
-    fail "go tool pprof cannot read it: $(head -1 "$work/pprof.err")"
-  grep -Eq 'MultiplyMatrices.*demo\.cc:[0-9]+' "$work/lines.txt" ||
-    fail "no MultiplyMatrices with demo.cc:LINE in go tool pprof -lines: $(head -12 "$work/lines.txt")"
-  go tool pprof -tags "$profile" >"$work/tags.txt" 2>/dev/null ||
-    fail "go tool pprof -tags failed"
-  for thread in main parser hasher sleeper; do
-    grep -q "$thread" "$work/tags.txt" || fail "thread $thread is not among the profile's labels"
-  done
-fi
-if command -v protoc >/dev/null; then
-  gzip -dc "$profile" | protoc --decode=perftools.profiles.Profile \
-    --proto_path="$root/proto" "$root/proto/profile.proto" >"$work/decoded.txt" ||
-    fail "protoc --decode refuses it"
-  grep -q '"cpu-time"' "$work/decoded.txt" || fail "no cpu-time sample type in protoc's decoding"
-fi
+command -v go >/dev/null || fail "go (golang-go) is not installed: nothing read the profile"
+command -v protoc >/dev/null || fail "protoc (protobuf-compiler) is not installed"
+export HOME=$work PPROF_TMPDIR=$work
+go tool pprof -top -lines "$profile" >"$work/lines.txt" 2>"$work/pprof.err" ||
+  fail "go tool pprof cannot read it: $(head -1 "$work/pprof.err")"
+grep -Eq 'MultiplyMatrices.*demo\.cc:[0-9]+' "$work/lines.txt" ||
+  fail "no MultiplyMatrices with demo.cc:LINE in go tool pprof -lines: $(head -12 "$work/lines.txt")"
+go tool pprof -tags "$profile" >"$work/tags.txt" 2>/dev/null ||
+  fail "go tool pprof -tags failed"
+for thread in main parser hasher sleeper; do
+  grep -q "$thread" "$work/tags.txt" || fail "thread $thread is not among the profile's labels"
+done
+gzip -dc "$profile" | protoc --decode=perftools.profiles.Profile \
+  --proto_path="$root/proto" "$root/proto/profile.proto" >"$work/decoded.txt" ||
+  fail "protoc --decode refuses it"
+grep -q '"cpu-time"' "$work/decoded.txt" || fail "no cpu-time sample type in protoc's decoding"
 echo "windows pprof check: ok (go tool pprof -lines names demo.cc:LINE; protoc decodes it)"
