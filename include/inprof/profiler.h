@@ -372,6 +372,9 @@ class Profiler final : public internal::ProfilerControl,
         ArmProviders(slot, session);
       }
     }
+    const bool ticking = running_ && !stopping_;
+    lock.unlock();
+    if (ticking) WakeQuietTicker();
     return ThreadRegistration(registry_, slot, info->tid);
   }
 
@@ -418,6 +421,7 @@ class Profiler final : public internal::ProfilerControl,
     s.wall_running_credits =
         wall_running_credits_.load(std::memory_order_relaxed);
     s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
+    s.wall_wakeups = wall_wakeups_.load(std::memory_order_relaxed);
     s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
     return s;
   }
@@ -712,6 +716,11 @@ class Profiler final : public internal::ProfilerControl,
       if (kSamplesRunning[provider] && !blocked) {
         slot->running_stack.assign(frames.begin(), frames.end());
         slot->running_labels.assign(labels, labels + label_words);
+        if constexpr (kHasFollower) {
+          FollowRunningSample(slot, agg, frames,
+                              std::span<const uint64_t>(record + label_at, 2 * nlabels),
+                              values[kPeriodIndexes[provider]]);
+        }
       }
       if (blocked) {
         // Where the thread's current blocking episode blocks: the ticker
@@ -748,6 +757,47 @@ class Profiler final : public internal::ProfilerControl,
     slot->seen_taken = taken;
     slot->seen_dropped = dropped;
     slot->seen_truncated = truncated;
+  }
+
+  // Ticking providers that follow running threads (wall_time_provider.h):
+  // a running sample drained for a followed thread carries its wall time.
+  template <typename P>
+  static constexpr bool kFollows =
+      requires(typename P::ThreadData& data, std::span<int64_t> values) {
+        { P::FollowRunningSample(data, int64_t{}, values) } -> std::convertible_to<bool>;
+      };
+  static constexpr bool kHasFollower = (kFollows<Ps> || ...);
+  static constexpr std::array<size_t, kNumProviders> kPeriodIndexes{
+      Ps::kPeriodTypeIndex...};
+
+  // Registry and aggregate locks held.
+  void FollowRunningSample(Slot* slot, SampleAggregator& agg,
+                           std::span<const uint64_t> frames,
+                           std::span<const uint64_t> label_words, int64_t cpu_ns) {
+    FollowEach(slot, agg, frames, label_words, cpu_ns,
+               std::make_index_sequence<kNumProviders>{});
+  }
+  template <size_t... I>
+  void FollowEach(Slot* slot, SampleAggregator& agg,
+                  std::span<const uint64_t> frames,
+                  std::span<const uint64_t> label_words, int64_t cpu_ns,
+                  std::index_sequence<I...>) {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (kFollows<P>) {
+            int64_t values[kMaxValuesPerProvider] = {};
+            std::span<int64_t> v(values, kValueCounts[I]);
+            if (!P::FollowRunningSample(std::get<I>(slot->data), cpu_ns, v)) return;
+            uint64_t labels[kMaxLabelWords + 2];
+            const size_t n = CanonicalLabels(label_words, I, labels);
+            agg.Add(slot->aggregate_thread, frames,
+                    std::span<const uint64_t>(labels, n), kValueOffsets[I],
+                    std::span<const int64_t>(values, kValueCounts[I]));
+            wall_running_credits_.fetch_add(1, std::memory_order_relaxed);
+          }
+        }(),
+        ...);
   }
 
   // Canonical label words for the aggregate (internal/provider_set.h),
@@ -813,12 +863,20 @@ class Profiler final : public internal::ProfilerControl,
         size_t batch = 1;
         std::unique_lock<std::mutex> lock(t->mutex);
         while (!t->stop) {
-          t->cv.wait_until(lock, next, [t] { return t->stop; });
+          t->cv.wait_until(lock, next, [t] { return t->stop || t->replan; });
           if (t->stop) break;
+          if (t->replan) {
+            // A thread registered while the ticker waited long: back to the
+            // base period, its first visit within one.
+            t->replan = false;
+            next = std::min(next, std::chrono::steady_clock::now() + jittered(step));
+            continue;
+          }
           lock.unlock();
           batch = Tick(batch);
           lock.lock();
-          next += jittered(step * batch);
+          next += jittered(step * batch *
+                           tick_quiet_factor_.load(std::memory_order_relaxed));
           const auto now = std::chrono::steady_clock::now();
           // Fell behind: do not burst.
           if (next < now) next = now + jittered(step);
@@ -858,10 +916,49 @@ class Profiler final : public internal::ProfilerControl,
   size_t Tick(size_t batch) {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if (!running_) return 1;
+    wall_wakeups_.fetch_add(1, std::memory_order_relaxed);
     const int64_t now = WallTimeProvider::NowNanos();
     size_t next = kMaxTickBatch;
     TickEach(now, batch, next, std::make_index_sequence<kNumProviders>{});
+    // A whole round of steady visits (every thread followed, or blocked
+    // without having run): the next wake-up comes later, up to
+    // kMaxQuietFactor periods, and never so late that a thread's revisit
+    // interval grows past kMaxTickBatch periods (with many threads the
+    // batches already space the wake-ups); anything new brings the base
+    // period back.
+    const uint32_t factor = tick_quiet_factor_.load(std::memory_order_relaxed);
+    const uint32_t cap = static_cast<uint32_t>(
+        std::clamp<size_t>(kMaxTickBatch / next, 1, kMaxQuietFactor));
+    tick_quiet_factor_.store(
+        !active_.empty() && tick_steady_visits_ >= active_.size()
+            ? std::min<uint32_t>(factor * 2, cap)
+            : 1,
+        std::memory_order_relaxed);
     return next;
+  }
+
+  // Most base periods the ticker waits between wake-ups while every thread
+  // is steady (see Tick). A followed thread's wall profile does not depend
+  // on its visits, a blocked thread's episode is credited whole whenever it
+  // is visited, and a thread that changes is found within this many
+  // periods (each visit still credits the interval to where the thread is
+  // then, at a time the program cannot predict: no bias, but a longer
+  // interval is a coarser sample). bench/overhead: the ticker's wake-ups
+  // were most of wall sampling's cost on busy threads.
+  static constexpr uint32_t kMaxQuietFactor = 8;
+
+  // After a thread registers: the ticker, if waiting long, is brought back
+  // to the base period (registry lock not held).
+  void WakeQuietTicker() {
+    if constexpr (kHasTicker) {
+      if (tick_quiet_factor_.load(std::memory_order_relaxed) <= 1) return;
+      tick_quiet_factor_.store(1, std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> lock(ticker_->mutex);
+        ticker_->replan = true;
+      }
+      ticker_->cv.notify_all();
+    }
   }
   template <size_t... I>
   void TickEach(int64_t now, size_t batch, size_t& next,
@@ -883,7 +980,10 @@ class Profiler final : public internal::ProfilerControl,
       size_t& cursor = tick_cursor_[I];
       for (size_t j = 0; j < visits; ++j) {
         Slot* slot = active_[(cursor + j) % n];
-        if (slot->arm_in_flight) continue;  // being armed; visited next round
+        if (slot->arm_in_flight) {  // being armed; visited next round
+          tick_steady_visits_ = 0;
+          continue;
+        }
         // The sample that began a blocking episode may still be in the ring:
         // without draining it the episode would look stackless and the
         // thread be signalled (and its blocking call interrupted) again.
@@ -911,6 +1011,18 @@ class Profiler final : public internal::ProfilerControl,
         // A running sample taken since this provider's last visit (its
         // record may still be in the ring: drained if it is used).
         bool has_running_sample = false;
+        if constexpr (kFollows<P>) {
+          // A followed thread's samples carry its wall time: drained first,
+          // so that the visit's balance counts those taken in its interval;
+          // and before the visit that may begin the following, so that
+          // those samples do not carry time the visit credits.
+          if (std::get<I>(slot->data).following ||
+              slot->running_samples.load(std::memory_order_acquire) !=
+                  slot->running_samples_at_visit[I]) {
+            if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
+            DrainSlotLocked(slot);
+          }
+        }
         if constexpr (kHasRunningSampler) {
           const uint32_t taken =
               slot->running_samples.load(std::memory_order_acquire);
@@ -945,6 +1057,15 @@ class Profiler final : public internal::ProfilerControl,
           case TickDecision::kCreditRunning:
             CreditRunning<I>(slot, v);
             break;
+          case TickDecision::kFollowing:
+            break;
+        }
+        if constexpr (requires { P::SteadyVisit(std::get<I>(slot->data)); }) {
+          if (P::SteadyVisit(std::get<I>(slot->data))) {
+            ++tick_steady_visits_;
+          } else {
+            tick_steady_visits_ = 0;
+          }
         }
       }
       cursor = (cursor + visits) % n;
@@ -1275,6 +1396,11 @@ class Profiler final : public internal::ProfilerControl,
   const uint64_t blocked_value_ =
       internal::LabelTable::Global().Intern(WallTimeProvider::kBlocked);
   std::array<size_t, kNumProviders> tick_cursor_{};  // registry lock
+  // Steady visits in a row, and how many base periods the ticker waits
+  // (Tick).
+  size_t tick_steady_visits_ = 0;                    // registry lock
+  std::atomic<uint32_t> tick_quiet_factor_{1};
+  std::atomic<uint64_t> wall_wakeups_{0};
   uint64_t wall_blocked_credits_ = 0;                // registry lock
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};
@@ -1283,6 +1409,7 @@ class Profiler final : public internal::ProfilerControl,
     std::mutex mutex;
     std::condition_variable cv;
     bool stop = false;
+    bool replan = false;  // WakeQuietTicker
     std::thread thread;
   };
   std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();

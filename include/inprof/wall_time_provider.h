@@ -39,6 +39,23 @@
 //     charged to another place's stack.
 // So a thread blocked for a whole run sees one signal, however long the run.
 //
+// A thread found running throughout an interval in which a CPU provider
+// sampled it is *followed*: from then on each of its running samples is
+// also worth its CPU time as wall time, on its own stack, labelled running
+// (FollowRunningSample, called as the profiler drains the sample), and a
+// visit credits only the balance (the interval's wall time less what those
+// samples carried) to the newest running sample's stack -- or carries it
+// over to the next visit. A followed thread is never signalled for wall
+// time, and its wall profile has as many distinct stacks as its CPU
+// profile, however seldom it is visited. The first visit that does not find
+// it running throughout ends the following; the balance then goes where the
+// thread is (blocked: that episode's stack).
+//
+// SteadyVisit says whether the last visit found nothing new (a followed
+// thread, or a blocked one that has not run): when a whole round of visits
+// is steady the profiler's ticker wakes less often (profiler.h), since
+// neither kind of thread needs a visit to be profiled right.
+//
 // Thread-safety: see sample_provider.h. VisitThread runs on the ticker
 // thread under the registry lock; OnSignal in the handler.
 // They share only atomics.
@@ -88,6 +105,8 @@ enum class TickDecision {
   kCreditBlocked,  // add `values` to the episode's stack, no signal
   kCreditRunning,  // add `values` (labelled running) to the stack of the
                    // running sample taken in the interval, no signal
+  kFollowing,      // nothing now: the thread runs throughout and its running
+                   // samples carry its wall time (FollowRunningSample)
 };
 
 template <typename P>
@@ -150,6 +169,14 @@ class WallTimeProvider {
     int64_t signal_sent_ns = 0;  // ticker: when the last signal was sent
     bool last_look_blocked = false;  // ticker
     uint64_t signals = 0;  // signals sent to the thread (ticker)
+    // Following (ticker and drains, both under the registry lock): the
+    // thread's running samples carry its wall time; the wall time they
+    // carried since the last visit, and the balance owed (+) or credited
+    // ahead (-) to the thread.
+    bool following = false;
+    int64_t followed_ns = 0;
+    int64_t follow_balance_ns = 0;
+    bool steady_visit = false;  // ticker: the last visit found nothing new
   };
 
   absl::Status Configure(const Options& options);
@@ -165,6 +192,20 @@ class WallTimeProvider {
   }
   bool TakeTail(ThreadContext& thread, ThreadData& data,
                 std::span<int64_t> values);
+  // Registry lock held: a running sample worth `cpu_ns` of CPU was drained
+  // for the thread. When it is followed, fills `values` with the wall time
+  // that sample carries and returns true.
+  static bool FollowRunningSample(ThreadData& data, int64_t cpu_ns,
+                                  std::span<int64_t> values) noexcept {
+    if (!data.following || cpu_ns <= 0) return false;
+    data.followed_ns += cpu_ns;
+    values[0] = 1;
+    values[1] = cpu_ns;
+    return true;
+  }
+  static bool SteadyVisit(const ThreadData& data) noexcept {
+    return data.steady_visit;
+  }
 
   absl::Duration TickPeriod() const { return period_; }
   size_t ThreadsPerTick() const { return threads_per_tick_; }
@@ -181,9 +222,10 @@ class WallTimeProvider {
   // thread's state from /proc (not those to idle threads, nor to threads
   // that ran throughout the interval), and the visits to running threads
   // credited to a running sample's stack instead of signalling.
+  // Also: the visits to followed threads.
   struct VisitCounts {
     uint64_t running = 0, blocked = 0, blocked_signals = 0, state_reads = 0,
-             running_credits = 0;
+             running_credits = 0, following = 0;
   };
   VisitCounts visit_counts() const { return counts_; }
 

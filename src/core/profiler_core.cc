@@ -33,6 +33,7 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.wall_signals -= before.wall_signals;
   d.wall_running_credits -= before.wall_running_credits;
   d.samples_unsuspended -= before.samples_unsuspended;
+  d.wall_wakeups -= before.wall_wakeups;
   return d;
 }
 
@@ -44,7 +45,7 @@ std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
           s.stacks_before_tables, s.blocked_episodes_resampled,
           s.wall_signals,         s.wall_running_credits,
           s.threads_registered,   s.profiles_written,
-          s.samples_unsuspended};
+          s.samples_unsuspended,  s.wall_wakeups};
 }
 
 ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
@@ -61,6 +62,7 @@ ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
   s.threads_registered = at(8);
   s.profiles_written = at(9);
   s.samples_unsuspended = at(10);
+  s.wall_wakeups = at(11);
   return s;
 }
 
@@ -519,9 +521,12 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
   }
   if (window_stats.wall_signals + window_stats.wall_running_credits > 0) {
     data.comments.push_back(absl::StrCat(
+        window_stats.wall_wakeups > 0
+            ? absl::StrCat("wall sampler wake-ups=", window_stats.wall_wakeups, "; ")
+            : std::string(),
         "wall sampler signals=", window_stats.wall_signals,
-        "; wall samples of threads that ran throughout, credited to a CPU "
-        "sample's stack without a signal=",
+        "; wall samples of threads that ran throughout, credited to or "
+        "carried by their CPU samples without a signal=",
         window_stats.wall_running_credits));
   }
   if (window_stats.samples_unsuspended > 0) {

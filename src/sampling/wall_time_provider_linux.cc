@@ -28,6 +28,10 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
   data.pending_wall_ns.store(0, std::memory_order_relaxed);
   data.cpu_mark.store(internal::ThreadCpuNanos(thread.cpu_clock),
                       std::memory_order_relaxed);
+  data.following = false;
+  data.followed_ns = 0;
+  data.follow_balance_ns = 0;
+  data.steady_visit = false;
   data.armed = true;
   data.tail_pending = true;
   return absl::OkStatus();
@@ -52,8 +56,14 @@ bool WallTimeProvider::TakeTail(ThreadContext&, ThreadData& data,
   if (!data.tail_pending) return false;
   data.tail_pending = false;
   const int64_t now = NowNanos();
-  // Owed to a signal that never ran, plus the time since the last visit.
-  const int64_t owed = data.pending_wall_ns.exchange(0) + (now - data.last_wall_ns);
+  // Owed to a signal that never ran, plus the time since the last visit
+  // (for a followed thread, less what its samples carried since).
+  int64_t owed = data.pending_wall_ns.exchange(0) + (now - data.last_wall_ns);
+  owed = std::max<int64_t>(0, owed + data.follow_balance_ns -
+                                 (data.following ? data.followed_ns : 0));
+  data.following = false;
+  data.follow_balance_ns = 0;
+  data.followed_ns = 0;
   data.last_wall_ns = now;
   values[0] = 0;
   values[1] = owed;
@@ -65,11 +75,23 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
                                            bool has_episode_stack,
                                            bool has_running_sample,
                                            std::span<int64_t> values) {
+  data.steady_visit = false;
   if (!data.armed) return TickDecision::kSkip;
-  const int64_t elapsed = now_ns - data.last_wall_ns;
+  int64_t elapsed = now_ns - data.last_wall_ns;
   if (elapsed <= 0) return TickDecision::kSkip;
   const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
   if (clock < 0) return TickDecision::kSkip;  // exited
+  // Wall time its running samples carried ahead of the visits while it was
+  // followed (a sample drained just after the visit that began the
+  // following is worth time that visit credited) is taken off what it is
+  // owed next, so that its total stays its lifetime.
+  const int64_t ahead = !data.following && data.follow_balance_ns < 0
+                            ? std::min(-data.follow_balance_ns, elapsed - 1)
+                            : 0;
+  if (ahead > 0) {
+    data.follow_balance_ns += ahead;
+    elapsed -= ahead;
+  }
   if (data.last_look_blocked && has_episode_stack &&
       clock == data.cpu_mark.load(std::memory_order_relaxed) &&
       data.pending_wall_ns.load(std::memory_order_acquire) == 0) {
@@ -78,6 +100,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // woken and waits for a core). No /proc reads: an idle thread's visit
     // costs one clock read, as it did before the kernel's state was read.
     data.last_wall_ns = now_ns;
+    data.steady_visit = true;
     ++counts_.blocked;
     values[0] = 1;
     values[1] = elapsed;
@@ -107,6 +130,38 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
       thread.handler_exit_clock.load(std::memory_order_relaxed));
   data.cpu_mark.store(clock, std::memory_order_relaxed);
   const bool barely_ran = mark >= 0 && clock - mark <= kBlockedCpuSlackNs;
+
+  // A followed thread: its running samples carried the interval's wall
+  // time, up to the balance.
+  const int64_t followed = data.followed_ns;
+  data.followed_ns = 0;
+  if (data.following) {
+    const int64_t balance = data.follow_balance_ns + elapsed - followed;
+    if (ran_throughout) {
+      ++counts_.running;
+      ++counts_.following;
+      data.steady_visit = true;
+      if (has_running_sample && balance > 0) {
+        // The rest goes to the newest running sample's stack (a CPU sample
+        // taken in the interval, drained before this visit).
+        data.follow_balance_ns = 0;
+        ++counts_.running_credits;
+        values[0] = 0;
+        values[1] = balance;
+        return TickDecision::kCreditRunning;
+      }
+      data.follow_balance_ns = balance;  // carried to the next visit
+      return TickDecision::kFollowing;
+    }
+    // No longer running throughout: what the samples did not carry is time
+    // the thread did not run, charged below to where it is now (at least a
+    // nanosecond, so that a signal sent for it takes its stack; time carried
+    // ahead is taken off later visits).
+    data.following = false;
+    data.follow_balance_ns = std::min<int64_t>(balance - 1, 0);
+    elapsed = std::max<int64_t>(balance, 1);
+  }
+
   // 'R' with barely any CPU since the thread was last seen blocked is the
   // thread woken from its wait (by its event, or by our signal) and not yet
   // back at its own work -- often waiting for a core on a busy machine: the
@@ -130,8 +185,11 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     if (ran_throughout && has_running_sample) {
       // Ran throughout, and sampled by its CPU provider meanwhile: its wall
       // time went where its CPU went, so the interval goes to that sample's
-      // stack. No second signal, walk and EINTR risk for a busy thread.
+      // stack, and from now on its running samples carry its wall time. No
+      // second signal, walk and EINTR risk for a busy thread.
       ++counts_.running_credits;
+      data.following = true;
+      data.follow_balance_ns = 0;
       values[0] = 1;
       values[1] = elapsed;
       return TickDecision::kCreditRunning;
@@ -149,6 +207,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
                                 ? site == data.episode_site
                                 : barely_ran;
     if (same_place) {
+      data.steady_visit = barely_ran;
       values[0] = 1;
       values[1] = elapsed;
       return TickDecision::kCreditBlocked;

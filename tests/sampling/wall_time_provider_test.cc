@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -465,6 +466,160 @@ TEST(WallTimeProviderTest, ThreadsThatRanThroughoutReuseTheirCpuSample) {
             TickDecision::kSkip);
   EXPECT_EQ(data.pending_wall_ns.load(), 5'000'000);
   EXPECT_EQ(provider.visit_counts().running_credits, 1u);
+}
+
+// Once a visit credits a thread that ran throughout to its CPU sample, the
+// thread is followed: each running sample drained for it carries its CPU
+// time as wall time, and visits credit only the balance (to the newest
+// running sample's stack) or carry it. No signal while it runs throughout;
+// the wall total stays the wall time, to the nanosecond; the first visit
+// that finds it not running throughout charges what the samples did not
+// carry where the thread is.
+TEST(WallTimeProviderTest, FollowedThreadsAreCarriedByTheirRunningSamples) {
+  WallTimeProvider provider;
+  ThreadContext thread;
+  WallTimeProvider::ThreadData data;
+  ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_follow", provider, thread, data));
+  int64_t values[2] = {};
+  Spin(20'000'000);  // the marks below stay positive
+  int64_t credited = 0;
+  int64_t wall = 0;
+  // One visit `ms` after the previous look, the thread having run `ran_ms`.
+  auto visit = [&](int64_t ms, int64_t ran_ms, bool sampled) {
+    const int64_t now = WallTimeProvider::NowNanos();
+    data.last_wall_ns = now - ms * 1'000'000;
+    data.cpu_mark.store(ThreadCpuNow() - ran_ms * 1'000'000);
+    wall += ms * 1'000'000;
+    values[0] = values[1] = 0;
+    const TickDecision d = provider.VisitThread(thread, data, now, false, sampled, values);
+    if (d == TickDecision::kCreditRunning) credited += values[1];
+    return d;
+  };
+  auto follow = [&](int64_t ms) {
+    values[0] = values[1] = 0;
+    const bool carried =
+        WallTimeProvider::FollowRunningSample(data, ms * 1'000'000, values);
+    if (carried) credited += values[1];
+    return carried;
+  };
+
+  // Not followed yet: a drained sample carries nothing.
+  EXPECT_FALSE(follow(2));
+  EXPECT_EQ(visit(3, 3, true), TickDecision::kCreditRunning);
+  EXPECT_EQ(values[1], 3'000'000);
+  EXPECT_TRUE(data.following);
+  EXPECT_FALSE(WallTimeProvider::SteadyVisit(data));  // it began following
+
+  // Two samples of 2 ms carry 4 ms of the next 5: the visit credits 1 ms.
+  EXPECT_TRUE(follow(2));
+  EXPECT_EQ(values[0], 1);
+  EXPECT_EQ(values[1], 2'000'000);
+  EXPECT_TRUE(follow(2));
+  EXPECT_EQ(visit(5, 5, true), TickDecision::kCreditRunning);
+  EXPECT_EQ(values[0], 0);  // no sample of its own
+  EXPECT_EQ(values[1], 1'000'000);
+  EXPECT_TRUE(WallTimeProvider::SteadyVisit(data));
+
+  // A sample worth more than the interval: carried ahead, nothing credited.
+  EXPECT_TRUE(follow(6));
+  EXPECT_EQ(visit(5, 5, true), TickDecision::kFollowing);
+  EXPECT_EQ(data.follow_balance_ns, -1'000'000);
+  // No sample in the interval: owed, carried to the next visit.
+  EXPECT_EQ(visit(4, 4, false), TickDecision::kFollowing);
+  EXPECT_EQ(data.follow_balance_ns, 3'000'000);
+  EXPECT_EQ(data.pending_wall_ns.load(), 0);
+  EXPECT_EQ(data.signals, 0u);  // never signalled while followed
+
+  // It ran 1 ms of the next 4: no longer followed; the 7 ms owed go to the
+  // sample its signal takes (this thread runs: the kernel says 'R').
+  EXPECT_EQ(visit(4, 1, true), TickDecision::kSignal);
+  EXPECT_FALSE(data.following);
+  EXPECT_FALSE(WallTimeProvider::SteadyVisit(data));
+  EXPECT_EQ(data.pending_wall_ns.load(), 7'000'000);
+  credited += data.pending_wall_ns.exchange(0);
+  EXPECT_FALSE(follow(2));
+  EXPECT_EQ(credited, wall);
+  EXPECT_EQ(provider.visit_counts().following, 3u);
+}
+
+// A followed thread that unregisters: its tail is the time since the last
+// visit less what its samples carried since.
+TEST(WallTimeProviderTest, FollowedThreadsTailIsWhatTheirSamplesDidNotCarry) {
+  WallTimeProvider provider;
+  ThreadContext thread;
+  WallTimeProvider::ThreadData data;
+  ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_follow_tail", provider, thread, data));
+  int64_t values[2] = {};
+  Spin(20'000'000);  // the marks below stay positive
+  const int64_t now = WallTimeProvider::NowNanos();
+  data.last_wall_ns = now - 3'000'000;
+  data.cpu_mark.store(ThreadCpuNow() - 3'000'000);
+  ASSERT_EQ(provider.VisitThread(thread, data, now, false, true, values),
+            TickDecision::kCreditRunning);
+  ASSERT_TRUE(WallTimeProvider::FollowRunningSample(data, 4'000'000, values));
+  const int64_t before_tail = WallTimeProvider::NowNanos();
+  data.last_wall_ns = before_tail - 10'000'000;
+  ASSERT_TRUE(provider.TakeTail(thread, data, values));
+  const int64_t slack = WallTimeProvider::NowNanos() - before_tail;
+  EXPECT_GE(values[1], 6'000'000);
+  EXPECT_LE(values[1], 6'000'000 + slack);
+  EXPECT_EQ(values[0], 0);
+  EXPECT_FALSE(data.following);
+}
+
+// While every thread waits without running, each visit finds nothing new:
+// the sampler doubles its interval up to 8 periods (about 12 wake-ups a
+// second at 10 ms instead of 100), and the waiters' wall totals still equal
+// their lifetimes. A load on the machine can only delay wake-ups.
+TEST(WallTimeProviderTest, SamplerWakesLessWhileEveryThreadWaits) {
+  Options options = WallOptions("wall_quiet");
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  std::map<std::string, double> lifetime;
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.emplace_back([&, i] {
+      const std::string name = "waiter-" + std::to_string(i);
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        auto registration = profiler.RegisterThread(name);
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return go; });
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      lifetime[name] = Seconds(std::chrono::steady_clock::now() - t0);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // first visits
+  const uint64_t before = profiler.stats().wall_wakeups;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double seconds = Seconds(std::chrono::steady_clock::now() - t0);
+  const uint64_t wakeups = profiler.stats().wall_wakeups - before;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  for (auto& t : waiters) t.join();
+  ASSERT_TRUE(profiler.Stop().ok());
+  std::printf("sampler wake-ups in %.2f s with 3 waiting threads: %llu\n",
+              seconds, static_cast<unsigned long long>(wakeups));
+  EXPECT_GE(wakeups, 1u);
+  EXPECT_LE(wakeups, 30u);  // every 10 ms: ~100
+
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int wall = profile->ValueIndex("wall-time");
+  ASSERT_GE(wall, 0);
+  auto by_thread = profile->ByLabel("thread name", wall);
+  for (const auto& [name, secs] : lifetime) {
+    EXPECT_NEAR(by_thread[name] / 1e9, secs, 0.02 * secs) << name;
+  }
+  EXPECT_EQ(lifetime.size(), 3u);
 }
 
 TEST(WallTimeProviderTest, RunningThreadsAreLabelledRunning) {

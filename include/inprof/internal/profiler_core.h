@@ -65,7 +65,9 @@ struct ProfilerStats {
   uint64_t blocked_episodes_resampled = 0;
   // Signals the wall sampler sent (running threads, and blocked ones at the
   // start of an episode), and its samples of threads that ran throughout
-  // credited to a CPU sample's stack instead of a signal of their own.
+  // credited to a CPU sample's stack or carried by their CPU samples
+  // (followed threads, wall_time_provider.h) instead of a signal of their
+  // own.
   uint64_t wall_signals = 0;
   uint64_t wall_running_credits = 0;
   uint64_t threads_registered = 0; // registrations since construction
@@ -74,6 +76,8 @@ struct ProfilerStats {
   // its registers read (it had exited); their values are kept on a frame of
   // their own.
   uint64_t samples_unsuspended = 0;
+  // Wake-ups of the wall sampler (fewer while every thread is steady).
+  uint64_t wall_wakeups = 0;
 };
 
 namespace internal {
