@@ -169,10 +169,11 @@ class WallTimeProvider {
     int64_t signal_sent_ns = 0;  // ticker: when the last signal was sent
     bool last_look_blocked = false;  // ticker
     uint64_t signals = 0;  // signals sent to the thread (ticker)
-    // Following (ticker and drains, both under the registry lock): the
-    // thread's running samples carry its wall time; the wall time they
-    // carried since the last visit, and the balance owed (+) or credited
-    // ahead (-) to the thread.
+    // Following (ticker, drains and TakeTail, all under the registry lock;
+    // never ArmThread, which may run outside it): the thread's running
+    // samples carry its wall time; the wall time they carried since the
+    // last visit, and the balance owed (+) or credited ahead (-) to the
+    // thread.
     bool following = false;
     int64_t followed_ns = 0;
     int64_t follow_balance_ns = 0;

@@ -28,10 +28,9 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
   data.pending_wall_ns.store(0, std::memory_order_relaxed);
   data.cpu_mark.store(internal::ThreadCpuNanos(thread.cpu_clock),
                       std::memory_order_relaxed);
-  data.following = false;
-  data.followed_ns = 0;
-  data.follow_balance_ns = 0;
-  data.steady_visit = false;
+  // The following's fields belong to the registry lock (drains read them
+  // while a registering thread arms outside it): TakeTail reset them when
+  // the slot's last tail was taken, and a new slot starts with them reset.
   data.armed = true;
   data.tail_pending = true;
   return absl::OkStatus();
