@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -391,6 +392,19 @@ void ArmThisThread(const std::string& name, WallTimeProvider& provider,
   ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
 }
 
+// One visit `ms` after the previous look, the calling thread having used
+// `ran_ms` of CPU since (the clocks only move forward, so "ran throughout"
+// and "ran part of it" are exact).
+TickDecision VisitAfter(WallTimeProvider& provider, ThreadContext& thread,
+                        WallTimeProvider::ThreadData& data, int64_t ms,
+                        int64_t ran_ms, bool sampled, int64_t* values) {
+  const int64_t now = WallTimeProvider::NowNanos();
+  data.last_wall_ns = now - ms * 1'000'000;
+  data.cpu_mark.store(ThreadCpuNow() - ran_ms * 1'000'000);
+  return provider.VisitThread(thread, data, now, false, sampled,
+                              std::span<int64_t>(values, 2));
+}
+
 // The ticker's visit to a thread that used nearly all the wall time since
 // the last look as CPU signals it as running without reading its state
 // from /proc (~60 us, the costliest part of such a visit here); a thread
@@ -486,12 +500,10 @@ TEST(WallTimeProviderTest, FollowedThreadsAreCarriedByTheirRunningSamples) {
   int64_t wall = 0;
   // One visit `ms` after the previous look, the thread having run `ran_ms`.
   auto visit = [&](int64_t ms, int64_t ran_ms, bool sampled) {
-    const int64_t now = WallTimeProvider::NowNanos();
-    data.last_wall_ns = now - ms * 1'000'000;
-    data.cpu_mark.store(ThreadCpuNow() - ran_ms * 1'000'000);
     wall += ms * 1'000'000;
     values[0] = values[1] = 0;
-    const TickDecision d = provider.VisitThread(thread, data, now, false, sampled, values);
+    const TickDecision d =
+        VisitAfter(provider, thread, data, ms, ran_ms, sampled, values);
     if (d == TickDecision::kCreditRunning) credited += values[1];
     return d;
   };
@@ -551,10 +563,7 @@ TEST(WallTimeProviderTest, FollowedThreadsTailIsWhatTheirSamplesDidNotCarry) {
   ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_follow_tail", provider, thread, data));
   int64_t values[2] = {};
   Spin(20'000'000);  // the marks below stay positive
-  const int64_t now = WallTimeProvider::NowNanos();
-  data.last_wall_ns = now - 3'000'000;
-  data.cpu_mark.store(ThreadCpuNow() - 3'000'000);
-  ASSERT_EQ(provider.VisitThread(thread, data, now, false, true, values),
+  ASSERT_EQ(VisitAfter(provider, thread, data, 3, 3, true, values),
             TickDecision::kCreditRunning);
   ASSERT_TRUE(WallTimeProvider::FollowRunningSample(data, 4'000'000, values));
   const int64_t before_tail = WallTimeProvider::NowNanos();
