@@ -531,10 +531,73 @@ class Profiler final : public internal::ProfilerControl,
           slot->running_samples.load(std::memory_order_relaxed) + 1,
           std::memory_order_release);
     }
+    // A signal another provider sent that this one swallowed: the same
+    // stack, recorded again for it.
+    TakeSwallowedEach(provider, *slot, record, header_words, nlabels, unwound,
+                      std::make_index_sequence<kNumProviders>{});
     // After the push: a collector that sees this count sees the record.
     activity_.fetch_add(1, std::memory_order_release);
     slot->handler_exit_clock.store(internal::ThreadCpuNanos(slot->cpu_clock),
                                    std::memory_order_relaxed);
+  }
+
+  // In the handler, after `provider`'s record was pushed from `record`:
+  // each other provider that had a signal outstanding for the thread
+  // (TakesSwallowedSignals) gets a record of the same stack. The record is
+  // rewritten in place: its values, and the words after them moved to
+  // where its header ends for that provider.
+  template <size_t... I>
+  static void TakeSwallowedEach(size_t provider, Slot& slot, uint64_t* record,
+                                size_t header_words, size_t nlabels,
+                                const UnwindResult& unwound,
+                                std::index_sequence<I...>) noexcept {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (TakesSwallowedSignals<P>) {
+            if (provider == I) return;
+            int64_t values[kMaxValuesPerProvider];
+            if (!P::TakeSwallowed(std::get<I>(slot.data),
+                                  std::span<int64_t>(values, kValueCounts[I]))) {
+              return;
+            }
+            const size_t old_values = ((header_words - 1 - kLeafWords) -
+                                       2 * nlabels);
+            const size_t new_header = header_words - old_values + kValueCounts[I];
+            size_t depth = unwound.depth;
+            bool truncated = unwound.truncated;
+            if (new_header + depth > kMaxRecordWords) {
+              depth = kMaxRecordWords - new_header;
+              truncated = true;
+            }
+            // Leaf words, labels and frames, moved as one block.
+            const size_t from = 1 + old_values, to = 1 + kValueCounts[I];
+            const size_t words = kLeafWords + 2 * nlabels + depth;
+            if (to < from) {
+              for (size_t w = 0; w < words; ++w) record[to + w] = record[from + w];
+            } else if (to > from) {
+              for (size_t w = words; w-- > 0;) record[to + w] = record[from + w];
+            }
+            record[0] = I | (truncated ? kTruncatedBit : 0u) |
+                        (kLeafWords > 0 ? kLeafWordsBit : 0u) |
+                        (static_cast<uint64_t>(nlabels) << kLabelCountShift) |
+                        (static_cast<uint64_t>(depth) << 16);
+            for (size_t i = 0; i < kValueCounts[I]; ++i) {
+              record[1 + i] = static_cast<uint64_t>(values[i]);
+            }
+            slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
+            if (truncated) slot.samples_truncated.fetch_add(1, std::memory_order_relaxed);
+            if (!slot.active_ring->TryPush(
+                    std::span<const uint64_t>(record, new_header + depth))) {
+              for (size_t i = 0; i < kValueCounts[I]; ++i) {
+                slot.dropped_values[kValueOffsets[I] + i].fetch_add(
+                    values[i], std::memory_order_relaxed);
+              }
+            }
+            header_words = new_header;
+          }
+        }(),
+        ...);
   }
 
   // Providers that say whether their sample is of a blocked thread.

@@ -128,6 +128,22 @@ concept SamplesRunningThreads = SampleProvider<P> && requires {
   requires P::kSamplesRunningThreads;
 };
 
+// Optional: a provider whose signal to a running thread asks only for the
+// thread's stack at some point after it was sent declares
+// `static bool P::TakeSwallowed(ThreadData&, std::span<int64_t> values)
+// noexcept` (async-signal-safe). The profiling signal is SIGPROF, which the
+// kernel does not queue: one sent while another is pending is discarded.
+// The handler of every other provider's sample of the thread calls it, and
+// when it returns true (it had a signal outstanding, and now takes its
+// values so that its own handler, if that signal does arrive, finds none)
+// records a second sample of the same stack for it. WallTimeProvider: a
+// wall signal sent to a thread whose CPU timer had just fired.
+template <typename P>
+concept TakesSwallowedSignals = SampleProvider<P> &&
+    requires(typename P::ThreadData& data, std::span<int64_t> values) {
+      { P::TakeSwallowed(data, values) } noexcept -> std::same_as<bool>;
+    };
+
 // The frame that tail values are credited to.
 inline constexpr const char* kTailFrame =
     "[inprof: CPU since the thread's last sample]";

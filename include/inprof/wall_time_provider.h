@@ -2,7 +2,7 @@
 // running or blocked.
 //
 // A ticker thread wakes at random intervals averaging `wall_period`
-// (exponentially distributed, so its visits never lock onto a program's own
+// (uniform in [0.5, 1.5] x the period, so its visits never lock onto a program's own
 // rhythm: a thread alternating 5 ms of sleep and 5 ms of work is seen half
 // and half) and visits up to `wall_threads_per_tick` registered threads in
 // round-robin (the dd-win-prof seed's sampler loop). Each visit is worth the
@@ -145,7 +145,9 @@ class WallTimeProvider {
   // running, once (its next look sees the wait).
   static constexpr int64_t kRanThroughoutPercent = 97;
   // A signal whose sample has not been taken after this long was lost (a
-  // pending SIGPROF swallows a queued one): the thread is signalled again.
+  // pending SIGPROF swallows a queued one; one pending for a CPU sample
+  // gives the wall time to that sample: TakeSwallowed): the thread is
+  // signalled again.
   static constexpr int64_t kSignalLostAfterNs = 200'000'000;
   // ArmThread and DisarmThread touch only the thread's own data.
   static constexpr bool kArmsConcurrently = true;
@@ -190,6 +192,24 @@ class WallTimeProvider {
   // Whether the sample OnSignal just took is of a blocked thread.
   static bool SampledBlocked(const ThreadData& data) noexcept {
     return data.signal_blocked.load(std::memory_order_relaxed);
+  }
+  // In the handler of another provider's sample of the thread (a CPU
+  // sample; sample_provider.h: TakesSwallowedSignals). SIGPROF is not a
+  // queued signal: a wall signal sent while that sample's signal was
+  // pending was discarded, and the wall time owed to it is taken by this
+  // sample's stack, labelled running. Not for a signal sent to a blocked
+  // thread: its sample begins an episode, and it is sent again after
+  // kSignalLostAfterNs. Async-signal-safe.
+  static bool TakeSwallowed(ThreadData& data, std::span<int64_t> values) noexcept {
+    if (data.pending_wall_ns.load(std::memory_order_acquire) <= 0 ||
+        data.signal_blocked.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    const int64_t owed = data.pending_wall_ns.exchange(0, std::memory_order_acq_rel);
+    if (owed <= 0) return false;
+    values[0] = 1;
+    values[1] = owed;
+    return true;
   }
   bool TakeTail(ThreadContext& thread, ThreadData& data,
                 std::span<int64_t> values);
