@@ -6,15 +6,19 @@
 
 #include <signal.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <benchmark/benchmark.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -311,6 +315,71 @@ BENCHMARK(BM_Profiler_ThreadRegistration)
     ->Arg(1)
     ->MeasureProcessCPUTime()
     ->UseRealTime();
+
+// Many threads registering at once and unregistering at once, as a thread
+// pool starts and stops (bench/overhead idle-1000): each thread's own CPU
+// in RegisterThread and in its registration's destructor, averaged, for
+// wall sampling off (arg wall:0: the CPU engine's perf event, the slot, the
+// registry) and on (wall:1: the same; the wall sampler's visits and signal
+// fall between the two and are not in these counters). Threads: arg.
+// BM_Profiler_ThreadRegistration is the same one thread at a time.
+void BM_Profiler_RegistrationBurst(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  Options options = BenchmarkOptions(true);
+  if (state.range(1) == 0) options.wall_period = absl::ZeroDuration();
+  DefaultProfiler profiler(options);
+  if (!StartOrSkip(profiler, state)) return;
+  auto thread_cpu_ns = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+  };
+  std::atomic<int64_t> register_ns{0}, unregister_ns{0};
+  std::atomic<int> inactive{0};
+  for (auto _ : state) {
+    std::mutex mutex;
+    std::condition_variable all_ready, go;
+    int ready = 0;
+    bool done = false;
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<size_t>(threads));
+    for (int i = 0; i < threads; ++i) {
+      pool.emplace_back([&] {
+        int64_t t0 = thread_cpu_ns();
+        ThreadRegistration registration = profiler.RegisterThread("burst");
+        register_ns.fetch_add(thread_cpu_ns() - t0, std::memory_order_relaxed);
+        if (!registration.active()) inactive.fetch_add(1);
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          if (++ready == threads) all_ready.notify_one();
+          go.wait(lock, [&] { return done; });
+        }
+        t0 = thread_cpu_ns();
+        registration.Reset();
+        unregister_ns.fetch_add(thread_cpu_ns() - t0, std::memory_order_relaxed);
+      });
+    }
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      all_ready.wait(lock, [&] { return ready == threads; });
+      done = true;
+    }
+    go.notify_all();
+    for (std::thread& t : pool) t.join();
+  }
+  StopAndRemove(profiler);
+  if (inactive.load() > 0) state.SkipWithError("a thread did not register");
+  const double n = static_cast<double>(state.iterations()) * threads;
+  state.counters["register_us"] = static_cast<double>(register_ns.load()) / n / 1e3;
+  state.counters["unregister_us"] = static_cast<double>(unregister_ns.load()) / n / 1e3;
+}
+BENCHMARK(BM_Profiler_RegistrationBurst)
+    ->ArgNames({"threads", "wall"})
+    ->Args({1000, 0})
+    ->Args({1000, 1})
+    ->Iterations(5)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace inprof
