@@ -329,6 +329,17 @@ class Profiler final : public internal::ProfilerControl,
                                  "': ", info.status().message()));
       return ThreadRegistration(info.status());
     }
+    if (internal::UnblockProfilingSignalInThisThread()) {
+      threads_sigprof_unblocked_.fetch_add(1, std::memory_order_relaxed);
+      if (!sigprof_unblock_logged_.exchange(true)) {
+        internal::Log(absl::StrCat(
+            "thread '", name,
+            "' registered with SIGPROF blocked in its signal mask (often "
+            "inherited from the thread that created it); unblocked it, since "
+            "a thread that blocks SIGPROF cannot be sampled (said once; the "
+            "profile's comments count such threads)"));
+      }
+    }
     Slot* slot = AcquireSlot();
     slot->tid = info->tid;
     slot->cpu_clock = info->cpu_clock;
@@ -422,6 +433,8 @@ class Profiler final : public internal::ProfilerControl,
         wall_running_credits_.load(std::memory_order_relaxed);
     s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
     s.wall_wakeups = wall_wakeups_.load(std::memory_order_relaxed);
+    s.threads_sigprof_unblocked =
+        threads_sigprof_unblocked_.load(std::memory_order_relaxed);
     s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
     return s;
   }
@@ -1464,6 +1477,8 @@ class Profiler final : public internal::ProfilerControl,
   size_t tick_steady_visits_ = 0;                    // registry lock
   std::atomic<uint32_t> tick_quiet_factor_{1};
   std::atomic<uint64_t> wall_wakeups_{0};
+  std::atomic<uint64_t> threads_sigprof_unblocked_{0};
+  std::atomic<bool> sigprof_unblock_logged_{false};
   uint64_t wall_blocked_credits_ = 0;                // registry lock
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};

@@ -34,6 +34,7 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.wall_running_credits -= before.wall_running_credits;
   d.samples_unsuspended -= before.samples_unsuspended;
   d.wall_wakeups -= before.wall_wakeups;
+  d.threads_sigprof_unblocked -= before.threads_sigprof_unblocked;
   return d;
 }
 
@@ -45,7 +46,8 @@ std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
           s.stacks_before_tables, s.blocked_episodes_resampled,
           s.wall_signals,         s.wall_running_credits,
           s.threads_registered,   s.profiles_written,
-          s.samples_unsuspended,  s.wall_wakeups};
+          s.samples_unsuspended,  s.wall_wakeups,
+          s.threads_sigprof_unblocked};
 }
 
 ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
@@ -63,6 +65,7 @@ ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
   s.profiles_written = at(9);
   s.samples_unsuspended = at(10);
   s.wall_wakeups = at(11);
+  s.threads_sigprof_unblocked = at(12);
   return s;
 }
 
@@ -528,6 +531,12 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
         "; wall samples of threads that ran throughout, credited to or "
         "carried by their CPU samples without a signal=",
         window_stats.wall_running_credits));
+  }
+  if (window_stats.threads_sigprof_unblocked > 0) {
+    data.comments.push_back(absl::StrCat(
+        "threads registered with SIGPROF blocked, unblocked so that they "
+        "could be sampled=",
+        window_stats.threads_sigprof_unblocked));
   }
   if (window_stats.samples_unsuspended > 0) {
     data.comments.push_back(absl::StrCat(

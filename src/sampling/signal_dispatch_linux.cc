@@ -3,6 +3,7 @@
 #include "inprof/internal/fork_guard.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
@@ -128,6 +129,33 @@ absl::Status InstallSignalHandler() {
   }
   g_installed = true;
   return absl::OkStatus();
+}
+
+bool UnblockProfilingSignalInThisThread() noexcept {
+  sigset_t mask;
+  if (pthread_sigmask(SIG_SETMASK, nullptr, &mask) != 0 ||
+      sigismember(&mask, kProfilingSignal) != 1) {
+    return false;
+  }
+  struct sigaction current;
+  if (sigaction(kProfilingSignal, nullptr, &current) != 0) return false;
+  const bool ours = (current.sa_flags & SA_SIGINFO) != 0 &&
+                    current.sa_sigaction == &ProfilingSignalHandler;
+  const bool unset = (current.sa_flags & SA_SIGINFO) == 0 &&
+                     (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN);
+  if (!ours && !unset) return false;  // the application's own: left alone
+  if (!ours) {
+    // Not installed yet: a SIGPROF already pending (sent to an image that
+    // blocked it across an exec, say) would terminate the process.
+    sigset_t pending;
+    if (sigpending(&pending) != 0 || sigismember(&pending, kProfilingSignal) != 0) {
+      return false;
+    }
+  }
+  sigset_t profiling;
+  sigemptyset(&profiling);
+  sigaddset(&profiling, kProfilingSignal);
+  return pthread_sigmask(SIG_UNBLOCK, &profiling, nullptr) == 0;
 }
 
 absl::Status ActivateSession(uint64_t session) {

@@ -324,6 +324,62 @@ TEST(ProfilerTest, SignalsNotSentByInprofAreIgnored) {
   EXPECT_EQ(profiler.stats().samples_taken, taken);
 }
 
+// A server that blocks every signal in its workers (they inherit the mask
+// of the thread that created them; one thread waits in sigwait) would get
+// no sample at all of them: their SIGPROF stays pending. RegisterThread
+// unblocks SIGPROF, and only it, says so once, and the profile counts it.
+TEST(ProfilerTest, ThreadsThatBlockSigprofAreUnblockedWhenTheyRegister) {
+  Options options = TestOptions("sigprof_blocked");
+  options.cpu_period = absl::Milliseconds(5);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  bool sigprof_blocked_after = true, sigusr1_blocked_after = false;
+  ::testing::internal::CaptureStderr();
+  std::thread worker([&] {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    auto registration = profiler.RegisterThread("masked");
+    sigset_t now;
+    pthread_sigmask(SIG_SETMASK, nullptr, &now);
+    sigprof_blocked_after = sigismember(&now, SIGPROF) == 1;
+    sigusr1_blocked_after = sigismember(&now, SIGUSR1) == 1;
+    BurnCpu(200'000'000);
+  });
+  worker.join();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(profiler.Stop().ok());
+  EXPECT_FALSE(sigprof_blocked_after);
+  EXPECT_TRUE(sigusr1_blocked_after);  // the rest of the mask is the host's
+  EXPECT_THAT(err, HasSubstr("thread 'masked' registered with SIGPROF blocked"));
+  EXPECT_EQ(profiler.stats().threads_sigprof_unblocked, 1u);
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  bool counted = false;
+  for (const std::string& c : profile->comments) {
+    counted |= c.find("threads registered with SIGPROF blocked, unblocked so "
+                      "that they could be sampled=1") != std::string::npos;
+  }
+  EXPECT_TRUE(counted);
+  // Its CPU is on its own stack, sampled, not on the tail frame alone.
+  const int cpu = profile->ValueIndex("cpu-time");
+  int64_t on_burn = 0, total = 0;
+  for (const auto& sample : profile->samples) {
+    auto name = sample.str_labels.find("thread name");
+    if (name == sample.str_labels.end() || name->second != "masked") continue;
+    total += sample.values[cpu];
+    for (const std::string& f : sample.stack) {
+      if (f.find("BurnCpu") != std::string::npos) {
+        on_burn += sample.values[cpu];
+        break;
+      }
+    }
+  }
+  std::printf("masked: cpu %.3f s, on BurnCpu %.3f s\n", total / 1e9, on_burn / 1e9);
+  EXPECT_GT(total, 150'000'000);
+  EXPECT_GT(on_burn, total / 2);
+}
+
 TEST(ProfilerTest, HarmlessHandlerRemainsAfterStop) {
   EXPECT_EQ(RunInChild([] {
               DefaultProfiler profiler(TestOptions("after_stop"));

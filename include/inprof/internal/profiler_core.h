@@ -78,6 +78,10 @@ struct ProfilerStats {
   uint64_t samples_unsuspended = 0;
   // Wake-ups of the wall sampler (fewer while every thread is steady).
   uint64_t wall_wakeups = 0;
+  // Threads that registered with SIGPROF blocked in their signal mask
+  // (often inherited from the thread that created them): no sample can be
+  // taken of such a thread, so RegisterThread unblocked it.
+  uint64_t threads_sigprof_unblocked = 0;
 };
 
 namespace internal {

@@ -104,6 +104,15 @@ uint64_t NewSessionId() noexcept;
 // handler in place, if somebody else installed one.
 absl::Status InstallSignalHandler();
 
+// Unblocks kProfilingSignal in the calling thread's signal mask when the
+// thread blocks it (a mask often inherited from the thread that created it:
+// a server that blocks every signal in its workers) and no handler other
+// than inprof's is installed for it (and, before inprof's is, none is
+// pending: the default action would end the process): no sample can be
+// taken of a thread that blocks it. True when it was blocked and now is
+// not.
+bool UnblockProfilingSignalInThisThread() noexcept;
+
 // Makes `session` the one whose slots are sampled. Fails if another session
 // is active (a second profiler started in the same process).
 absl::Status ActivateSession(uint64_t session);
