@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -323,6 +324,7 @@ void AtForkChild() {
 constexpr char kSigprofBlocked[] = "INPROF_RUN_SIGPROF_BLOCKED";
 
 void DiscardPendingSigprof() {
+  InprofScope scope;  // the real sigtimedwait, SIGPROF kept in its set
   sigset_t prof;
   sigemptyset(&prof);
   sigaddset(&prof, SIGPROF);
@@ -352,6 +354,7 @@ void UnblockSigprofAfterExec() {
 class ExecGuard {
  public:
   ExecGuard() {
+    InprofScope scope;  // the real pthread_sigmask: SIGPROF blocked for real
     State& s = state();
     if (!g_running.load(std::memory_order_acquire)) return;
     sigset_t prof;
@@ -369,6 +372,7 @@ class ExecGuard {
   }
   ~ExecGuard() {  // the exec failed
     if (!blocked_) return;
+    InprofScope scope;
     if (set_environ_) unsetenv(kSigprofBlocked);
     pthread_sigmask(SIG_SETMASK, &old_, nullptr);
   }
@@ -447,6 +451,39 @@ F Next(const char* name) {
   return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
 }
 
+// The program's own signal masks and waits, on a registered thread while
+// profiling: SIGPROF is taken out of them. A thread that blocks it gets no
+// sample (its SIGPROF stays pending), and sigwait, sigwaitinfo,
+// sigtimedwait and a signalfd return a pending or arriving SIGPROF to the
+// program as its own signal: a server that blocks every signal and waits
+// for them in sigwait took inprof's wall signal for one of its own (and
+// ended, in the run_target "sigwait" test, before this).
+bool KeepsSigprof(const sigset_t* set) {
+  if (set == nullptr || t_inprof || sigismember(set, SIGPROF) != 1) return false;
+  if (!g_running.load(std::memory_order_acquire)) return false;
+  internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
+  if (slot == nullptr || slot->session.load(std::memory_order_relaxed) == 0) {
+    return false;
+  }
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    InprofScope scope;
+    internal::Log(
+        "the program blocks or waits for every signal; inprof keeps SIGPROF "
+        "out of its signal masks, sigwait sets and signalfds while it "
+        "profiles, so that it can sample and the program never receives it "
+        "(said once)");
+  }
+  return true;
+}
+
+// `set` without SIGPROF, in `storage`.
+const sigset_t* WithoutSigprof(const sigset_t* set, sigset_t& storage) {
+  storage = *set;
+  sigdelset(&storage, SIGPROF);
+  return &storage;
+}
+
 void Rename(pid_t tid, const char* name) {
   PreloadProfiler* profiler = g_profiler.load(std::memory_order_acquire);
   if (profiler == nullptr || tid <= 0 || name == nullptr) return;
@@ -465,6 +502,7 @@ bool StartDetachedThread(const char* name, void* (*fn)(void*), void* arg) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  InprofScope scope;  // inprof's own thread starts with every signal blocked
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -638,6 +676,84 @@ __attribute__((visibility("default"))) sighandler_t signal(int sig,
   }
   if (sig == SIGPROF && !t_inprof) StepAsideForSigprof("signal");
   return real(sig, h);
+}
+
+__attribute__((visibility("default"))) int pthread_sigmask(int how,
+                                                           const sigset_t* set,
+                                                           sigset_t* old) {
+  using Fn = int (*)(int, const sigset_t*, sigset_t*);
+  static Fn real = Next<Fn>("pthread_sigmask");
+  if (real == nullptr) return ENOSYS;
+  sigset_t storage;
+  if (how != SIG_UNBLOCK && inprof::KeepsSigprof(set)) {
+    set = inprof::WithoutSigprof(set, storage);
+  }
+  return real(how, set, old);
+}
+
+__attribute__((visibility("default"))) int sigprocmask(int how,
+                                                       const sigset_t* set,
+                                                       sigset_t* old) {
+  using Fn = int (*)(int, const sigset_t*, sigset_t*);
+  static Fn real = Next<Fn>("sigprocmask");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  sigset_t storage;
+  if (how != SIG_UNBLOCK && inprof::KeepsSigprof(set)) {
+    set = inprof::WithoutSigprof(set, storage);
+  }
+  return real(how, set, old);
+}
+
+__attribute__((visibility("default"))) int sigwait(const sigset_t* set,
+                                                   int* sig) {
+  using Fn = int (*)(const sigset_t*, int*);
+  static Fn real = Next<Fn>("sigwait");
+  if (real == nullptr) return ENOSYS;
+  sigset_t storage;
+  if (inprof::KeepsSigprof(set)) set = inprof::WithoutSigprof(set, storage);
+  return real(set, sig);
+}
+
+__attribute__((visibility("default"))) int sigwaitinfo(const sigset_t* set,
+                                                       siginfo_t* info) {
+  using Fn = int (*)(const sigset_t*, siginfo_t*);
+  static Fn real = Next<Fn>("sigwaitinfo");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  sigset_t storage;
+  if (inprof::KeepsSigprof(set)) set = inprof::WithoutSigprof(set, storage);
+  return real(set, info);
+}
+
+__attribute__((visibility("default"))) int sigtimedwait(
+    const sigset_t* set, siginfo_t* info, const struct timespec* timeout) {
+  using Fn = int (*)(const sigset_t*, siginfo_t*, const struct timespec*);
+  static Fn real = Next<Fn>("sigtimedwait");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  sigset_t storage;
+  if (inprof::KeepsSigprof(set)) set = inprof::WithoutSigprof(set, storage);
+  return real(set, info, timeout);
+}
+
+__attribute__((visibility("default"))) int signalfd(int fd, const sigset_t* mask,
+                                                    int flags) {
+  using Fn = int (*)(int, const sigset_t*, int);
+  static Fn real = Next<Fn>("signalfd");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  sigset_t storage;
+  if (inprof::KeepsSigprof(mask)) mask = inprof::WithoutSigprof(mask, storage);
+  return real(fd, mask, flags);
 }
 
 __attribute__((visibility("default"))) int execve(const char* path,

@@ -15,6 +15,11 @@
 //                               the profiler is steady (windows in DIR), and
 //                               after ROUNDS x N more threads
 //   run_target spin MS          spins MS ms of CPU
+//   run_target sigwait          a server that blocks every signal and waits
+//                               for them: main in sigwait (SIGALRM after
+//                               2 s), a thread in sigtimedwait (500 ms), a
+//                               thread spinning 300 ms; prints what the
+//                               waits returned
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
@@ -25,6 +30,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -75,6 +81,8 @@ WORK_FUNCTION(BeforeOwnProfiler, 10)
 WORK_FUNCTION(UnderOwnProfiler, 11)
 WORK_FUNCTION(SpinWork, 12)
 WORK_FUNCTION(ChurnWork, 13)
+WORK_FUNCTION(SigwaitServerWork, 14)
+WORK_FUNCTION(BlockedMainWork, 15)
 
 std::atomic<bool> b_named{false};
 int64_t cpu_a = 0, cpu_b = 0, cpu_c = 0;
@@ -264,6 +272,64 @@ int Churn(int n, int rounds, const char* dir) {
   return 0;
 }
 
+void* SigwaitSpinner(void*) {
+  SigwaitServerWork(300);
+  return nullptr;
+}
+
+// sigtimedwait for every signal for 500 ms; returns the signal it got, or 0
+// for the timeout. A handler that runs meanwhile (inprof's) may end a wait
+// with EINTR, as POSIX allows: the wait goes on until the deadline.
+void* TimedWaiter(void* out) {
+  sigset_t all;
+  sigfillset(&all);
+  timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_nsec += 500'000'000;
+  if (deadline.tv_nsec >= 1'000'000'000) {
+    deadline.tv_sec += 1;
+    deadline.tv_nsec -= 1'000'000'000;
+  }
+  int got = 0;
+  for (;;) {
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t left = (deadline.tv_sec - now.tv_sec) * 1'000'000'000LL +
+                   (deadline.tv_nsec - now.tv_nsec);
+    if (left <= 0) break;
+    const timespec wait = {static_cast<time_t>(left / 1'000'000'000),
+                           static_cast<long>(left % 1'000'000'000)};
+    siginfo_t info;
+    const int sig = sigtimedwait(&all, &info, &wait);
+    if (sig > 0) {
+      got = sig;
+      break;
+    }
+    if (errno != EINTR) break;  // EAGAIN: the timeout
+  }
+  *static_cast<int*>(out) = got;
+  return nullptr;
+}
+
+int SigwaitServer() {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  pthread_t spinner, waiter;
+  int timed = -1;
+  if (pthread_create(&spinner, nullptr, &SigwaitSpinner, nullptr) != 0) return 13;
+  if (pthread_create(&waiter, nullptr, &TimedWaiter, &timed) != 0) return 13;
+  BlockedMainWork(50);  // its CPU timer fires while every signal is blocked
+  alarm(2);
+  int sig = 0;
+  sigwait(&all, &sig);
+  pthread_join(spinner, nullptr);
+  pthread_join(waiter, nullptr);
+  printf("sigwait=%d sigtimedwait=%s\n", sig,
+         timed == 0 ? "timeout" : std::to_string(timed).c_str());
+  return sig == SIGALRM && timed == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -281,6 +347,7 @@ int main(int argc, char** argv) {
   if (mode == "churn" && argc == 5) {
     return Churn(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
   }
+  if (mode == "sigwait") return SigwaitServer();
   if (mode == "spin" && argc == 3) {
     SpinWork(std::atoi(argv[2]));
     return 0;

@@ -244,6 +244,31 @@ TEST(RunTest, ProgramWithItsOwnSigprofHandlerMakesInprofStepAside) {
   EXPECT_EQ(CumulativeCpu(*p, "UnderOwnProfiler"), 0);
 }
 
+// A server that blocks every signal and waits for them in sigwait and
+// sigtimedwait never receives inprof's SIGPROF (before, its sigwait
+// returned 27 and it ended), and its threads are still sampled: the spinner
+// on its stack, main's wait in sigtimedwait.
+TEST(RunTest, AProgramThatWaitsForEverySignalNeverReceivesSigprof) {
+  const std::string dir = FreshDir("sigwait");
+  CommandOutput r = RunInprof(absl::StrCat("--wall-period 5ms -o ",
+                                           ShellQuote(dir + "/p-%p.pb.gz"), " -- ",
+                                           ShellQuote(Target()), " sigwait"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("sigwait=14 sigtimedwait=timeout"));
+  EXPECT_THAT(r.err, HasSubstr("keeps SIGPROF out of its signal masks"));
+  const auto profiles = Profiles(dir);
+  ASSERT_EQ(profiles.size(), 1u) << r.err;
+  auto p = ReadPprofFile(profiles[0]);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_GT(CumulativeCpu(*p, "SigwaitServerWork"), 200'000'000);
+  EXPECT_GT(CumulativeCpu(*p, "BlockedMainWork"), 25'000'000);
+  int64_t waiting = 0;
+  for (const auto& [name, v] : p->CumulativeByFunction(p->ValueIndex("wall-time"))) {
+    if (absl::StrContains(name, "sigtimedwait")) waiting = std::max(waiting, v);
+  }
+  EXPECT_GT(waiting, 1'500'000'000);  // main's 2 s, and the waiter's 0.5 s
+}
+
 // 16 x 1000 threads created and joined under the preload: no crash, and
 // the registrations do not accumulate. Windows of 100 ms export each
 // thread's samples (one window for the whole run keeps every thread's,
