@@ -1135,6 +1135,18 @@ class Profiler final : public internal::ProfilerControl,
             break;
           case TickDecision::kFollowing:
             break;
+          case TickDecision::kCreditSigwait:
+            // Not an episode with a stack: the next visit looks again
+            // rather than crediting an older episode's stack.
+            slot->blocked_stack.clear();
+            slot->blocked_labels.clear();
+            slot->blocked_provisional = false;
+            if constexpr (requires { P::kSigwaitFrame; }) {
+              CreditSynthetic<I>(slot, v, P::kSigwaitFrame);
+            } else {
+              CreditSynthetic<I>(slot, v, kTailFrame);
+            }
+            break;
         }
         if constexpr (requires { P::SteadyVisit(std::get<I>(slot->data)); }) {
           if (P::SteadyVisit(std::get<I>(slot->data))) {
@@ -1163,6 +1175,16 @@ class Profiler final : public internal::ProfilerControl,
     } else {
       return 0;
     }
+  }
+
+  // Registry lock held. Values with no stack: added to `frame`.
+  template <size_t I>
+  void CreditSynthetic(Slot* slot, std::span<const int64_t> values,
+                       const char* frame) {
+    std::lock_guard<std::mutex> agg_lock(core_.mutex());
+    SampleAggregator& agg = core_.aggregator();
+    EnsureAggregateThread(slot, agg);
+    agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I], values);
   }
 
   // Registry lock held. The thread is still in the blocking episode whose

@@ -107,6 +107,9 @@ enum class TickDecision {
                    // running sample taken in the interval, no signal
   kFollowing,      // nothing now: the thread runs throughout and its running
                    // samples carry its wall time (FollowRunningSample)
+  kCreditSigwait,  // add `values` to kSigwaitFrame, no signal: the thread
+                   // waits in sigwait/sigwaitinfo/sigtimedwait, which would
+                   // take the signal as one of its own
 };
 
 template <typename P>
@@ -130,6 +133,14 @@ class WallTimeProvider {
   static constexpr size_t kPeriodTypeIndex = 1;
   static constexpr const char* kTailFrame =
       "[inprof: wall time since the thread's last sample]";
+  // Where the wall time of a thread waiting in sigwait, sigwaitinfo or
+  // sigtimedwait goes. Such a wait dequeues any signal of its set that
+  // arrives, blocked or not: a signal thread that waits for every signal
+  // (a server's usual shape) would take inprof's SIGPROF as one of its
+  // own. So it is never signalled, and its stack is not known.
+  static constexpr const char* kSigwaitFrame =
+      "[inprof: waiting for signals in sigwait (not signalled: the wait "
+      "would take inprof's signal)]";
   // Label on every wall sample.
   static constexpr const char* kStateLabel = "thread state";
   static constexpr const char* kRunning = "running";

@@ -1,5 +1,6 @@
 #include "inprof/wall_time_provider.h"
 
+#include <sys/syscall.h>
 #include <time.h>
 
 #include <algorithm>
@@ -201,6 +202,16 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   }
   ++counts_.blocked;
   const internal::SyscallSite site = internal::ThreadSyscallSite(thread.tid);
+  if (site.nr == SYS_rt_sigtimedwait) {
+    // sigwait, sigwaitinfo, sigtimedwait: a signal would end the wait as
+    // one of the program's own (kSigwaitFrame). Not an episode: the next
+    // visit looks again.
+    data.blocked_signal_sent = false;
+    data.episode_site = internal::SyscallSite{};
+    values[0] = 1;
+    values[1] = elapsed;
+    return TickDecision::kCreditSigwait;
+  }
   if (has_episode_stack) {
     const bool same_place = site.known() && data.episode_site.known()
                                 ? site == data.episode_site

@@ -694,6 +694,46 @@ TEST(WallTimeProviderTest, AWallSignalSwallowedByAPendingCpuSignalIsTakenByIt) {
   }
 }
 
+// A registered thread that waits for every signal in sigwait (a server's
+// signal thread) is never signalled: the wait dequeues any signal of its
+// set that arrives, and would return inprof's SIGPROF as one of the
+// program's own (it did: sigwait returned 27 at the first visit). Its wall
+// time goes to kSigwaitFrame.
+TEST(WallTimeProviderTest, AThreadWaitingInSigwaitIsNeverSignalled) {
+  Options options = WallOptions("wall_sigwait");
+  options.wall_period = absl::Milliseconds(5);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  int got = 0;
+  std::thread waiter([&] {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    auto registration = profiler.RegisterThread("signals");
+    sigwait(&all, &got);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pthread_kill(waiter.native_handle(), SIGUSR1);
+  waiter.join();
+  ASSERT_TRUE(profiler.Stop().ok());
+  EXPECT_EQ(got, SIGUSR1);
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int wall = profile->ValueIndex("wall-time");
+  int64_t in_sigwait = 0, all_wall = 0;
+  for (const auto& sample : profile->samples) {
+    auto name = sample.str_labels.find("thread name");
+    if (name == sample.str_labels.end() || name->second != "signals") continue;
+    all_wall += sample.values[wall];
+    if (!sample.stack.empty() && sample.stack[0] == WallTimeProvider::kSigwaitFrame) {
+      in_sigwait += sample.values[wall];
+    }
+  }
+  std::printf("in sigwait %.3f s of %.3f s\n", in_sigwait / 1e9, all_wall / 1e9);
+  EXPECT_GT(in_sigwait, 200'000'000);
+  EXPECT_GT(in_sigwait, all_wall * 8 / 10);
+}
+
 TEST(WallTimeProviderTest, ZeroPeriodDisablesWallSampling) {
   Options options = WallOptions("wall_off");
   options.wall_period = absl::ZeroDuration();
