@@ -546,7 +546,7 @@ class Profiler final : public internal::ProfilerControl,
     }
     // A signal another provider sent that this one swallowed: the same
     // stack, recorded again for it.
-    TakeSwallowedEach(provider, *slot, record, header_words, nlabels, unwound,
+    TakeSwallowedEach(provider, *slot, record, nvalues, nlabels, unwound,
                       std::make_index_sequence<kNumProviders>{});
     // After the push: a collector that sees this count sees the record.
     activity_.fetch_add(1, std::memory_order_release);
@@ -561,7 +561,7 @@ class Profiler final : public internal::ProfilerControl,
   // where its header ends for that provider.
   template <size_t... I>
   static void TakeSwallowedEach(size_t provider, Slot& slot, uint64_t* record,
-                                size_t header_words, size_t nlabels,
+                                size_t nvalues, size_t nlabels,
                                 const UnwindResult& unwound,
                                 std::index_sequence<I...>) noexcept {
     (
@@ -574,9 +574,8 @@ class Profiler final : public internal::ProfilerControl,
                                   std::span<int64_t>(values, kValueCounts[I]))) {
               return;
             }
-            const size_t old_values = ((header_words - 1 - kLeafWords) -
-                                       2 * nlabels);
-            const size_t new_header = header_words - old_values + kValueCounts[I];
+            const size_t new_header =
+                1 + kValueCounts[I] + kLeafWords + 2 * nlabels;
             size_t depth = unwound.depth;
             bool truncated = unwound.truncated;
             if (new_header + depth > kMaxRecordWords) {
@@ -584,7 +583,7 @@ class Profiler final : public internal::ProfilerControl,
               truncated = true;
             }
             // Leaf words, labels and frames, moved as one block.
-            const size_t from = 1 + old_values, to = 1 + kValueCounts[I];
+            const size_t from = 1 + nvalues, to = 1 + kValueCounts[I];
             const size_t words = kLeafWords + 2 * nlabels + depth;
             if (to < from) {
               for (size_t w = 0; w < words; ++w) record[to + w] = record[from + w];
@@ -607,7 +606,7 @@ class Profiler final : public internal::ProfilerControl,
                     values[i], std::memory_order_relaxed);
               }
             }
-            header_words = new_header;
+            nvalues = kValueCounts[I];
           }
         }(),
         ...);

@@ -458,12 +458,15 @@ F Next(const char* name) {
 // program as its own signal: a server that blocks every signal and waits
 // for them in sigwait took inprof's wall signal for one of its own (and
 // ended, in the run_target "sigwait" test, before this).
-bool KeepsSigprof(const sigset_t* set) {
-  if (set == nullptr || t_inprof || sigismember(set, SIGPROF) != 1) return false;
-  if (!g_running.load(std::memory_order_acquire)) return false;
+//
+// Returns `set`, or a copy of it without SIGPROF in `storage` when it must
+// be taken out.
+const sigset_t* WithoutSigprof(const sigset_t* set, sigset_t& storage) {
+  if (set == nullptr || t_inprof || sigismember(set, SIGPROF) != 1) return set;
+  if (!g_running.load(std::memory_order_acquire)) return set;
   internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
   if (slot == nullptr || slot->session.load(std::memory_order_relaxed) == 0) {
-    return false;
+    return set;
   }
   static std::atomic<bool> said{false};
   if (!said.exchange(true)) {
@@ -474,11 +477,6 @@ bool KeepsSigprof(const sigset_t* set) {
         "profiles, so that it can sample and the program never receives it "
         "(said once)");
   }
-  return true;
-}
-
-// `set` without SIGPROF, in `storage`.
-const sigset_t* WithoutSigprof(const sigset_t* set, sigset_t& storage) {
   storage = *set;
   sigdelset(&storage, SIGPROF);
   return &storage;
@@ -685,9 +683,7 @@ __attribute__((visibility("default"))) int pthread_sigmask(int how,
   static Fn real = Next<Fn>("pthread_sigmask");
   if (real == nullptr) return ENOSYS;
   sigset_t storage;
-  if (how != SIG_UNBLOCK && inprof::KeepsSigprof(set)) {
-    set = inprof::WithoutSigprof(set, storage);
-  }
+  if (how != SIG_UNBLOCK) set = inprof::WithoutSigprof(set, storage);
   return real(how, set, old);
 }
 
@@ -701,9 +697,7 @@ __attribute__((visibility("default"))) int sigprocmask(int how,
     return -1;
   }
   sigset_t storage;
-  if (how != SIG_UNBLOCK && inprof::KeepsSigprof(set)) {
-    set = inprof::WithoutSigprof(set, storage);
-  }
+  if (how != SIG_UNBLOCK) set = inprof::WithoutSigprof(set, storage);
   return real(how, set, old);
 }
 
@@ -713,7 +707,7 @@ __attribute__((visibility("default"))) int sigwait(const sigset_t* set,
   static Fn real = Next<Fn>("sigwait");
   if (real == nullptr) return ENOSYS;
   sigset_t storage;
-  if (inprof::KeepsSigprof(set)) set = inprof::WithoutSigprof(set, storage);
+  set = inprof::WithoutSigprof(set, storage);
   return real(set, sig);
 }
 
@@ -726,7 +720,7 @@ __attribute__((visibility("default"))) int sigwaitinfo(const sigset_t* set,
     return -1;
   }
   sigset_t storage;
-  if (inprof::KeepsSigprof(set)) set = inprof::WithoutSigprof(set, storage);
+  set = inprof::WithoutSigprof(set, storage);
   return real(set, info);
 }
 
@@ -739,7 +733,7 @@ __attribute__((visibility("default"))) int sigtimedwait(
     return -1;
   }
   sigset_t storage;
-  if (inprof::KeepsSigprof(set)) set = inprof::WithoutSigprof(set, storage);
+  set = inprof::WithoutSigprof(set, storage);
   return real(set, info, timeout);
 }
 
@@ -752,7 +746,7 @@ __attribute__((visibility("default"))) int signalfd(int fd, const sigset_t* mask
     return -1;
   }
   sigset_t storage;
-  if (inprof::KeepsSigprof(mask)) mask = inprof::WithoutSigprof(mask, storage);
+  mask = inprof::WithoutSigprof(mask, storage);
   return real(fd, mask, flags);
 }
 

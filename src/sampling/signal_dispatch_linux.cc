@@ -80,6 +80,19 @@ void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
   errno = saved_errno;
 }
 
+// Who handles kProfilingSignal, from its current sigaction.
+enum class Disposition { kOurs, kUnset, kForeign };
+Disposition ProfilingSignalDisposition(const struct sigaction& current) {
+  if ((current.sa_flags & SA_SIGINFO) != 0) {
+    if (current.sa_sigaction == &ProfilingSignalHandler) return Disposition::kOurs;
+    return current.sa_sigaction != nullptr ? Disposition::kForeign
+                                           : Disposition::kUnset;
+  }
+  return current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN
+             ? Disposition::kUnset
+             : Disposition::kForeign;
+}
+
 }  // namespace
 
 ThreadSlotHeader* CurrentThreadSlot() noexcept { return tls_slot; }
@@ -103,17 +116,12 @@ absl::Status InstallSignalHandler() {
     return absl::InternalError(
         absl::StrCat("sigaction(SIGPROF) query failed: ", strerror(errno)));
   }
-  const bool ours = (current.sa_flags & SA_SIGINFO) != 0 &&
-                    current.sa_sigaction == &ProfilingSignalHandler;
-  if (ours) {
+  const Disposition disposition = ProfilingSignalDisposition(current);
+  if (disposition == Disposition::kOurs) {
     g_installed = true;
     return absl::OkStatus();
   }
-  const bool foreign = (current.sa_flags & SA_SIGINFO) != 0
-                           ? current.sa_sigaction != nullptr
-                           : (current.sa_handler != SIG_DFL &&
-                              current.sa_handler != SIG_IGN);
-  if (foreign) {
+  if (disposition == Disposition::kForeign) {
     return absl::FailedPreconditionError(
         "SIGPROF already has a handler installed by the application or "
         "another profiler; inprof leaves it in place and does not start");
@@ -139,12 +147,9 @@ bool UnblockProfilingSignalInThisThread() noexcept {
   }
   struct sigaction current;
   if (sigaction(kProfilingSignal, nullptr, &current) != 0) return false;
-  const bool ours = (current.sa_flags & SA_SIGINFO) != 0 &&
-                    current.sa_sigaction == &ProfilingSignalHandler;
-  const bool unset = (current.sa_flags & SA_SIGINFO) == 0 &&
-                     (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN);
-  if (!ours && !unset) return false;  // the application's own: left alone
-  if (!ours) {
+  const Disposition disposition = ProfilingSignalDisposition(current);
+  if (disposition == Disposition::kForeign) return false;  // left alone
+  if (disposition == Disposition::kUnset) {
     // Not installed yet: a SIGPROF already pending (sent to an image that
     // blocked it across an exec, say) would terminate the process.
     sigset_t pending;

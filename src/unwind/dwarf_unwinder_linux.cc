@@ -291,7 +291,7 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
       continue;
     }
     auto p = s.pending.find(key);
-    std::shared_ptr<const CfiModuleTable> placeholder =
+    std::shared_ptr<const CfiModuleTable> pending_table =
         p != s.pending.end() ? p->second
         : m.image.empty()
             ? CfiModuleTable::PendingFromFile(m.text_lo, m.text_hi, m.path,
@@ -299,14 +299,14 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
             : CfiModuleTable::Pending(m.text_lo, m.text_hi, m.path);
     // A module answered from its .eh_frame meanwhile is built only when
     // wanted (a form that needs the table, or many lookups).
-    const bool eager = Rank(m) <= kLastEagerRank && !placeholder->direct();
-    if (!on_demand || eager || placeholder->wanted()) {
+    const bool eager = Rank(m) <= kLastEagerRank && !pending_table->direct();
+    if (!on_demand || eager || pending_table->wanted()) {
       to_build.push_back(i);
     }
-    entries.emplace_back(m.bias + m.text_lo, placeholder);
-    pending.emplace(key, std::move(placeholder));
+    entries.emplace_back(m.bias + m.text_lo, pending_table);
+    pending.emplace(key, std::move(pending_table));
   }
-  s.pending = std::move(pending);  // forgets unloaded modules' placeholders
+  s.pending = std::move(pending);  // forgets unloaded modules' pending tables
   for (auto it = s.partial.begin(); it != s.partial.end();) {
     if (s.pending.contains(it->first)) {
       ++it;
@@ -397,7 +397,7 @@ void RefreshLocked(State& s, absl::FunctionRef<bool()> between_tables,
   ++s.refreshes;
   unsigned long long adds = 0, subs = 0;
   ReadLoaderCounters(&adds, &subs);
-  // Unbuilt placeholders of an earlier full refresh are built now.
+  // Pending tables not yet built of an earlier full refresh are built now.
   const bool upgrade = !on_demand && !s.pending.empty();
   if (!s.initialized || adds != s.adds || subs != s.subs || upgrade ||
       (on_demand && AnyWantedLocked(s))) {
