@@ -9,8 +9,9 @@
 // wall time since the thread's previous visit, so over a run a thread's wall
 // total equals the time it was registered.
 //
-// A visit reads the thread's state from the kernel (/proc/self/task/TID/stat)
-// rather than guessing it:
+// A visit reads the thread's state from the kernel rather than guessing it,
+// in one read of /proc/self/task/TID/syscall ("running", or where the
+// thread waits: internal::LookAtThread):
 //   - running or runnable ('R'): the thread is signalled and its stack taken
 //     in the handler, labelled "thread state"="running";
 //   - running throughout the interval since the previous visit (its CPU

@@ -61,37 +61,71 @@ char ThreadState(pid_t tid) noexcept {
   return 0;
 }
 
-SyscallSite ThreadSyscallSite(pid_t tid) noexcept {
-  SyscallSite site;
+namespace {
+
+// One read of /proc/self/task/TID/syscall. `opened` is false when the file
+// could not be opened (the thread is gone, or the kernel lacks the file).
+ThreadLook ReadSyscallFile(pid_t tid, bool& opened) noexcept {
+  ThreadLook look;
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/self/task/%d/syscall",
                 static_cast<int>(tid));
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return site;
+  opened = fd >= 0;
+  if (fd < 0) return look;
   // "NR ARG1 ... ARG6 SP PC" (hex after NR), "-1 SP PC" when blocked
   // outside a system call, "running" otherwise.
   char buf[256];
   const ssize_t n = read(fd, buf, sizeof(buf) - 1);
   close(fd);
-  if (n <= 0) return site;
+  if (n <= 0) return look;
   buf[n] = '\0';
-  if (buf[0] != '-' && (buf[0] < '0' || buf[0] > '9')) return site;
+  if (std::strncmp(buf, "running", 7) == 0) {
+    look.state = 'R';
+    return look;
+  }
+  if (buf[0] != '-' && (buf[0] < '0' || buf[0] > '9')) return look;
+  look.state = 'S';
   unsigned long long words[9] = {};
   long long nr = 0;
   int count = 0;
   if (buf[0] == '-') {
     count = std::sscanf(buf, "%lld %llx %llx", &nr, &words[6], &words[7]);
-    if (count != 3) return site;
+    if (count != 3) return look;
   } else {
     count = std::sscanf(buf, "%lld %llx %llx %llx %llx %llx %llx %llx %llx",
                         &nr, &words[0], &words[1], &words[2], &words[3],
                         &words[4], &words[5], &words[6], &words[7]);
-    if (count != 9) return site;
+    if (count != 9) return look;
   }
-  site.nr = nr;
-  site.sp = words[6];
-  site.pc = words[7];
-  return site;
+  look.site.nr = nr;
+  look.site.sp = words[6];
+  look.site.pc = words[7];
+  return look;
+}
+
+}  // namespace
+
+SyscallSite ThreadSyscallSite(pid_t tid) noexcept {
+  bool opened = false;
+  return ReadSyscallFile(tid, opened).site;
+}
+
+ThreadLook LookAtThread(pid_t tid) noexcept {
+  ThreadLook look;
+  // The calling thread's own file would name the read() that reads it.
+  if (tid == CurrentTid()) {
+    look.state = 'R';
+    return look;
+  }
+  bool opened = false;
+  look = ReadSyscallFile(tid, opened);
+  if (look.state == 0 && !opened) {
+    // No .../syscall here, or the thread is gone: .../stat tells which.
+    const char state = ThreadState(tid);
+    look.state = state == 0 ? 0 : (state == 'R' ? 'R' : 'S');
+  }
+  return look;
 }
 
 int64_t ThreadCpuNanos(clockid_t clock) noexcept {

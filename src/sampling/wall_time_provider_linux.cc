@@ -115,11 +115,16 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   const bool ran_throughout =
       previous_mark >= 0 && (clock - previous_mark) * 100 >=
                                 elapsed * kRanThroughoutPercent;
-  char state = 'R';
+  // One read says both whether it runs and, if not, where it waits.
+  internal::ThreadLook look;
+  look.state = 'R';
+  bool looked = false;
   if (!ran_throughout) {
-    state = internal::ThreadState(thread.tid);
+    look = internal::LookAtThread(thread.tid);
+    looked = true;
     ++counts_.state_reads;
   }
+  const char state = look.state;
   if (state == 0) return TickDecision::kSkip;  // exited
   data.last_wall_ns = now_ns;
   // The thread's own CPU since the last look or, when one of inprof's
@@ -201,7 +206,12 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     return TickDecision::kSignal;
   }
   ++counts_.blocked;
-  const internal::SyscallSite site = internal::ThreadSyscallSite(thread.tid);
+  // Where it waits: from the look above when it found the thread blocked
+  // (one snapshot of state and site); asked now when it found it running
+  // (just woken, still counted as blocked) or did not look.
+  const internal::SyscallSite site = looked && state != 'R'
+                                         ? look.site
+                                         : internal::ThreadSyscallSite(thread.tid);
   if (site.nr == SYS_rt_sigtimedwait) {
     // sigwait, sigwaitinfo, sigtimedwait: a signal would end the wait as
     // one of the program's own (kSigwaitFrame). Not an episode: the next

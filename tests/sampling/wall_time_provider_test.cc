@@ -439,6 +439,73 @@ TEST(WallTimeProviderTest, ThreadsThatRanThroughoutAreSignalledWithoutAStateRead
   EXPECT_EQ(provider.visit_counts().running, 2u);
 }
 
+// One read of /proc/self/task/TID/syscall tells the ticker both whether a
+// thread runs and, when it does not, where it waits (it used to read .../stat
+// and then .../syscall): a spinning thread reads 'R' with no site, one
+// waiting on a condition variable 'S' in futex() from a stack pointer in its
+// own stack (the same site at every look while it waits), the calling
+// thread 'R', a thread that is gone 0.
+TEST(WallTimeProviderTest, OneLookTellsWhetherAThreadRunsAndWhereItWaits) {
+  std::atomic<pid_t> spinner_tid{0}, waiter_tid{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uintptr_t> waiter_stack{0};
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::thread spinner([&] {
+    spinner_tid = internal::CurrentTid();
+    uint64_t x = 0;
+    while (!stop.load()) x += Spin(100'000);
+    EXPECT_NE(x, 1u);
+  });
+  std::thread waiter([&] {
+    int local = 0;
+    waiter_stack = reinterpret_cast<uintptr_t>(&local);
+    waiter_tid = internal::CurrentTid();
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return stop.load(); });
+  });
+  while (spinner_tid.load() == 0 || waiter_tid.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // The waiter blocks within microseconds of publishing its id; wait for the
+  // kernel to see it so (bounded: a loaded machine may take a while).
+  internal::ThreadLook waiting;
+  for (int i = 0; i < 5000 && waiting.state != 'S'; ++i) {
+    waiting = internal::LookAtThread(waiter_tid);
+    if (waiting.state != 'S') std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(waiting.state, 'S');
+  EXPECT_EQ(waiting.site.nr, SYS_futex);
+  // Its stack pointer is below the local it published, within its 8 MiB.
+  EXPECT_LT(waiting.site.sp, waiter_stack.load());
+  EXPECT_GT(waiting.site.sp, waiter_stack.load() - (8u << 20));
+  EXPECT_NE(waiting.site.pc, 0u);
+  const internal::ThreadLook again = internal::LookAtThread(waiter_tid);
+  EXPECT_EQ(again.state, 'S');
+  EXPECT_TRUE(again.site == waiting.site);
+
+  const internal::ThreadLook running = internal::LookAtThread(spinner_tid);
+  EXPECT_EQ(running.state, 'R');  // on a core or waiting for one
+  EXPECT_FALSE(running.site.known());
+  EXPECT_EQ(internal::LookAtThread(internal::CurrentTid()).state, 'R');
+
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stop = true;
+  }
+  cv.notify_all();
+  spinner.join();
+  waiter.join();
+  // Joined: its task goes away as it finishes exiting (the join returns
+  // when the thread clears its tid, a little before).
+  char gone = 'S';
+  for (int i = 0; i < 5000 && gone != 0; ++i) {
+    gone = internal::LookAtThread(waiter_tid).state;
+    if (gone != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(gone, 0);
+}
+
 // A thread that ran throughout the interval and was sampled by its CPU
 // provider meanwhile is not signalled: the interval is credited to that
 // sample's stack (kCreditRunning, worth the whole interval). One that ran
