@@ -258,6 +258,7 @@ class Profiler final : public internal::ProfilerControl,
     running_ = true;
     stopping_ = false;
     start_pid_ = getpid();
+    signal_uid_ = getuid();
     core_.BeginWindow();
     for (Slot* slot : active_) ArmLocked(slot);
     core_.SetEngineDetail(DescribeProviders());
@@ -1225,18 +1226,22 @@ class Profiler final : public internal::ProfilerControl,
     wall_running_credits_.fetch_add(1, std::memory_order_relaxed);
   }
 
-  static void SendProfilingSignal(const internal::ThreadSlotHeader& slot,
-                                  int tag) {
+  // The ticker's signal. Only the ticker sends it, and only in the process
+  // that started the profiler (a forked child has no ticker), so the pid
+  // and uid are those Start() saw: one system call per signal, not four
+  // (getpid twice and getuid are real system calls in glibc 2.36).
+  void SendProfilingSignal(const internal::ThreadSlotHeader& slot,
+                           int tag) const {
     siginfo_t info;
     std::memset(&info, 0, sizeof(info));
     info.si_signo = internal::kProfilingSignal;
     info.si_code = SI_QUEUE;
-    info.si_pid = getpid();
-    info.si_uid = getuid();
+    info.si_pid = start_pid_;
+    info.si_uid = signal_uid_;
     info.si_value.sival_int = tag;
     // rt_tgsigqueueinfo: the same delivery a timer's SIGEV_THREAD_ID gives,
     // with our tag in si_value; ESRCH (thread gone) is harmless.
-    syscall(SYS_rt_tgsigqueueinfo, getpid(), slot.tid,
+    syscall(SYS_rt_tgsigqueueinfo, start_pid_, slot.tid,
             internal::kProfilingSignal, &info);
   }
 
@@ -1482,6 +1487,7 @@ class Profiler final : public internal::ProfilerControl,
   size_t arms_in_flight_ = 0;  // registry lock
   std::condition_variable arms_done_;  // arms_in_flight_ fell to 0
   pid_t start_pid_ = 0;
+  uid_t signal_uid_ = 0;  // getuid() at Start(): the ticker's signals' si_uid
 
   // Interned ids of the state label (wall samples).
   static constexpr std::array<bool, kNumProviders> state_label_provider_{

@@ -114,7 +114,9 @@ SyscallSite ThreadSyscallSite(pid_t tid) noexcept {
 ThreadLook LookAtThread(pid_t tid) noexcept {
   ThreadLook look;
   // The calling thread's own file would name the read() that reads it.
-  if (tid == CurrentTid()) {
+  // (Its id cached: gettid is a system call, and the ticker looks often.)
+  static thread_local const pid_t self = CurrentTid();
+  if (tid == self) {
     look.state = 'R';
     return look;
   }
