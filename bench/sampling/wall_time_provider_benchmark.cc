@@ -7,6 +7,8 @@
 #include <dirent.h>
 #include <time.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
@@ -17,6 +19,7 @@
 
 #include "benchmark/benchmark.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/thread_info.h"
 
 namespace inprof {
 namespace {
@@ -93,6 +96,41 @@ void BM_WallTicker_IdleThreads(benchmark::State& state) {
   profiler.Stop().IgnoreError();
 }
 BENCHMARK(BM_WallTicker_IdleThreads)->Arg(100)->Arg(1000)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// What one visit to a blocked thread reads from the kernel: since
+// 2026-11-25 one /proc/self/task/TID/syscall (LookAtThread: its state and
+// where it waits), where it used to read .../stat and then .../syscall
+// (arg 1). The thread waits on a condition variable throughout.
+void BM_WallTimeProvider_LookAtBlockedThread(benchmark::State& state) {
+  const bool two_reads = state.range(0) == 1;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::atomic<pid_t> tid{0};
+  std::thread waiter([&] {
+    tid = internal::CurrentTid();
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return done; });
+  });
+  while (internal::LookAtThread(tid.load()).state != 'S') {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (auto _ : state) {
+    if (two_reads) {
+      benchmark::DoNotOptimize(internal::ThreadState(tid));
+      benchmark::DoNotOptimize(internal::ThreadSyscallSite(tid));
+    } else {
+      benchmark::DoNotOptimize(internal::LookAtThread(tid));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+  }
+  cv.notify_all();
+  waiter.join();
+}
+BENCHMARK(BM_WallTimeProvider_LookAtBlockedThread)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace inprof
