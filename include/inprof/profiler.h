@@ -949,7 +949,11 @@ class Profiler final : public internal::ProfilerControl,
             continue;
           }
           lock.unlock();
-          batch = Tick(batch);
+          // steady_clock is CLOCK_MONOTONIC in libstdc++ and libc++ on
+          // Linux: the same clock as the visits' (NowNanos).
+          batch = Tick(batch, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  next.time_since_epoch())
+                                  .count());
           lock.lock();
           next += jittered(step * batch *
                            tick_quiet_factor_.load(std::memory_order_relaxed));
@@ -987,15 +991,17 @@ class Profiler final : public internal::ProfilerControl,
   // ThreadsPerTick() threads or fewer nothing changes.
   static constexpr size_t kMaxTickBatch = 10;
 
-  // One wake-up of the ticker standing for `batch` ticks; returns the batch
-  // for the next one.
-  size_t Tick(size_t batch) {
+  // One wake-up of the ticker standing for `batch` ticks, meant for
+  // `scheduled_ns` (CLOCK_MONOTONIC; TickTime says why that matters);
+  // returns the batch for the next one.
+  size_t Tick(size_t batch, int64_t scheduled_ns) {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if (!running_) return 1;
     wall_wakeups_.fetch_add(1, std::memory_order_relaxed);
     const int64_t now = WallTimeProvider::NowNanos();
+    const TickTime when{now, std::min(scheduled_ns, now)};
     size_t next = kMaxTickBatch;
-    TickEach(now, batch, next, std::make_index_sequence<kNumProviders>{});
+    TickEach(when, batch, next, std::make_index_sequence<kNumProviders>{});
     // A whole round of steady visits (every thread followed, or blocked
     // without having run): the next wake-up comes later, up to
     // kMaxQuietFactor periods, and never so late that a thread's revisit
@@ -1037,13 +1043,13 @@ class Profiler final : public internal::ProfilerControl,
     }
   }
   template <size_t... I>
-  void TickEach(int64_t now, size_t batch, size_t& next,
+  void TickEach(TickTime when, size_t batch, size_t& next,
                 std::index_sequence<I...>) {
-    (TickOne<I>(now, batch, next), ...);
+    (TickOne<I>(when, batch, next), ...);
   }
   // Registry lock held.
   template <size_t I>
-  void TickOne(int64_t now, size_t batch, size_t& next) {
+  void TickOne(TickTime when, size_t batch, size_t& next) {
     using P = std::tuple_element_t<I, std::tuple<Ps...>>;
     if constexpr (TicksThreads<P>) {
       P& provider = std::get<I>(providers_);
@@ -1105,7 +1111,7 @@ class Profiler final : public internal::ProfilerControl,
           has_running_sample = taken != slot->running_samples_at_visit[I];
           slot->running_samples_at_visit[I] = taken;
         }
-        switch (provider.VisitThread(*slot, std::get<I>(slot->data), now,
+        switch (provider.VisitThread(*slot, std::get<I>(slot->data), when,
                                      has_episode_stack, has_running_sample,
                                      v)) {
           case TickDecision::kSkip:

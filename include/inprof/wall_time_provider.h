@@ -6,8 +6,9 @@
 // rhythm: a thread alternating 5 ms of sleep and 5 ms of work is seen half
 // and half) and visits up to `wall_threads_per_tick` registered threads in
 // round-robin (the dd-win-prof seed's sampler loop). Each visit is worth the
-// wall time since the thread's previous visit, so over a run a thread's wall
-// total equals the time it was registered.
+// wall time since the thread's previous visit, between the ticker's
+// scheduled wake-ups (TickTime), so over a run a thread's wall total equals
+// the time it was registered.
 //
 // A visit reads the thread's state from the kernel rather than guessing it,
 // in one read of /proc/self/task/TID/syscall ("running", or where the
@@ -90,7 +91,7 @@ namespace inprof {
 // thread rather than by per-thread timers.
 //   (1) p.TickPeriod() -> absl::Duration (zero: never ticks);
 //   (2) p.ThreadsPerTick() -> size_t;
-//   (3) p.VisitThread(ThreadContext&, ThreadData&, int64_t now_ns,
+//   (3) p.VisitThread(ThreadContext&, ThreadData&, TickTime when,
 //       bool has_episode_stack, bool has_running_sample,
 //       std::span<int64_t> values) -> TickDecision
 //       (has_episode_stack: the profiler holds the stack of the thread's
@@ -99,6 +100,24 @@ namespace inprof {
 //       provider's previous visit, whose stack the profiler can credit);
 //   (4) p.AwaitsEpisodeStack(ThreadData&) -> bool: a sample that will give
 //       that stack was asked for (the profiler drains the thread's ring).
+// When a visit happens. `scheduled_ns` is when the ticker meant to wake
+// (its random schedule); `now_ns` when it did (CLOCK_MONOTONIC, both;
+// scheduled_ns <= now_ns). A visit credits the wall time between the
+// scheduled times of its thread's visits, not between the times they
+// happened: on a busy machine the ticker wakes late, later when the
+// threads it samples are running (they are the load it waits behind), so
+// real intervals ending in a running look are longer -- measured with 8
+// threads alternating 5 ms of sleep and 5 ms of spinning beside two busy
+// loops: 0.6-1.1 points of the sleep share moved to the spinning stack.
+// The schedule does not depend on the threads.
+struct TickTime {
+  int64_t now_ns = 0;
+  int64_t scheduled_ns = 0;
+  // A visit made when it was meant to (tests, and callers without a
+  // schedule).
+  static TickTime At(int64_t ns) { return TickTime{ns, ns}; }
+};
+
 enum class TickDecision {
   kSkip,           // nothing to record now (time owed to a signal in flight)
   kSignal,         // send the profiling signal; OnSignal records the sample
@@ -120,7 +139,7 @@ concept TicksThreads =
              std::span<int64_t> values) {
       { p.TickPeriod() } -> std::convertible_to<absl::Duration>;
       { p.ThreadsPerTick() } -> std::convertible_to<size_t>;
-      { p.VisitThread(thread, data, int64_t{}, bool{}, bool{}, values) }
+      { p.VisitThread(thread, data, TickTime{}, bool{}, bool{}, values) }
           -> std::same_as<TickDecision>;
       { p.AwaitsEpisodeStack(data) } -> std::convertible_to<bool>;
     };
@@ -167,7 +186,12 @@ class WallTimeProvider {
   struct ThreadData {
     bool armed = false;
     bool tail_pending = false;
-    int64_t last_wall_ns = 0;  // ticker: monotonic time of the last visit
+    // Ticker: the scheduled time of the last visit (TickTime), up to which
+    // the thread's wall time is credited.
+    int64_t last_wall_ns = 0;
+    // Ticker: when the last look at its CPU clock happened (cpu_mark's
+    // wall time): whether it ran throughout is judged on real time.
+    int64_t last_look_ns = 0;
     // Wall time owed to the next handler run (ticker adds, handler takes);
     // accumulates if a signal is lost while another SIGPROF is pending.
     std::atomic<int64_t> pending_wall_ns{0};
@@ -243,7 +267,7 @@ class WallTimeProvider {
   absl::Duration TickPeriod() const { return period_; }
   size_t ThreadsPerTick() const { return threads_per_tick_; }
   TickDecision VisitThread(ThreadContext& thread, ThreadData& data,
-                           int64_t now_ns, bool has_episode_stack,
+                           TickTime when, bool has_episode_stack,
                            bool has_running_sample, std::span<int64_t> values);
   // A blocked thread was signalled for its episode's stack, which the
   // profiler does not hold yet (it may be in the thread's ring).

@@ -26,6 +26,7 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
                                          ThreadData& data, int /*tag*/) {
   if (period_ == absl::ZeroDuration() || data.armed) return absl::OkStatus();
   data.last_wall_ns = NowNanos();
+  data.last_look_ns = data.last_wall_ns;
   data.pending_wall_ns.store(0, std::memory_order_relaxed);
   data.cpu_mark.store(internal::ThreadCpuNanos(thread.cpu_clock),
                       std::memory_order_relaxed);
@@ -71,12 +72,15 @@ bool WallTimeProvider::TakeTail(ThreadContext&, ThreadData& data,
 }
 
 TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
-                                           ThreadData& data, int64_t now_ns,
+                                           ThreadData& data, TickTime when,
                                            bool has_episode_stack,
                                            bool has_running_sample,
                                            std::span<int64_t> values) {
   data.steady_visit = false;
   if (!data.armed) return TickDecision::kSkip;
+  // Credited up to the visit's scheduled time (TickTime); a thread armed
+  // after it waits for the next visit.
+  const int64_t now_ns = std::min(when.scheduled_ns, when.now_ns);
   int64_t elapsed = now_ns - data.last_wall_ns;
   if (elapsed <= 0) return TickDecision::kSkip;
   const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
@@ -100,6 +104,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // woken and waits for a core). No /proc reads: an idle thread's visit
     // costs one clock read, as it did before the kernel's state was read.
     data.last_wall_ns = now_ns;
+    data.last_look_ns = when.now_ns;
     data.steady_visit = true;
     ++counts_.blocked;
     values[0] = 1;
@@ -111,10 +116,13 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   // ago: signalled as running without asking the kernel. Reading
   // /proc/PID/task/TID/stat costs ~60 us on this project's VM, 40% of a
   // visit to a running thread (bench/overhead cpu-1: the ticker's CPU).
+  // Real time since that look, not the credited interval: the ticker's
+  // lateness would otherwise count as the thread's.
   const int64_t previous_mark = data.cpu_mark.load(std::memory_order_relaxed);
+  const int64_t since_look = when.now_ns - data.last_look_ns;
   const bool ran_throughout =
-      previous_mark >= 0 && (clock - previous_mark) * 100 >=
-                                elapsed * kRanThroughoutPercent;
+      previous_mark >= 0 && since_look > 0 &&
+      (clock - previous_mark) * 100 >= since_look * kRanThroughoutPercent;
   // One read says both whether it runs and, if not, where it waits.
   internal::ThreadLook look;
   look.state = 'R';
@@ -134,6 +142,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
       data.cpu_mark.load(std::memory_order_relaxed),
       thread.handler_exit_clock.load(std::memory_order_relaxed));
   data.cpu_mark.store(clock, std::memory_order_relaxed);
+  data.last_look_ns = when.now_ns;
   const bool barely_ran = mark >= 0 && clock - mark <= kBlockedCpuSlackNs;
 
   // A followed thread: its running samples carried the interval's wall
@@ -175,7 +184,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
       state != 'R' ||
       ((data.last_look_blocked || data.blocked_signal_sent) && barely_ran);
   if (data.pending_wall_ns.load(std::memory_order_acquire) > 0 &&
-      now_ns - data.signal_sent_ns < kSignalLostAfterNs) {
+      when.now_ns - data.signal_sent_ns < kSignalLostAfterNs) {
     // A signal is still on its way: the time is owed to that sample. Never
     // a second signal (nor a second EINTR) before the first was handled --
     // unless it was lost (a pending SIGPROF swallows a queued one).
@@ -201,17 +210,17 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     }
     // Running or runnable: its stack now, in the handler.
     data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
-    data.signal_sent_ns = now_ns;
+    data.signal_sent_ns = when.now_ns;
     ++data.signals;
     return TickDecision::kSignal;
   }
   ++counts_.blocked;
-  // Where it waits: from the look above when it found the thread blocked
-  // (one snapshot of state and site); asked now when it found it running
-  // (just woken, still counted as blocked) or did not look.
-  const internal::SyscallSite site = looked && state != 'R'
-                                         ? look.site
-                                         : internal::ThreadSyscallSite(thread.tid);
+  // Where it waits: from the look above (one snapshot of state and site).
+  // A look that found it running (just woken, still counted as blocked)
+  // has no site, and a second read would say "running" again: the episode
+  // goes on if it barely ran. Asked now only when there was no look.
+  const internal::SyscallSite site =
+      looked ? look.site : internal::ThreadSyscallSite(thread.tid);
   if (site.nr == SYS_rt_sigtimedwait) {
     // sigwait, sigwaitinfo, sigtimedwait: a signal would end the wait as
     // one of the program's own (kSigwaitFrame). Not an episode: the next
@@ -236,7 +245,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   // A new blocking episode: one signal to learn where.
   ++counts_.blocked_signals;
   data.episode_site = site;
-  data.signal_sent_ns = now_ns;
+  data.signal_sent_ns = when.now_ns;
   data.blocked_signal_sent = true;
   data.signal_blocked.store(true, std::memory_order_relaxed);
   data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);

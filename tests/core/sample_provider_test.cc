@@ -175,7 +175,7 @@ class RideProvider {
   }
   absl::Duration TickPeriod() const { return absl::Milliseconds(5); }
   size_t ThreadsPerTick() const { return 5; }
-  TickDecision VisitThread(ThreadContext&, ThreadData&, int64_t, bool,
+  TickDecision VisitThread(ThreadContext&, ThreadData&, TickTime, bool,
                            bool has_running_sample, std::span<int64_t> values) {
     if (!has_running_sample) return TickDecision::kSkip;
     credits.fetch_add(1);
