@@ -93,6 +93,9 @@ class ThreadRegistration {
   // Unregisters now. Idempotent.
   void Reset() {
     if (slot_ == nullptr) return;
+#if defined(_WIN32)
+    slot_->leaving.store(true, std::memory_order_release);
+#endif
     std::unique_lock<std::mutex> lock(registry_->mutex);
     const bool own_thread = static_cast<int64_t>(internal::CurrentTid()) == tid_;
     if (registry_->owner != nullptr) {

@@ -277,6 +277,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->tick_times_at = -1;
     slot->busy.fill(false);
     slot->pick_in_flight = false;
+    slot->leaving.store(false, std::memory_order_relaxed);
     slot->has_aggregate_thread = false;
     slot->last_stack.clear();
     for (auto& v : slot->provider_last_stack) v.clear();
@@ -561,6 +562,8 @@ class Profiler final : public internal::ProfilerControl,
       // A thread that suspends itself never wakes: the sampler is never
       // sampled.
       if (slot->tid == self) return;
+      // Unregistering (ThreadSlotHeader::leaving): its tail takes its CPU.
+      if (slot->leaving.load(std::memory_order_acquire)) return;
       if (slot->tick_times_at != now) {
         slot->tick_times = internal::ReadThreadTimes(slot->handle);
         slot->tick_times_at = now;
@@ -625,6 +628,14 @@ class Profiler final : public internal::ProfilerControl,
       std::lock_guard<std::mutex> lock(registry_->mutex);
       // Unregistered since the pick: its tail took the picked values back.
       if (!StillSampled(slot, generation)) return;
+      if (slot->leaving.load(std::memory_order_acquire)) {
+        // Unregistering since the pick, and waiting for this lock: its
+        // stack would be the wait's. The picked values go back, for its
+        // tail (at Unregister, or Stop's) to give to its last stack.
+        slot->data = slot->data_before_pick;
+        slot->pick_in_flight = false;
+        return;
+      }
       if (wants_stack) {
         outcome = snapshotter_->Capture(slot->handle, slot->stack, &CopyLabels, &labels);
       } else {
