@@ -80,8 +80,8 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   if (!data.armed) return TickDecision::kSkip;
   // Credited up to the visit's scheduled time (TickTime); a thread armed
   // after it waits for the next visit.
-  const int64_t now_ns = std::min(when.scheduled_ns, when.now_ns);
-  int64_t elapsed = now_ns - data.last_wall_ns;
+  const int64_t credit_to = when.scheduled_ns;
+  int64_t elapsed = credit_to - data.last_wall_ns;
   if (elapsed <= 0) return TickDecision::kSkip;
   const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
   if (clock < 0) return TickDecision::kSkip;  // exited
@@ -103,7 +103,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // episode: it has not run, so it waits where it waited (or was just
     // woken and waits for a core). No /proc reads: an idle thread's visit
     // costs one clock read, as it did before the kernel's state was read.
-    data.last_wall_ns = now_ns;
+    data.last_wall_ns = credit_to;
     data.last_look_ns = when.now_ns;
     data.steady_visit = true;
     ++counts_.blocked;
@@ -134,7 +134,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   }
   const char state = look.state;
   if (state == 0) return TickDecision::kSkip;  // exited
-  data.last_wall_ns = now_ns;
+  data.last_wall_ns = credit_to;
   // The thread's own CPU since the last look or, when one of inprof's
   // handlers ran on it since (a sample, CPU or wall), since that handler
   // returned: what the sample cost it is not the thread running.
