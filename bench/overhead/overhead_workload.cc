@@ -262,6 +262,8 @@ class GperftoolsHooks : public Hooks {
 
 struct Worker {
   double cpu_s = 0;
+  // idle: the CPU its RegisterThread call took, and its unregistration.
+  double register_s = 0, unregister_s = 0;
 };
 
 void NameThisThread(int index) {
@@ -365,12 +367,16 @@ void RunIdle(Hooks& hooks, int threads, double seconds, std::vector<Worker>& wor
   for (int i = 0; i < threads; ++i) {
     pool.emplace_back([&, i] {
       NameThisThread(i);
+      const double before_register = ThreadCpuSeconds();
       auto registration = hooks.RegisterThread("worker-" + std::to_string(i));
+      workers[i].register_s = ThreadCpuSeconds() - before_register;
       std::unique_lock<std::mutex> lock(mutex);
       if (++ready == threads) all_ready.notify_one();
       go.wait(lock, [&] { return done; });
       lock.unlock();
       workers[i].cpu_s = ThreadCpuSeconds();
+      registration.reset();
+      workers[i].unregister_s = ThreadCpuSeconds() - workers[i].cpu_s;
     });
   }
   {
@@ -556,16 +562,25 @@ int main(int argc, char** argv) {
 
   double workers_cpu = 0;
   for (const Worker& w : workers) workers_cpu += w.cpu_s;
+  // Medians over the threads (idle only: zero elsewhere), in microseconds.
+  auto median_us = [&workers](double Worker::*field) {
+    std::vector<double> v;
+    for (const Worker& w : workers) v.push_back(w.*field);
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2] * 1e6;
+  };
   std::printf(
       "RESULT profiler=%s workload=%s threads=%d wall_s=%.6f cpu_s=%.6f user_s=%.6f"
       " sys_s=%.6f run_cpu_s=%.6f maxrss_kib=%ld workers_cpu_s=%.6f prof_threads=%d"
       " prof_threads_cpu_s=%.6f prof_threads_after_s=%.6f start_wall_s=%.6f"
-      " start_cpu_s=%.6f stop_wall_s=%.6f stop_cpu_s=%.6f stop_ok=%d prof_thread_cpu=%s%s\n",
+      " start_cpu_s=%.6f stop_wall_s=%.6f stop_cpu_s=%.6f stop_ok=%d register_cpu_us=%.1f"
+      " unregister_cpu_us=%.1f prof_thread_cpu=%s%s\n",
       profiler.c_str(), workload.c_str(), threads, t1 - t0, after.cpu() - before.cpu(),
       after.user - before.user, after.sys - before.sys, end.cpu(), PeakRssKib(),
       workers_cpu, own_before.count, own_before.cpu_s, own_after.cpu_s, start_wall, start_cpu,
       stop_wall,
-      stop_cpu, stopped.ok() ? 1 : 0,
-      own_before.by_name.empty() ? "-" : own_before.by_name.c_str(), hooks->Stats().c_str());
+      stop_cpu, stopped.ok() ? 1 : 0, median_us(&Worker::register_s),
+      median_us(&Worker::unregister_s), own_before.by_name.empty() ? "-" : own_before.by_name.c_str(), hooks->Stats().c_str());
   return g_sink.load() == 42 ? 3 : 0;  // keeps the work observable
 }
