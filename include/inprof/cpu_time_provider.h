@@ -83,6 +83,9 @@ class CpuTimeProvider {
   // Threads are armed and disarmed outside the registry lock (their
   // perf_event_open, fcntl and close system calls).
   static constexpr bool kArmsConcurrently = true;
+  // DisarmThread closes or deletes what ArmThread made, which outlives the
+  // thread; TakeTail ends at ThreadContext::exit_cpu_ns when it is set.
+  static constexpr bool kUnregistersLate = true;
   // The perf and timer engines signal a thread after CPU time of its own,
   // so while it runs: a wall sample of a thread that ran throughout may
   // reuse the stack (sample_provider.h). The itimer engine's process-wide

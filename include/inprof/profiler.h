@@ -193,6 +193,7 @@ class Profiler final : public internal::ProfilerControl,
     config_status_ = options_.Validate();
     if (!config_status_.ok()) internal::Log(config_status_.message());
     registry_->owner = this;
+    registry_->defers_retire.store(kDefersRetire, std::memory_order_release);
     // A child forked while one of our threads holds these must find them
     // free (internal/fork_guard.h).
     internal::RegisterForkLock(&registry_->mutex, internal::kForkRankRegistry);
@@ -204,6 +205,11 @@ class Profiler final : public internal::ProfilerControl,
     internal::UnregisterForkLock(&core_.mutex());
     internal::UnregisterForkLock(&registry_->mutex);
     std::lock_guard<std::mutex> lock(registry_->mutex);
+    // A thread that checked defers_retire before this queues its slot
+    // after: the slot is still in active_ below, and the queue is never
+    // read again.
+    registry_->defers_retire.store(false, std::memory_order_release);
+    ProcessRetiredLocked();
     for (Slot* slot : active_) RetireLocked(slot, /*reusable=*/false);
     active_.clear();
     registry_->owner = nullptr;
@@ -221,6 +227,7 @@ class Profiler final : public internal::ProfilerControl,
     if (!config_status_.ok()) return config_status_;
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if (running_) return absl::OkStatus();
+    ProcessRetiredLocked();
     if (start_pid_ != 0 && getpid() != start_pid_) {
       // Its collector's and sinks' state belongs to the parent.
       return absl::FailedPreconditionError(absl::StrCat(
@@ -260,7 +267,10 @@ class Profiler final : public internal::ProfilerControl,
     start_pid_ = getpid();
     signal_uid_ = getuid();
     core_.BeginWindow();
-    for (Slot* slot : active_) ArmLocked(slot);
+    for (Slot* slot : active_) {
+      // One that unregistered meanwhile is finished by the collector.
+      if (!slot->retiring.load(std::memory_order_acquire)) ArmLocked(slot);
+    }
     core_.SetEngineDetail(DescribeProviders());
     core_.StartCollector([this] { Drain(); }, [this] { return stats(); });
     StartTicker();
@@ -294,6 +304,7 @@ class Profiler final : public internal::ProfilerControl,
       stopping_ = true;
       arms_done_.wait(lock, [this] { return arms_in_flight_ == 0; });
       if (!running_) return absl::OkStatus();  // another Stop() was first
+      ProcessRetiredLocked();
       for (Slot* slot : active_) DisarmLocked(slot);
       internal::DeactivateSession(session_);
       for (Slot* slot : active_) {
@@ -362,8 +373,15 @@ class Profiler final : public internal::ProfilerControl,
     slot->running_samples_at_visit.fill(
         slot->running_samples.load(std::memory_order_relaxed));
     slot->handler_exit_clock.store(-1, std::memory_order_relaxed);
+    slot->retiring.store(false, std::memory_order_relaxed);
+    slot->exit_cpu_ns.store(-1, std::memory_order_relaxed);
+    slot->exit_wall_ns.store(-1, std::memory_order_relaxed);
     ++slot->generation;
     std::unique_lock<std::mutex> lock(registry_->mutex);
+    // Threads that ended since the collector's last pass: their slots go
+    // back to the pool now, so that a program that keeps starting threads
+    // does not keep allocating new ones.
+    ProcessRetiredLocked();
     slot->session.store(session_, std::memory_order_release);
     internal::SetCurrentThreadSlot(slot);
     active_.push_back(slot);
@@ -397,7 +415,8 @@ class Profiler final : public internal::ProfilerControl,
   bool SetThreadName(pid_t tid, absl::string_view name) {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     for (Slot* slot : active_) {
-      if (slot->tid != tid) continue;
+      // A retiring thread may be gone, and its id reused.
+      if (slot->tid != tid || slot->retiring.load(std::memory_order_acquire)) continue;
       slot->name = std::string(name);
       if (slot->has_aggregate_thread) {
         std::lock_guard<std::mutex> agg_lock(core_.mutex());
@@ -1066,6 +1085,18 @@ class Profiler final : public internal::ProfilerControl,
           tick_steady_visits_ = 0;
           continue;
         }
+        // A thread that unregistered itself may be gone, and its id reused:
+        // never visited again. One that unregisters during the visit waits
+        // for it to end (ThreadSlotHeader::retiring).
+        slot->visiting.store(true, std::memory_order_seq_cst);
+        if (slot->retiring.load(std::memory_order_seq_cst)) {
+          slot->visiting.store(false, std::memory_order_release);
+          continue;
+        }
+        struct EndVisit {
+          Slot* slot;
+          ~EndVisit() { slot->visiting.store(false, std::memory_order_release); }
+        } end_visit{slot};
         // The sample that began a blocking episode may still be in the ring:
         // without draining it the episode would look stackless and the
         // thread be signalled (and its blocking call interrupted) again.
@@ -1296,6 +1327,7 @@ class Profiler final : public internal::ProfilerControl,
   // still running.
   bool DrainRings() {
     std::lock_guard<std::mutex> lock(registry_->mutex);
+    ProcessRetiredLocked();
     if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
     // Read before draining: what is pushed meanwhile is drained next pass.
     const uint64_t activity = activity_.load(std::memory_order_acquire);
@@ -1312,10 +1344,9 @@ class Profiler final : public internal::ProfilerControl,
   void Unregister(internal::ThreadSlotHeader* header, bool on_owner_thread,
                   std::unique_lock<std::mutex>& lock) override {
     Slot* slot = static_cast<Slot*>(header);
-    auto it = std::find(active_.begin(), active_.end(), slot);
-    if (it == active_.end()) return;
-    active_.erase(it);
-    if (start_pid_ != 0 && getpid() != start_pid_) {
+    if (!RemoveActiveLocked(slot)) return;
+    const bool same_process = start_pid_ == 0 || getpid() == start_pid_;
+    if (!same_process) {
       ForgetSlotLocked(slot);  // a forked child
       return;
     }
@@ -1331,7 +1362,22 @@ class Profiler final : public internal::ProfilerControl,
         EndWorkOutsideLock(slot);
       }
     }
-    DisarmLocked(slot);  // a no-op once disarmed above
+    FinishUnregisterLocked(slot, on_owner_thread, same_process);
+  }
+
+  // Registry lock held: takes `slot` out of active_; false if it was not
+  // there (unregistered already).
+  bool RemoveActiveLocked(Slot* slot) {
+    auto it = std::find(active_.begin(), active_.end(), slot);
+    if (it == active_.end()) return false;
+    active_.erase(it);
+    return true;
+  }
+
+  // Registry lock held; `slot` is out of active_ (Unregister, or a slot its
+  // thread queued: ProcessRetiredLocked).
+  void FinishUnregisterLocked(Slot* slot, bool on_owner_thread, bool same_process) {
+    DisarmLocked(slot);  // a no-op once disarmed
     // A handler cannot be running on this thread while we are here; on
     // another thread it may be, so clear the session and wait it out.
     slot->session.store(0, std::memory_order_seq_cst);
@@ -1339,7 +1385,7 @@ class Profiler final : public internal::ProfilerControl,
     if (on_owner_thread && internal::CurrentThreadSlot() == slot) {
       internal::SetCurrentThreadSlot(nullptr);
     }
-    if (start_pid_ == 0 || getpid() == start_pid_) {
+    if (same_process) {
       if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
       DrainSlotLocked(slot);  // first: the tail goes to the newest stack
       TakeTailsLocked(slot);
@@ -1354,6 +1400,35 @@ class Profiler final : public internal::ProfilerControl,
     // slot: never reuse it, so that thread can never push into a new owner's
     // ring.
     RetireLocked(slot, /*reusable=*/on_owner_thread);
+  }
+
+  // When every provider can be disarmed and its tail taken after the
+  // thread is gone, threads unregister themselves without the registry
+  // lock (ThreadRegistration::Reset) and the profiler finishes that here.
+  static constexpr bool kDefersRetire = (UnregistersLate<Ps> && ...);
+
+  // Registry lock held: finishes the unregistrations threads queued (their
+  // TLS pointer is cleared, so their slots go back to the pool). Called by
+  // the collector at each pass, by RegisterThread, Start, Stop and the
+  // destructor.
+  void ProcessRetiredLocked() {
+    if constexpr (kDefersRetire) {
+      internal::ThreadSlotHeader* next = registry_->TakeRetired();
+      if (next == nullptr) return;
+      const bool same_process = start_pid_ == 0 || getpid() == start_pid_;
+      while (next != nullptr) {
+        Slot* slot = static_cast<Slot*>(next);
+        next = next->next_retired;
+        // Not in active_: a forked child forgot it, or the destructor
+        // retired it already.
+        if (!RemoveActiveLocked(slot)) continue;
+        if (!same_process) {
+          ForgetSlotLocked(slot);
+          continue;
+        }
+        FinishUnregisterLocked(slot, /*on_owner_thread=*/true, same_process);
+      }
+    }
   }
 
   // Registry lock held, in a forked child of the process that started the

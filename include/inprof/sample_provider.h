@@ -117,6 +117,19 @@ concept ArmsConcurrently = SampleProvider<P> && requires {
   requires P::kArmsConcurrently;
 };
 
+// Optional: a provider whose DisarmThread and TakeTail may run after the
+// thread has exited declares `static constexpr bool kUnregistersLate =
+// true;`; its TakeTail then ends the tail at the thread's exit_cpu_ns /
+// exit_wall_ns (ThreadContext) when they are set (>= 0), since a gone
+// thread's CPU clock cannot be read. When every provider of a Profiler
+// says so, a thread that unregisters itself does not take the registry
+// lock: it queues its slot and the collector finishes the unregistration
+// (internal/signal_dispatch.h, ThreadSlotHeader::retiring).
+template <typename P>
+concept UnregistersLate = SampleProvider<P> && requires {
+  requires P::kUnregistersLate;
+};
+
 // Optional: a provider whose samples are taken only while the thread runs
 // on a CPU (CpuTimeProvider: a thread's CPU clock advances only then)
 // declares `static constexpr bool kSamplesRunningThreads = true;`. The

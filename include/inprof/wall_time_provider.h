@@ -182,6 +182,8 @@ class WallTimeProvider {
   static constexpr int64_t kSignalLostAfterNs = 200'000'000;
   // ArmThread and DisarmThread touch only the thread's own data.
   static constexpr bool kArmsConcurrently = true;
+  // TakeTail ends at ThreadContext::exit_wall_ns when it is set.
+  static constexpr bool kUnregistersLate = true;
 
   struct ThreadData {
     bool armed = false;

@@ -397,7 +397,10 @@ bool CpuTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
                                std::span<int64_t> values) {
   if (!data.tail_pending) return false;
   data.tail_pending = false;
-  const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
+  // A thread that unregistered itself read its clock as it did.
+  const int64_t exit_ns = thread.exit_cpu_ns.load(std::memory_order_relaxed);
+  const int64_t now =
+      exit_ns >= 0 ? exit_ns : internal::ThreadCpuNanos(thread.cpu_clock);
   if (now < 0) return false;  // the thread is gone: its clock is unreadable
   const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
   data.last_cpu_ns.store(now, std::memory_order_relaxed);

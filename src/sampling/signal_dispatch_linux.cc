@@ -1,10 +1,12 @@
 #include "inprof/internal/signal_dispatch.h"
 
 #include "inprof/internal/fork_guard.h"
+#include "inprof/internal/thread_info.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstring>
@@ -103,6 +105,19 @@ void SetCurrentThreadSlot(ThreadSlotHeader* slot) noexcept {
   std::atomic_signal_fence(std::memory_order_seq_cst);
   tls_slot = slot;
   std::atomic_signal_fence(std::memory_order_seq_cst);
+}
+
+void BeginRetireOnOwnThread(ThreadSlotHeader& slot) noexcept {
+  SetCurrentThreadSlot(nullptr);  // no handler of this thread finds it again
+  slot.exit_cpu_ns.store(ThreadCpuNanos(slot.cpu_clock), std::memory_order_relaxed);
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  slot.exit_wall_ns.store(now.tv_sec * 1'000'000'000LL + now.tv_nsec,
+                          std::memory_order_relaxed);
+  slot.retiring.store(true, std::memory_order_seq_cst);
+  // A visit under way may still signal this thread: it is short (a /proc
+  // read), and the thread must be alive for it.
+  while (slot.visiting.load(std::memory_order_seq_cst)) sched_yield();
 }
 
 uint64_t NewSessionId() noexcept {

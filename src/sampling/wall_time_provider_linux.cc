@@ -52,11 +52,13 @@ bool WallTimeProvider::OnSignal(ThreadContext&, ThreadData& data,
   return true;
 }
 
-bool WallTimeProvider::TakeTail(ThreadContext&, ThreadData& data,
+bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
                                 std::span<int64_t> values) {
   if (!data.tail_pending) return false;
   data.tail_pending = false;
-  const int64_t now = NowNanos();
+  // A thread that unregistered itself read the clock as it did.
+  const int64_t exit_ns = thread.exit_wall_ns.load(std::memory_order_relaxed);
+  const int64_t now = exit_ns >= 0 ? std::max(exit_ns, data.last_wall_ns) : NowNanos();
   // Owed to a signal that never ran, plus the time since the last visit
   // (for a followed thread, less what its samples carried since).
   int64_t owed = data.pending_wall_ns.exchange(0) + (now - data.last_wall_ns);

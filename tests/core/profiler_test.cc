@@ -198,6 +198,48 @@ TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
   EXPECT_GT(burn, total * 9 / 10);
 }
 
+// A thread that unregisters itself does not wait for the registry lock:
+// the collector finishes its unregistration at its next pass, after the
+// thread may have exited (its CPU clock then unreadable). Its CPU and wall
+// time still end where it unregistered: not short by the CPU after its
+// last sample, not long by the wait for the collector.
+TEST(ProfilerTest, AThreadThatUnregistersItselfIsCountedUpToThatMoment) {
+  Options options = TestOptions("retired_self");
+  // A long CPU period: most of the thread's CPU is its tail.
+  options.cpu_period = absl::Milliseconds(200);
+  options.collect_period = absl::Milliseconds(100);
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  int64_t cpu_ns = 0, wall_ns = 0;
+  std::thread thread([&] {
+    const int64_t cpu0 = ThreadCpuNow();
+    const auto wall0 = std::chrono::steady_clock::now();
+    auto registration = profiler.RegisterThread("retires-itself");
+    BurnCpu(30'000'000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    registration.Reset();
+    cpu_ns = ThreadCpuNow() - cpu0;
+    wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - wall0)
+                  .count();
+  });
+  thread.join();
+  // Two collector passes after the thread is gone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int64_t cpu =
+      profile->ByLabel("thread name", profile->ValueIndex("cpu-time"))["retires-itself"];
+  const int64_t wall =
+      profile->ByLabel("thread name", profile->ValueIndex("wall-time"))["retires-itself"];
+  // What was measured around the registration brackets what it covered.
+  EXPECT_GT(cpu, 25'000'000);
+  EXPECT_LE(cpu, cpu_ns);
+  EXPECT_GT(wall, 45'000'000);
+  EXPECT_LE(wall, wall_ns);
+}
+
 // Thousands of threads that each live 1-2 ms, shorter than a scheduler
 // tick: their CPU reaches the profile through the samples the random first
 // expiry gives them and through the tail credited at unregistration.

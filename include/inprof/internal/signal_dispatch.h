@@ -90,7 +90,28 @@ struct ThreadSlotHeader {
   // Bumped at each registration, so a ScopedLabels that outlives its
   // thread's registration never writes into a reused slot.
   uint64_t generation = 0;
+
+  // Unregistering without the registry lock (ThreadRegistration::Reset on
+  // the owning thread, when the profiler's providers allow it): the thread
+  // clears its TLS pointer, so no handler touches the slot again, reads
+  // its CPU clock and the monotonic clock (the end of its tails, since its
+  // clock cannot be read once it exits), sets `retiring` and queues the
+  // slot for the collector, which finishes the unregistration under the
+  // lock. The ticker marks `visiting` around each visit and skips a
+  // retiring slot; the thread waits for a visit under way before it goes
+  // (both sequentially consistent: one of them sees the other), so no
+  // signal is ever sent to a thread id that may have been reused.
+  std::atomic<bool> retiring{false};
+  std::atomic<bool> visiting{false};
+  std::atomic<int64_t> exit_cpu_ns{-1};   // -1: the thread is registered
+  std::atomic<int64_t> exit_wall_ns{-1};  // CLOCK_MONOTONIC
+  ThreadSlotHeader* next_retired = nullptr;
 };
+
+// The lock-free half of an unregistration on the owning thread (see
+// ThreadSlotHeader::retiring): after it, `slot` may be queued for the
+// collector. Not for signal handlers.
+void BeginRetireOnOwnThread(ThreadSlotHeader& slot) noexcept;
 
 // The calling thread's slot (initial-exec TLS: no __tls_get_addr).
 ThreadSlotHeader* CurrentThreadSlot() noexcept;
