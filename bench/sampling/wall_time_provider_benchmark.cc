@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -100,9 +101,13 @@ BENCHMARK(BM_WallTicker_IdleThreads)->Arg(100)->Arg(1000)->Iterations(1)->UseRea
 // What one visit to a blocked thread reads from the kernel: since
 // 2026-11-25 one /proc/self/task/TID/syscall (LookAtThread: its state and
 // where it waits), where it used to read .../stat and then .../syscall
-// (arg 1). The thread waits on a condition variable throughout.
+// (arg 1); since 2026-11-26 through the file kept open between looks
+// (arg 2: a pread, no open and close). The thread waits on a condition
+// variable throughout.
 void BM_WallTimeProvider_LookAtBlockedThread(benchmark::State& state) {
   const bool two_reads = state.range(0) == 1;
+  const bool kept = state.range(0) == 2;
+  int kept_fd = -1;
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
@@ -119,6 +124,8 @@ void BM_WallTimeProvider_LookAtBlockedThread(benchmark::State& state) {
     if (two_reads) {
       benchmark::DoNotOptimize(internal::ThreadState(tid));
       benchmark::DoNotOptimize(internal::ThreadSyscallSite(tid));
+    } else if (kept) {
+      benchmark::DoNotOptimize(internal::LookAtThread(tid, &kept_fd, true));
     } else {
       benchmark::DoNotOptimize(internal::LookAtThread(tid));
     }
@@ -129,8 +136,13 @@ void BM_WallTimeProvider_LookAtBlockedThread(benchmark::State& state) {
   }
   cv.notify_all();
   waiter.join();
+  if (kept_fd >= 0) close(kept_fd);
 }
-BENCHMARK(BM_WallTimeProvider_LookAtBlockedThread)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_WallTimeProvider_LookAtBlockedThread)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace inprof

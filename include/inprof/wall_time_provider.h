@@ -218,6 +218,13 @@ class WallTimeProvider {
     int64_t followed_ns = 0;
     int64_t follow_balance_ns = 0;
     bool steady_visit = false;  // ticker: the last visit found nothing new
+    // The thread's /proc/self/task/TID/syscall kept open between looks
+    // (internal::LookAtThread), -1 when not; closed by DisarmThread.
+    int syscall_fd = -1;
+    ThreadData() = default;
+    ThreadData(const ThreadData&) = delete;
+    ThreadData& operator=(const ThreadData&) = delete;
+    ~ThreadData();
   };
 
   absl::Status Configure(const Options& options);
@@ -287,6 +294,12 @@ class WallTimeProvider {
              running_credits = 0, following = 0;
   };
   VisitCounts visit_counts() const { return counts_; }
+  // Descriptors of threads' .../syscall files held open now, and the most
+  // it holds (1/16 of those free under RLIMIT_NOFILE at Configure, at most
+  // kMaxKeptFiles): the threads looked at first keep theirs.
+  int kept_files() const { return kept_files_.load(std::memory_order_relaxed); }
+  int kept_file_budget() const { return kept_file_budget_; }
+  static constexpr int kMaxKeptFiles = 256;
 
   // Monotonic nanoseconds (CLOCK_MONOTONIC). Async-signal-safe.
   static int64_t NowNanos() noexcept;
@@ -295,6 +308,8 @@ class WallTimeProvider {
   absl::Duration period_ = absl::Milliseconds(10);
   size_t threads_per_tick_ = 5;
   VisitCounts counts_;  // ticker (registry lock)
+  int kept_file_budget_ = 0;
+  std::atomic<int> kept_files_{0};  // DisarmThread may run outside the lock
 };
 
 static_assert(SampleProvider<WallTimeProvider>);

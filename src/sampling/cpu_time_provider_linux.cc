@@ -43,18 +43,6 @@ int OpenTaskClock(pid_t tid, uint64_t period_ns, bool kernel) {
                                   PERF_FLAG_FD_CLOEXEC));
 }
 
-// Descriptors open in this process (/proc/self/fd), or -1.
-int CountOpenFds() {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  closedir(dir);
-  return n - 1;  // the directory's own descriptor
-}
-
 }  // namespace
 
 CpuTimeProvider::ThreadData::~ThreadData() {
@@ -94,14 +82,7 @@ absl::Status CpuTimeProvider::Configure(const Options& options) {
   // The share of descriptors still free that the engine may hold.
   perf_fd_budget_ = 0;
   if (perf_ok) {
-    rlimit limit;
-    const int open = CountOpenFds();
-    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && open >= 0) {
-      const int64_t soft =
-          limit.rlim_cur == RLIM_INFINITY
-              ? int64_t{1} << 20
-              : static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
-      const int64_t free_fds = std::max<int64_t>(0, soft - open);
+    if (const int64_t free_fds = internal::FreeFileDescriptors(); free_fds >= 0) {
       perf_fd_budget_ =
           static_cast<int>(free_fds * options.perf_fd_share / 100);
     }

@@ -1,11 +1,14 @@
 #include "inprof/internal/thread_info.h"
 
+#include <dirent.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -63,21 +66,11 @@ char ThreadState(pid_t tid) noexcept {
 
 namespace {
 
-// One read of /proc/self/task/TID/syscall. `opened` is false when the file
-// could not be opened (the thread is gone, or the kernel lacks the file).
-ThreadLook ReadSyscallFile(pid_t tid, bool& opened) noexcept {
+// "NR ARG1 ... ARG6 SP PC" (hex after NR), "-1 SP PC" when blocked outside a
+// system call, "running" otherwise: the first `n` bytes of `buf`, which has
+// room for a terminating NUL after them.
+ThreadLook ParseSyscallFile(char* buf, ssize_t n) noexcept {
   ThreadLook look;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/self/task/%d/syscall",
-                static_cast<int>(tid));
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
-  opened = fd >= 0;
-  if (fd < 0) return look;
-  // "NR ARG1 ... ARG6 SP PC" (hex after NR), "-1 SP PC" when blocked
-  // outside a system call, "running" otherwise.
-  char buf[256];
-  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
   if (n <= 0) return look;
   buf[n] = '\0';
   if (std::strncmp(buf, "running", 7) == 0) {
@@ -104,6 +97,26 @@ ThreadLook ReadSyscallFile(pid_t tid, bool& opened) noexcept {
   return look;
 }
 
+// One read of /proc/self/task/TID/syscall. `opened` is false when the file
+// could not be opened (the thread is gone, or the kernel lacks the file).
+// With `keep`, the descriptor is returned in `*kept_fd` instead of closed.
+ThreadLook ReadSyscallFile(pid_t tid, bool& opened, int* kept_fd = nullptr) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/self/task/%d/syscall",
+                static_cast<int>(tid));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  opened = fd >= 0;
+  if (fd < 0) return ThreadLook();
+  char buf[256];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  if (kept_fd != nullptr && n > 0) {
+    *kept_fd = fd;
+  } else {
+    close(fd);
+  }
+  return ParseSyscallFile(buf, n);
+}
+
 }  // namespace
 
 SyscallSite ThreadSyscallSite(pid_t tid) noexcept {
@@ -111,7 +124,7 @@ SyscallSite ThreadSyscallSite(pid_t tid) noexcept {
   return ReadSyscallFile(tid, opened).site;
 }
 
-ThreadLook LookAtThread(pid_t tid) noexcept {
+ThreadLook LookAtThread(pid_t tid, int* kept_fd, bool keep) noexcept {
   ThreadLook look;
   // The calling thread's own file would name the read() that reads it.
   // (Its id cached: gettid is a system call, and the ticker looks often.)
@@ -120,14 +133,42 @@ ThreadLook LookAtThread(pid_t tid) noexcept {
     look.state = 'R';
     return look;
   }
+  if (kept_fd != nullptr && *kept_fd >= 0) {
+    char buf[256];
+    const ssize_t n = pread(*kept_fd, buf, sizeof(buf) - 1, 0);
+    // ESRCH once the thread has exited: gone, like a file that cannot be
+    // opened.
+    return n > 0 ? ParseSyscallFile(buf, n) : ThreadLook();
+  }
   bool opened = false;
-  look = ReadSyscallFile(tid, opened);
+  look = ReadSyscallFile(tid, opened, kept_fd != nullptr && keep ? kept_fd : nullptr);
   if (look.state == 0 && !opened) {
     // No .../syscall here, or the thread is gone: .../stat tells which.
     const char state = ThreadState(tid);
     look.state = state == 0 ? 0 : (state == 'R' ? 'R' : 'S');
   }
   return look;
+}
+
+ThreadLook LookAtThread(pid_t tid) noexcept {
+  return LookAtThread(tid, nullptr, false);
+}
+
+int64_t FreeFileDescriptors() noexcept {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int64_t open_fds = -1;  // the directory's own descriptor
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++open_fds;
+  }
+  closedir(dir);
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+  const int64_t soft =
+      limit.rlim_cur == RLIM_INFINITY
+          ? int64_t{1} << 20
+          : static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+  return std::max<int64_t>(0, soft - open_fds);
 }
 
 int64_t ThreadCpuNanos(clockid_t clock) noexcept {

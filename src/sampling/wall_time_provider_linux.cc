@@ -1,6 +1,7 @@
 #include "inprof/wall_time_provider.h"
 
 #include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <algorithm>
@@ -19,7 +20,16 @@ absl::Status WallTimeProvider::Configure(const Options& options) {
   period_ = options.wall_period;
   threads_per_tick_ = static_cast<size_t>(
       options.wall_threads_per_tick > 0 ? options.wall_threads_per_tick : 1);
+  // A small share of the descriptors still free: the host's own come first
+  // (the perf engine takes INPROF_PERF_FD_SHARE, 25% by default).
+  const int64_t free_fds = internal::FreeFileDescriptors();
+  kept_file_budget_ = static_cast<int>(
+      std::clamp<int64_t>(free_fds / 16, 0, kMaxKeptFiles));
   return absl::OkStatus();
+}
+
+WallTimeProvider::ThreadData::~ThreadData() {
+  if (syscall_fd >= 0) close(syscall_fd);
 }
 
 absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
@@ -40,6 +50,11 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
 
 void WallTimeProvider::DisarmThread(ThreadContext&, ThreadData& data) noexcept {
   data.armed = false;
+  if (data.syscall_fd >= 0) {
+    close(data.syscall_fd);
+    data.syscall_fd = -1;
+    kept_files_.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 bool WallTimeProvider::OnSignal(ThreadContext&, ThreadData& data,
@@ -130,7 +145,14 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   look.state = 'R';
   bool looked = false;
   if (!ran_throughout) {
-    look = internal::LookAtThread(thread.tid);
+    // Its file stays open for the next looks while the budget allows.
+    const bool had_file = data.syscall_fd >= 0;
+    look = internal::LookAtThread(
+        thread.tid, &data.syscall_fd,
+        !had_file && kept_files_.load(std::memory_order_relaxed) < kept_file_budget_);
+    if (!had_file && data.syscall_fd >= 0) {
+      kept_files_.fetch_add(1, std::memory_order_relaxed);
+    }
     looked = true;
     ++counts_.state_reads;
   }
