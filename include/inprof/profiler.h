@@ -378,10 +378,14 @@ class Profiler final : public internal::ProfilerControl,
     slot->exit_wall_ns.store(-1, std::memory_order_relaxed);
     ++slot->generation;
     std::unique_lock<std::mutex> lock(registry_->mutex);
-    // Threads that ended since the collector's last pass: their slots go
+    // Many threads that ended while the lock was taken and are not finished
+    // yet (the collector does that every collect_period): their slots go
     // back to the pool now, so that a program that keeps starting threads
-    // does not keep allocating new ones.
-    ProcessRetiredLocked();
+    // does not keep allocating new ones. Not for fewer: that work would be
+    // this thread's CPU before it is sampled.
+    if (registry_->retired_count.load(std::memory_order_relaxed) >= kRetiredForRegistration) {
+      ProcessRetiredLocked();
+    }
     slot->session.store(session_, std::memory_order_release);
     internal::SetCurrentThreadSlot(slot);
     active_.push_back(slot);
@@ -429,6 +433,11 @@ class Profiler final : public internal::ProfilerControl,
 
   // True between a successful Start() and Stop().
   bool running() const { return running_; }
+
+  // For tests: the lock that registration, the collector and the wall
+  // sampler take (a thread unregistering itself while it is held queues its
+  // slot instead of waiting).
+  std::mutex& registry_mutex_for_testing() { return registry_->mutex; }
   const Options& options() const { return options_; }
 
   // Where the live endpoint (options().http_addr) listens, e.g.
@@ -1406,6 +1415,8 @@ class Profiler final : public internal::ProfilerControl,
   // thread is gone, threads unregister themselves without the registry
   // lock (ThreadRegistration::Reset) and the profiler finishes that here.
   static constexpr bool kDefersRetire = (UnregistersLate<Ps> && ...);
+  // Queued unregistrations that a registering thread finishes first.
+  static constexpr uint32_t kRetiredForRegistration = 64;
 
   // Registry lock held: finishes the unregistrations threads queued (their
   // TLS pointer is cleared, so their slots go back to the pool). Called by

@@ -198,11 +198,11 @@ TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
   EXPECT_GT(burn, total * 9 / 10);
 }
 
-// A thread that unregisters itself does not wait for the registry lock:
-// the collector finishes its unregistration at its next pass, after the
-// thread may have exited (its CPU clock then unreadable). Its CPU and wall
-// time still end where it unregistered: not short by the CPU after its
-// last sample, not long by the wait for the collector.
+// A thread that unregisters itself while the registry lock is taken does
+// not wait for it: the collector finishes its unregistration at its next
+// pass, after the thread may have exited (its CPU clock then unreadable).
+// Its CPU and wall time still end where it unregistered: not short by the
+// CPU after its last sample, not long by the wait for the collector.
 TEST(ProfilerTest, AThreadThatUnregistersItselfIsCountedUpToThatMoment) {
   Options options = TestOptions("retired_self");
   // A long CPU period: most of the thread's CPU is its tail.
@@ -211,10 +211,12 @@ TEST(ProfilerTest, AThreadThatUnregistersItselfIsCountedUpToThatMoment) {
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   int64_t cpu_ns = 0, wall_ns = 0;
+  std::atomic<bool> registered{false};
   std::thread thread([&] {
     const int64_t cpu0 = ThreadCpuNow();
     const auto wall0 = std::chrono::steady_clock::now();
     auto registration = profiler.RegisterThread("retires-itself");
+    registered = true;
     BurnCpu(30'000'000);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     registration.Reset();
@@ -223,7 +225,13 @@ TEST(ProfilerTest, AThreadThatUnregistersItselfIsCountedUpToThatMoment) {
                   std::chrono::steady_clock::now() - wall0)
                   .count();
   });
-  thread.join();
+  // Taken once it has registered, so that it cannot unregister at once;
+  // held until it has exited (it does not wait for the lock).
+  while (!registered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    std::lock_guard<std::mutex> lock(profiler.registry_mutex_for_testing());
+    thread.join();
+  }
   // Two collector passes after the thread is gone.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_TRUE(profiler.Stop().ok());
