@@ -819,11 +819,12 @@ TEST(WallTimeProviderTest, SamplerWakesLessWhileEveryThreadWaits) {
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // first visits
-  const uint64_t before = profiler.stats().wall_wakeups;
+  const ProfilerStats before = profiler.stats();
   const auto t0 = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const double seconds = Seconds(std::chrono::steady_clock::now() - t0);
-  const uint64_t wakeups = profiler.stats().wall_wakeups - before;
+  const ProfilerStats after = profiler.stats();
+  const uint64_t wakeups = after.wall_wakeups - before.wall_wakeups;
   {
     std::lock_guard<std::mutex> lock(mu);
     go = true;
@@ -831,8 +832,15 @@ TEST(WallTimeProviderTest, SamplerWakesLessWhileEveryThreadWaits) {
   cv.notify_all();
   for (auto& t : waiters) t.join();
   ASSERT_TRUE(profiler.Stop().ok());
-  std::printf("sampler wake-ups in %.2f s with 3 waiting threads: %llu\n",
-              seconds, static_cast<unsigned long long>(wakeups));
+  // What the sampler did meanwhile, to tell why if it woke too often (seen
+  // once, 99 wake-ups, under ThreadSanitizer beside other tests).
+  std::printf("sampler wake-ups in %.2f s with 3 waiting threads: %llu (signals %llu, "
+              "episodes sampled again %llu, samples %llu)\n",
+              seconds, static_cast<unsigned long long>(wakeups),
+              static_cast<unsigned long long>(after.wall_signals - before.wall_signals),
+              static_cast<unsigned long long>(after.blocked_episodes_resampled -
+                                              before.blocked_episodes_resampled),
+              static_cast<unsigned long long>(after.samples_taken - before.samples_taken));
   EXPECT_GE(wakeups, 1u);
   EXPECT_LE(wakeups, 30u);  // every 10 ms: ~100
 
