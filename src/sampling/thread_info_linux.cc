@@ -99,7 +99,7 @@ ThreadLook ParseSyscallFile(char* buf, ssize_t n) noexcept {
 
 // One read of /proc/self/task/TID/syscall. `opened` is false when the file
 // could not be opened (the thread is gone, or the kernel lacks the file).
-// With `keep`, the descriptor is returned in `*kept_fd` instead of closed.
+// With `kept_fd`, the descriptor is left open there instead of closed.
 ThreadLook ReadSyscallFile(pid_t tid, bool& opened, int* kept_fd = nullptr) noexcept {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/self/task/%d/syscall",
