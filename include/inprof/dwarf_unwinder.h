@@ -104,6 +104,28 @@ class DwarfUnwinder {
     return internal::CfiWalk(guard.snapshot(), regs, bounds, out);
   }
 
+  // Walks the stack of another thread that is stopped in a system call,
+  // from a copy of it: `copy` holds the words from `sp` up (the copy of
+  // [sp, sp + 8 * copy.size())), `pc` and `sp` are where the thread stopped
+  // (/proc/self/task/TID/syscall). Its frame pointer is not known: a frame
+  // whose CFA is based on it, before a callee's save slot gave its value,
+  // ends the walk truncated. Reads only the copy. Async-signal-safe.
+  static constexpr bool kWalksStackCopies = true;
+  UnwindResult UnwindCopy(uintptr_t pc, uintptr_t sp,
+                          std::span<const uint64_t> copy,
+                          std::span<uintptr_t> out) const noexcept {
+    internal::CfiReadGuard guard;
+    if (guard.snapshot() == nullptr) {
+      internal::g_cfi_state.walks_without_tables.fetch_add(
+          1, std::memory_order_relaxed);
+    }
+    const StackBounds bounds{sp, sp + copy.size() * sizeof(uint64_t)};
+    return internal::CfiWalk(
+        guard.snapshot(), RegisterState{pc, sp, 0}, bounds, out,
+        reinterpret_cast<uintptr_t>(copy.data()) - sp,
+        /*fp_known_at_start=*/false);
+  }
+
   // Walks so far that found no tables yet or met a module whose table was
   // not built yet, and took frame-pointer steps there (the profile's
   // comments report them).

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <fcntl.h>
@@ -41,6 +42,14 @@ absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread() {
         absl::StrCat("pthread_getcpuclockid failed: ", strerror(rc)));
   }
   return info;
+}
+
+int CopyOwnMemory(pid_t pid, uintptr_t address, size_t bytes, void* out) noexcept {
+  iovec local{out, bytes};
+  iovec remote{reinterpret_cast<void*>(address), bytes};
+  const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (n == static_cast<ssize_t>(bytes)) return 0;
+  return n < 0 ? errno : EFAULT;  // a partial copy: the rest is not mapped
 }
 
 pid_t CurrentTid() noexcept { return static_cast<pid_t>(syscall(SYS_gettid)); }

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,6 +39,7 @@
 #include "inprof/pprof_reader.h"
 #include "inprof/inprof.h"
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/thread_info.h"
 #include "inprof/unwinder.h"
 #include "util/test_util.h"
 
@@ -1611,6 +1613,114 @@ TEST(DwarfProfilerTest, DefaultProfilerUnwindsWithCfiWhereSupported) {
     EXPECT_EQ(DefaultProfiler::Engine(),
               "unwinder=frame-pointer providers=cpu,wall");
   }
+}
+
+}  // namespace
+}  // namespace inprof
+
+namespace inprof {
+namespace {
+
+// Waits in read() on `fd` until a byte arrives: the frame the copy's walk
+// must name.
+extern "C" __attribute__((noinline)) int DwarfTestWaitInRead(int fd) {
+  char c = 0;
+  const ssize_t n = read(fd, &c, 1);
+  asm volatile("" : : : "memory");  // not a tail call
+  return static_cast<int>(n);
+}
+
+// The walk a signal's handler takes of the waiting thread, to compare with.
+StackBounds g_signal_walk_bounds;
+std::array<uintptr_t, 64> g_signal_walk_pcs;
+UnwindResult g_signal_walk;
+std::atomic<bool> g_signal_walked{false};
+void WalkInHandler(int, siginfo_t*, void* ucontext) {
+  g_signal_walk = DwarfUnwinder().Unwind(ucontext, g_signal_walk_bounds, g_signal_walk_pcs);
+  g_signal_walked.store(true);
+}
+
+// The wall sampler's way to a waiting thread's stack without a signal: the
+// thread's sp and pc from /proc/self/task/TID/syscall, a copy of its stack
+// from there up, and a walk of the copy that never reads the real stack. It
+// gives the stack a signal's handler walks there (this file is built with
+// frame pointers at -O0: the first frame keeping its CFA in rbp gets it
+// from its frame record).
+TEST(DwarfUnwinderTest, WalksACopyOfAThreadWaitingInASystemCall) {
+  DwarfUnwinder::RefreshModules();
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::atomic<pid_t> tid{0};
+  StackBounds bounds;
+  std::thread waiter([&] {
+    StackBounds b;
+    ASSERT_TRUE(CurrentStackBounds(b));
+    bounds = b;
+    g_signal_walk_bounds = b;
+    tid.store(static_cast<pid_t>(syscall(SYS_gettid)));
+    EXPECT_EQ(DwarfTestWaitInRead(fds[0]), 1);
+  });
+  while (tid.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  internal::SyscallSite site;
+  for (int i = 0; i < 2000 && site.nr != SYS_read; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    site = internal::ThreadSyscallSite(tid.load());
+  }
+  ASSERT_EQ(site.nr, SYS_read);
+  ASSERT_GE(site.sp, bounds.lo);
+  ASSERT_LT(site.sp, bounds.hi);
+  std::vector<uint64_t> copy((bounds.hi - site.sp) / 8);
+  ASSERT_EQ(internal::CopyOwnMemory(getpid(), site.sp, copy.size() * 8, copy.data()), 0);
+  std::array<uintptr_t, 64> pcs{};
+  const UnwindResult r = DwarfUnwinder().UnwindCopy(site.pc, site.sp, copy, pcs);
+  // The copy, not the stack, was walked: a copy of zeros ends at once.
+  std::vector<uint64_t> zeros(copy.size(), 0);
+  std::array<uintptr_t, 64> zero_pcs{};
+  const UnwindResult z = DwarfUnwinder().UnwindCopy(site.pc, site.sp, zeros, zero_pcs);
+  // The same thread walked by a handler (SA_RESTART: its read goes on).
+  struct sigaction sa {}, old_sa{};
+  sa.sa_sigaction = WalkInHandler;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR2, &sa, &old_sa), 0);
+  ASSERT_EQ(syscall(SYS_tgkill, getpid(), tid.load(), SIGUSR2), 0);
+  for (int i = 0; i < 5000 && !g_signal_walked.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(write(fds[1], "x", 1), 1);
+  waiter.join();
+  close(fds[0]);
+  close(fds[1]);
+
+  const std::vector<std::string> names =
+      Names(std::span<const uintptr_t>(pcs.data(), r.depth));
+  sigaction(SIGUSR2, &old_sa, nullptr);
+  ASSERT_TRUE(g_signal_walked.load());
+  EXPECT_FALSE(r.truncated) << Joined(names);
+  EXPECT_FALSE(g_signal_walk.truncated);
+  ASSERT_GE(names.size(), 4u) << Joined(names);
+  EXPECT_EQ(names[1], "DwarfTestWaitInRead") << Joined(names);
+  // The handler's pc is the `syscall` instruction (the kernel moved it back
+  // to restart the call), /proc's the one after it (2 bytes on x86-64).
+  EXPECT_LE(pcs[0] - g_signal_walk_pcs[0], 2u);
+  EXPECT_EQ(std::vector<uintptr_t>(pcs.begin() + 1, pcs.begin() + r.depth),
+            std::vector<uintptr_t>(g_signal_walk_pcs.begin() + 1,
+                                   g_signal_walk_pcs.begin() + g_signal_walk.depth))
+      << Joined(names);
+  EXPECT_LE(z.depth, 2u);
+}
+
+TEST(DwarfUnwinderTest, CopyingMemoryThatIsNotMappedFailsWithEfault) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* p = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  ASSERT_EQ(munmap(p, page), 0);
+  uint64_t out[4];
+  EXPECT_EQ(internal::CopyOwnMemory(getpid(), reinterpret_cast<uintptr_t>(p), sizeof(out), out),
+            EFAULT);
+  uint64_t here[4] = {1, 2, 3, 4};
+  EXPECT_EQ(internal::CopyOwnMemory(getpid(), reinterpret_cast<uintptr_t>(here), sizeof(out), out), 0);
+  EXPECT_EQ(out[3], 4u);
 }
 
 }  // namespace

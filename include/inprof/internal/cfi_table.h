@@ -558,14 +558,17 @@ class CfiReadGuard {
 // `floor` (the current frame's stack pointer: memory below it may be an
 // unmapped part of a growable stack). Reading other frames' slots is the
 // point, so AddressSanitizer (whose redzones they may be) is told so.
+// `copy_delta`: the word is read at address + copy_delta (a walk of a copy
+// of another thread's stack, DwarfUnwinder::UnwindCopy; `bounds` are then
+// the copied range's real addresses).
 __attribute__((no_sanitize_address)) inline bool ReadStackWord(
     const StackBounds& bounds, uintptr_t floor, uintptr_t address,
-    uintptr_t* value) noexcept {
+    uintptr_t* value, uintptr_t copy_delta = 0) noexcept {
   if ((address & 7) != 0 || address < floor ||
       !bounds.Contains(address, sizeof(uintptr_t))) {
     return false;
   }
-  *value = *reinterpret_cast<const uintptr_t*>(address);
+  *value = *reinterpret_cast<const uintptr_t*>(address + copy_delta);
   return true;
 }
 
@@ -578,11 +581,18 @@ __attribute__((no_sanitize_address)) inline bool ReadStackWord(
 // return address lies in no loaded module, or when `out` is full.
 // Async-signal-safe; never faults whatever the stack and rules hold.
 // kCached = false bypasses the tables' lookup caches (benchmarks).
+// `copy_delta` (see ReadStackWord) walks a copy of the stack; with
+// `fp_known` false the walk starts without the frame pointer's value (a
+// thread stopped in a system call, whose registers other than sp and pc
+// are not known): a frame whose CFA is based on it ends the walk truncated
+// unless a callee's save slot gave it.
 template <bool kCached = true>
 inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
                             const RegisterState& regs,
                             const StackBounds& stack,
-                            std::span<uintptr_t> out) noexcept {
+                            std::span<uintptr_t> out,
+                            uintptr_t copy_delta = 0,
+                            bool fp_known_at_start = true) noexcept {
   UnwindResult result;
   if (out.empty()) return result;
   out[result.depth++] = regs.pc;
@@ -597,7 +607,9 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
   uintptr_t pc = regs.pc;
   uintptr_t sp = regs.sp;
   uintptr_t fp = regs.fp;
-  bool fp_known = true;
+  bool fp_known = fp_known_at_start;
+  bool fp_guessed = false;  // see kCfaFp
+  constexpr uintptr_t kFrameRecordSearchBytes = 4096;
   bool exact_pc = true;  // pc is not a return address: look it up as is
   const CfiSnapshot::Module* hint = nullptr;
   // Counts the walk once if it met a module without its table yet.
@@ -629,8 +641,8 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
       // No usable CFI: one frame-pointer step, as FramePointerUnwinder
       // would take it, if rbp looks like a frame record above sp.
       if (!fp_known || (fp & 7) != 0 ||
-          !ReadStackWord(bounds, sp, fp, &next_fp) ||
-          !ReadStackWord(bounds, sp, fp + sizeof(uintptr_t), &return_address)) {
+          !ReadStackWord(bounds, sp, fp, &next_fp, copy_delta) ||
+          !ReadStackWord(bounds, sp, fp + sizeof(uintptr_t), &return_address, copy_delta)) {
         result.truncated = true;
         return result;
       }
@@ -652,6 +664,43 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
           cfa = sp + cfa_offset;
           break;
         case CfiRule::kCfaFp:
+          if (!fp_known && !fp_known_at_start && result.depth > 1 &&
+              !fp_guessed && snapshot != nullptr) {
+            // A walk from a stopped thread's sp and pc (UnwindCopy), whose
+            // rbp nobody read: the first frame that keeps its CFA in rbp
+            // (code built with frame pointers) saved its caller's rbp and
+            // return address as a frame record between its sp and its CFA.
+            // The lowest word pair above sp that looks like one (the saved
+            // rbp 0 or above it, the return address in a module with CFI)
+            // gives rbp; callers' rbp come from their save slots as usual.
+            // The caller (ReadBlockedStack) keeps only walks that end
+            // complete at the thread's entry.
+            fp_guessed = true;
+            for (uintptr_t record = sp; record + 16 <= bounds.hi &&
+                                        record < sp + kFrameRecordSearchBytes;
+                 record += 8) {
+              uintptr_t saved_fp = 0, ra = 0;
+              if (!ReadStackWord(bounds, sp, record, &saved_fp, copy_delta) ||
+                  !ReadStackWord(bounds, sp, record + 8, &ra, copy_delta)) {
+                break;
+              }
+              if ((saved_fp != 0 && (saved_fp <= record || saved_fp >= bounds.hi ||
+                                     (saved_fp & 7) != 0)) ||
+                  !snapshot->InModule(ra)) {
+                continue;
+              }
+              const CfiSnapshot::Module* ra_hint = nullptr;
+              const unsigned ra_kind =
+                  snapshot->template FindStep<kCached>(ra - 1, &ra_hint).kind;
+              if (ra_kind == CfiRule::kNone || ra_kind == CfiRule::kUnsupported) {
+                continue;
+              }
+              // The record sits at CFA - 16: rbp = CFA - offset.
+              fp = record + 16 - cfa_offset;
+              fp_known = true;
+              break;
+            }
+          }
           if (!fp_known) {
             result.truncated = true;
             return result;
@@ -659,7 +708,7 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
           cfa = fp + cfa_offset;
           break;
         case CfiRule::kCfaDerefSp:
-          if (!ReadStackWord(bounds, sp, sp + cfa_offset, &cfa)) {
+          if (!ReadStackWord(bounds, sp, sp + cfa_offset, &cfa, copy_delta)) {
             result.truncated = true;
             return result;
           }
@@ -671,7 +720,7 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
       const unsigned flags = rule.flags;
       const uintptr_t ra_base = (flags & CfiRule::kRaFromSp) ? sp : cfa;
       if (!ReadStackWord(bounds, sp, ra_base + rule.ra_offset,
-                         &return_address)) {
+                         &return_address, copy_delta)) {
         result.truncated = true;
         return result;
       }
@@ -684,7 +733,7 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
           // value (bench/overhead found 0.3-1% of stacks cut here).
           next_fp = fp;
           next_fp_known = fp_known;
-        } else if (!ReadStackWord(bounds, sp, slot, &next_fp)) {
+        } else if (!ReadStackWord(bounds, sp, slot, &next_fp, copy_delta)) {
           result.truncated = true;
           return result;
         } else {

@@ -70,6 +70,12 @@ ThreadLook LookAtThread(pid_t tid, int* kept_fd, bool keep) noexcept;
 // when that cannot be told. Not for handlers.
 int64_t FreeFileDescriptors() noexcept;
 
+// Copies `bytes` of this process's memory at `address` (another thread's
+// stack) into `out` with process_vm_readv: an address that is not mapped
+// any more fails with EFAULT instead of faulting. Returns 0, or the errno
+// (EPERM or ENOSYS where a sandbox forbids the call). `pid` is getpid().
+int CopyOwnMemory(pid_t pid, uintptr_t address, size_t bytes, void* out) noexcept;
+
 // Thread CPU time of `clock` in nanoseconds, or -1 if the thread is gone.
 // Async-signal-safe.
 int64_t ThreadCpuNanos(clockid_t clock) noexcept;
