@@ -458,6 +458,7 @@ class Profiler final : public internal::ProfilerControl,
     s.blocked_episodes_resampled =
         wall_episodes_resampled_.load(std::memory_order_relaxed);
     s.wall_signals = wall_signals_.load(std::memory_order_relaxed);
+    s.wall_stacks_read = wall_stacks_read_.load(std::memory_order_relaxed);
     s.wall_running_credits =
         wall_running_credits_.load(std::memory_order_relaxed);
     s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
@@ -785,61 +786,7 @@ class Profiler final : public internal::ProfilerControl,
     uint64_t* repaired = record + kMaxRecordWords;
     uint64_t recorded = 0;
     while (size_t n = slot->active_ring->TryPop(std::span<uint64_t>(record, kMaxRecordWords))) {
-      const size_t provider = record[0] & 0xff;
-      const size_t depth = (record[0] >> 16) & 0xffff;
-      const bool blocked = (record[0] & kBlockedBit) != 0;
-      const size_t leaf_words = (record[0] & kLeafWordsBit) ? kLeafWords : 0;
-      const size_t nlabels = (record[0] >> kLabelCountShift) & 0x3f;
-      if (provider >= kNumProviders) continue;
-      const size_t nvalues = kValueCounts[provider];
-      const size_t label_at = 1 + nvalues + leaf_words;
-      const size_t header = label_at + 2 * nlabels;
-      if (n < header + depth) continue;
-      int64_t values[kMaxValuesPerProvider];
-      for (size_t i = 0; i < nvalues; ++i) {
-        values[i] = static_cast<int64_t>(record[1 + i]);
-      }
-      std::span<const uint64_t> frames(record + header, depth);
-      if (leaf_words > 0 && depth >= 1) {
-        frames = RepairLeaf(frames,
-                            std::span<const uint64_t>(record + 1 + nvalues,
-                                                      leaf_words),
-                            repaired);
-      }
-      uint64_t labels[kMaxLabelWords + 2];
-      const size_t label_words = CanonicalLabels(
-          std::span<const uint64_t>(record + label_at, 2 * nlabels), provider,
-          labels, blocked);
-      agg.Add(slot->aggregate_thread, frames,
-              std::span<const uint64_t>(labels, label_words),
-              kValueOffsets[provider],
-              std::span<const int64_t>(values, nvalues));
-      slot->last_stack.assign(frames.begin(), frames.end());
-      slot->provider_last_stack[provider].assign(frames.begin(), frames.end());
-      slot->provider_last_labels[provider].assign(labels, labels + label_words);
-      if (kSamplesRunning[provider] && !blocked) {
-        slot->running_stack.assign(frames.begin(), frames.end());
-        slot->running_labels.assign(labels, labels + label_words);
-        if constexpr (kHasFollower) {
-          FollowRunningSample(slot, agg, frames,
-                              std::span<const uint64_t>(record + label_at, 2 * nlabels),
-                              values[kPeriodIndexes[provider]]);
-        }
-      }
-      if (blocked) {
-        // Where the thread's current blocking episode blocks: the ticker
-        // credits the rest of the episode here without signalling again.
-        slot->blocked_stack.assign(frames.begin(), frames.end());
-        slot->blocked_labels.assign(labels, labels + label_words);
-        slot->blocked_provisional = (record[0] & kProvisionalBit) != 0;
-        slot->blocked_tables_ready = (record[0] & kWalkTablesReadyBit) != 0;
-        slot->blocked_tables_generation =
-            (record[0] >> kWalkGenerationShift) & kWalkGenerationMask;
-      }
-      // The stack's own labels, without the provider's state label.
-      slot->last_labels.assign(record + label_at,
-                               record + label_at + 2 * nlabels);
-      ++recorded;
+      if (AddRecordLocked(slot, agg, record, n, repaired)) ++recorded;
     }
     const uint64_t dropped = slot->active_ring->dropped();
     if (dropped != slot->seen_dropped) {
@@ -861,6 +808,70 @@ class Profiler final : public internal::ProfilerControl,
     slot->seen_taken = taken;
     slot->seen_dropped = dropped;
     slot->seen_truncated = truncated;
+  }
+
+  // Registry and aggregate locks held. One record as the handler writes it
+  // (from a ring, or built by the ticker: ReadBlockedStack) into the
+  // aggregate and the slot's newest stacks; false for a malformed one.
+  // `repaired` has room for kMaxRecordWords + 1 words.
+  bool AddRecordLocked(Slot* slot, SampleAggregator& agg, uint64_t* record,
+                       size_t n, uint64_t* repaired) {
+    EnsureAggregateThread(slot, agg);
+    const size_t provider = record[0] & 0xff;
+    const size_t depth = (record[0] >> 16) & 0xffff;
+    const bool blocked = (record[0] & kBlockedBit) != 0;
+    const size_t leaf_words = (record[0] & kLeafWordsBit) ? kLeafWords : 0;
+    const size_t nlabels = (record[0] >> kLabelCountShift) & 0x3f;
+    if (provider >= kNumProviders) return false;
+    const size_t nvalues = kValueCounts[provider];
+    const size_t label_at = 1 + nvalues + leaf_words;
+    const size_t header = label_at + 2 * nlabels;
+    if (n < header + depth) return false;
+    int64_t values[kMaxValuesPerProvider];
+    for (size_t i = 0; i < nvalues; ++i) {
+      values[i] = static_cast<int64_t>(record[1 + i]);
+    }
+    std::span<const uint64_t> frames(record + header, depth);
+    if (leaf_words > 0 && depth >= 1) {
+      frames = RepairLeaf(frames,
+                          std::span<const uint64_t>(record + 1 + nvalues,
+                                                    leaf_words),
+                          repaired);
+    }
+    uint64_t labels[kMaxLabelWords + 2];
+    const size_t label_words = CanonicalLabels(
+        std::span<const uint64_t>(record + label_at, 2 * nlabels), provider,
+        labels, blocked);
+    agg.Add(slot->aggregate_thread, frames,
+            std::span<const uint64_t>(labels, label_words),
+            kValueOffsets[provider],
+            std::span<const int64_t>(values, nvalues));
+    slot->last_stack.assign(frames.begin(), frames.end());
+    slot->provider_last_stack[provider].assign(frames.begin(), frames.end());
+    slot->provider_last_labels[provider].assign(labels, labels + label_words);
+    if (kSamplesRunning[provider] && !blocked) {
+      slot->running_stack.assign(frames.begin(), frames.end());
+      slot->running_labels.assign(labels, labels + label_words);
+      if constexpr (kHasFollower) {
+        FollowRunningSample(slot, agg, frames,
+                            std::span<const uint64_t>(record + label_at, 2 * nlabels),
+                            values[kPeriodIndexes[provider]]);
+      }
+    }
+    if (blocked) {
+      // Where the thread's current blocking episode blocks: the ticker
+      // credits the rest of the episode here without signalling again.
+      slot->blocked_stack.assign(frames.begin(), frames.end());
+      slot->blocked_labels.assign(labels, labels + label_words);
+      slot->blocked_provisional = (record[0] & kProvisionalBit) != 0;
+      slot->blocked_tables_ready = (record[0] & kWalkTablesReadyBit) != 0;
+      slot->blocked_tables_generation =
+          (record[0] >> kWalkGenerationShift) & kWalkGenerationMask;
+    }
+    // The stack's own labels, without the provider's state label.
+    slot->last_labels.assign(record + label_at,
+                             record + label_at + 2 * nlabels);
+    return true;
   }
 
   // Ticking providers that follow running threads (wall_time_provider.h):
@@ -1166,6 +1177,10 @@ class Profiler final : public internal::ProfilerControl,
             if (resample) {
               wall_episodes_resampled_.fetch_add(1, std::memory_order_relaxed);
             }
+            if (ReadBlockedStack<I>(slot)) {
+              wall_stacks_read_.fetch_add(1, std::memory_order_relaxed);
+              break;
+            }
             SendProfilingSignal(*slot, internal::MakeSignalTag(I, session_));
             wall_signals_.fetch_add(1, std::memory_order_relaxed);
             break;
@@ -1203,6 +1218,120 @@ class Profiler final : public internal::ProfilerControl,
         }
       }
       cursor = (cursor + visits) % n;
+    }
+  }
+
+  // Whether a ticking provider's blocked threads can have their stacks read
+  // without a signal: the provider says where the thread waits
+  // (EpisodeSite, LookClock, TakeStackRead) and the unwinder walks copies
+  // of stacks. Not under ThreadSanitizer: the thread's label words, which
+  // only that thread writes (the handler reads them on it), are read from
+  // the ticker while the thread waits, which it would report as a race.
+#if defined(__SANITIZE_THREAD__)
+  static constexpr bool kUnderTsan = true;
+#else
+  static constexpr bool kUnderTsan = false;
+#endif
+  template <typename P>
+  static constexpr bool kReadsBlockedStacks =
+      !kUnderTsan && kLeafWords == 0 &&
+      requires(P& p, typename P::ThreadData& data, std::span<int64_t> values) {
+        { P::EpisodeSite(data) } -> std::same_as<internal::SyscallSite>;
+        { P::LookClock(data) } -> std::convertible_to<int64_t>;
+        { p.TakeStackRead(data, values) } -> std::convertible_to<bool>;
+      } &&
+      requires(const U& u, std::span<const uint64_t> copy, std::span<uintptr_t> out) {
+        { u.UnwindCopy(uintptr_t{}, uintptr_t{}, copy, out) } -> std::same_as<UnwindResult>;
+      };
+  // The most of a blocked thread's stack it copies (from its sp up): a
+  // deeper stack is sampled by the signal.
+  static constexpr size_t kStackReadBytes = 64 * 1024;
+
+  // Registry lock held, in a visit that asked for kSignalBlocked: the
+  // thread's stack copied from where it waits (process_vm_readv: a stack
+  // unmapped meanwhile fails instead of faulting) and walked from the copy,
+  // its sample recorded as its handler would have -- when the thread's CPU
+  // clock reads after the copy what it read before the look that found it
+  // waiting (it did not run: the copy is its stack as it waits) and the
+  // walk is complete. False (the caller signals) otherwise. A signal costs
+  // the thread a wake-up, the handler and, for calls SA_RESTART does not
+  // restart, an EINTR; this costs the ticker a copy and a walk.
+  template <size_t I>
+  bool ReadBlockedStack(Slot* slot) {
+    using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+    if constexpr (!kReadsBlockedStacks<P>) {
+      return false;
+    } else {
+      if (stack_reads_off_) return false;
+      auto& data = std::get<I>(slot->data);
+      const internal::SyscallSite site = P::EpisodeSite(data);
+      const int64_t clock = P::LookClock(data);
+      if (!site.known() || site.nr < 0 || clock < 0 || (site.sp & 7) != 0 ||
+          site.sp < slot->stack.lo || site.sp >= slot->stack.hi) {
+        return false;
+      }
+      const size_t bytes =
+          std::min<size_t>(slot->stack.hi - site.sp, kStackReadBytes) & ~size_t{7};
+      if (bytes == 0) return false;
+      if (stack_copy_ == nullptr) {
+        stack_copy_ = std::make_unique_for_overwrite<uint64_t[]>(kStackReadBytes / 8);
+        read_record_ = std::make_unique_for_overwrite<uint64_t[]>(2 * kMaxRecordWords + 1);
+      }
+      const int error =
+          internal::CopyOwnMemory(start_pid_, site.sp, bytes, stack_copy_.get());
+      if (error != 0) {
+        if (error != EFAULT) {
+          // A sandbox without process_vm_readv: signals from now on.
+          stack_reads_off_ = true;
+          internal::Log(absl::StrCat(
+              "wall sampler: cannot read a waiting thread's stack "
+              "(process_vm_readv: ", strerror(error),
+              "); blocked threads are signalled for their stacks instead"));
+        }
+        return false;
+      }
+      uint64_t* record = read_record_.get();
+      constexpr size_t nvalues = kValueCounts[I];
+      // Its labels as the handler would copy them (the thread waits: they
+      // do not change while its clock does not).
+      uint32_t nlabels = __atomic_load_n(&slot->label_count, __ATOMIC_RELAXED);
+      if (nlabels > internal::ThreadSlotHeader::kMaxLabels) nlabels = 0;
+      const size_t label_at = 1 + nvalues;
+      for (size_t i = 0; i < 2 * nlabels; ++i) {
+        record[label_at + i] = __atomic_load_n(&slot->label_words[i], __ATOMIC_RELAXED);
+      }
+      const size_t header_words = label_at + 2 * nlabels;
+      const size_t max_frames = std::min<size_t>(
+          static_cast<size_t>(slot->max_frames), kMaxRecordWords - header_words);
+      const uint64_t tables = (UnwindTablesReady() ? kWalkTablesReadyBit : 0u) |
+                              ((UnwindTablesGeneration() & kWalkGenerationMask)
+                               << kWalkGenerationShift);
+      const UnwindResult unwound = U().UnwindCopy(
+          site.pc, site.sp, std::span<const uint64_t>(stack_copy_.get(), bytes / 8),
+          std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(record + header_words),
+                               max_frames));
+      if (unwound.truncated ||
+          internal::ThreadCpuNanos(slot->cpu_clock) != clock) {
+        return false;  // a frame that needs rbp, or the thread ran
+      }
+      int64_t values[kMaxValuesPerProvider] = {};
+      if (!std::get<I>(providers_).TakeStackRead(
+              data, std::span<int64_t>(values, nvalues))) {
+        return false;
+      }
+      record[0] = I | kBlockedBit | (unwound.provisional ? kProvisionalBit | tables : 0u) |
+                  (static_cast<uint64_t>(nlabels) << kLabelCountShift) |
+                  (static_cast<uint64_t>(unwound.depth) << 16);
+      for (size_t i = 0; i < nvalues; ++i) {
+        record[1 + i] = static_cast<uint64_t>(values[i]);
+      }
+      slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> agg_lock(core_.mutex());
+      if (AddRecordLocked(slot, core_.aggregator(), record,
+                          header_words + unwound.depth, record + kMaxRecordWords)) {
+        recorded_.fetch_add(1, std::memory_order_relaxed);
+      }
+      return true;
     }
   }
 
@@ -1601,6 +1730,13 @@ class Profiler final : public internal::ProfilerControl,
   uint64_t wall_blocked_credits_ = 0;                // registry lock
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};
+  // Blocked threads' stacks read without a signal (ReadBlockedStack), and
+  // its buffers (ticker, registry lock); off once process_vm_readv failed
+  // other than for an unmapped stack.
+  std::atomic<uint64_t> wall_stacks_read_{0};
+  std::unique_ptr<uint64_t[]> stack_copy_;
+  std::unique_ptr<uint64_t[]> read_record_;
+  bool stack_reads_off_ = false;
   std::atomic<uint64_t> wall_episodes_resampled_{0};
   struct Ticker {
     std::mutex mutex;

@@ -278,6 +278,22 @@ class WallTimeProvider {
   TickDecision VisitThread(ThreadContext& thread, ThreadData& data,
                            TickTime when, bool has_episode_stack,
                            bool has_running_sample, std::span<int64_t> values);
+  // Instead of the signal a visit asked for with kSignalBlocked, the
+  // profiler may read the thread's stack from outside (when its unwinder
+  // walks copies of stacks, DwarfUnwinder::UnwindCopy): where the thread
+  // waits (/proc/self/task/TID/syscall: its sp and pc), and its CPU clock
+  // read before that look. The copy is the thread's stack as it waits only
+  // if the clock still reads the same after it (the thread did not run).
+  static internal::SyscallSite EpisodeSite(const ThreadData& data) {
+    return data.episode_site;
+  }
+  static int64_t LookClock(const ThreadData& data) {
+    return data.cpu_mark.load(std::memory_order_relaxed);
+  }
+  // The sample the signal's handler would have taken (OnSignal's values),
+  // taken by the ticker once it read the stack; the visit then counts as a
+  // stack read, not a signal.
+  bool TakeStackRead(ThreadData& data, std::span<int64_t> values) noexcept;
   // A blocked thread was signalled for its episode's stack, which the
   // profiler does not hold yet (it may be in the thread's ring).
   static bool AwaitsEpisodeStack(const ThreadData& data) {
@@ -292,6 +308,8 @@ class WallTimeProvider {
   struct VisitCounts {
     uint64_t running = 0, blocked = 0, blocked_signals = 0, state_reads = 0,
              running_credits = 0, following = 0;
+    // Episodes whose stack the profiler read without a signal (TakeStackRead).
+    uint64_t blocked_stack_reads = 0;
   };
   VisitCounts visit_counts() const { return counts_; }
   // Descriptors of threads' .../syscall files held open now, and the most

@@ -32,6 +32,7 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.blocked_episodes_resampled -= before.blocked_episodes_resampled;
   d.wall_signals -= before.wall_signals;
   d.wall_running_credits -= before.wall_running_credits;
+  d.wall_stacks_read -= before.wall_stacks_read;
   d.samples_unsuspended -= before.samples_unsuspended;
   d.wall_wakeups -= before.wall_wakeups;
   d.threads_sigprof_unblocked -= before.threads_sigprof_unblocked;
@@ -47,7 +48,7 @@ std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
           s.wall_signals,         s.wall_running_credits,
           s.threads_registered,   s.profiles_written,
           s.samples_unsuspended,  s.wall_wakeups,
-          s.threads_sigprof_unblocked};
+          s.threads_sigprof_unblocked, s.wall_stacks_read};
 }
 
 ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
@@ -66,6 +67,7 @@ ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
   s.samples_unsuspended = at(10);
   s.wall_wakeups = at(11);
   s.threads_sigprof_unblocked = at(12);
+  s.wall_stacks_read = at(13);
   return s;
 }
 
@@ -522,12 +524,15 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
     data.comments.push_back(
         absl::StrCat("stacks truncated=", window_stats.stacks_truncated));
   }
-  if (window_stats.wall_signals + window_stats.wall_running_credits > 0) {
+  if (window_stats.wall_signals + window_stats.wall_running_credits +
+          window_stats.wall_stacks_read > 0) {
     data.comments.push_back(absl::StrCat(
         window_stats.wall_wakeups > 0
             ? absl::StrCat("wall sampler wake-ups=", window_stats.wall_wakeups, "; ")
             : std::string(),
         "wall sampler signals=", window_stats.wall_signals,
+        "; blocked threads' stacks read without a signal=",
+        window_stats.wall_stacks_read,
         "; wall samples of threads that ran throughout, credited to or "
         "carried by their CPU samples without a signal=",
         window_stats.wall_running_credits));

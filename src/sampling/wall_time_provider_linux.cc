@@ -67,6 +67,19 @@ bool WallTimeProvider::OnSignal(ThreadContext&, ThreadData& data,
   return true;
 }
 
+bool WallTimeProvider::TakeStackRead(ThreadData& data,
+                                     std::span<int64_t> values) noexcept {
+  const int64_t owed = data.pending_wall_ns.exchange(0, std::memory_order_acq_rel);
+  if (owed <= 0) return false;
+  // VisitThread counted the signal it asked for.
+  --data.signals;
+  --counts_.blocked_signals;
+  ++counts_.blocked_stack_reads;
+  values[0] = 1;
+  values[1] = owed;
+  return true;
+}
+
 bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
                                 std::span<int64_t> values) {
   if (!data.tail_pending) return false;

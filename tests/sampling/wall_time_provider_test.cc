@@ -855,6 +855,83 @@ TEST(WallTimeProviderTest, SamplerWakesLessWhileEveryThreadWaits) {
   EXPECT_EQ(lifetime.size(), 3u);
 }
 
+// Waits in read() on `fd` until a byte arrives.
+__attribute__((noinline)) int WallTestWaitInRead(int fd) {
+  char c = 0;
+  const ssize_t n = read(fd, &c, 1);
+  asm volatile("" : : : "memory");  // not a tail call
+  return static_cast<int>(n);
+}
+
+// A blocked thread's stack is read from a copy of it (profiler.h:
+// ReadBlockedStack), not sampled by a signal that wakes it: the profile
+// holds its waiting stack, with its labels and the blocked state, and the
+// sampler counts a stack read. Driven by the profiler, so the walk meets the
+// test's frames built with frame pointers as well as libc's without.
+TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "stacks are read only without ThreadSanitizer (profiler.h)";
+#endif
+  Options options = WallOptions("wall_read");
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::atomic<bool> blocking{false};
+  double lifetime = 0;
+  std::thread reader([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      auto registration = profiler.RegisterThread("reader");
+      ScopedLabels labels({{"request", "r1"}});
+      blocking.store(true);
+      EXPECT_EQ(WallTestWaitInRead(fds[0]), 1);
+    }
+    lifetime = Seconds(std::chrono::steady_clock::now() - t0);
+  });
+  while (!blocking.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const ProfilerStats stats = profiler.stats();
+  ASSERT_EQ(write(fds[1], "x", 1), 1);
+  reader.join();
+  close(fds[0]);
+  close(fds[1]);
+  ASSERT_TRUE(profiler.Stop().ok());
+  // One episode, read once; a signal only if a visit found the thread
+  // still running between its registration and its read().
+  EXPECT_EQ(stats.wall_stacks_read, 1u);
+  EXPECT_LE(stats.wall_signals, 1u);
+
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int wall = profile->ValueIndex("wall-time");
+  ASSERT_GE(wall, 0);
+  int64_t waiting = 0, total = 0;
+  for (const auto& sample : profile->samples) {
+    if (sample.str_labels.count("thread name") == 0 ||
+        sample.str_labels.at("thread name") != "reader") {
+      continue;
+    }
+    total += sample.values[wall];
+    if (std::none_of(sample.stack.begin(), sample.stack.end(), [](const std::string& f) {
+          return f.find("WallTestWaitInRead") != std::string::npos;
+        })) {
+      continue;
+    }
+    waiting += sample.values[wall];
+    EXPECT_EQ(sample.str_labels.at("thread state"), "blocked");
+    EXPECT_EQ(sample.str_labels.at("request"), "r1");
+  }
+  // The 400 ms wait at least, on its stack; the thread's whole life in all.
+  EXPECT_GE(waiting / 1e9, 0.35);
+  EXPECT_NEAR(total / 1e9, lifetime, 0.02 * lifetime);
+  bool commented = false;
+  for (const auto& c : profile->comments) {
+    commented |= c.find("blocked threads' stacks read without a signal=1") != std::string::npos;
+  }
+  EXPECT_TRUE(commented);
+}
+
 TEST(WallTimeProviderTest, RunningThreadsAreLabelledRunning) {
   Options options = WallOptions("wall_state");
   DefaultProfiler profiler(options);

@@ -70,6 +70,10 @@ struct ProfilerStats {
   // own.
   uint64_t wall_signals = 0;
   uint64_t wall_running_credits = 0;
+  // Blocked threads whose episode's stack the wall sampler read from a
+  // copy of their stack instead of signalling them (profiler.h:
+  // ReadBlockedStack).
+  uint64_t wall_stacks_read = 0;
   uint64_t threads_registered = 0; // registrations since construction
   uint64_t profiles_written = 0;
   // Windows: samples not taken because the thread could not be suspended or
