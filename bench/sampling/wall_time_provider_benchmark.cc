@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <span>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -143,6 +145,65 @@ BENCHMARK(BM_WallTimeProvider_LookAtBlockedThread)
     ->Arg(1)
     ->Arg(2)
     ->Unit(benchmark::kMicrosecond);
+
+// What the wall sampler adds to a visit to learn where a waiting thread
+// waits without signalling it (profiler.h: ReadBlockedStack): a copy of its
+// stack from where it waits up (process_vm_readv; the visit's look at
+// /proc/self/task/TID/syscall gave sp and pc, measured above), the walk of
+// the copy, and the thread's CPU clock read again to check it did not run. The signal it replaces costs the thread a
+// wake-up, the handler and the way back to its wait
+// (BM_Signal_RoundTrip in profiler_benchmark.cc measures a signal to the
+// calling thread, which is cheaper). The thread waits on a condition
+// variable throughout; counters: its stack's bytes and frames.
+void BM_WallTimeProvider_ReadWaitingStack(benchmark::State& state) {
+  DwarfUnwinder::RefreshModules();
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::atomic<pid_t> tid{0};
+  std::atomic<clockid_t> clock{0};
+  std::atomic<uintptr_t> stack_hi{0};
+  std::thread waiter([&] {
+    auto info = internal::DescribeCurrentThread();
+    if (info.ok()) {
+      clock = info->cpu_clock;
+      stack_hi = info->stack.hi;
+    }
+    tid = internal::CurrentTid();
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return done; });
+  });
+  while (internal::LookAtThread(tid.load()).state != 'S') {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<uint64_t> copy(64 * 1024 / 8);
+  uintptr_t pcs[128];
+  size_t bytes = 0, frames = 0;
+  bool complete = true;
+  const int64_t before = internal::ThreadCpuNanos(clock);
+  const internal::SyscallSite site = internal::ThreadSyscallSite(tid);
+  for (auto _ : state) {
+    bytes = std::min<size_t>(stack_hi - site.sp, copy.size() * 8) & ~size_t{7};
+    if (internal::CopyOwnMemory(getpid(), site.sp, bytes, copy.data()) != 0) {
+      state.SkipWithError("process_vm_readv failed");
+      break;
+    }
+    const UnwindResult r = DwarfUnwinder().UnwindCopy(
+        site.pc, site.sp, std::span<const uint64_t>(copy.data(), bytes / 8), pcs);
+    frames = r.depth;
+    complete &= !r.truncated && internal::ThreadCpuNanos(clock) == before;
+  }
+  if (!complete) state.SkipWithError("a walk was truncated or the thread ran");
+  state.counters["stack_bytes"] = static_cast<double>(bytes);
+  state.counters["frames"] = static_cast<double>(frames);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+  }
+  cv.notify_all();
+  waiter.join();
+}
+BENCHMARK(BM_WallTimeProvider_ReadWaitingStack)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace inprof
