@@ -6,6 +6,10 @@
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <cstddef>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -931,6 +935,63 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   }
   EXPECT_TRUE(commented);
 }
+
+#if defined(__x86_64__)
+// In a child whose seccomp filter answers process_vm_readv with EPERM (a
+// sandbox that forbids it): one line says the stacks will come from
+// signals, and the waiting thread's stack still reaches the profile that
+// way. Exit code: 0, or which check failed.
+int StackReadsForbiddenChild() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+      prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+    return 2;
+  }
+  Options options = WallOptions("wall_read_forbidden");
+  DefaultProfiler profiler(options);
+  if (!profiler.Start().ok()) return 3;
+  int fds[2];
+  if (pipe(fds) != 0) return 4;
+  std::atomic<bool> blocking{false};
+  std::thread reader([&] {
+    auto registration = profiler.RegisterThread("reader");
+    blocking.store(true);
+    WallTestWaitInRead(fds[0]);
+  });
+  while (!blocking.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const ProfilerStats stats = profiler.stats();
+  if (write(fds[1], "x", 1) != 1) return 5;
+  reader.join();
+  if (!profiler.Stop().ok()) return 6;
+  if (stats.wall_stacks_read != 0 || stats.wall_signals < 1) return 7;
+  auto profile = ReadPprofFile(options.output);
+  if (!profile.ok()) return 8;
+  for (const auto& sample : profile->samples) {
+    for (const auto& frame : sample.stack) {
+      if (frame.find("WallTestWaitInRead") != std::string::npos) return 0;
+    }
+  }
+  return 9;
+}
+
+TEST(WallTimeProviderTest, WithoutProcessVmReadvWaitingThreadsAreSignalled) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "stacks are read only without ThreadSanitizer (profiler.h)";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(StackReadsForbiddenChild()), ::testing::ExitedWithCode(0),
+              "wall sampler: cannot read a waiting thread's stack \\(process_vm_readv: "
+              "Operation not permitted\\); blocked threads are signalled for their "
+              "stacks instead");
+}
+#endif
 
 TEST(WallTimeProviderTest, RunningThreadsAreLabelledRunning) {
   Options options = WallOptions("wall_state");
