@@ -901,10 +901,24 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   close(fds[0]);
   close(fds[1]);
   ASSERT_TRUE(profiler.Stop().ok());
-  // One episode, read once; a signal only if a visit found the thread
-  // still running between its registration and its read().
-  EXPECT_EQ(stats.wall_stacks_read, 1u);
-  EXPECT_LE(stats.wall_signals, 1u);
+#if defined(__SANITIZE_ADDRESS__)
+  // read() goes through AddressSanitizer's interceptor, whose frame makes
+  // the copy's walk ambiguous (DwarfUnwinderTest.
+  // WalksACopyOfAThreadWaitingInASystemCall): the thread is signalled, and
+  // its stack is in the profile all the same.
+  constexpr bool kReadable = false;
+#else
+  constexpr bool kReadable = true;
+#endif
+  if (kReadable) {
+    // One episode, read once; a signal only if a visit found the thread
+    // still running between its registration and its read().
+    EXPECT_EQ(stats.wall_stacks_read, 1u);
+    EXPECT_LE(stats.wall_signals, 1u);
+  } else {
+    EXPECT_EQ(stats.wall_stacks_read, 0u);
+    EXPECT_GE(stats.wall_signals, 1u);
+  }
 
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
@@ -931,7 +945,9 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   EXPECT_NEAR(total / 1e9, lifetime, 0.02 * lifetime);
   bool commented = false;
   for (const auto& c : profile->comments) {
-    commented |= c.find("blocked threads' stacks read without a signal=1") != std::string::npos;
+    commented |= c.find(kReadable ? "blocked threads' stacks read without a signal=1"
+                                  : "blocked threads' stacks read without a signal=0") !=
+                 std::string::npos;
   }
   EXPECT_TRUE(commented);
 }

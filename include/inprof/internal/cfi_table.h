@@ -572,6 +572,69 @@ __attribute__((no_sanitize_address)) inline bool ReadStackWord(
   return true;
 }
 
+// For a walk of a copy of a thread stopped in a system call, whose rbp is
+// not known (UnwindCopy): the frame record of the first frame that keeps
+// its CFA in rbp (code built with frame pointers), which holds its caller's
+// rbp and return address. Every 8-byte-aligned pair in [sp, bounds.hi) that
+// could be a record (the saved rbp 0 or a stack address above it, the
+// return address in a module and covered by CFI) is a candidate. The
+// records above the frame's own are each pointed to by the one below;
+// nothing in memory points to the innermost one (its address is only in
+// rbp), so it is a head: a candidate no other candidate points to. So are
+// a stale record left in an uninitialised local and a (frame, pc) pair a
+// function keeps (the sanitizers' interceptors do, below their own record),
+// and so are the slots where code without frame pointers pushed rbp first
+// (it holds 0 in a new thread until a frame-pointer function sets it). The
+// answer is the lowest candidate, when it is the only head whose saved rbp
+// is not 0 or, when no head has one, when it saved 0 (a frame-pointer frame
+// whose callers all kept none). Anything else is ambiguous: no answer, and
+// the walk ends truncated (the wall sampler then signals the thread). The
+// caller keeps only walks that end complete at the thread's entry. Never
+// used by a signal handler's walk; not inlined into CfiWalk, so its arrays
+// stay off the handler's stack.
+template <bool kCached>
+__attribute__((noinline)) inline bool GuessFrameRecord(
+    const CfiSnapshot* snapshot, const StackBounds& bounds, uintptr_t sp,
+    uintptr_t copy_delta, uintptr_t* record) noexcept {
+  constexpr size_t kMaxCandidates = 128;
+  uintptr_t at[kMaxCandidates];
+  uintptr_t saved[kMaxCandidates];
+  size_t n = 0;
+  for (uintptr_t r = (sp + 7) & ~uintptr_t{7}; r + 16 <= bounds.hi; r += 8) {
+    uintptr_t saved_fp = 0, ra = 0;
+    if (!ReadStackWord(bounds, sp, r, &saved_fp, copy_delta)) return false;
+    if (saved_fp != 0 && (saved_fp <= r || saved_fp >= bounds.hi || (saved_fp & 7) != 0)) {
+      continue;
+    }
+    if (!ReadStackWord(bounds, sp, r + 8, &ra, copy_delta) || ra == 0 ||
+        !snapshot->InModule(ra)) {
+      continue;
+    }
+    const CfiSnapshot::Module* hint = nullptr;
+    const unsigned kind = snapshot->template FindStep<kCached>(ra - 1, &hint).kind;
+    if (kind == CfiRule::kNone || kind == CfiRule::kUnsupported) continue;
+    if (n == kMaxCandidates) return false;
+    at[n] = r;
+    saved[n] = saved_fp;
+    ++n;
+  }
+  if (n == 0) return false;
+  size_t linked_heads = 0;  // heads whose saved rbp is not 0
+  bool lowest_is_head = true;
+  for (size_t i = 0; i < n; ++i) {
+    bool pointed_to = false;
+    for (size_t j = 0; j < n && !pointed_to; ++j) pointed_to = saved[j] == at[i];
+    if (i == 0) lowest_is_head = !pointed_to;
+    if (!pointed_to && saved[i] != 0) ++linked_heads;
+  }
+  // at[0] is the lowest candidate.
+  if (!lowest_is_head) return false;
+  if (linked_heads > 1) return false;
+  if (linked_heads == 1 && saved[0] == 0) return false;  // the linked one is above
+  *record = at[0];
+  return true;
+}
+
 // Walks the stack from `regs` with the rules of `snapshot` (null: frame
 // pointers only). Writes the pc, then return addresses; stops complete at a
 // frame whose CFI marks the return address undefined (thread entry, _start)
@@ -609,7 +672,6 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
   uintptr_t fp = regs.fp;
   bool fp_known = fp_known_at_start;
   bool fp_guessed = false;  // see kCfaFp
-  constexpr uintptr_t kFrameRecordSearchBytes = 4096;
   bool exact_pc = true;  // pc is not a return address: look it up as is
   const CfiSnapshot::Module* hint = nullptr;
   // Counts the walk once if it met a module without its table yet.
@@ -664,41 +726,16 @@ inline UnwindResult CfiWalk(const CfiSnapshot* snapshot,
           cfa = sp + cfa_offset;
           break;
         case CfiRule::kCfaFp:
-          if (!fp_known && !fp_known_at_start && result.depth > 1 &&
-              !fp_guessed && snapshot != nullptr) {
-            // A walk from a stopped thread's sp and pc (UnwindCopy), whose
-            // rbp nobody read: the first frame that keeps its CFA in rbp
-            // (code built with frame pointers) saved its caller's rbp and
-            // return address as a frame record between its sp and its CFA.
-            // The lowest word pair above sp that looks like one (the saved
-            // rbp 0 or above it, the return address in a module with CFI)
-            // gives rbp; callers' rbp come from their save slots as usual.
-            // The caller (ReadBlockedStack) keeps only walks that end
-            // complete at the thread's entry.
+          if (!fp_known && !fp_known_at_start && !fp_guessed &&
+              snapshot != nullptr) {
+            // A walk of a stopped thread's stack copy (UnwindCopy), whose
+            // rbp nobody read: see GuessFrameRecord. Callers' rbp come from
+            // their save slots as usual.
             fp_guessed = true;
-            for (uintptr_t record = sp; record + 16 <= bounds.hi &&
-                                        record < sp + kFrameRecordSearchBytes;
-                 record += 8) {
-              uintptr_t saved_fp = 0, ra = 0;
-              if (!ReadStackWord(bounds, sp, record, &saved_fp, copy_delta) ||
-                  !ReadStackWord(bounds, sp, record + 8, &ra, copy_delta)) {
-                break;
-              }
-              if ((saved_fp != 0 && (saved_fp <= record || saved_fp >= bounds.hi ||
-                                     (saved_fp & 7) != 0)) ||
-                  !snapshot->InModule(ra)) {
-                continue;
-              }
-              const CfiSnapshot::Module* ra_hint = nullptr;
-              const unsigned ra_kind =
-                  snapshot->template FindStep<kCached>(ra - 1, &ra_hint).kind;
-              if (ra_kind == CfiRule::kNone || ra_kind == CfiRule::kUnsupported) {
-                continue;
-              }
-              // The record sits at CFA - 16: rbp = CFA - offset.
-              fp = record + 16 - cfa_offset;
+            uintptr_t record = 0;
+            if (GuessFrameRecord<kCached>(snapshot, bounds, sp, copy_delta, &record)) {
+              fp = record + 16 - cfa_offset;  // the record sits at CFA - 16
               fp_known = true;
-              break;
             }
           }
           if (!fp_known) {
