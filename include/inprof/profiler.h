@@ -173,6 +173,9 @@ class Profiler final : public internal::ProfilerControl,
     // Its providers are being armed or disarmed outside the registry lock:
     // the ticker leaves it alone meanwhile.
     bool arm_in_flight = false;
+    // Where a copy of the thread's stack last failed to walk (ticker,
+    // registry lock; ReadBlockedStack): signalled there instead.
+    internal::SyscallSite unreadable_site;
     uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
     R ring;
     // The ring its handler writes: `ring`, or in library mode one in the
@@ -368,6 +371,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->blocked_labels.clear();
     slot->blocked_provisional = false;
     slot->blocked_resampled = false;
+    slot->unreadable_site = internal::SyscallSite{};
     slot->running_stack.clear();
     slot->running_labels.clear();
     slot->running_samples_at_visit.fill(
@@ -1267,7 +1271,8 @@ class Profiler final : public internal::ProfilerControl,
       const internal::SyscallSite site = P::EpisodeSite(data);
       const int64_t clock = P::LookClock(data);
       if (!site.known() || site.nr < 0 || clock < 0 || (site.sp & 7) != 0 ||
-          site.sp < slot->stack.lo || site.sp >= slot->stack.hi) {
+          site.sp < slot->stack.lo || site.sp >= slot->stack.hi ||
+          site == slot->unreadable_site) {
         return false;
       }
       const size_t bytes =
@@ -1310,9 +1315,15 @@ class Profiler final : public internal::ProfilerControl,
           site.pc, site.sp, std::span<const uint64_t>(stack_copy_.get(), bytes / 8),
           std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(record + header_words),
                                max_frames));
-      if (unwound.truncated ||
-          internal::ThreadCpuNanos(slot->cpu_clock) != clock) {
-        return false;  // a frame that needs rbp, or the thread ran
+      if (unwound.truncated) {
+        // A frame whose rbp the copy does not settle: the same stack at the
+        // same place will not walk either, and a failed read is work the
+        // ticker does on top of the signal. Signalled there from now on.
+        slot->unreadable_site = site;
+        return false;
+      }
+      if (internal::ThreadCpuNanos(slot->cpu_clock) != clock) {
+        return false;  // the thread ran: the copy may be torn
       }
       int64_t values[kMaxValuesPerProvider] = {};
       if (!std::get<I>(providers_).TakeStackRead(
