@@ -159,20 +159,24 @@ TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   ASSERT_TRUE(UnwindTablesReady());
-  // The profile accounts for each thread's CPU while it is registered, so
-  // that is what is measured: registration and unregistration included
-  // (under TSan they cost a good share of a 3 ms thread).
-  std::atomic<int64_t> measured{0};
+  // The profile accounts for each thread's CPU from its arming, inside
+  // RegisterThread, to the tail its unregistration reads, inside Reset():
+  // between what the thread times inside those two calls and outside them.
+  // (The calls' own CPU before arming and after the tail is no sample's:
+  // under TSan on a loaded machine it was 11% of a 3 ms thread, which a
+  // bound on the outer clock alone once read as a loss.)
+  std::atomic<int64_t> inner{0}, outer{0};
   for (int round = 0; round < 50; ++round) {
     std::vector<std::thread> threads;
     for (int i = 0; i < 4; ++i) {
       threads.emplace_back([&] {
+        const int64_t outer0 = ThreadCpuNow();
+        auto r = profiler.RegisterThread("short");
         const int64_t t0 = ThreadCpuNow();
-        {
-          auto r = profiler.RegisterThread("short");
-          BurnCpu(3'000'000);
-        }
-        measured += ThreadCpuNow() - t0;
+        BurnCpu(3'000'000);
+        inner += ThreadCpuNow() - t0;
+        r.Reset();
+        outer += ThreadCpuNow() - outer0;
       });
     }
     for (auto& t : threads) t.join();
@@ -182,10 +186,15 @@ TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
   const int64_t total = profile->Total(profile->ValueIndex("cpu-time"));
+  std::printf("200 threads: %.3f-%.3f s by their clocks, in profile %.3f s\n",
+              inner / 1e9, outer / 1e9, total / 1e9);
   // 200 threads x 3 ms, each shorter than a 4 ms scheduler tick.
-  EXPECT_GT(measured.load(), 600'000'000);
-  EXPECT_GT(total, measured.load() * 9 / 10);
-  EXPECT_LE(total, measured.load());
+  EXPECT_GT(inner.load(), 600'000'000);
+  // Exact: samples telescope from the arming clock to the tail's (a sample
+  // a full ring dropped keeps its CPU on the "samples dropped" stack), so
+  // any CPU lost shows here however small.
+  EXPECT_GE(total, inner.load());
+  EXPECT_LE(total, outer.load());
   // Every thread is sampled within its first millisecond of CPU, and what
   // it used after its last sample goes to that sample's stack: the CPU is
   // on BurnCpu, not on the synthetic tail frame.
@@ -256,21 +265,22 @@ TEST(ProfilerTest, ThousandsOfOneToTwoMillisecondThreadsAreAccountedFor) {
   options.cpu_period = absl::Milliseconds(1);
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
-  std::atomic<int64_t> measured{0};
+  std::atomic<int64_t> inner{0}, outer{0};
   constexpr int kThreads = 2000;
   for (int batch = 0; batch < kThreads / 4; ++batch) {
     std::vector<std::thread> threads;
     for (int i = 0; i < 4; ++i) {
       const int64_t ns = 1'000'000 + ((batch * 4 + i) % 5) * 250'000;
       threads.emplace_back([&, ns] {
-        // Measured over the registration's lifetime, the interval the
-        // profile accounts for.
+        // The profile's interval, arming to tail, lies between the clock
+        // read inside the registration and the one outside it.
+        const int64_t outer0 = ThreadCpuNow();
+        auto r = profiler.RegisterThread("short");
         const int64_t t0 = ThreadCpuNow();
-        {
-          auto r = profiler.RegisterThread("short");
-          BurnCpu(ns);
-        }
-        measured += ThreadCpuNow() - t0;
+        BurnCpu(ns);
+        inner += ThreadCpuNow() - t0;
+        r.Reset();
+        outer += ThreadCpuNow() - outer0;
       });
     }
     for (auto& t : threads) t.join();
@@ -287,12 +297,12 @@ TEST(ProfilerTest, ThousandsOfOneToTwoMillisecondThreadsAreAccountedFor) {
       sampled += s.values[cpu];
     }
   }
-  std::printf("%d threads: measured %.3fs, in profile %.3fs (%.1f%% on sampled stacks)\n",
-              kThreads, measured / 1e9, in_profile / 1e9,
+  std::printf("%d threads: %.3f-%.3fs by their clocks, in profile %.3fs "
+              "(%.1f%% on sampled stacks)\n",
+              kThreads, inner / 1e9, outer / 1e9, in_profile / 1e9,
               in_profile ? 100.0 * sampled / in_profile : 0.0);
-  EXPECT_LE(in_profile, measured.load());
-  EXPECT_NEAR(static_cast<double>(in_profile), static_cast<double>(measured),
-              0.2 * static_cast<double>(measured));
+  EXPECT_GE(in_profile, inner.load());
+  EXPECT_LE(in_profile, outer.load());
 }
 
 TEST(ProfilerTest, RegistrationDestroyedOnAnotherThreadIsSafe) {
