@@ -178,7 +178,7 @@ class WallTimeProvider {
   // A signal whose sample has not been taken after this long was lost (a
   // pending SIGPROF swallows a queued one; one pending for a CPU sample
   // gives the wall time to that sample: TakeSwallowed): the thread is
-  // signalled again.
+  // signalled again -- once it has run since (VisitThread).
   static constexpr int64_t kSignalLostAfterNs = 200'000'000;
   // ArmThread and DisarmThread touch only the thread's own data.
   static constexpr bool kArmsConcurrently = true;
@@ -207,6 +207,7 @@ class WallTimeProvider {
     // Where the episode whose stack the profiler holds was blocked.
     internal::SyscallSite episode_site;
     int64_t signal_sent_ns = 0;  // ticker: when the last signal was sent
+    int64_t signal_sent_clock = -1;  // ticker: the thread's CPU clock then
     bool last_look_blocked = false;  // ticker
     uint64_t signals = 0;  // signals sent to the thread (ticker)
     // Following (ticker, drains and TakeTail, all under the registry lock;
@@ -310,6 +311,10 @@ class WallTimeProvider {
              running_credits = 0, following = 0;
     // Episodes whose stack the profiler read without a signal (TakeStackRead).
     uint64_t blocked_stack_reads = 0;
+    // Visits that found a signal still not taken after kSignalLostAfterNs
+    // by a thread that had not run since it was sent, and did not send it
+    // again (VisitThread).
+    uint64_t undelivered = 0;
   };
   VisitCounts visit_counts() const { return counts_; }
   // Descriptors of threads' .../syscall files held open now, and the most

@@ -126,6 +126,25 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     data.follow_balance_ns += ahead;
     elapsed -= ahead;
   }
+  if (data.pending_wall_ns.load(std::memory_order_acquire) > 0 &&
+      clock == data.signal_sent_clock &&
+      when.now_ns - data.signal_sent_ns >= kSignalLostAfterNs) {
+    // A signal not taken this long after it was sent, by a thread that has
+    // not run a nanosecond since, was not delivered: the thread blocks
+    // SIGPROF in its signal mask (or is stopped), and the signal waits in
+    // the kernel, which would discard a second one. Not sent again, and
+    // not a reason to keep waking: the time stays owed to that signal,
+    // whose handler takes it when the thread unblocks it (or the tail
+    // does). Seen under ThreadSanitizer, whose deferred signal handling
+    // once left a thread waiting with every signal blocked: the sampler
+    // re-signalled it every kSignalLostAfterNs and woke every period.
+    data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
+    data.last_wall_ns = credit_to;
+    data.last_look_ns = when.now_ns;
+    data.steady_visit = true;
+    ++counts_.undelivered;
+    return TickDecision::kSkip;
+  }
   if (data.last_look_blocked && has_episode_stack &&
       clock == data.cpu_mark.load(std::memory_order_relaxed) &&
       data.pending_wall_ns.load(std::memory_order_acquire) == 0) {
@@ -248,6 +267,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // Running or runnable: its stack now, in the handler.
     data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
     data.signal_sent_ns = when.now_ns;
+    data.signal_sent_clock = clock;
     ++data.signals;
     return TickDecision::kSignal;
   }
@@ -283,6 +303,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   ++counts_.blocked_signals;
   data.episode_site = site;
   data.signal_sent_ns = when.now_ns;
+  data.signal_sent_clock = clock;
   data.blocked_signal_sent = true;
   data.signal_blocked.store(true, std::memory_order_relaxed);
   data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);

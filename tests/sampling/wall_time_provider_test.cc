@@ -20,6 +20,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <span>
@@ -27,6 +29,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
 #include "inprof/pprof_reader.h"
@@ -48,6 +53,41 @@ __attribute__((noinline)) uint64_t Spin(int64_t ns) {
     for (int i = 0; i < 1000; ++i) x = x * 2862933555777941757ULL + 3037000493ULL;
   }
   return x;
+}
+
+// A registered thread's wall time in the profile runs from its arming,
+// inside RegisterThread, to its tail, read inside the registration's
+// Reset(): between the clock read inside those two calls and the one
+// outside them. Exact bounds (wall time telescopes from visit to visit), so
+// any time lost shows however small; a bound on the outer clock alone also
+// counts the calls' own time before arming and after the tail, which on a
+// loaded machine (a thread waiting for a core) was 40-80 ms of 1.4 s.
+struct RegisteredSpan {
+  int64_t inner_ns = 0;
+  int64_t outer_ns = 0;
+};
+int64_t MonotonicNow() { return WallTimeProvider::NowNanos(); }
+template <typename Profiler, typename Body>
+RegisteredSpan RunRegistered(Profiler& profiler, const std::string& name, Body body) {
+  const int64_t outer0 = MonotonicNow();
+  auto registration = profiler.RegisterThread(name);
+  const int64_t inner0 = MonotonicNow();
+  body();
+  const int64_t inner1 = MonotonicNow();
+  registration.Reset();
+  const int64_t outer1 = MonotonicNow();
+  return {inner1 - inner0, outer1 - outer0};
+}
+// Whether `ns` in the profile lies within `span`, or up to `ahead_ns`
+// above it; the message says by how much it does not.
+::testing::AssertionResult WithinSpan(int64_t ns, const RegisteredSpan& span,
+                                      int64_t ahead_ns = 0) {
+  if (ns >= span.inner_ns && ns <= span.outer_ns + ahead_ns) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << ns / 1e9 << " s in the profile, outside " << span.inner_ns / 1e9 << "-"
+         << span.outer_ns / 1e9 << " s registered (+" << ahead_ns / 1e9 << " s)";
 }
 
 Options WallOptions(const std::string& name) {
@@ -99,17 +139,13 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
   Options options = WallOptions("wall_lifetime");
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
-  std::map<std::string, double> lifetime;
+  std::map<std::string, RegisteredSpan> lifetime;
   std::mutex mu;
   auto run = [&](std::string name, auto body) {
     return std::thread([&, name, body] {
-      const auto t0 = std::chrono::steady_clock::now();
-      {
-        auto registration = profiler.RegisterThread(name);
-        body();
-      }
+      const RegisteredSpan span = RunRegistered(profiler, name, body);
       std::lock_guard<std::mutex> lock(mu);
-      lifetime[name] = Seconds(std::chrono::steady_clock::now() - t0);
+      lifetime[name] = span;
     });
   };
   std::thread sleeper = run("sleeper", [] {
@@ -132,11 +168,19 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
   const int wall = profile->ValueIndex("wall-time");
   ASSERT_GE(wall, 0);
   auto by_thread = profile->ByLabel("thread name", wall);
-  for (const auto& [name, seconds] : lifetime) {
-    std::printf("%-8s registered %.3fs  wall in profile %.3fs\n", name.c_str(),
-                seconds, by_thread[name] / 1e9);
-    EXPECT_NEAR(by_thread[name] / 1e9, seconds, 0.10 * seconds) << name;
+  // A thread that runs may be followed (its running samples carry its wall
+  // time). The first sample after the visit that began the following may
+  // carry CPU from before that visit, which the visit credited too; later
+  // visits take it back from what they credit, but a thread that ends
+  // first keeps it: at most one CPU period (seen once: 2.9 ms too much
+  // for `mixed` or `spinner`). The sleeper is never followed.
+  const int64_t ahead = absl::ToInt64Nanoseconds(options.cpu_period);
+  for (const auto& [name, span] : lifetime) {
+    std::printf("%-8s registered %.6f-%.6fs  wall in profile %.6fs\n", name.c_str(),
+                span.inner_ns / 1e9, span.outer_ns / 1e9, by_thread[name] / 1e9);
+    EXPECT_TRUE(WithinSpan(by_thread[name], span, name == "sleeper" ? 0 : ahead)) << name;
   }
+  EXPECT_EQ(lifetime.size(), 3u);
   // Read the same with go tool pprof: the wall-time column is there.
   if (testing::GoPprofAvailable()) {
     auto raw = testing::ReadWithGoPprofRaw(options.output);
@@ -147,7 +191,7 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
       auto it = s.labels.find("thread name");
       if (it != s.labels.end() && it->second == "sleeper") sleeper_wall += s.values[3];
     }
-    EXPECT_NEAR(sleeper_wall / 1e9, lifetime["sleeper"], 0.1 * lifetime["sleeper"]);
+    EXPECT_TRUE(WithinSpan(sleeper_wall, lifetime["sleeper"]));
   }
 }
 
@@ -807,19 +851,19 @@ TEST(WallTimeProviderTest, SamplerWakesLessWhileEveryThreadWaits) {
   std::mutex mu;
   std::condition_variable cv;
   bool go = false;
-  std::map<std::string, double> lifetime;
+  std::map<std::string, RegisteredSpan> lifetime;
+  std::vector<pid_t> tids;
   std::vector<std::thread> waiters;
   for (int i = 0; i < 3; ++i) {
     waiters.emplace_back([&, i] {
       const std::string name = "waiter-" + std::to_string(i);
-      const auto t0 = std::chrono::steady_clock::now();
-      {
-        auto registration = profiler.RegisterThread(name);
+      const RegisteredSpan span = RunRegistered(profiler, name, [&] {
         std::unique_lock<std::mutex> lock(mu);
+        tids.push_back(static_cast<pid_t>(syscall(SYS_gettid)));
         cv.wait(lock, [&] { return go; });
-      }
+      });
       std::lock_guard<std::mutex> lock(mu);
-      lifetime[name] = Seconds(std::chrono::steady_clock::now() - t0);
+      lifetime[name] = span;
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // first visits
@@ -831,6 +875,25 @@ TEST(WallTimeProviderTest, SamplerWakesLessWhileEveryThreadWaits) {
   const uint64_t wakeups = after.wall_wakeups - before.wall_wakeups;
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (wakeups > 30) {
+      // Where the waiters are, and what the kernel holds for them.
+      for (pid_t tid : tids) {
+        for (const char* file : {"status", "syscall", "wchan"}) {
+          const std::string path = "/proc/self/task/" + std::to_string(tid) + "/" + file;
+          std::ifstream in(path);
+          const std::string text((std::istreambuf_iterator<char>(in)),
+                                 std::istreambuf_iterator<char>());
+          std::string shown;
+          for (absl::string_view line : absl::StrSplit(text, '\n')) {
+            if (std::string_view(file) != "status" || absl::StartsWith(line, "State") ||
+                absl::StartsWith(line, "Sig") || absl::StartsWith(line, "ShdPnd")) {
+              absl::StrAppend(&shown, line, "; ");
+            }
+          }
+          std::printf("waiter %d %s: %s\n", static_cast<int>(tid), file, shown.c_str());
+        }
+      }
+    }
     go = true;
   }
   cv.notify_all();
@@ -853,10 +916,13 @@ TEST(WallTimeProviderTest, SamplerWakesLessWhileEveryThreadWaits) {
   const int wall = profile->ValueIndex("wall-time");
   ASSERT_GE(wall, 0);
   auto by_thread = profile->ByLabel("thread name", wall);
-  for (const auto& [name, secs] : lifetime) {
-    EXPECT_NEAR(by_thread[name] / 1e9, secs, 0.02 * secs) << name;
+  for (const auto& [name, span] : lifetime) {
+    EXPECT_TRUE(WithinSpan(by_thread[name], span)) << name;
   }
   EXPECT_EQ(lifetime.size(), 3u);
+  if (wakeups > 30) {
+    for (const auto& c : profile->comments) std::printf("comment: %s\n", c.c_str());
+  }
 }
 
 // Waits in read() on `fd` until a byte arrives.
@@ -882,16 +948,13 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   std::atomic<bool> blocking{false};
-  double lifetime = 0;
+  RegisteredSpan lifetime;
   std::thread reader([&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    {
-      auto registration = profiler.RegisterThread("reader");
+    lifetime = RunRegistered(profiler, "reader", [&] {
       ScopedLabels labels({{"request", "r1"}});
       blocking.store(true);
       EXPECT_EQ(WallTestWaitInRead(fds[0]), 1);
-    }
-    lifetime = Seconds(std::chrono::steady_clock::now() - t0);
+    });
   });
   while (!blocking.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
@@ -942,7 +1005,7 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   }
   // The 400 ms wait at least, on its stack; the thread's whole life in all.
   EXPECT_GE(waiting / 1e9, 0.35);
-  EXPECT_NEAR(total / 1e9, lifetime, 0.02 * lifetime);
+  EXPECT_TRUE(WithinSpan(total, lifetime));
   bool commented = false;
   for (const auto& c : profile->comments) {
     commented |= c.find(kReadable ? "blocked threads' stacks read without a signal=1"
@@ -1069,6 +1132,100 @@ TEST(WallTimeProviderTest, AWallSignalSwallowedByAPendingCpuSignalIsTakenByIt) {
                 all[name] / 1e6, labelled[name] / 1e6);
     EXPECT_GT(labelled[name], 0) << name;
   }
+}
+
+// A signal that a waiting thread has not taken kSignalLostAfterNs after it
+// was sent, while its CPU clock has not moved, was never delivered (the
+// thread blocks SIGPROF, or is stopped): a second one would be discarded
+// by the kernel, so none is sent, and the visit is a steady one (the
+// sampler may slow down) with the time still owed to the first. Once the
+// thread has run, a signal is sent again, as for a signal a pending CPU
+// signal swallowed. Driven directly on a thread that waits on a condition
+// variable; the visits' times are given, so the 200 ms are exact.
+TEST(WallTimeProviderTest, AnUndeliveredSignalIsNotSentAgainToAThreadThatDidNotRun) {
+  WallTimeProvider provider;
+  ASSERT_TRUE(provider.Configure(WallOptions("wall_undelivered")).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  int step = 0;  // 1: the waiter runs 2 ms of CPU, 2: it ends
+  pid_t tid = 0;
+  std::thread waiter([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    tid = static_cast<pid_t>(syscall(SYS_gettid));
+    cv.notify_all();
+    cv.wait(lock, [&] { return step >= 1; });
+    Spin(2'000'000);
+    step = 10;
+    cv.notify_all();
+    cv.wait(lock, [&] { return step >= 2 && step != 10; });
+  });
+  ThreadContext thread;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return tid != 0; });
+  }
+  thread.tid = tid;
+  ASSERT_EQ(pthread_getcpuclockid(waiter.native_handle(), &thread.cpu_clock), 0);
+  WallTimeProvider::ThreadData data;
+  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  // Until the kernel says it waits (it may still be entering the wait).
+  for (int i = 0; i < 1000 && internal::LookAtThread(tid).state != 'S'; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  int64_t values[2] = {};
+  const int64_t t0 = WallTimeProvider::NowNanos();
+  data.last_wall_ns = t0 - 10'000'000;
+  data.last_look_ns = data.last_wall_ns;
+  data.cpu_mark.store(internal::ThreadCpuNanos(thread.cpu_clock));
+
+  // A new episode: a signal asked for (not sent: the test holds it), its
+  // 10 ms owed.
+  EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t0), false, false, values),
+            TickDecision::kSignalBlocked);
+  EXPECT_EQ(data.pending_wall_ns.load(), 10'000'000);
+  // 100 ms later: on its way still; owed, not steady.
+  EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t0 + 100'000'000), false,
+                                 false, values),
+            TickDecision::kSkip);
+  EXPECT_FALSE(WallTimeProvider::SteadyVisit(data));
+  EXPECT_EQ(provider.visit_counts().undelivered, 0u);
+  // 250 ms after it was sent, the waiter not having run: not sent again.
+  EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t0 + 250'000'000), false,
+                                 false, values),
+            TickDecision::kSkip);
+  EXPECT_TRUE(WallTimeProvider::SteadyVisit(data));
+  EXPECT_EQ(provider.visit_counts().undelivered, 1u);
+  EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t0 + 330'000'000), false,
+                                 false, values),
+            TickDecision::kSkip);
+  EXPECT_TRUE(WallTimeProvider::SteadyVisit(data));
+  EXPECT_EQ(provider.visit_counts().undelivered, 2u);
+  EXPECT_EQ(data.pending_wall_ns.load(), 340'000'000);  // all of it, still owed
+  EXPECT_EQ(data.signals, 1u);
+
+  // The waiter runs and waits again, the signal still untaken: sent again.
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    step = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return step == 10; });
+  }
+  for (int i = 0; i < 1000 && internal::LookAtThread(tid).state != 'S'; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const TickDecision again = provider.VisitThread(
+      thread, data, TickTime::At(t0 + 600'000'000), false, false, values);
+  EXPECT_EQ(again, TickDecision::kSignalBlocked);
+  EXPECT_EQ(provider.visit_counts().undelivered, 2u);
+  EXPECT_EQ(data.signals, 2u);
+  EXPECT_EQ(data.pending_wall_ns.load(), 610'000'000);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    step = 2;
+  }
+  cv.notify_all();
+  waiter.join();
+  provider.DisarmThread(thread, data);
 }
 
 // A registered thread that waits for every signal in sigwait (a server's
