@@ -17,6 +17,8 @@
 //
 // The programs run in a forked child (linked in) or as
 // safety_descriptors_target (under `inprof run`).
+#include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -32,10 +35,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/leaf_frame_resolver.h"
 #include "safety/safety_util.h"
 #include "util/test_util.h"
 
@@ -53,6 +58,170 @@ std::string FreshDir(const std::string& name) {
   (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
   mkdir(dir.c_str(), 0755);
   return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The program's own files: opened after it closed everything it inherited.
+struct ProgramFile {
+  std::string path;
+  std::string content;
+  int fd = -1;
+  struct stat st {};
+};
+
+std::vector<ProgramFile> OpenProgramFiles(const std::string& dir, int n) {
+  std::vector<ProgramFile> files(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    ProgramFile& f = files[static_cast<size_t>(i)];
+    f.path = absl::StrCat(dir, "/data-", i);
+    f.content = absl::StrCat("the program's file ", i, "\n");
+    std::ofstream(f.path, std::ios::binary) << f.content;
+    f.fd = open(f.path.c_str(), O_RDWR | O_CLOEXEC);
+    if (f.fd >= 0) fstat(f.fd, &f.st);
+  }
+  return files;
+}
+
+// What is wrong with the program's files now ("" if nothing).
+std::string CheckProgramFiles(const std::vector<ProgramFile>& files) {
+  std::string wrong;
+  for (const ProgramFile& f : files) {
+    struct stat now {};
+    if (f.fd < 0) {
+      absl::StrAppend(&wrong, f.path, ": never opened; ");
+    } else if (fstat(f.fd, &now) != 0) {
+      absl::StrAppend(&wrong, "fd ", f.fd, " (", f.path, ") closed; ");
+    } else if (now.st_dev != f.st.st_dev || now.st_ino != f.st.st_ino) {
+      char link[256] = {};
+      (void)readlink(absl::StrCat("/proc/self/fd/", f.fd).c_str(), link,
+                     sizeof(link) - 1);
+      absl::StrAppend(&wrong, "fd ", f.fd, " (", f.path, ") is now ", link,
+                      "; ");
+    }
+    if (const std::string on_disk = ReadFile(f.path); on_disk != f.content) {
+      absl::StrAppend(&wrong, f.path, " holds ", on_disk.size(),
+                      " bytes instead of ", f.content.size(), "; ");
+    }
+  }
+  return wrong;
+}
+
+// Registered threads that block for `ms` (the wall sampler keeps their
+// .../syscall files open) and one that burns CPU (a perf event or timer),
+// joined at destruction.
+class Threads {
+ public:
+  Threads(DefaultProfiler& profiler, int ms) {
+    for (int i = 0; i < 4; ++i) {
+      threads_.emplace_back([&profiler, ms, i] {
+        auto registration = profiler.RegisterThread(absl::StrCat("sleeper-", i));
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      });
+    }
+    threads_.emplace_back([&profiler, ms] {
+      auto registration = profiler.RegisterThread("burner");
+      safety::BurnCpu(int64_t{ms} * 1'000'000);
+    });
+  }
+  ~Threads() {
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+};
+
+// Linked in: the program closes every descriptor from 3 up after Start()
+// (inprof's perf events, kept /proc files, the symbolizer's module files),
+// opens 8 files of its own, which take those numbers, and keeps profiling.
+// Stop() and the profiler's end must leave the 8 open, the same files, and
+// unwritten.
+TEST(SafetyDescriptorsTest, ALinkedInProgramThatClosesInheritedDescriptorsKeepsItsOwn) {
+  const std::string dir = FreshDir("linked");
+  const int rc = safety::RunInChild(
+      [&dir]() -> int {
+        Options options;
+        options.output = dir + "/p-%t.pb.gz";
+        options.cpu_period = absl::Milliseconds(1);
+        options.wall_period = absl::Milliseconds(1);
+        options.export_period = absl::Milliseconds(100);
+        std::vector<ProgramFile> files;
+        {
+          DefaultProfiler profiler(options);
+          auto self = profiler.RegisterThread("main");
+          if (!profiler.Start().ok()) return 2;
+          {
+            // Sampled and exported (symbolized) before the program closes
+            // everything, with threads running across it: inprof holds
+            // descriptors of each kind then.
+            Threads before(profiler, 500);
+            std::this_thread::sleep_for(std::chrono::milliseconds(250));
+            close_range(3, ~0U, 0);
+            files = OpenProgramFiles(dir, 8);
+          }
+          // Those threads have ended (their descriptors released); new ones
+          // start (new descriptors opened) while the program's are open.
+          { Threads after(profiler, 250); }
+          if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+            std::fprintf(stderr, "while profiling: %s\n", wrong.c_str());
+            return 3;
+          }
+          if (!profiler.Stop().ok()) return 4;
+          if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+            std::fprintf(stderr, "after Stop(): %s\n", wrong.c_str());
+            return 5;
+          }
+        }
+        if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+          std::fprintf(stderr, "after the profiler's end: %s\n", wrong.c_str());
+          return 6;
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  EXPECT_EQ(rc, 0);
+}
+
+// Descriptors open on a file whose path contains `part`.
+int DescriptorsOn(const std::string& part) {
+  int count = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(dir)) {
+      char target[PATH_MAX] = {};
+      const std::string link = absl::StrCat("/proc/self/fd/", e->d_name);
+      if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
+          absl::StrContains(target, part)) {
+        ++count;
+      }
+    }
+    closedir(dir);
+  }
+  return count;
+}
+
+// The frame-pointer unwinder's leaf resolver reads a module's call-frame
+// information through libdwfl, which would keep the module's file open and
+// close that number when the resolver's session ends (at the next dlopen or
+// dlclose, or the profiler's end): it keeps no descriptor.
+TEST(SafetyDescriptorsTest, TheLeafResolverKeepsNoDescriptorOfTheModulesItReads) {
+  Dl_info info;
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&getpid), &info), 0);
+  ASSERT_NE(info.dli_fname, nullptr);
+  const std::string libc = info.dli_fname;
+  const std::string libc_name = libc.substr(libc.rfind('/') + 1);
+  const int before = DescriptorsOn(libc_name);
+  internal::LeafFrameResolver resolver;
+  resolver.Refresh();
+  ASSERT_TRUE(resolver.InModule(reinterpret_cast<uintptr_t>(&getpid)));
+  // getpid is a leaf without a frame record: its CFA is rsp + 8.
+  EXPECT_EQ(resolver.ReturnAddressSlot(reinterpret_cast<uintptr_t>(&getpid)), 0);
+  EXPECT_EQ(DescriptorsOn(libc_name), before);
 }
 
 std::string Cli() { return ::inprof::testing::EnvOrEmpty("INPROF_CLI"); }
