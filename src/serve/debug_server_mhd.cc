@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -26,6 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/internal/debug_endpoint.h"
+#include "inprof/internal/log.h"
+#include "inprof/internal/owned_fd.h"
 
 namespace inprof::internal {
 namespace {
@@ -181,6 +184,9 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
   if (const union MHD_DaemonInfo* info =
           mhd.MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_LISTEN_FD)) {
     server->listen_fd_ = info->listen_fd;
+    const FdIdentity identity = IdentifyFd(info->listen_fd);
+    server->listen_dev_ = identity.dev;
+    server->listen_ino_ = identity.ino;
     sockaddr_storage storage{};
     socklen_t len = sizeof(storage);
     if (getsockname(info->listen_fd, reinterpret_cast<sockaddr*>(&storage),
@@ -196,8 +202,34 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
 
 DebugServer::~DebugServer() { Stop(); }
 
+namespace {
+
+FdIdentity ListenIdentity(uint64_t dev, uint64_t ino) {
+  FdIdentity identity;
+  identity.dev = static_cast<dev_t>(dev);
+  identity.ino = static_cast<ino_t>(ino);
+  identity.type = S_IFSOCK;
+  identity.valid = true;
+  return identity;
+}
+
+}  // namespace
+
 void DebugServer::Stop() {
   if (daemon_ == nullptr) return;
+  // MHD_stop_daemon() wakes its thread through a descriptor of its own
+  // (an eventfd) and closes its descriptors by number. The program closed
+  // the listening socket: it closed the rest too (and may have reused the
+  // numbers), and that thread would never wake. Leave the server alone.
+  if (listen_fd_ >= 0 &&
+      !IsStillOurs(listen_fd_, ListenIdentity(listen_dev_, listen_ino_))) {
+    NoteDescriptorTaken(listen_fd_, "the live endpoint's listening socket");
+    Log(absl::StrCat("the live endpoint ", address_,
+                     " is left as it is: the program closed its descriptors"));
+    daemon_ = nullptr;
+    listen_fd_ = -1;
+    return;
+  }
   // Requests in progress were told to end (a capture answers 503 once the
   // profiler stops): let their answers go out, for a bounded time, before
   // MHD closes every connection.
@@ -211,7 +243,9 @@ void DebugServer::Stop() {
 }
 
 void DebugServer::Abandon() {
-  if (listen_fd_ >= 0) close(listen_fd_);
+  if (listen_fd_ >= 0) {
+    CloseIfOurs(listen_fd_, ListenIdentity(listen_dev_, listen_ino_));
+  }
   listen_fd_ = -1;
   daemon_ = nullptr;  // leaked: its threads are the parent's
 }

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -40,8 +41,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/debug_endpoint.h"
+#include "inprof/internal/http_client.h"
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "safety/safety_util.h"
+#include "src/agent/agent_server.h"
+#include "upload/http_receiver.h"
 #include "util/test_util.h"
 
 namespace inprof {
@@ -203,6 +208,124 @@ int DescriptorsOn(const std::string& part) {
     closedir(dir);
   }
   return count;
+}
+
+// The same with the samples forwarded to an agent (INPROF_AGENT_SOCKET):
+// the link's socket and its shared memory (grown with ftruncate when more
+// threads need rings) are the agent's, never a file of the program's that
+// took their numbers.
+TEST(SafetyDescriptorsTest, ALinkedInProgramForwardingToAnAgentKeepsItsOwnDescriptors) {
+  const std::string dir = FreshDir("agent");
+  agent::AgentServerOptions server_options;
+  server_options.address = internal::NewAgentSocketAddress();
+  server_options.profile = true;
+  server_options.profile_options.output = dir + "/agent-%p.pb.gz";
+  server_options.profile_options.export_period = absl::ZeroDuration();
+  agent::AgentServer server(server_options);
+  ASSERT_TRUE(server.Start().ok());
+  const std::string socket = server_options.address.ToString();
+  const int rc = safety::RunInChild(
+      [&dir, &socket]() -> int {
+        Options options;
+        options.output = dir + "/local-%p.pb.gz";
+        options.agent_socket = socket;
+        options.cpu_period = absl::Milliseconds(1);
+        options.wall_period = absl::Milliseconds(1);
+        std::vector<ProgramFile> files;
+        {
+          DefaultProfiler profiler(options);
+          auto self = profiler.RegisterThread("main");
+          if (!profiler.Start().ok()) return 2;
+          { Threads before(profiler, 100); }
+          close_range(3, ~0U, 0);
+          files = OpenProgramFiles(dir, 8);
+          {
+            // More threads at once than the first batch of rings holds:
+            // the shared memory grows.
+            std::vector<std::unique_ptr<Threads>> many;
+            for (int i = 0; i < 5; ++i) {
+              many.push_back(std::make_unique<Threads>(profiler, 200));
+            }
+          }
+          if (!profiler.Stop().ok()) return 4;
+        }
+        if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+          std::fprintf(stderr, "after the profiler's end: %s\n", wrong.c_str());
+          return 6;
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  server.Stop();
+  EXPECT_EQ(rc, 0);
+}
+
+// The same with the live endpoint (INPROF_HTTP_ADDR) serving: Stop()
+// neither writes into the program's files nor waits forever for the
+// server's thread (libmicrohttpd wakes it through a descriptor of its own,
+// which the program closed).
+TEST(SafetyDescriptorsTest, ALinkedInProgramServingTheLiveEndpointKeepsItsOwnDescriptors) {
+  if (!internal::DebugServer::Available().ok()) {
+    GTEST_SKIP() << internal::DebugServer::Available().message();
+  }
+  const std::string dir = FreshDir("serve");
+  const int rc = safety::RunInChild(
+      [&dir]() -> int {
+        Options options;
+        options.output = dir + "/p-%p.pb.gz";
+        options.http_addr = "127.0.0.1:0";
+        std::vector<ProgramFile> files;
+        {
+          DefaultProfiler profiler(options);
+          auto self = profiler.RegisterThread("main");
+          if (!profiler.Start().ok()) return 2;
+          close_range(3, ~0U, 0);
+          files = OpenProgramFiles(dir, 8);
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          if (!profiler.Stop().ok()) return 4;
+        }
+        if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+          std::fprintf(stderr, "after the profiler's end: %s\n", wrong.c_str());
+          return 6;
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  EXPECT_EQ(rc, 0);
+}
+
+// An upload (libcurl) keeps no descriptor from one request to the next:
+// neither the connection nor libcurl's wake-up socket pair, whose numbers
+// the program could close and reuse before the next upload wrote into them.
+TEST(SafetyDescriptorsTest, TheUploadClientKeepsNoDescriptorBetweenRequests) {
+  if (!internal::HttpClient::Available().ok()) {
+    GTEST_SKIP() << internal::HttpClient::Available().message();
+  }
+  auto receiver = ::inprof::testing::HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  const std::string url = (*receiver)->url() + "/upload";
+  // In a child: the receiver's own descriptors (its threads accept and
+  // answer here) are not counted.
+  const int rc = safety::RunInChild(
+      [&url]() -> int {
+        internal::HttpClient client;
+        internal::HttpRequest request;
+        request.url = url;
+        request.body = "profile";
+        const int before = safety::CountFds();
+        for (int i = 0; i < 2; ++i) {
+          absl::StatusOr<internal::HttpResponse> r = client.Send(request);
+          if (!r.ok() || r->status != 200) return 2;
+          if (const int now = safety::CountFds(); now != before) {
+            std::fprintf(stderr, "after request %d: %d descriptors, %d before\n",
+                         i + 1, now, before);
+            return 3;
+          }
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  EXPECT_EQ(rc, 0);
 }
 
 // The frame-pointer unwinder's leaf resolver reads a module's call-frame

@@ -139,7 +139,11 @@ class DebugServer {
 
   // Lets the requests in progress finish (at most kStopGrace: the
   // capture's owner cut them short first), closes the listening socket and
-  // every connection, and waits for their threads. Idempotent.
+  // every connection, and waits for their threads. Idempotent. When the
+  // program has closed the server's descriptors (a daemon's close_range),
+  // stopping it would write to and close numbers that may now be the
+  // program's files, and wait for a thread that never wakes: the server is
+  // left as it is instead (logged).
   void Stop();
 
   // In a forked child: the server's threads do not exist; closes the
@@ -153,6 +157,10 @@ class DebugServer {
   std::unique_ptr<std::atomic<int>> in_flight_ =
       std::make_unique<std::atomic<int>>(0);
   int listen_fd_ = -1;
+  // What listen_fd_ was at Start() (owned_fd.h's FdIdentity): a number the
+  // program closed (and may have reused) is never closed here.
+  uint64_t listen_dev_ = 0;
+  uint64_t listen_ino_ = 0;
   std::string address_;
 };
 
