@@ -131,7 +131,10 @@ struct State {
   std::string output;
   std::string child_output;  // "": the parent's
   absl::Time start;
-  int watch_pipe[2] = {-1, -1};
+  // The end signals' handler wakes the watcher thread through this (no
+  // descriptor: see run::SignalWake).
+  run::SignalWake end_signal;
+  bool end_watcher = false;  // its thread runs in this process
   // pthread_t of the threads registered here -> their ids, so that
   // pthread_setname_np(other, ...) finds the thread. A leaf lock, held
   // across fork() (internal/fork_guard.h).
@@ -192,22 +195,13 @@ constexpr int kEndSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 void EndSignalHandler(int sig) {
   const int saved = errno;
-  const unsigned char b = static_cast<unsigned char>(sig);
-  ssize_t n = write(state().watch_pipe[1], &b, 1);
-  (void)n;
+  state().end_signal.Post(sig);
   errno = saved;
 }
 
 void* WatchEndSignals(void*) {
   t_inprof = true;
-  unsigned char b = 0;
-  while (true) {
-    ssize_t n = read(state().watch_pipe[0], &b, 1);
-    if (n == 1) break;
-    if (n < 0 && errno == EINTR) continue;
-    return nullptr;
-  }
-  const int sig = b;
+  const int sig = state().end_signal.Wait();
   Finish(absl::StrCat("on ", strsignal(sig)));
   signal(sig, SIG_DFL);
   kill(getpid(), sig);
@@ -216,7 +210,6 @@ void* WatchEndSignals(void*) {
 
 void InstallEndSignalHandlers() {
   State& s = state();
-  if (pipe2(s.watch_pipe, O_CLOEXEC) != 0) return;
   bool any = false;
   for (int sig : kEndSignals) {
     struct sigaction current;
@@ -232,7 +225,8 @@ void InstallEndSignalHandlers() {
     if (sigaction(sig, &action, nullptr) == 0) any = true;
   }
   if (!any) return;
-  run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
+  s.end_watcher =
+      run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
 }
 
 // Lifecycle lock held. A new profiler with the sink, and the calling thread
@@ -287,6 +281,15 @@ void AtForkChild() {
   // The child has one thread: a lifecycle lock another thread of the parent
   // held (writing the parent's profile) means nothing here.
   new (&s.lifecycle) std::mutex;
+  // Nor does the parent's signal watcher exist here: the end signals'
+  // handlers (inherited) need one of the child's own, or SIGTERM would
+  // never end the child.
+  if (s.end_watcher) {
+    s.end_signal.~SignalWake();
+    new (&s.end_signal) run::SignalWake;
+    s.end_watcher =
+        run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
+  }
   PreloadProfiler* parent = s.profiler;
   if (parent == nullptr) return;
   const bool was_running = s.running;

@@ -360,6 +360,90 @@ std::string Target() {
                     "first; the plain suite runs this";                  \
   }
 
+// Under `inprof run`: a program that closes every descriptor it inherited
+// (inprof's included) and opens 8 files, which take their numbers. While it
+// runs its descriptors stay its own files; SIGTERM's default action still
+// ends it (status 143 from `sh`, as for a program killed by SIGTERM) after
+// the profile is written; no byte lands in its files.
+TEST(SafetyDescriptorsTest, UnderInprofRunAProgramThatClosesInheritedDescriptorsStillEndsOnSigterm) {
+  SKIP_UNDER_SANITIZERS();
+  const std::string dir = FreshDir("run_closefrom");
+  const std::string cmd = absl::StrCat(
+      ShellQuote(Cli()), " run --period 1ms --wall-period 1ms -o ",
+      ShellQuote(dir + "/p-%p.pb.gz"), " -- ", ShellQuote(Target()),
+      " closefrom ", ShellQuote(dir), " 2>", ShellQuote(dir + "/err.txt"));
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  pid_t target = 0;
+  for (int i = 0; i < 3000 && target == 0; ++i) {
+    std::ifstream f(dir + "/pid");
+    if (!(f >> target)) {
+      target = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (target <= 0) kill(pid, SIGKILL);
+  ASSERT_GT(target, 0) << "the program never wrote its pid: "
+                       << ReadFile(dir + "/err.txt");
+  ASSERT_EQ(kill(target, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string err = ReadFile(dir + "/err.txt");
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << err;
+  EXPECT_EQ(ReadFile(dir + "/check"), "ok") << err;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(ReadFile(absl::StrCat(dir, "/data-", i)),
+              absl::StrCat("the program's file ", i, "\n"))
+        << "data-" << i;
+  }
+  EXPECT_THAT(err, HasSubstr("inprof run: wrote "));
+}
+
+// A forked child has the end signals' handlers the preload installed, and
+// a watcher of its own behind them: SIGTERM sent to the child ends the
+// child (its parent sees "signal 15") and not the parent, which goes on and
+// exits 0. (With a pipe between handler and watcher, the child's handler
+// woke the parent's watcher: the parent wrote its profile and killed
+// itself, and the child lived on.)
+TEST(SafetyDescriptorsTest, UnderInprofRunSigtermEndsTheForkedChildItIsSentTo) {
+  SKIP_UNDER_SANITIZERS();
+  const std::string dir = FreshDir("run_fork");
+  const std::string cmd = absl::StrCat(
+      ShellQuote(Cli()), " run -q -o ", ShellQuote(dir + "/p-%p.pb.gz"),
+      " -- ", ShellQuote(Target()), " fork ", ShellQuote(dir), " 2>",
+      ShellQuote(dir + "/err.txt"));
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  pid_t child = 0;
+  for (int i = 0; i < 3000 && child == 0; ++i) {
+    std::ifstream f(dir + "/pid");
+    if (!(f >> child)) {
+      child = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (child <= 0) kill(pid, SIGKILL);
+  ASSERT_GT(child, 0) << ReadFile(dir + "/err.txt");
+  ASSERT_EQ(kill(child, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string err = ReadFile(dir + "/err.txt");
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << err;
+  EXPECT_EQ(ReadFile(dir + "/child"), absl::StrCat("signal ", SIGTERM)) << err;
+}
+
 // Opened by the program: "opened K" from the target.
 int Opened(const std::string& prefix, const std::string& args) {
   auto r = RunCommandSeparately(
