@@ -95,9 +95,15 @@ int MoveAboveProgramRange(int fd) noexcept {
   const int floor = HighFloor();
   int moved = -1;
   if (floor > fd) {
+    // The original is closed only while it still is what was duplicated:
+    // a program closing descriptors on another thread meanwhile (and
+    // opening one on this number) keeps its file.
+    const FdIdentity identity = IdentifyFd(fd);
     moved = fcntl(fd, F_DUPFD_CLOEXEC, floor);
     if (moved >= 0) {
-      close(fd);
+      if (IsStillOurs(moved, identity) && IsStillOurs(fd, identity)) {
+        close(fd);
+      }
       fd = moved;
     }
   }

@@ -12,7 +12,10 @@
 // CloseIfOurs). It keeps them above the numbers the program's open() takes
 // first (MoveAboveProgramRange), so that a closed one is rarely reused, and
 // it keeps at most a share of what the program may still open, re-counted
-// when the program changes its RLIMIT_NOFILE (DescriptorBudget).
+// when the program changes its RLIMIT_NOFILE (DescriptorBudget). What no
+// check covers: a program closing descriptors it does not own on one
+// thread at the moment inprof opens, reads and closes one on another (a
+// window of microseconds).
 //
 // Thread-safety: OwnedFd is a value (one owner at a time); DescriptorBudget
 // is thread-safe. Only IsStillOurs is async-signal-safe.
