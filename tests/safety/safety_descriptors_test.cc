@@ -222,6 +222,10 @@ int DescriptorsOn(const std::string& part) {
 // threads need rings) are the agent's, never a file of the program's that
 // took their numbers.
 TEST(SafetyDescriptorsTest, ALinkedInProgramForwardingToAnAgentKeepsItsOwnDescriptors) {
+  if (safety::kTsan) {
+    GTEST_SKIP() << "forks while the agent's threads run, which TSan does "
+                    "not support; the plain and ASan suites run it";
+  }
   const std::string dir = FreshDir("agent");
   agent::AgentServerOptions server_options;
   server_options.address = internal::NewAgentSocketAddress();
@@ -308,6 +312,10 @@ TEST(SafetyDescriptorsTest, ALinkedInProgramServingTheLiveEndpointWritesNothingA
 // neither the connection nor libcurl's wake-up socket pair, whose numbers
 // the program could close and reuse before the next upload wrote into them.
 TEST(SafetyDescriptorsTest, TheUploadClientKeepsNoDescriptorBetweenRequests) {
+  if (safety::kTsan) {
+    GTEST_SKIP() << "forks while the receiver's threads run, which TSan "
+                    "does not support; the plain and ASan suites run it";
+  }
   if (!internal::HttpClient::Available().ok()) {
     GTEST_SKIP() << internal::HttpClient::Available().message();
   }
