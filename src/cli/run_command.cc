@@ -276,6 +276,10 @@ int RunMain(int argc, char** argv) {
     switch (c) {
       case 'o':
         if (*optarg == '\0') return Usage("--output: expected a file path");
+        if (std::strcmp(optarg, "-") == 0) {
+          return Usage("--output '-': each process writes a profile file of its "
+                       "own; standard output cannot hold them");
+        }
         s.env["INPROF_OUTPUT"] = optarg;
         break;
       case 'P':
@@ -366,6 +370,10 @@ int RunMain(int argc, char** argv) {
   if (auto it = s.env.find("INPROF_OUTPUT"); it != s.env.end()) {
     output = it->second;
   } else if (const char* o = getenv("INPROF_OUTPUT"); o != nullptr && *o) {
+    if (std::strcmp(o, "-") == 0) {
+      return Usage("INPROF_OUTPUT='-': each process writes a profile file of "
+                   "its own; standard output cannot hold them");
+    }
     output = o;
   } else {
     const std::string& period = s.env.count("INPROF_EXPORT_PERIOD")
@@ -376,7 +384,23 @@ int RunMain(int argc, char** argv) {
   if (output[0] != '/') output = absl::StrCat(CurrentDir(), "/", output);
   s.env["INPROF_OUTPUT"] = output;
   const std::string out_dir = Dirname(output);
-  if (access(out_dir.c_str(), W_OK) != 0) {
+  // A FIFO or character device (/dev/null) is written into, not replaced:
+  // its directory need not be writable.
+  struct stat out_st;
+  const bool exists = lstat(output.c_str(), &out_st) == 0;
+  if (exists && !S_ISREG(out_st.st_mode) && !S_ISCHR(out_st.st_mode) &&
+      !S_ISFIFO(out_st.st_mode)) {
+    PrintError(kCmd, absl::StrCat("cannot write profiles to '", output, "': it is ",
+                                  S_ISLNK(out_st.st_mode)  ? "a symbolic link"
+                                  : S_ISDIR(out_st.st_mode) ? "a directory"
+                                                            : "not a regular file",
+                                  ", which inprof neither writes through nor replaces"));
+    return 1;
+  }
+  const bool special_output = exists &&
+                              (S_ISCHR(out_st.st_mode) || S_ISFIFO(out_st.st_mode)) &&
+                              access(output.c_str(), W_OK) == 0;
+  if (!special_output && access(out_dir.c_str(), W_OK) != 0) {
     PrintError(kCmd, absl::StrCat("cannot write profiles to '", out_dir,
                                   "': ", strerror(errno)));
     return 1;
