@@ -3,7 +3,8 @@
 // commands' -o) writes into a FIFO or character device as what it is and
 // never replaces it, refuses a symbolic link at the path, is not fooled by a
 // link planted under its temporary name, treats `-` as standard output where
-// a command writes one file.
+// a command writes one file, and a process tree whose output pattern has no
+// %p loses no profile.
 //
 // A check that could damage the machine before its fix uses a FIFO or a
 // character device made with mknod in a scratch directory; the real
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -402,6 +404,72 @@ TEST(SafetyOutputTest, DashIsStandardOutputWhereACommandWritesOneFile) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("INPROF_OUTPUT='-'"));
   EXPECT_TRUE(Entries(dir).empty());
+}
+
+// The "wrote" lines of `inprof run`: path, pid.
+std::vector<std::pair<std::string, std::string>> WroteLines(const std::string& err) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (absl::string_view line : absl::StrSplit(err, '\n')) {
+    if (!absl::ConsumePrefix(&line, "inprof run: wrote ")) continue;
+    const size_t paren = line.find(" (pid ");
+    if (paren == absl::string_view::npos) continue;
+    absl::string_view pid = line.substr(paren + 6);
+    pid = pid.substr(0, pid.find_first_of(",)"));
+    out.emplace_back(std::string(line.substr(0, paren)), std::string(pid));
+  }
+  return out;
+}
+
+// run_target children: the command, a forked child and an exec'd one, with
+// an output pattern without %p: the command writes the path as given, each
+// other process PATH_<pid>, and each "wrote" line names a file that holds
+// that process's profile.
+TEST(SafetyOutputTest, APatternWithoutPidLosesNoProfileWhenTheProgramForks) {
+  const std::string dir = FreshDir("fork_no_pid");
+  const std::string path = dir + "/p.pb.gz";
+  CommandOutput r = Shell(absl::StrCat(ShellQuote(Cli()), " run -o ", ShellQuote(path),
+                                     " -- ", ShellQuote(EnvOrEmpty("INPROF_RUN_TARGET")),
+                                     " children"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto wrote = WroteLines(r.err);
+  ASSERT_EQ(wrote.size(), 3u) << r.err;
+  std::set<std::string> paths;
+  for (const auto& [file, pid] : wrote) {
+    paths.insert(file);
+    if (file != path) {
+      EXPECT_EQ(file, absl::StrCat(path, "_", pid)) << r.err;
+    }
+    auto p = ReadPprofFile(file);
+    EXPECT_TRUE(p.ok()) << p.status();
+  }
+  EXPECT_EQ(paths.size(), 3u) << r.err;
+  EXPECT_TRUE(paths.count(path)) << r.err;
+  EXPECT_EQ(Entries(dir).size(), 3u) << r.err;
+  // The command's own profile kept its name.
+  auto root = ReadPprofFile(path);
+  ASSERT_TRUE(root.ok()) << root.status();
+  bool parent = false;
+  for (const auto& [fn, v] : root->CumulativeByFunction(root->ValueIndex("cpu-time"))) {
+    parent |= absl::StrContains(fn, "ParentWork") && v > 0;
+  }
+  EXPECT_TRUE(parent) << r.err;
+}
+
+// Windows exported into one file (no %t): one "wrote" line that says the
+// file holds the last of them.
+TEST(SafetyOutputTest, WindowsWithoutTimeInThePatternAreListedOnceTruthfully) {
+  const std::string dir = FreshDir("windows_no_t");
+  const std::string path = dir + "/w.pb.gz";
+  CommandOutput r = Shell(absl::StrCat(ShellQuote(Cli()), " run --export-period 100ms -o ",
+                                     ShellQuote(path), " -- ",
+                                     ShellQuote(EnvOrEmpty("INPROF_RUN_TARGET")),
+                                     " spin 600"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto wrote = WroteLines(r.err);
+  ASSERT_EQ(wrote.size(), 1u) << r.err;
+  EXPECT_EQ(wrote[0].first, path);
+  EXPECT_THAT(r.err, HasSubstr("windows, each replacing the one before"));
+  EXPECT_EQ(Entries(dir).size(), 1u);
 }
 
 }  // namespace
