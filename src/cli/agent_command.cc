@@ -96,6 +96,11 @@ int AgentMain(int argc, char** argv) {
         socket = optarg;
         break;
       case 'o':
+        if (std::strcmp(optarg, "-") == 0) {
+          PrintError("agent", "--output '-': each process gets a profile file of "
+                              "its own; standard output cannot hold them");
+          return 2;
+        }
         output = optarg;
         break;
       case 'H':
