@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "inprof/internal/log.h"
 #include "inprof/symbolizer.h"
 #include "src/agent/agent_session.h"
 
@@ -193,7 +194,9 @@ std::vector<AgentProcess> AgentServer::Processes() const {
 }
 
 void AgentServer::Log(const std::string& line) const {
-  if (options_.log != nullptr) options_.log(line);
+  // Lines carry what peers say (program names, tags): one line each, no
+  // terminal control.
+  if (options_.log != nullptr) options_.log(internal::EscapeForLog(line));
 }
 
 void AgentServer::LogEvent(const std::string& line) const {

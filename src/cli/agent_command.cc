@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/log.h"
 #include "inprof/options.h"
 #include "src/agent/agent_server.h"
 #include "src/cli/command.h"
@@ -57,9 +58,14 @@ const char kAgentHelp[] =
     "  -h, --help           this text\n";
 
 namespace {
+// One line each: what users and peers named (addresses, program names) is
+// escaped.
 void LogLine(const std::string& line) {
-  const std::string out = line + "\n";
+  const std::string out = internal::EscapeForLog(line) + "\n";
   fputs(out.c_str(), stderr);
+}
+void Error(const std::string& message) {
+  PrintError("agent", internal::EscapeForLog(message));
 }
 // The server's lines begin "agent: ".
 void LogServerLine(const std::string& line) { LogLine("inprof " + line); }
@@ -102,7 +108,7 @@ int AgentMain(int argc, char** argv) {
         http = optarg;
         http_given = true;
         if (auto parsed = internal::ParseListenAddress(http); !parsed.ok()) {
-          PrintError("agent", absl::StrCat("--http: ", parsed.status().message()));
+          Error(absl::StrCat("--http: ", parsed.status().message()));
           return 2;
         }
         break;
@@ -115,7 +121,7 @@ int AgentMain(int argc, char** argv) {
       case 'i': {
         double seconds = 0;
         if (!absl::SimpleAtod(optarg, &seconds) || seconds < 0.1 || seconds > 86400) {
-          PrintError("agent", absl::StrCat("--idle-exit \"", optarg,
+          Error(absl::StrCat("--idle-exit \"", optarg,
                                            "\": expected seconds from 0.1 to 86400"));
           return 2;
         }
@@ -125,7 +131,7 @@ int AgentMain(int argc, char** argv) {
       case 'u': {
         uint32_t uid = 0;
         if (!absl::SimpleAtoi(optarg, &uid)) {
-          PrintError("agent", absl::StrCat("--allow-uid \"", optarg,
+          Error(absl::StrCat("--allow-uid \"", optarg,
                                            "\": expected a numeric user id"));
           return 2;
         }
@@ -136,13 +142,13 @@ int AgentMain(int argc, char** argv) {
         fputs(kAgentHelp, stdout);
         return 0;
       default:
-        PrintError("agent", absl::StrCat("unknown option \"", argv[optind - 1],
+        Error(absl::StrCat("unknown option \"", argv[optind - 1],
                                          "\" (inprof agent --help)"));
         return 2;
     }
   }
   if (optind < argc) {
-    PrintError("agent", absl::StrCat("unexpected argument \"", argv[optind],
+    Error(absl::StrCat("unexpected argument \"", argv[optind],
                                      "\" (inprof agent --help)"));
     return 2;
   }
@@ -151,7 +157,7 @@ int AgentMain(int argc, char** argv) {
   } else {
     auto address = internal::ParseAgentSocketAddress(socket);
     if (!address.ok()) {
-      PrintError("agent", std::string(address.status().message()));
+      Error(std::string(address.status().message()));
       return 2;
     }
     options.address = *address;
@@ -161,7 +167,7 @@ int AgentMain(int argc, char** argv) {
     // returns at once, the agent runs on in a session of its own.
     const pid_t child = fork();
     if (child < 0) {
-      PrintError("agent", absl::StrCat("fork: ", std::strerror(errno)));
+      Error(absl::StrCat("fork: ", std::strerror(errno)));
       return 1;
     }
     if (child > 0) _exit(0);
@@ -188,7 +194,7 @@ int AgentMain(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   agent::AgentServer server(options);
   if (absl::Status st = server.Start(); !st.ok()) {
-    PrintError("agent", std::string(st.message()));
+    Error(std::string(st.message()));
     return 1;
   }
   if (options.log_connections) {

@@ -1,0 +1,266 @@
+// The out-of-process agent in a hostile or careless environment: a socket
+// somebody squats on and never accepts, a stopped agent, another user's
+// connection flood, an agent run out of descriptors, connections that come
+// and go by the hundred, an agent restarted on its path after SIGTERM or
+// SIGKILL, and peers whose names carry newlines and terminal escapes.
+//
+// Each test states what a host or the agent must never do (hang at
+// Start(), spin, lose a profile silently, leak a descriptor, refuse to
+// restart, print a peer's control characters) and checks what is
+// observable: the one line a host logs, the Reject a process reads, the
+// agent's CPU time and descriptors in /proc, the socket file.
+//
+// "Another user" is uid 65534 (nobody), in a forked child, when the test
+// runs as root; those tests skip otherwise.
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/log.h"
+#include "safety/safety_util.h"
+#include "src/agent/agent_server.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Cli() { return testing::EnvOrEmpty("INPROF_CLI"); }
+
+internal::AgentHello Hello(const std::string& program) {
+  internal::AgentHello hello;
+  hello.pid = getpid();
+  hello.program = program;
+  hello.max_threads = 1;
+  hello.ring_bytes = 4096;
+  return hello;
+}
+
+// Everything until EOF (or `timeout_ms` without a byte); closes `fd`.
+std::string ReadAll(int fd, int timeout_ms = 20000) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) break;
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+// One line from `fd`, waiting at most `timeout_ms` in all.
+std::string ReadLine(int fd, int timeout_ms) {
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char c;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    if (read(fd, &c, 1) != 1 || c == '\n') break;
+    line.push_back(c);
+  }
+  return line;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+// `inprof agent --socket ADDRESS` in a child, optionally with its
+// descriptor limit (soft and hard) set to `nofile`; ready once it printed
+// its address.
+struct Agent {
+  pid_t pid = -1;
+  int err = -1;  // its stderr
+  int out = -1;  // its stdout, after the first line
+  std::string first_line;
+
+  // Stops it with `sig` and returns its stderr; `status` gets its wait status.
+  std::string Stop(int sig = SIGTERM, int* status = nullptr) {
+    if (pid <= 0) return "";
+    kill(pid, sig);
+    std::string log = ReadAll(err);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (status != nullptr) *status = st;
+    close(out);
+    pid = -1;
+    return log;
+  }
+  ~Agent() { Stop(SIGKILL); }
+};
+
+void StartAgent(Agent& agent, const std::string& address, rlim_t nofile = 0,
+                std::vector<std::string> extra = {}) {
+  int out[2], err[2];
+  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
+  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
+  std::vector<std::string> args = {Cli(), "agent", "--socket", address};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    if (nofile != 0) {
+      const rlimit rl{nofile, nofile};
+      if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  agent.pid = pid;
+  agent.err = err[0];
+  agent.out = out[0];
+  agent.first_line = ReadLine(out[0], 10000);
+}
+
+// A host: a forked child whose profiler has `socket` as INPROF_AGENT_SOCKET.
+struct HostRun {
+  int exit_code = -1;
+  bool started = false;
+  int64_t start_ms = -1;  // how long Start() took
+  std::string err;        // its stderr
+};
+
+HostRun RunHost(const std::string& socket) {
+  HostRun run;
+  int err[2], result[2];
+  if (pipe2(err, O_CLOEXEC) != 0 || pipe2(result, O_CLOEXEC) != 0) return run;
+  const std::string output =
+      absl::StrCat(testing::TestTmpDir(), "/safety_agent_abuse_host.pb.gz");
+  fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // A hang is killed here, and reads as exit code 128 + SIGALRM.
+    signal(SIGALRM, SIG_DFL);
+    alarm(30);
+    dup2(err[1], 2);
+    Options options;
+    options.agent_socket = socket;
+    options.output = output;
+    options.wall_period = absl::ZeroDuration();
+    DefaultProfiler profiler(options);
+    const auto t0 = std::chrono::steady_clock::now();
+    const absl::Status st = profiler.Start();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count();
+    const std::string line = absl::StrCat(st.ok() ? 1 : 0, " ", ms);
+    (void)!write(result[1], line.data(), line.size());
+    profiler.Stop().IgnoreError();
+    _exit(0);
+  }
+  close(err[1]);
+  close(result[1]);
+  run.err = ReadAll(err[0], 60000);
+  const std::string result_text = ReadAll(result[0], 1000);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::vector<std::string> parts = absl::StrSplit(result_text, ' ');
+  if (parts.size() == 2) {
+    run.started = parts[0] == "1";
+    absl::SimpleAtoi(parts[1], &run.start_ms);
+  }
+  return run;
+}
+
+// The host's lines that name its agent socket.
+std::vector<std::string> SocketLines(const HostRun& run) {
+  std::vector<std::string> out;
+  for (const std::string& line : Lines(run.err)) {
+    if (absl::StrContains(line, "INPROF_AGENT_SOCKET=")) out.push_back(line);
+  }
+  return out;
+}
+
+// --- Untrusted strings in logs ------------------------------------------------
+
+std::string g_captured;
+void Capture(absl::string_view line) { g_captured.append(line.data(), line.size()); }
+
+TEST(SafetyAgentAbuseTest, LogEscapesControlCharactersAndKeepsOneLine) {
+  g_captured.clear();
+  internal::SetLogSinkForTesting(&Capture);
+  internal::Log("program \"evil\n\x1b[31mred\r\t\x7f\" caf\xc3\xa9 \xc2\x9b" "2J \xff end");
+  internal::SetLogSinkForTesting(nullptr);
+  EXPECT_EQ(g_captured,
+            "inprof: program \"evil\\n\\x1b[31mred\\r\\t\\x7f\" caf\xc3\xa9 "
+            "\\xc2\\x9b2J \\xff end\n");
+  const std::string once = internal::EscapeForLog("a\nb\x1b\xc2\x85z\xe2\x82");
+  EXPECT_EQ(once, "a\\nb\\x1b\\xc2\\x85z\\xe2\\x82");
+  EXPECT_EQ(internal::EscapeForLog(once), once);
+}
+
+// A process whose program name carries a newline and a colour escape: the
+// agent's lines show it escaped, one line each; and a host whose
+// INPROF_AGENT_SOCKET does the same logs one escaped line.
+TEST(SafetyAgentAbuseTest, PeerAndUserStringsAreLoggedEscaped) {
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  Agent agent;
+  StartAgent(agent, address.ToString());
+  ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + address.ToString());
+  const std::string evil = "evil\n\x1b[31mred";
+  auto c = internal::ConnectToAgent(address, Hello(evil), 5000);
+  ASSERT_TRUE(c.ok()) << c.status();
+  close(c->socket);
+  close(c->region_fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string log = agent.Stop();
+  EXPECT_EQ(log.find('\x1b'), std::string::npos) << log;
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("inprof agent: pid ", getpid(),
+                                          " (evil\\n\\x1b[31mred) connected")))
+      << log;
+  for (const std::string& line : Lines(log)) {
+    EXPECT_TRUE(absl::StartsWith(line, "inprof agent")) << line;
+  }
+
+  const std::string socket = absl::StrCat("@inprof-evil\n\x1b[31m-", getpid());
+  const HostRun host = RunHost(socket);
+  ASSERT_EQ(host.exit_code, 0) << host.err;
+  EXPECT_EQ(host.err.find('\x1b'), std::string::npos) << host.err;
+  const std::vector<std::string> lines = SocketLines(host);
+  ASSERT_EQ(lines.size(), 1u) << host.err;
+  EXPECT_THAT(lines[0], HasSubstr(absl::StrCat("INPROF_AGENT_SOCKET=@inprof-evil\\n\\x1b[31m-",
+                                               getpid(), ": ")));
+}
+
+}  // namespace
+}  // namespace inprof
