@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -51,7 +52,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
+constexpr uid_t kNobody = 65534;
+
 std::string Cli() { return testing::EnvOrEmpty("INPROF_CLI"); }
+
+// Becomes nobody (a forked child of a root test).
+bool BecomeNobody() {
+  return setgroups(0, nullptr) == 0 && setresgid(kNobody, kNobody, kNobody) == 0 &&
+         setresuid(kNobody, kNobody, kNobody) == 0;
+}
 
 internal::AgentHello Hello(const std::string& program) {
   internal::AgentHello hello;
@@ -158,7 +167,7 @@ struct HostRun {
   std::string err;        // its stderr
 };
 
-HostRun RunHost(const std::string& socket) {
+HostRun RunHost(const std::function<void(Options&)>& configure) {
   HostRun run;
   int err[2], result[2];
   if (pipe2(err, O_CLOEXEC) != 0 || pipe2(result, O_CLOEXEC) != 0) return run;
@@ -172,9 +181,9 @@ HostRun RunHost(const std::string& socket) {
     alarm(30);
     dup2(err[1], 2);
     Options options;
-    options.agent_socket = socket;
     options.output = output;
     options.wall_period = absl::ZeroDuration();
+    configure(options);
     DefaultProfiler profiler(options);
     const auto t0 = std::chrono::steady_clock::now();
     const absl::Status st = profiler.Start();
@@ -201,6 +210,10 @@ HostRun RunHost(const std::string& socket) {
   return run;
 }
 
+HostRun RunHost(const std::string& socket) {
+  return RunHost([&socket](Options& options) { options.agent_socket = socket; });
+}
+
 // The host's lines that name its agent socket.
 std::vector<std::string> SocketLines(const HostRun& run) {
   std::vector<std::string> out;
@@ -208,6 +221,171 @@ std::vector<std::string> SocketLines(const HostRun& run) {
     if (absl::StrContains(line, "INPROF_AGENT_SOCKET=")) out.push_back(line);
   }
   return out;
+}
+
+// Non-blocking connections to `address` until its backlog refuses more
+// (EAGAIN) or `max` are made.
+std::vector<int> FillBacklog(const internal::AgentSocketAddress& address, int max) {
+  std::vector<int> fds;
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path + 1, address.name.data(), address.name.size());
+  const socklen_t length =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + address.name.size());
+  while (static_cast<int>(fds.size()) < max) {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&sa), length) != 0) {
+      close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+// --- A host never hangs at Start() ------------------------------------------
+
+// Whether every thread of `pid` is stopped ('T' in /proc/PID/task/TID/stat).
+bool AllThreadsStopped(pid_t pid) {
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/task").c_str());
+  if (dir == nullptr) return false;
+  bool all = true;
+  int threads = 0;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    ++threads;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/task/", e->d_name, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close_paren = stat.rfind(')');
+    all &= close_paren != std::string::npos && close_paren + 2 < stat.size() &&
+           stat[close_paren + 2] == 'T';
+  }
+  closedir(dir);
+  return all && threads > 0;
+}
+
+// Somebody binds the agent's name, listens with a backlog of 0, fills it and
+// never accepts: a connect() without a time limit waits forever. Start()
+// must return after its bounded wait (1 s) -- at once when the kernel says
+// the squatter is another user -- with one line, and profile in-process.
+TEST(SafetyAgentAbuseTest, ASquatterThatNeverAcceptsCannotHangStart) {
+  const bool other_user = geteuid() == 0;
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  fflush(nullptr);
+  const pid_t squatter = fork();
+  ASSERT_GE(squatter, 0);
+  if (squatter == 0) {
+    close(ready[0]);
+    alarm(60);
+    if (other_user && !BecomeNobody()) _exit(3);
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path + 1, address.name.data(), address.name.size());
+    const socklen_t length =
+        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + address.name.size());
+    if (bind(fd, reinterpret_cast<const sockaddr*>(&sa), length) != 0 || listen(fd, 0) != 0) {
+      _exit(4);
+    }
+    const std::vector<int> pending = FillBacklog(address, 8);
+    const std::string n = std::to_string(pending.size());
+    (void)!write(ready[1], n.data(), n.size());
+    close(ready[1]);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  const std::string pending = ReadAll(ready[0], 10000);
+  ASSERT_NE(pending, "") << "the squatter did not start";
+  ASSERT_NE(pending, "0") << "the squatter's backlog took no connection";
+
+  const HostRun host = RunHost(address.ToString());
+  kill(squatter, SIGKILL);
+  waitpid(squatter, nullptr, 0);
+  std::printf("squatter (%s) with %s pending: Start() took %lld ms\n",
+              other_user ? "uid 65534" : "this user", pending.c_str(),
+              static_cast<long long>(host.start_ms));
+  ASSERT_EQ(host.exit_code, 0) << "the host hung (128 + SIGALRM = 142) or failed\n"
+                               << host.err;
+  EXPECT_TRUE(host.started) << host.err;
+  const std::vector<std::string> lines = SocketLines(host);
+  ASSERT_EQ(lines.size(), 1u) << host.err;
+  EXPECT_THAT(lines[0], HasSubstr("inprof: INPROF_AGENT_SOCKET=" + address.ToString()));
+  EXPECT_THAT(lines[0], HasSubstr("; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
+  if (other_user) {
+    EXPECT_THAT(lines[0], HasSubstr("the socket there is held by uid 65534, not by this "
+                                    "process's user (uid 0) or root"));
+  } else {
+    EXPECT_THAT(lines[0], HasSubstr("no connection taken within 1000 ms (its backlog is "
+                                    "full: the agent is stopped or overloaded)"));
+  }
+}
+
+// A stopped agent (SIGSTOP) whose backlog of 64 is full: the same bound.
+TEST(SafetyAgentAbuseTest, AStoppedAgentWithAFullBacklogCannotHangStart) {
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  Agent agent;
+  StartAgent(agent, address.ToString(), 0, {"--quiet"});
+  ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + address.ToString());
+  ASSERT_EQ(kill(agent.pid, SIGSTOP), 0);
+  // Every thread stopped (a signal is not delivered at once): none takes a
+  // connection after the backlog was filled.
+  bool stopped = false;
+  for (int i = 0; i < 1000 && !stopped; ++i) {
+    stopped = AllThreadsStopped(agent.pid);
+    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(stopped);
+  const std::vector<int> pending = FillBacklog(address, 1000);
+  const HostRun host = RunHost(address.ToString());
+  for (int fd : pending) close(fd);
+  kill(agent.pid, SIGCONT);
+  std::printf("stopped agent, %zu connections pending: Start() took %lld ms\n",
+              pending.size(), static_cast<long long>(host.start_ms));
+  EXPECT_GE(pending.size(), 64u);  // listen(64) takes 65
+  EXPECT_LT(pending.size(), 1000u) << "connect() never said the backlog was full";
+  ASSERT_EQ(host.exit_code, 0) << "the host hung (142 = SIGALRM) or failed\n" << host.err;
+  EXPECT_TRUE(host.started);
+  const std::vector<std::string> lines = SocketLines(host);
+  ASSERT_EQ(lines.size(), 1u) << host.err;
+  EXPECT_THAT(lines[0], HasSubstr("no connection taken within 1000 ms (its backlog is full: "
+                                  "the agent is stopped or overloaded); profiling in this "
+                                  "process (INPROF_AGENT_FALLBACK=local)"));
+}
+
+// INPROF_AGENT=spawn with a binary that never detaches (not the inprof
+// tool, or a hung one): Start() waited for it to exit, without a limit.
+// It now waits its 2 s for the agent's first line, kills what is left and
+// profiles in-process with one line.
+TEST(SafetyAgentAbuseTest, AnAgentBinaryThatNeverDetachesCannotHangStart) {
+  const std::string binary =
+      absl::StrCat(testing::TestTmpDir(), "/safety_agent_abuse_hang_", getpid(), ".sh");
+  {
+    std::ofstream script(binary);
+    script << "#!/bin/sh\nexec sleep 100\n";
+  }
+  ASSERT_EQ(chmod(binary.c_str(), 0755), 0);
+  const HostRun host = RunHost([&binary](Options& options) {
+    options.agent_spawn = true;
+    options.agent_binary = binary;
+  });
+  unlink(binary.c_str());
+  std::printf("an agent binary that never detaches: Start() took %lld ms\n",
+              static_cast<long long>(host.start_ms));
+  ASSERT_EQ(host.exit_code, 0) << "the host hung (142 = SIGALRM) or failed\n" << host.err;
+  EXPECT_TRUE(host.started);
+  std::vector<std::string> lines;
+  for (const std::string& line : Lines(host.err)) {
+    if (absl::StrContains(line, "INPROF_AGENT=spawn")) lines.push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 1u) << host.err;
+  EXPECT_THAT(lines[0], HasSubstr("INPROF_AGENT=spawn: '" + binary +
+                                  "' did not start an agent within 2000 ms"));
+  EXPECT_THAT(lines[0], HasSubstr("; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
 }
 
 // --- Untrusted strings in logs ------------------------------------------------
