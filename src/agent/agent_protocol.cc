@@ -308,6 +308,19 @@ bool WaitFor(int fd, short events, absl::Time deadline) {
   }
 }
 
+// Whether something listens at `address` (a connect is taken or queued).
+bool SomethingListens(const AgentSocketAddress& address) {
+  auto s = NewSocket(address);
+  if (!s.ok()) return false;
+  int rc;
+  do {
+    rc = connect(s->fd, s->addr(), s->length);
+  } while (rc != 0 && errno == EINTR);
+  const bool listens = rc == 0 || errno == EAGAIN || errno == EPROTOTYPE;
+  close(s->fd);
+  return listens;
+}
+
 std::string HolderRefusal(uint32_t holder) {
   return absl::StrFormat(
       "the socket there is held by uid %u, not by this process's user (uid "
@@ -317,19 +330,67 @@ std::string HolderRefusal(uint32_t holder) {
 }
 }  // namespace
 
-absl::StatusOr<int> ListenAgentSocket(const AgentSocketAddress& address) {
+absl::StatusOr<AgentListener> ListenAgentSocket(const AgentSocketAddress& address) {
   auto s = NewSocket(address);
   if (!s.ok()) return s.status();
-  const int fd = s->fd;
-  if (bind(fd, s->addr(), s->length) != 0 || listen(fd, 64) != 0) {
-    const std::string error = absl::StrCat(
-        "agent socket \"", address.ToString(), "\": ",
-        errno == EADDRINUSE ? "already in use (another agent listens there?)"
-                            : std::strerror(errno));
-    close(fd);
-    return absl::UnavailableError(error);
+  AgentListener listener;
+  listener.fd = s->fd;
+  auto fail = [&](const std::string& why) -> absl::Status {
+    close(listener.fd);
+    return absl::UnavailableError(
+        absl::StrCat("agent socket \"", address.ToString(), "\": ", why));
+  };
+  for (int attempt = 0;; ++attempt) {
+    if (bind(listener.fd, s->addr(), s->length) == 0) break;
+    if (errno != EADDRINUSE) return fail(std::strerror(errno));
+    if (address.abstract) {
+      return fail("already in use (another agent listens there?)");
+    }
+    // A path: a socket file of an agent that ended without removing it
+    // (SIGKILL, a crash) is replaced; nothing else is.
+    struct stat st;
+    if (lstat(address.name.c_str(), &st) != 0) {
+      if (errno == ENOENT && attempt < 3) continue;  // removed meanwhile
+      return fail(std::strerror(errno));
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+      return fail("a file that is not a socket is there (not replaced)");
+    }
+    if (st.st_uid != geteuid()) {
+      return fail(absl::StrFormat(
+          "a socket of uid %u is there (not replaced: this agent runs as uid %u)",
+          static_cast<unsigned>(st.st_uid), static_cast<unsigned>(geteuid())));
+    }
+    if (attempt > 0 || SomethingListens(address)) {
+      return fail("already in use (another agent listens there)");
+    }
+    // Still the same stale socket file right before it is removed.
+    struct stat again;
+    if (lstat(address.name.c_str(), &again) != 0 || again.st_dev != st.st_dev ||
+        again.st_ino != st.st_ino || unlink(address.name.c_str()) != 0) {
+      return fail("already in use (its stale socket could not be replaced)");
+    }
+    listener.replaced_stale = true;
   }
-  return fd;
+  if (listen(listener.fd, 64) != 0) return fail(std::strerror(errno));
+  if (!address.abstract) {
+    struct stat st;
+    if (lstat(address.name.c_str(), &st) == 0) {
+      listener.dev = st.st_dev;
+      listener.ino = st.st_ino;
+    }
+  }
+  return listener;
+}
+
+void RemoveAgentSocket(const AgentSocketAddress& address,
+                       const AgentListener& listener) {
+  if (address.abstract || listener.ino == 0) return;
+  struct stat st;
+  if (lstat(address.name.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+      st.st_dev == listener.dev && st.st_ino == listener.ino) {
+    unlink(address.name.c_str());
+  }
 }
 
 std::optional<uint32_t> AgentSocketHolderUid(const AgentSocketAddress& address) {

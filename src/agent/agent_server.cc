@@ -38,14 +38,16 @@ AgentServer::~AgentServer() { Stop(); }
 
 absl::Status AgentServer::Start() {
   if (thread_.joinable()) return absl::OkStatus();
-  auto fd = internal::ListenAgentSocket(options_.address);
-  if (!fd.ok()) return fd.status();
-  listen_fd_ = *fd;
+  auto listener = internal::ListenAgentSocket(options_.address);
+  if (!listener.ok()) return listener.status();
+  listener_ = *listener;
   wake_fd_ = eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) {
-    close(listen_fd_);
-    listen_fd_ = -1;
-    return absl::InternalError(absl::StrCat("agent: eventfd: ", std::strerror(errno)));
+    const std::string error = std::strerror(errno);
+    close(listener_.fd);
+    internal::RemoveAgentSocket(options_.address, listener_);
+    listener_ = {};
+    return absl::InternalError(absl::StrCat("agent: eventfd: ", error));
   }
   thread_ = std::thread([this] { Serve(); });
   if (options_.profile && !options_.profile_options.http_addr.empty()) StartEndpoint();
@@ -117,8 +119,10 @@ void AgentServer::Stop() {
   (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
   close(wake_fd_);
-  close(listen_fd_);
-  wake_fd_ = listen_fd_ = -1;
+  // The socket file goes first: a new agent may bind the path at once.
+  internal::RemoveAgentSocket(options_.address, listener_);
+  close(listener_.fd);
+  wake_fd_ = listener_.fd = -1;
   std::vector<std::pair<Client*, std::thread>> finishers;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -210,7 +214,7 @@ void AgentServer::Serve() {
     fds.clear();
     polled.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({listener_.fd, POLLIN, 0});
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto& c : clients_) {
@@ -280,7 +284,7 @@ void AgentServer::Serve() {
 }
 
 void AgentServer::Accept() {
-  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  const int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (fd < 0) return;
   auto client = std::make_unique<Client>();
   client->fd = fd;

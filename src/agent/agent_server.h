@@ -89,8 +89,11 @@ class AgentServer {
   AgentServer& operator=(const AgentServer&) = delete;
 
   // Binds and listens, then serves on a thread of its own. The error names
-  // the address (in use, too long, ...).
+  // the address (in use, too long, ...). A stale socket file at a path (an
+  // agent killed before it removed it) is replaced (ListenAgentSocket).
   absl::Status Start();
+  // Exports the connected processes' last windows and removes the socket
+  // file of a path address.
   void Stop();
 
   const internal::AgentSocketAddress& address() const { return options_.address; }
@@ -99,6 +102,8 @@ class AgentServer {
   std::vector<AgentProcess> Processes() const;
   // Connections refused (credentials, version, malformed hello, timeout).
   uint64_t refused() const { return refused_.load(); }
+  // Whether Start() replaced a stale socket file.
+  bool replaced_stale_socket() const { return listener_.replaced_stale; }
 
  private:
   struct Client;
@@ -118,7 +123,7 @@ class AgentServer {
   void LogEvent(const std::string& line) const;  // unless !log_connections
 
   AgentServerOptions options_;
-  int listen_fd_ = -1;
+  internal::AgentListener listener_;
   int wake_fd_ = -1;  // eventfd: Stop() wakes the serving thread
   std::thread thread_;
   mutable std::mutex mutex_;

@@ -1,6 +1,6 @@
 // `inprof agent [--socket ADDR] [--allow-uid UID]...`: the out-of-process
 // agent of ddprof's design (src/agent/agent_server.h). It listens until
-// SIGINT or SIGTERM, printing the address profiled processes connect to
+// SIGINT, SIGTERM or SIGHUP (then removes a path's socket file), printing the address profiled processes connect to
 // (INPROF_AGENT_SOCKET) and one line per process that connects, leaves or
 // is refused; each process's samples are aggregated, symbolized and
 // exported here (src/agent/agent_session.h), configured by the agent's own
@@ -35,8 +35,10 @@ const char kAgentHelp[] =
     "the agent aggregates, symbolizes and exports one profile per process\n"
     "and window -- to INPROF_OUTPUT (default here inprof-%p.pb.gz, %p: the\n"
     "profiled process), Datadog or Pyroscope, as the agent's own INPROF_* and\n"
-    "DD_* variables say. Runs until SIGINT or SIGTERM, then exports the last\n"
-    "window of each process still connected.\n"
+    "DD_* variables say. Runs until SIGINT, SIGTERM or SIGHUP, then exports\n"
+    "the last window of each process still connected and removes its socket\n"
+    "file (a stale one, left by an agent that was killed, is replaced at\n"
+    "start).\n"
     "\n"
     "Options:\n"
     "  -s, --socket=ADDR    where to listen: @NAME (abstract, no file) or a\n"
@@ -185,17 +187,24 @@ int AgentMain(int argc, char** argv) {
     options.profile_options.output = "inprof-%p.pb.gz";
   }
   if (http_given) options.profile_options.http_addr = http;
-  // Wait for SIGINT/SIGTERM synchronously; the serving thread (created
-  // after this) inherits the mask.
+  // Wait for SIGINT/SIGTERM/SIGHUP synchronously (each ends the agent the
+  // same clean way: last windows, socket file removed); the serving thread
+  // (created after this) inherits the mask.
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   agent::AgentServer server(options);
   if (absl::Status st = server.Start(); !st.ok()) {
     Error(std::string(st.message()));
     return 1;
+  }
+  if (server.replaced_stale_socket()) {
+    LogLine(absl::StrCat("inprof agent: replaced the stale socket at ",
+                         options.address.ToString(),
+                         " (nothing listened there: an agent that was killed?)"));
   }
   if (options.log_connections) {
     LogLine(absl::StrCat("inprof agent: listening on ", options.address.ToString(),

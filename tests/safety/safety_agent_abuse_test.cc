@@ -388,6 +388,114 @@ TEST(SafetyAgentAbuseTest, AnAgentBinaryThatNeverDetachesCannotHangStart) {
   EXPECT_THAT(lines[0], HasSubstr("; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
 }
 
+// --- Restart on the same path -------------------------------------------------
+
+std::string TempSocketPath() {
+  // sun_path holds 107 bytes: a short directory of its own.
+  char dir[] = "/tmp/inprof-abuse-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return "";
+  return std::string(dir) + "/agent.sock";
+}
+
+bool IsSocket(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// `inprof agent --socket PATH`: SIGTERM removes PATH; a restart after
+// SIGKILL (PATH left behind, nothing listening) replaces the stale socket.
+TEST(SafetyAgentAbuseTest, TheAgentRestartsOnItsPathAfterSigtermAndAfterSigkill) {
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const std::string path = TempSocketPath();
+  ASSERT_FALSE(path.empty());
+  auto address = internal::ParseAgentSocketAddress(path);
+  ASSERT_TRUE(address.ok());
+  {
+    Agent agent;
+    StartAgent(agent, path);
+    ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + path);
+    int status = 0;
+    const std::string log = agent.Stop(SIGTERM, &status);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+    EXPECT_FALSE(IsSocket(path)) << "SIGTERM left " << path << " behind";
+  }
+  {
+    Agent agent;
+    StartAgent(agent, path);
+    ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + path);
+    agent.Stop(SIGKILL);
+    EXPECT_TRUE(IsSocket(path)) << "SIGKILL leaves the socket (nothing can remove it)";
+  }
+  Agent agent;
+  StartAgent(agent, path);
+  EXPECT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + path);
+  auto c = internal::ConnectToAgent(*address, Hello("after-restart"), 5000);
+  ASSERT_TRUE(c.ok()) << c.status();
+  close(c->socket);
+  close(c->region_fd);
+  const std::string log = agent.Stop(SIGINT);
+  EXPECT_THAT(log, HasSubstr("inprof agent: replaced the stale socket at " + path)) << log;
+  EXPECT_FALSE(IsSocket(path));
+  rmdir(path.substr(0, path.rfind('/')).c_str());
+}
+
+// What is not this agent's stale socket is never removed: a listening
+// agent's socket, a regular file, another user's socket.
+TEST(SafetyAgentAbuseTest, TheAgentNeverReplacesWhatIsNotItsStaleSocket) {
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const std::string path = TempSocketPath();
+  ASSERT_FALSE(path.empty());
+  auto address = internal::ParseAgentSocketAddress(path);
+  ASSERT_TRUE(address.ok());
+  {
+    Agent first;
+    StartAgent(first, path);
+    ASSERT_EQ(first.first_line, "INPROF_AGENT_SOCKET=" + path);
+    Agent second;
+    StartAgent(second, path);
+    int status = 0;
+    const std::string log = second.Stop(SIGTERM, &status);
+    EXPECT_EQ(second.first_line, "");
+    EXPECT_THAT(log, HasSubstr("agent socket \"" + path +
+                               "\": already in use (another agent listens there)"));
+    auto c = internal::ConnectToAgent(*address, Hello("first"), 5000);
+    ASSERT_TRUE(c.ok()) << c.status();
+    close(c->socket);
+    close(c->region_fd);
+    first.Stop();
+    ASSERT_FALSE(IsSocket(path));
+  }
+  {
+    std::ofstream(path) << "not a socket\n";
+    Agent agent;
+    StartAgent(agent, path);
+    const std::string log = agent.Stop();
+    EXPECT_THAT(log, HasSubstr("\": a file that is not a socket is there (not replaced)"));
+    std::ifstream in(path);
+    std::string content;
+    std::getline(in, content);
+    EXPECT_EQ(content, "not a socket");
+    unlink(path.c_str());
+  }
+  if (geteuid() == 0) {
+    // A stale socket of nobody's.
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::memcpy(sa.sun_path, path.data(), path.size());
+    ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)), 0);
+    close(fd);
+    ASSERT_EQ(chown(path.c_str(), kNobody, kNobody), 0);
+    Agent agent;
+    StartAgent(agent, path);
+    const std::string log = agent.Stop();
+    EXPECT_THAT(log, HasSubstr("\": a socket of uid 65534 is there (not replaced"));
+    EXPECT_TRUE(IsSocket(path));
+    unlink(path.c_str());
+  }
+  rmdir(path.substr(0, path.rfind('/')).c_str());
+}
+
 // --- Untrusted strings in logs ------------------------------------------------
 
 std::string g_captured;

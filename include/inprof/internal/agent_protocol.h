@@ -101,7 +101,25 @@ AgentSocketAddress NewAgentSocketAddress();
 // Socket helpers (SOCK_SEQPACKET, close-on-exec, non-blocking). Sending
 // never raises SIGPIPE: a gone peer is an error. Nothing here waits without
 // a time limit.
-absl::StatusOr<int> ListenAgentSocket(const AgentSocketAddress& address);
+//
+// Listens at `address`. A path where a stale socket lies (one this user
+// owns and nothing listens on: an agent that was killed) is replaced;
+// anything else there -- a socket an agent listens on, another user's
+// socket, a file that is not a socket -- is left alone and named in the
+// error. `listener`, when given, gets what Stop() needs to remove the
+// socket file again (RemoveAgentSocket) and whether a stale one was
+// replaced.
+struct AgentListener {
+  int fd = -1;
+  // The socket file the agent bound (a path address only; 0 otherwise).
+  uint64_t dev = 0, ino = 0;
+  bool replaced_stale = false;
+};
+absl::StatusOr<AgentListener> ListenAgentSocket(const AgentSocketAddress& address);
+// Removes the socket file `listener` bound, if that file is still there
+// (never another agent's socket that replaced it, never anything else).
+void RemoveAgentSocket(const AgentSocketAddress& address,
+                       const AgentListener& listener);
 // Connects within `timeout_ms`. A listener that does not take the
 // connection (its backlog is full: a stopped agent, or a socket that
 // somebody holds and never accepts on) is tried again until then; where
