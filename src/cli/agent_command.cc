@@ -7,6 +7,7 @@
 // INPROF_* / DD_* variables.
 #include <getopt.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,7 +39,9 @@ const char kAgentHelp[] =
     "DD_* variables say. Runs until SIGINT, SIGTERM or SIGHUP, then exports\n"
     "the last window of each process still connected and removes its socket\n"
     "file (a stale one, left by an agent that was killed, is replaced at\n"
-    "start).\n"
+    "start). Raises its own descriptor limit to the hard limit; a process it\n"
+    "cannot serve (near that limit, too many connections waiting, another\n"
+    "user) is told why and profiles itself.\n"
     "\n"
     "Options:\n"
     "  -s, --socket=ADDR    where to listen: @NAME (abstract, no file) or a\n"
@@ -71,6 +74,17 @@ void Error(const std::string& message) {
 }
 // The server's lines begin "agent: ".
 void LogServerLine(const std::string& line) { LogLine("inprof " + line); }
+
+// An agent serves many processes, each holding descriptors (its connection,
+// its region, the files its symbolizer keeps open): the soft limit (often
+// 1,024) is raised to the hard one, as servers do. The agent uses poll(),
+// never select(), so descriptors past 1,024 are fine.
+void RaiseDescriptorLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
 }  // namespace
 
 int AgentMain(int argc, char** argv) {
@@ -176,6 +190,9 @@ int AgentMain(int argc, char** argv) {
     setsid();
   }
   options.log = &LogServerLine;
+  // A long-running agent forgets the oldest of the processes it served
+  // (their counts stay in `served`).
+  options.max_finished_kept = 1024;
   // The processes' profiles: the agent's own configuration. Each process
   // writes its own file unless told otherwise.
   options.profile = true;
@@ -187,6 +204,7 @@ int AgentMain(int argc, char** argv) {
     options.profile_options.output = "inprof-%p.pb.gz";
   }
   if (http_given) options.profile_options.http_addr = http;
+  RaiseDescriptorLimit();
   // Wait for SIGINT/SIGTERM/SIGHUP synchronously (each ends the agent the
   // same clean way: last windows, socket file removed); the serving thread
   // (created after this) inherits the mask.
@@ -240,7 +258,7 @@ int AgentMain(int argc, char** argv) {
                          sig != 0 ? absl::StrCat("by signal ", sig)
                                   : absl::StrCat("after ", absl::FormatDuration(idle_exit),
                                                  " without a process"),
-                         "; served ", server.Processes().size(), " processes, refused ",
+                         "; served ", server.served(), " processes, refused ",
                          server.refused()));
   }
   return 0;

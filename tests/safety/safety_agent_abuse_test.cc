@@ -104,6 +104,46 @@ std::vector<std::string> Lines(const std::string& text) {
   return absl::StrSplit(text, '\n', absl::SkipEmpty());
 }
 
+// CPU time (user + system) the process has used, in seconds. The kernel
+// splits its exact runtime into /proc's tick fields, so the sum is exact
+// to a tick, whatever the machine's load.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) in parentheses.
+  const size_t close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos) return -1;
+  std::vector<std::string> fields =
+      absl::StrSplit(stat.substr(close_paren + 2), ' ', absl::SkipEmpty());
+  // fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+  if (fields.size() < 13) return -1;
+  double utime = 0, stime = 0;
+  if (!absl::SimpleAtod(fields[11], &utime) || !absl::SimpleAtod(fields[12], &stime)) {
+    return -1;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The share of one core `pid` used over the next `seconds`.
+double CpuShareOver(pid_t pid, double seconds) {
+  const double before = CpuSeconds(pid);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  const double after = CpuSeconds(pid);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return (after - before) / wall;
+}
+
+int CountFdsOf(pid_t pid) {
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (readdir(dir) != nullptr) ++n;
+  closedir(dir);
+  return n - 2;
+}
+
 // `inprof agent --socket ADDRESS` in a child, optionally with its
 // descriptor limit (soft and hard) set to `nofile`; ready once it printed
 // its address.
@@ -386,6 +426,255 @@ TEST(SafetyAgentAbuseTest, AnAgentBinaryThatNeverDetachesCannotHangStart) {
   EXPECT_THAT(lines[0], HasSubstr("INPROF_AGENT=spawn: '" + binary +
                                   "' did not start an agent within 2000 ms"));
   EXPECT_THAT(lines[0], HasSubstr("; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
+}
+
+// --- The agent neither spins nor starves ------------------------------------
+
+// The agent runs out of descriptors (here: its own process fills them) and
+// a process connects. accept() fails with EMFILE, the connection stays
+// pending and poll() reports the socket ready at once, forever: a spin,
+// and a process left waiting. The agent must take the connection with its
+// spare descriptor and refuse it (the process then profiles itself), and
+// stay idle.
+//
+// The bound: an idle agent wakes from poll() at most 10 times a second
+// (its 100 ms timeout), microseconds each, so it uses far below 1% of a
+// core; CPU time is what the kernel charged it, which a loaded machine
+// does not inflate. 30% leaves a margin of more than 30x. A spinning one
+// is runnable all the time (100% on an idle core).
+TEST(SafetyAgentAbuseTest, AnAgentOutOfDescriptorsTellsTheProcessAndDoesNotSpin) {
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  fflush(nullptr);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ready[0]);
+    alarm(60);
+    agent::AgentServerOptions options;
+    options.address = address;
+    agent::AgentServer server(options);
+    if (!server.Start().ok()) _exit(3);
+    // Every descriptor in use, up to a limit near the current count.
+    const rlimit rl{static_cast<rlim_t>(safety::CountFds() + 16),
+                    static_cast<rlim_t>(safety::CountFds() + 16)};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(4);
+    while (open("/dev/null", O_RDONLY) >= 0) {
+    }
+    (void)!write(ready[1], "r", 1);  // kept open: closing it would free one
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  char r = 0;
+  pollfd p{ready[0], POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1);
+  ASSERT_EQ(read(ready[0], &r, 1), 1);
+  close(ready[0]);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto connection = internal::ConnectToAgent(address, Hello("late"), 2000);
+    ASSERT_FALSE(connection.ok());
+    EXPECT_THAT(std::string(connection.status().message()),
+                HasSubstr("the agent refused: the agent is out of file descriptors (Too "
+                          "many open files; its limit is "))
+        << "attempt " << attempt;
+  }
+  const double share = CpuShareOver(child, 1.0);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  std::printf("agent out of descriptors: %.1f%% of a core over 1 s\n", 100 * share);
+  EXPECT_GE(share, 0.0);
+  EXPECT_LT(share, 0.30);
+}
+
+// Another user floods the agent with connections it holds and never says
+// hello on: each used to hold a descriptor in the agent for the 2 s
+// handshake wait, so 300 of them ran an agent with 128 descriptors out
+// (and into the spin above). Another user's connection is refused as it is
+// accepted now: the agent stays idle (the bound above) and its descriptors
+// flat, and the agent's own user is served throughout.
+TEST(SafetyAgentAbuseTest, AnotherUsersConnectionFloodNeitherSpinsNorStarvesTheAgent) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  Agent agent;
+  StartAgent(agent, address.ToString(), 128, {"--quiet"});
+  ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + address.ToString());
+  const int fds_before = CountFdsOf(agent.pid);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  fflush(nullptr);
+  const pid_t flood = fork();
+  ASSERT_GE(flood, 0);
+  if (flood == 0) {
+    close(ready[0]);
+    alarm(60);
+    if (!BecomeNobody()) _exit(3);
+    // 300 connections, made as fast as the agent takes them, then held.
+    std::vector<int> held;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (held.size() < 300 && std::chrono::steady_clock::now() < deadline) {
+      std::vector<int> some = FillBacklog(address, static_cast<int>(300 - held.size()));
+      held.insert(held.end(), some.begin(), some.end());
+      if (some.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const std::string n = std::to_string(held.size());
+    (void)!write(ready[1], n.data(), n.size());
+    close(ready[1]);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  const std::string held = ReadAll(ready[0], 20000);
+  const double share = CpuShareOver(agent.pid, 1.0);
+  const int fds_during = CountFdsOf(agent.pid);
+  auto served = internal::ConnectToAgent(address, Hello("legitimate"), 2000);
+  kill(flood, SIGKILL);
+  waitpid(flood, nullptr, 0);
+  std::printf("flood of %s connections from uid 65534: agent %.1f%% of a core, fds %d -> %d\n",
+              held.c_str(), 100 * share, fds_before, fds_during);
+  EXPECT_EQ(held, "300");
+  EXPECT_LT(share, 0.30);  // the bound of the test above
+  EXPECT_LE(fds_during, fds_before + 2);
+  ASSERT_TRUE(served.ok()) << served.status();
+  close(served->socket);
+  close(served->region_fd);
+  const std::string log = agent.Stop();
+  // One line per refusal, at most 10 a second, the rest counted.
+  const std::string head = log.substr(0, 2000);
+  EXPECT_THAT(log, HasSubstr("(uid 65534): uid 65534 may not use this agent")) << head;
+  EXPECT_THAT(log, HasSubstr("more lines like the last (connections refused or not "
+                             "accepted) in the last second were not logged"))
+      << head;
+  EXPECT_LT(Lines(log).size(), 60u) << head;
+}
+
+// The agent's own user opening connections that never say hello: at most
+// 16 wait at a time; the next is told at once (it does not wait the 2 s
+// of the handshake), and once they are gone the user is served again.
+TEST(SafetyAgentAbuseTest, SilentConnectionsOfOneUserAreBounded) {
+  agent::AgentServerOptions options;
+  options.address = internal::NewAgentSocketAddress();
+  options.handshake_timeout_ms = 10000;
+  agent::AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  std::vector<int> silent;
+  for (int i = 0; i < agent::AgentServer::kMaxPendingPerUid; ++i) {
+    auto fd = internal::ConnectAgentSocket(options.address, 2000);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    silent.push_back(*fd);
+  }
+  // The backlog is taken in order: the 16 wait when the next is accepted.
+  auto one_more = internal::ConnectToAgent(options.address, Hello("17th"), 2000);
+  ASSERT_FALSE(one_more.ok());
+  EXPECT_THAT(std::string(one_more.status().message()),
+              HasSubstr("the agent refused: too many connections wait for their hello "
+                        "(16 of uid "));
+  for (int fd : silent) close(fd);
+  bool served = false;
+  for (int i = 0; i < 100 && !served; ++i) {
+    auto c = internal::ConnectToAgent(options.address, Hello("after"), 2000);
+    if (c.ok()) {
+      served = true;
+      close(c->socket);
+      close(c->region_fd);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  EXPECT_TRUE(served);
+}
+
+// --- Descriptors --------------------------------------------------------------
+
+// 40 processes connect and leave, one after the other, then 8 at once: the
+// agent's descriptors come back to where they were (each connection used
+// to leave its region's memfd behind).
+TEST(SafetyAgentAbuseTest, TheAgentsDescriptorsStayFlatAcrossConnections) {
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  Agent agent;
+  StartAgent(agent, address.ToString(), 0, {"--quiet"});
+  ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + address.ToString());
+  const int before = CountFdsOf(agent.pid);
+  auto settle = [&](int want) {
+    for (int i = 0; i < 500 && CountFdsOf(agent.pid) != want; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return CountFdsOf(agent.pid);
+  };
+  for (int i = 0; i < 40; ++i) {
+    auto c = internal::ConnectToAgent(address, Hello("cycle"), 2000);
+    ASSERT_TRUE(c.ok()) << c.status();
+    close(c->socket);
+    close(c->region_fd);
+  }
+  const int after_cycles = settle(before);
+  std::vector<internal::AgentConnection> connected;
+  for (int i = 0; i < 8; ++i) {
+    auto c = internal::ConnectToAgent(address, Hello("held"), 2000);
+    ASSERT_TRUE(c.ok()) << c.status();
+    connected.push_back(*c);
+  }
+  const int while_connected = CountFdsOf(agent.pid);
+  for (const auto& c : connected) {
+    close(c.socket);
+    close(c.region_fd);
+  }
+  const int after_all = settle(before);
+  std::printf("agent fds: %d before, %d after 40 cycles, %.1f per connected process, "
+              "%d after they left\n",
+              before, after_cycles, (while_connected - before) / 8.0, after_all);
+  EXPECT_EQ(after_cycles, before);
+  EXPECT_EQ(after_all, before);
+}
+
+// An agent near its descriptor limit refuses the next process with one
+// line, and that process is told why and profiles itself -- rather than
+// being welcomed into a session whose files cannot be opened (its profile
+// lost or unsymbolized) or the agent running out altogether.
+TEST(SafetyAgentAbuseTest, AnAgentNearItsDescriptorLimitRefusesWithOneLine) {
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  Agent agent;
+  StartAgent(agent, address.ToString(), 192);  // soft = hard: not raised
+  ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + address.ToString());
+  std::vector<internal::AgentConnection> connected;
+  std::string refusal;
+  for (int i = 0; i < 60 && refusal.empty(); ++i) {
+    auto c = internal::ConnectToAgent(address, Hello("many"), 5000);
+    if (c.ok()) {
+      connected.push_back(*c);
+    } else {
+      refusal = std::string(c.status().message());
+    }
+  }
+  const int fds = CountFdsOf(agent.pid);
+  std::printf("agent with 192 descriptors: %zu processes served, %d open, then: %s\n",
+              connected.size(), fds, refusal.c_str());
+  EXPECT_GE(connected.size(), 1u);
+  EXPECT_THAT(refusal, HasSubstr("the agent refused: the agent is near its descriptor "
+                                 "limit ("));
+  EXPECT_LE(fds, 192);
+  // A process that links inprof: told, and profiles itself.
+  const HostRun host = RunHost(address.ToString());
+  ASSERT_EQ(host.exit_code, 0) << host.err;
+  EXPECT_TRUE(host.started);
+  const std::vector<std::string> lines = SocketLines(host);
+  ASSERT_EQ(lines.size(), 1u) << host.err;
+  EXPECT_THAT(lines[0], HasSubstr("the agent refused: the agent is near its descriptor limit"));
+  EXPECT_THAT(lines[0], HasSubstr("; profiling in this process (INPROF_AGENT_FALLBACK=local)"));
+  for (const auto& c : connected) {
+    close(c.socket);
+    close(c.region_fd);
+  }
+  const std::string log = agent.Stop();
+  size_t refusal_lines = 0;
+  for (const std::string& line : Lines(log)) {
+    refusal_lines += absl::StrContains(line, "near its descriptor limit");
+  }
+  EXPECT_EQ(refusal_lines, 2u) << log;  // the raw connection and the host
 }
 
 // --- Restart on the same path -------------------------------------------------
