@@ -7,6 +7,9 @@
 # Environment:
 #   FUZZ_SECONDS   time per target (default 20; -max_total_time)
 #   FUZZ_TARGETS   space-separated subset (default: all)
+#   FUZZ_STEP      build (compile and link only), run (only run what is
+#                  built) or all (default)
+#   FUZZ_JOBS      targets run at once (default 2: the machine's two cores)
 #   CXX            clang++ to use (default: clang++)
 #
 # Targets, one per parser of untrusted input:
@@ -31,6 +34,8 @@ cd "$(dirname "$0")/.."
 
 out=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
+step=${FUZZ_STEP:-all}
+jobs=${FUZZ_JOBS:-2}
 cxx=${CXX:-clang++}
 targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer agent_protocol_fuzzer agent_stream_fuzzer}
 
@@ -57,36 +62,39 @@ declare -A sources=(
 
 # Compile every needed source once, two at a time, with coverage for
 # libFuzzer.
-objects=()
-compile_list=()
-for t in $targets; do
-  for src in fuzz/$t.cc ${sources[$t]}; do
-    obj="$out/obj/$(echo "$src" | tr '/' '_').o"
-    objects+=("$obj")
-    if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
-      cov="-fsanitize=fuzzer-no-link"
-      compile_list+=("$src|$obj|$cov")
-    fi
+build_targets() {
+  local compile_list=() t src obj objs
+  for t in $targets; do
+    for src in fuzz/$t.cc ${sources[$t]}; do
+      obj="$out/obj/$(echo "$src" | tr '/' '_').o"
+      if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
+        compile_list+=("$src|$obj|-fsanitize=fuzzer-no-link")
+      fi
+    done
   done
-done
-if ((${#compile_list[@]})); then
-  printf '%s\n' "${compile_list[@]}" | sort -u |
-    CXX="$cxx" CFLAGS="$cflags" xargs -P 2 -I{} bash -c '
-      IFS="|" read -r src obj cov <<< "{}"
-      echo "fuzz: compiling $src"
-      $CXX $CFLAGS $cov -c "$src" -o "$obj"'
-fi
+  if ((${#compile_list[@]})); then
+    printf '%s\n' "${compile_list[@]}" | sort -u |
+      CXX="$cxx" CFLAGS="$cflags" xargs -P 2 -I{} bash -c '
+        IFS="|" read -r src obj cov <<< "{}"
+        echo "fuzz: compiling $src"
+        $CXX $CFLAGS $cov -c "$src" -o "$obj"' || return 1
+  fi
+  for t in $targets; do
+    objs=""
+    for src in fuzz/$t.cc ${sources[$t]}; do
+      objs+=" $out/obj/$(echo "$src" | tr '/' '_').o"
+    done
+    # shellcheck disable=SC2086
+    $cxx -fsanitize=fuzzer,address,undefined $objs $libs -o "$out/$t" || return 1
+  done
+}
 
-status=0
-for t in $targets; do
-  objs=""
-  for src in fuzz/$t.cc ${sources[$t]}; do
-    objs+=" $out/obj/$(echo "$src" | tr '/' '_').o"
-  done
-  # shellcheck disable=SC2086
-  $cxx -fsanitize=fuzzer,address,undefined $objs $libs -o "$out/$t"
+# run_target NAME: runs one target for `seconds`, its corpus first (every
+# seed and every input kept from earlier runs is replayed before new ones
+# are tried). Prints its result; false when it found a crash.
+run_target() {
+  local t=$1
   mkdir -p "$out/corpus/$t"
-  echo "fuzz: running $t for ${seconds}s"
   if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        "$out/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -96,10 +104,27 @@ for t in $targets; do
          > "$out/$t.log" 2>&1; then
     echo "fuzz: $t FAILED; last lines of $out/$t.log:"
     tail -40 "$out/$t.log"
-    status=1
-  else
-    grep -E "stat::number_of_executed_units|stat::new_units_added" \
-      "$out/$t.log" | sed "s/^/fuzz: $t /"
+    return 1
+  fi
+  grep -E "stat::number_of_executed_units|stat::new_units_added" \
+    "$out/$t.log" | sed "s/^/fuzz: $t /"
+}
+
+if [ "$step" != run ]; then
+  build_targets || { echo "fuzz: building the targets failed" >&2; exit 1; }
+fi
+[ "$step" = build ] && exit 0
+
+echo "fuzz: running $(echo $targets | wc -w) targets for ${seconds}s each, $jobs at a time"
+status=0
+pids=()
+for t in $targets; do
+  run_target "$t" &
+  pids+=($!)
+  if ((${#pids[@]} >= jobs)); then
+    wait "${pids[0]}" || status=1
+    pids=("${pids[@]:1}")
   fi
 done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 exit $status

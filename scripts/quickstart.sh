@@ -51,45 +51,113 @@ case "${1:-}" in
     fi
     ;;
   test)
+    # The stages: the plain suite, then the suite under ASan+UBSan and TSan
+    # (INPROF_SANITIZERS, default "asan tsan"; "" skips), each fuzzer for
+    # FUZZ_SECONDS (default 20; 0 skips), and the Windows suite under Wine
+    # (INPROF_WINDOWS=0 skips; Abseil and GoogleTest are cross-built once and
+    # cached in build-windows/, rm -rf it to rebuild).
+    #
+    # Tests mostly wait (sleeps, serial timing tests) while builds compute:
+    # once the plain build is done, the later stages' builds run one after
+    # another in the background, at a lower priority (nice 5: a test that
+    # computes gets three quarters of a core it shares with a build; a lower
+    # one could starve the builds on a machine busy with other work), while
+    # the suites run in the foreground, each as soon as its build is ready.
+    # The suites pass beside two busy loops, so a build beside them is no
+    # harm.
+    #
     # Each stage's wall time and the CPU its processes used (user + system,
-    # from bash's `times`), as a table at the end: README's "Where the test
-    # command's time goes".
-    times_file=$(mktemp)
-    child_cpu() {
-      times >"$times_file"
-      tail -1 "$times_file" | awk '{ split($1, u, "m"); split($2, s, "m");
-        printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+    # from bash's `times`) are printed as a table at the end: README's
+    # "Where the test command's time goes".
+    sanitizers=${INPROF_SANITIZERS-asan tsan}
+    fuzz_seconds=${FUZZ_SECONDS:-20}
+    windows=${INPROF_WINDOWS:-1}
+    logs=$PWD/$build/test-logs
+    rm -rf "$logs"
+    mkdir -p "$logs"
+    # cpu_now FILE: the CPU seconds of this shell's finished children, read
+    # by `times` in this shell itself (a $(...) subshell has no children).
+    cpu_now() {
+      times >"$1"
+      cpu=$(tail -1 "$1" | awk '{ split($1, u, "m"); split($2, s, "m");
+        printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
     }
     table=()
-    stage() {  # stage NAME COMMAND...: runs it, records its times, keeps going
-      local name=$1 start=$SECONDS cpu0 rc=0
+    row() { table+=("$(printf '  %-30s %5ss wall %6ss CPU%s' "$1" "$2" "$3" "$4")"); }
+    stage() {  # stage NAME COMMAND...: runs it in the foreground, records its times
+      local name=$1 start=$SECONDS cpu cpu0 rc=0
       shift
-      cpu0=$(child_cpu)
+      cpu_now "$logs/.times"
+      cpu0=$cpu
       "$@" || rc=$?
-      table+=("$(printf '  %-28s %5ss wall %6ss CPU%s' "$name" $((SECONDS - start)) \
-        $(($(child_cpu) - cpu0)) "$([ $rc = 0 ] || echo '  FAILED')")")
+      cpu_now "$logs/.times"
+      row "$name" $((SECONDS - start)) $((cpu - cpu0)) "$([ $rc = 0 ] || echo '  FAILED')"
       return $rc
     }
-    status=0
+    # await NAME: waits for a background build, adds its row, prints its log
+    # when it failed; false then.
+    await() {
+      local rc wall cpu
+      while [ ! -f "$logs/$1.done" ]; do sleep 1; done
+      read -r rc wall cpu <"$logs/$1.done"
+      row "$1 (background)" "$wall" "$cpu" "$([ "$rc" = 0 ] || echo '  FAILED')"
+      if [ "$rc" != 0 ]; then
+        echo "quickstart: $1 failed; the end of $logs/$1.log:"
+        tail -40 "$logs/$1.log"
+        return 1
+      fi
+    }
     if ! stage "plain: build" ninja -C "$build"; then
       printf '%s\n' "${table[@]}"
       exit 1
     fi
+    (
+      background() {  # background NAME COMMAND...
+        local name=$1 start=$SECONDS cpu cpu0 rc=0
+        shift
+        cpu_now "$logs/.background-times"
+        cpu0=$cpu
+        nice -n 5 "$@" >"$logs/$name.log" 2>&1 || rc=$?
+        cpu_now "$logs/.background-times"
+        echo "$rc $((SECONDS - start)) $((cpu - cpu0))" >"$logs/$name.done"
+      }
+      for san in $sanitizers; do
+        background "$san: build" env INPROF_SANITIZERS="$san" INPROF_SANITIZER_STEP=build \
+          bash scripts/sanitizers.sh "$build"
+      done
+      [ "$fuzz_seconds" = 0 ] || background "fuzzers: build" env FUZZ_STEP=build bash fuzz/run.sh "$build-fuzz"
+      [ "$windows" = 0 ] || background "windows: build" bash scripts/windows.sh build
+    ) &
+    builder=$!
+    trap 'kill $builder 2>/dev/null' EXIT
+    status=0
     stage "plain: tests" meson test -C "$build" --print-errorlogs || status=1
-    # Then the suite under ASan+UBSan and TSan (INPROF_SANITIZERS, default
-    # "asan tsan"; "" skips) and each fuzzer for FUZZ_SECONDS (default 20; 0
-    # skips).
-    for san in ${INPROF_SANITIZERS-asan tsan}; do
-      stage "$san: build and tests" env INPROF_SANITIZERS=$san bash scripts/sanitizers.sh "$build" || status=1
+    for san in $sanitizers; do
+      if await "$san: build"; then
+        stage "$san: tests" env INPROF_SANITIZERS="$san" INPROF_SANITIZER_STEP=test \
+          bash scripts/sanitizers.sh "$build" || status=1
+      else
+        status=1
+      fi
     done
-    [ "${FUZZ_SECONDS:-20}" = 0 ] || stage "fuzzers: build and run" bash fuzz/run.sh "$build-fuzz" || status=1
-    # The Windows suite (INPROF_WINDOWS=0 skips): Abseil and GoogleTest are
-    # cross-built once and cached in build-windows/ (rm -rf it to rebuild).
-    [ "${INPROF_WINDOWS:-1}" = 0 ] || stage "windows: build and tests" bash scripts/windows.sh test || status=1
+    if [ "$fuzz_seconds" != 0 ]; then
+      if await "fuzzers: build"; then
+        stage "fuzzers: run" env FUZZ_STEP=run bash fuzz/run.sh "$build-fuzz" || status=1
+      else
+        status=1
+      fi
+    fi
+    if [ "$windows" != 0 ]; then
+      if await "windows: build"; then
+        stage "windows: tests" bash scripts/windows.sh test || status=1
+      else
+        status=1
+      fi
+    fi
+    wait "$builder" 2>/dev/null || true
     echo
-    echo "quickstart: where the time went"
+    echo "quickstart: where the time went (logs in $logs)"
     printf '%s\n' "${table[@]}"
-    rm -f "$times_file"
     exit $status
     ;;
   *)

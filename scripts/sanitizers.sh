@@ -6,7 +6,9 @@
 #   scripts/sanitizers.sh [BUILD]      BUILD-asan: AddressSanitizer + UBSan
 #                                      BUILD-tsan: ThreadSanitizer
 #
-# INPROF_SANITIZERS="asan tsan" (the default) picks which.
+# INPROF_SANITIZERS="asan tsan" (the default) picks which;
+# INPROF_SANITIZER_STEP=build only builds, =test only tests what was built
+# (scripts/quickstart.sh builds one while the previous suite runs).
 #
 # Both builds use -O0: compiling is what these runs cost on two cores (-O0
 # compiles ~3x faster than -O2; the tests are bounded by time or count, not
@@ -90,9 +92,13 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
       exit 2
       ;;
   esac
-  [ -f "$dir/build.ninja" ] || meson setup "$dir" "${common[@]}" "${opts[@]}" >/dev/null
-  echo "sanitizers: building $dir"
-  ninja -C "$dir" > "$dir/ninja.log" || { tail -40 "$dir/ninja.log"; exit 1; }
+  step=${INPROF_SANITIZER_STEP:-all}
+  if [ "$step" != test ]; then
+    [ -f "$dir/build.ninja" ] || meson setup "$dir" "${common[@]}" "${opts[@]}" >/dev/null
+    echo "sanitizers: building $dir"
+    ninja -C "$dir" > "$dir/ninja.log" || { tail -40 "$dir/ninja.log"; exit 1; }
+  fi
+  [ "$step" = build ] && continue
   echo "sanitizers: testing $dir (GTEST_FILTER=$filter)"
   # Both sanitizers run even when the first fails; the exit status says.
   env "${env[@]}" GTEST_FILTER="$filter" \
