@@ -131,6 +131,9 @@ class CpuTimeProvider {
     // before its timer starts) and its period.
     std::atomic<CpuEngine> signal_engine{CpuEngine::kAuto};
     int64_t period_ns = 0;
+    // The engine of the thread's last arming, kept after DisarmThread: its
+    // tail (taken after disarming) is measured the way its samples were.
+    CpuEngine tail_engine = CpuEngine::kAuto;
     // Perf and timer engines: the thread's CPU clock at its next sample
     // point (internal/cpu_lattice.h). itimer engine: its CPU clock at its
     // last sample. Written by ArmThread before the timer exists and by the

@@ -280,7 +280,7 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
         "cannot enable the perf event of thread ", thread.tid, ": ",
         strerror(err)));
   }
-  data.engine = CpuEngine::kPerf;
+  data.engine = data.tail_engine = CpuEngine::kPerf;
   data.armed = true;
   data.tail_pending = true;
   armed_perf_.fetch_add(1, std::memory_order_relaxed);
@@ -316,7 +316,7 @@ absl::Status CpuTimeProvider::ArmTimer(ThreadContext& thread, ThreadData& data,
     return absl::InternalError(absl::StrCat(
         "timer_settime for thread ", thread.tid, " failed: ", strerror(err)));
   }
-  data.engine = CpuEngine::kTimer;
+  data.engine = data.tail_engine = CpuEngine::kTimer;
   data.armed = true;
   data.tail_pending = true;
   armed_timer_.fetch_add(1, std::memory_order_relaxed);
@@ -351,7 +351,7 @@ absl::Status CpuTimeProvider::ArmItimer(ThreadContext& thread,
   data.signal_engine.store(CpuEngine::kItimer, std::memory_order_relaxed);
   ++itimer_threads_;
   thread.itimer_tag.store(tag, std::memory_order_release);
-  data.engine = CpuEngine::kItimer;
+  data.engine = data.tail_engine = CpuEngine::kItimer;
   data.armed = true;
   data.tail_pending = true;
   armed_itimer_.fetch_add(1, std::memory_order_relaxed);
@@ -493,7 +493,8 @@ bool CpuTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   const int64_t now =
       exit_ns >= 0 ? exit_ns : internal::ThreadCpuNanos(thread.cpu_clock);
   if (now < 0) return false;  // the thread is gone: its clock is unreadable
-  if (data.engine == CpuEngine::kItimer) {
+  // DisarmThread ran before this (it forgets data.engine).
+  if (data.tail_engine == CpuEngine::kItimer) {
     const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
     data.last_cpu_ns.store(now, std::memory_order_relaxed);
     values[0] = 0;
