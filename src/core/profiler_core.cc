@@ -36,6 +36,7 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   d.samples_unsuspended -= before.samples_unsuspended;
   d.wall_wakeups -= before.wall_wakeups;
   d.threads_sigprof_unblocked -= before.threads_sigprof_unblocked;
+  d.samples_small_stack -= before.samples_small_stack;
   return d;
 }
 
@@ -48,7 +49,8 @@ std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
           s.wall_signals,         s.wall_running_credits,
           s.threads_registered,   s.profiles_written,
           s.samples_unsuspended,  s.wall_wakeups,
-          s.threads_sigprof_unblocked, s.wall_stacks_read};
+          s.threads_sigprof_unblocked, s.wall_stacks_read,
+          s.samples_small_stack};
 }
 
 ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
@@ -68,6 +70,7 @@ ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
   s.wall_wakeups = at(11);
   s.threads_sigprof_unblocked = at(12);
   s.wall_stacks_read = at(13);
+  s.samples_small_stack = at(14);
   return s;
 }
 
@@ -542,6 +545,14 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
         "threads registered with SIGPROF blocked, unblocked so that they "
         "could be sampled=",
         window_stats.threads_sigprof_unblocked));
+  }
+  if (window_stats.samples_small_stack > 0) {
+    data.comments.push_back(absl::StrCat(
+        "samples taken on a small or foreign stack, not walked=",
+        window_stats.samples_small_stack,
+        " (a signal handler's sigaltstack, a coroutine's stack, or a stack "
+        "near its end; their values are on [inprof: on a small or foreign "
+        "stack])"));
   }
   if (window_stats.samples_unsuspended > 0) {
     data.comments.push_back(absl::StrCat(

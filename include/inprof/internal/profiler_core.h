@@ -86,6 +86,11 @@ struct ProfilerStats {
   // (often inherited from the thread that created them): no sample can be
   // taken of such a thread, so RegisterThread unblocked it.
   uint64_t threads_sigprof_unblocked = 0;
+  // Samples of a thread that was on a stack too small for the handler's
+  // walk (a signal handler's sigaltstack, a coroutine's stack, its own
+  // stack near its end): no stack walked, the values kept on "[inprof: on
+  // a small or foreign stack]".
+  uint64_t samples_small_stack = 0;
 };
 
 namespace internal {

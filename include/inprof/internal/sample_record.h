@@ -12,7 +12,9 @@
 //        label count << 10 (6 bits) | depth << 16 (16 bits) |
 //        sampled while blocked << 32 | provisional stack << 33 |
 //        (a provisional blocked stack's) tables ready at the walk << 34 |
-//        their generation then << 35 (29 bits).
+//        their generation then << 35 (28 bits) |
+//        no stack << 63 (the thread was on a stack too small for the walk:
+//        a sigaltstack, a coroutine's; values only, depth 0).
 //
 // The number of values is the provider's (its sample types), the leaf words
 // the unwinder's (CopiesLeafStack), the label words two per label: a key
@@ -35,7 +37,8 @@ inline constexpr uint64_t kRecordBlockedBit = uint64_t{1} << 32;
 inline constexpr uint64_t kRecordProvisionalBit = uint64_t{1} << 33;
 inline constexpr uint64_t kRecordWalkTablesReadyBit = uint64_t{1} << 34;
 inline constexpr int kRecordWalkGenerationShift = 35;
-inline constexpr uint64_t kRecordWalkGenerationMask = (uint64_t{1} << 29) - 1;
+inline constexpr uint64_t kRecordWalkGenerationMask = (uint64_t{1} << 28) - 1;
+inline constexpr uint64_t kRecordStacklessBit = uint64_t{1} << 63;
 
 }  // namespace inprof::internal
 
