@@ -134,8 +134,8 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   CURLM* multi = static_cast<CURLM*>(multi_);
   CURL* easy = static_cast<CURL*>(easy_);
   const CurlApi& curl = Curl();
-  if (!curl.error.empty()) {
-    return absl::UnavailableError(
+  if (!curl.error.empty()) {  // permanent: the uploader does not retry it
+    return absl::FailedPreconditionError(
         absl::StrCat("POST ", request.url, ": ", curl.error));
   }
   if (multi == nullptr || easy == nullptr) {
