@@ -60,7 +60,7 @@ void* ToggleThread(void* arg) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return nullptr;
     if (run::CurrentStatus().running) {
-      run::Stop("CPUPROFILESIGNAL");
+      run::Stop();
     } else {
       const std::string file = absl::StrCat(signal_file, ".", runs++);
       if (absl::Status s = run::Start(file); !s.ok()) {
@@ -194,7 +194,7 @@ __attribute__((visibility("default"))) int ProfilerStart(const char* fname) {
 }
 
 __attribute__((visibility("default"))) void ProfilerStop(void) {
-  run::Stop("ProfilerStop");
+  run::Stop();
 }
 
 __attribute__((visibility("default"))) void ProfilerFlush(void) {}

@@ -4,8 +4,10 @@
 // of RegisterThread, as DllMain's thread attach is on Windows),
 // pthread_setname_np and prctl (thread names as the program sets them),
 // sigaction and signal (a program taking SIGPROF for itself makes inprof
-// write what it has and step aside) and the exec family (SIGPROF stays
-// blocked across an exec, see ExecGuard).
+// write what it has and step aside), the exec family (SIGPROF stays
+// blocked across an exec, see ExecGuard) and _exit/_Exit (the profile is
+// written first, by the watcher thread, for a bounded time: see
+// FinishBeforeExit).
 //
 // Linked into libinprof_preload.so (with preload_linux.cc, what `inprof run`
 // loads) and libinprof_gperftools (the gperftools API drop-in). In the
@@ -17,6 +19,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
@@ -67,6 +70,43 @@ struct InprofScope {
   ~InprofScope() { t_inprof = saved; }
 };
 
+std::string CurrentProcessName() {
+  char buf[64] = {};
+  int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "?";
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// Appends "FIRST\tPID\tCOMM[\tDETAIL]\n" to INPROF_RUN_REPORT (`report`;
+// nothing when empty): FIRST is a profile's path, or "started" (this
+// process began sampling), "off" (it could not; DETAIL says why) or
+// "failed" (writing its profile failed, DETAIL, logged already), so that
+// `inprof run` can say which processes ended without writing one.
+void AppendToReport(const std::string& report, absl::string_view first,
+                    absl::string_view detail = {}) {
+  if (report.empty()) return;
+  std::string line = absl::StrCat(first, "\t", getpid(), "\t", CurrentProcessName());
+  if (!detail.empty()) {
+    std::string flat(detail);
+    for (char& c : flat) {
+      if (c == '\n' || c == '\t') c = ' ';
+    }
+    absl::StrAppend(&line, "\t", flat);
+  }
+  line.push_back('\n');
+  int fd = open(report.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd >= 0) {
+    // One write(2) with O_APPEND: lines of concurrent processes never mix.
+    ssize_t n = write(fd, line.data(), line.size());
+    (void)n;
+    close(fd);
+  }
+}
+
 // Appends each written profile to INPROF_RUN_REPORT and writes the file
 // like FileSink.
 // The output pattern is set at each Start() (the gperftools API names a file
@@ -83,32 +123,11 @@ class ReportingFileSink final : public ProfileSink {
     std::lock_guard<std::mutex> lock(mu_);
     if (file_ == nullptr) return absl::OkStatus();
     absl::Status s = file_->Consume(p);
-    if (!s.ok() || report_.empty()) return s;
-    const std::string line =
-        absl::StrCat(file_->last_path(), "\t", getpid(), "\t",
-                     CurrentProcessName(), "\n");
-    int fd = open(report_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-    if (fd >= 0) {
-      // One write(2) with O_APPEND: lines of concurrent processes never mix.
-      ssize_t n = write(fd, line.data(), line.size());
-      (void)n;
-      close(fd);
-    }
+    if (s.ok()) AppendToReport(report_, file_->last_path());
     return s;
   }
 
  private:
-  static std::string CurrentProcessName() {
-    char buf[64] = {};
-    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return "?";
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-
   std::mutex mu_;
   std::unique_ptr<FileSink> file_;
   std::string report_;
@@ -124,7 +143,10 @@ struct State {
   ThreadRegistration* first_registration = nullptr;  // Init()'s thread
   bool running = false;
   bool stepped_aside = false;
-  bool hooks_installed = false;  // atexit, end signals
+  bool exit_hooks_installed = false;  // atexit, at_quick_exit (inherited)
+  // The end signals' handlers and the watcher thread with its pipes; a
+  // forked child gets its own (the parent's thread is not there).
+  bool watch_installed = false;
   bool children = true;
   Options options;  // without sinks: what a forked child starts with
   std::string report;
@@ -132,6 +154,10 @@ struct State {
   std::string child_output;  // "": the parent's
   absl::Time start;
   int watch_pipe[2] = {-1, -1};
+  // The watcher's answer to a FinishBeforeExit request, and the process the
+  // watcher runs in.
+  int finished_pipe[2] = {-1, -1};
+  pid_t watch_pid = 0;
   // pthread_t of the threads registered here -> their ids, so that
   // pthread_setname_np(other, ...) finds the thread. A leaf lock, held
   // across fork() (internal/fork_guard.h).
@@ -167,61 +193,94 @@ void ForgetTid(pthread_t thread) {
 
 // Lifecycle lock held. The profiler object is never destroyed: threads the
 // program leaves running may still hold registrations.
-void StopLocked(State& s, absl::string_view why) {
+void StopLocked(State& s) {
   if (!s.running) return;
   s.running = false;
   g_running.store(false, std::memory_order_release);
   InprofScope scope;
   absl::Status st = s.profiler->Stop();
-  if (!st.ok()) internal::Log(absl::StrCat(why, ": ", st.message()));
+  // Stop() logged the failure; `inprof run` is told, to say which process
+  // it was.
+  if (!st.ok()) AppendToReport(s.report, "failed", st.message());
 }
 
-void Finish(absl::string_view why) {
+void Finish() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.lifecycle);
-  StopLocked(s, why);
+  StopLocked(s);
 }
 
-void AtExit() { Finish("at exit"); }
+void AtExit() { Finish(); }
 
 // SIGINT, SIGTERM, SIGHUP with their default action: the handler only wakes
 // the watcher thread, which writes the profile and then lets the signal
 // take its default effect. A program that installs its own handler replaces
 // this one (and usually exits, which writes the profile at exit).
 constexpr int kEndSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// What FinishBeforeExit writes to the watcher (signal numbers are below).
+constexpr unsigned char kFinishRequest = 0xff;
 
 void EndSignalHandler(int sig) {
   const int saved = errno;
   const unsigned char b = static_cast<unsigned char>(sig);
-  ssize_t n = write(state().watch_pipe[1], &b, 1);
-  (void)n;
+  State& s = state();
+  if (s.watch_pid != getpid() || s.watch_pipe[1] < 0 ||
+      write(s.watch_pipe[1], &b, 1) != 1) {
+    // No watcher in this process (a forked child that has not started
+    // profiling): the default action, as without inprof. The signal is
+    // blocked while its handler runs, so it is delivered on return.
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, nullptr);
+    raise(sig);
+  }
   errno = saved;
 }
 
 void* WatchEndSignals(void*) {
   t_inprof = true;
-  unsigned char b = 0;
+  State& s = state();
   while (true) {
-    ssize_t n = read(state().watch_pipe[0], &b, 1);
-    if (n == 1) break;
+    unsigned char b = 0;
+    const ssize_t n = read(s.watch_pipe[0], &b, 1);
     if (n < 0 && errno == EINTR) continue;
+    if (n != 1) return nullptr;
+    if (b == kFinishRequest) {
+      Finish();
+      const unsigned char done = 1;
+      ssize_t w = write(s.finished_pipe[1], &done, 1);
+      (void)w;
+      continue;
+    }
+    const int sig = b;
+    Finish();
+    signal(sig, SIG_DFL);
+    kill(getpid(), sig);
     return nullptr;
   }
-  const int sig = b;
-  Finish(absl::StrCat("on ", strsignal(sig)));
-  signal(sig, SIG_DFL);
-  kill(getpid(), sig);
-  return nullptr;
 }
 
-void InstallEndSignalHandlers() {
-  State& s = state();
-  if (pipe2(s.watch_pipe, O_CLOEXEC) != 0) return;
-  bool any = false;
+// Lifecycle lock held. The end signals' handlers (where the program left
+// the default action, or has ours from the process it was forked from) and
+// the thread that writes the profile for them and for FinishBeforeExit.
+void InstallWatchLocked(State& s) {
+  if (s.watch_installed) return;
+  s.watch_installed = true;
+  if (pipe2(s.watch_pipe, O_CLOEXEC) != 0) {
+    s.watch_pipe[0] = s.watch_pipe[1] = -1;
+    return;
+  }
+  if (pipe2(s.finished_pipe, O_CLOEXEC) != 0) {
+    s.finished_pipe[0] = s.finished_pipe[1] = -1;
+  }
   for (int sig : kEndSignals) {
     struct sigaction current;
     if (sigaction(sig, nullptr, &current) != 0) continue;
-    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) {
+    const bool ours = (current.sa_flags & SA_SIGINFO) == 0 &&
+                      current.sa_handler == &EndSignalHandler;
+    if (!ours &&
+        ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL)) {
       continue;  // ignored (nohup) or handled: the program's choice stands
     }
     struct sigaction action;
@@ -229,10 +288,50 @@ void InstallEndSignalHandlers() {
     action.sa_handler = &EndSignalHandler;
     action.sa_flags = SA_RESTART;
     sigemptyset(&action.sa_mask);
-    if (sigaction(sig, &action, nullptr) == 0) any = true;
+    sigaction(sig, &action, nullptr);
   }
-  if (!any) return;
-  run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
+  if (run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr)) {
+    s.watch_pid = getpid();
+  }
+}
+
+// Before _exit() or _Exit() (interposed below): the profile is written by
+// the watcher thread while the calling thread waits, at most stop_timeout +
+// 5 s. The caller may be a signal handler that interrupted a thread holding
+// a lock Stop() needs (malloc's): the wait is what bounds it, and it uses
+// only async-signal-safe calls (getpid, write, poll). Not in a process
+// whose watcher is another's (a vfork child shares the parent's memory and
+// has its own pid), nor on inprof's own threads.
+void FinishBeforeExit() {
+  if (t_inprof || !g_running.load(std::memory_order_acquire)) return;
+  State& s = state();
+  const pid_t watcher = s.watch_pid;
+  if (watcher == 0 || watcher != getpid() || s.watch_pipe[1] < 0 ||
+      s.finished_pipe[0] < 0) {
+    return;
+  }
+  const unsigned char request = kFinishRequest;
+  if (write(s.watch_pipe[1], &request, 1) != 1) return;
+  const int64_t limit_ms =
+      absl::ToInt64Milliseconds(s.options.stop_timeout) + 5000;
+  timespec start{};
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  while (true) {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const int64_t spent_ms = (now.tv_sec - start.tv_sec) * 1000 +
+                             (now.tv_nsec - start.tv_nsec) / 1'000'000;
+    if (spent_ms >= limit_ms) return;
+    pollfd p{s.finished_pipe[0], POLLIN, 0};
+    const int rc = poll(&p, 1, static_cast<int>(limit_ms - spent_ms));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 1) {
+      unsigned char done = 0;
+      ssize_t r = read(s.finished_pipe[0], &done, 1);
+      (void)r;
+    }
+    return;
+  }
 }
 
 // Lifecycle lock held. A new profiler with the sink, and the calling thread
@@ -271,11 +370,13 @@ absl::Status StartLocked(State& s, const std::string& output) {
   s.output = output;
   s.start = absl::Now();
   g_running.store(true, std::memory_order_release);
-  if (!s.hooks_installed) {
-    s.hooks_installed = true;
+  if (!s.exit_hooks_installed) {
+    s.exit_hooks_installed = true;
     atexit(&AtExit);
-    InstallEndSignalHandlers();
+    at_quick_exit(&AtExit);
   }
+  InstallWatchLocked(s);
+  AppendToReport(s.report, "started");
   return absl::OkStatus();
 }
 
@@ -287,6 +388,14 @@ void AtForkChild() {
   // The child has one thread: a lifecycle lock another thread of the parent
   // held (writing the parent's profile) means nothing here.
   new (&s.lifecycle) std::mutex;
+  // The parent's watcher thread is not here, and its pipes are the
+  // parent's: an end signal written there would end the parent. Forgotten
+  // (not closed: the program may have reused the numbers); the child
+  // installs its own when it starts.
+  s.watch_installed = false;
+  s.watch_pipe[0] = s.watch_pipe[1] = -1;
+  s.finished_pipe[0] = s.finished_pipe[1] = -1;
+  s.watch_pid = 0;
   PreloadProfiler* parent = s.profiler;
   if (parent == nullptr) return;
   const bool was_running = s.running;
@@ -313,6 +422,7 @@ void AtForkChild() {
     if (absl::Status st = StartLocked(s, output); !st.ok()) {
       internal::Log(absl::StrCat("forked child: profiling stays off: ",
                                  st.message()));
+      AppendToReport(s.report, "off", st.message());
     }
   }
 }
@@ -361,7 +471,7 @@ class ExecGuard {
     sigemptyset(&prof);
     sigaddset(&prof, SIGPROF);
     if (!s.children) {
-      Finish("before exec");
+      Finish();
       pthread_sigmask(SIG_BLOCK, &prof, &old_);
       DiscardPendingSigprof();
       pthread_sigmask(SIG_SETMASK, &old_, nullptr);
@@ -536,7 +646,17 @@ absl::Status Start(const std::string& output_pattern) {
   return StartLocked(s, output_pattern);
 }
 
-void Stop(const char* why) { Finish(why); }
+void Stop() { Finish(); }
+
+void ReportStartFailure(const absl::Status& status) {
+  State& s = state();
+  std::string report;
+  {
+    std::lock_guard<std::mutex> lock(s.lifecycle);
+    report = s.report;
+  }
+  AppendToReport(report, "off", status.message());
+}
 
 Status CurrentStatus() {
   State& s = state();
@@ -647,7 +767,23 @@ static void StepAsideForSigprof(const char* how) {
   inprof::internal::Log(absl::StrCat(
       "the program installs its own SIGPROF handler (", how,
       "): profiling stops here and the profile so far is written"));
-  inprof::StopLocked(s, "stepping aside for the program's SIGPROF handler");
+  inprof::StopLocked(s);
+}
+
+// _exit and _Exit skip atexit: the profile is written first (bounded; see
+// FinishBeforeExit). exit() needs nothing here: its atexit handler writes
+// it, and libc's own calls to _exit do not come through here.
+__attribute__((visibility("default"), noreturn)) void _exit(int status) {
+  using Fn = void (*)(int);
+  static Fn real = Next<Fn>("_exit");
+  inprof::FinishBeforeExit();
+  if (real != nullptr) real(status);
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+
+__attribute__((visibility("default"), noreturn)) void _Exit(int status) noexcept {
+  _exit(status);
 }
 
 __attribute__((visibility("default"))) int sigaction(
