@@ -44,8 +44,11 @@ namespace inprof {
 namespace {
 
 // glibc's SIGSTKSZ before it became sysconf(_SC_SIGSTKSZ), and what
-// programs still commonly give a sigaltstack or a small coroutine.
-constexpr size_t kSmallStack = 8192;
+// programs still commonly give a sigaltstack or a small coroutine. Under a
+// sanitizer the program's own work there does not fit in 8 KiB (ASan's
+// interceptors at -O0 overflow it without inprof): 64 KiB, still a stack
+// that is not the thread's own.
+constexpr size_t kSmallStack = safety::kSanitized ? 64 * 1024 : 8192;
 constexpr const char* kSmallStackFrame = "[inprof: on a small or foreign stack]";
 // Profiling signals each scenario sends itself while on the small stack.
 constexpr int kSignalsOnSmallStack = 25;
@@ -211,13 +214,13 @@ int RunScenario(const char* kind) {
   return CheckProfile(options, profiler.stats().samples_small_stack);
 }
 
-TEST(SafetySmallStackTest, ThreadOnA8KiBSigaltstackIsSkippedNotOverflowed) {
+TEST(SafetySmallStackTest, ThreadOnASmallSigaltstackIsSkippedNotOverflowed) {
   const int rc = safety::RunInChild([] { return RunScenario("sigaltstack"); }, 60);
   EXPECT_EQ(rc, kOk) << (rc > 128 ? "the child died of signal " + std::to_string(rc - 128)
                                   : "child check " + std::to_string(rc) + " failed");
 }
 
-TEST(SafetySmallStackTest, ThreadOnA8KiBMakecontextStackIsSkippedNotOverflowed) {
+TEST(SafetySmallStackTest, ThreadOnASmallMakecontextStackIsSkippedNotOverflowed) {
   const int rc = safety::RunInChild([] { return RunScenario("makecontext"); }, 60);
   EXPECT_EQ(rc, kOk) << (rc > 128 ? "the child died of signal " + std::to_string(rc - 128)
                                   : "child check " + std::to_string(rc) + " failed");
@@ -438,13 +441,15 @@ StackUse MeasureHandlerStackUse(bool stackless) {
 
 template <typename P>
 void ExpectHandlerStackUseWithinBound(const char* name) {
+  // The signal was sampled with its walk, not skipped. (The CPU timer's
+  // first sample, within the thread's first millisecond of CPU, may come
+  // too: it lands higher on the stack, above the deepest point measured.)
   const StackUse walk = MeasureHandlerStackUse<P>(/*stackless=*/false);
-  // The signal was sampled with its walk, not skipped.
-  EXPECT_EQ(walk.taken, 1u);
+  EXPECT_GE(walk.taken, 1u);
   EXPECT_EQ(walk.skipped, 0u);
   const StackUse stackless = MeasureHandlerStackUse<P>(/*stackless=*/true);
-  EXPECT_EQ(stackless.taken, 1u);
-  EXPECT_EQ(stackless.skipped, 1u);
+  EXPECT_GE(stackless.taken, 1u);
+  EXPECT_GE(stackless.skipped, 1u);
   std::printf(
       "%s: the handler used %zu bytes below its first frame (%zu with the "
       "kernel's signal frame); bound checked: %zu. Without the walk (on a "
@@ -454,9 +459,10 @@ void ExpectHandlerStackUseWithinBound(const char* name) {
   EXPECT_GT(walk.handler, 0u);
   EXPECT_LE(walk.handler, P::kHandlerStackBytes);
   // What runs on a small stack: the first-level handler, the provider's
-  // clock read and a record of a few words.
+  // clock read and a record of a few words (ASan at -O0, with its
+  // interceptors: 3.5 KiB).
   EXPECT_GT(stackless.handler, 0u);
-  EXPECT_LE(stackless.handler, safety::kSanitized ? 3072u : 1024u);
+  EXPECT_LE(stackless.handler, safety::kSanitized ? 8192u : 1024u);
 }
 
 TEST(SafetySmallStackTest, FramePointerHandlerStackUseIsWithinItsBound) {

@@ -40,6 +40,12 @@ inline constexpr bool kUnderSanitizer = false;
 #else
 inline constexpr bool kUnderSanitizer = false;
 #endif
+// Built without optimization (-O0): larger frames too.
+#if defined(__OPTIMIZE__)
+inline constexpr bool kUnoptimized = false;
+#else
+inline constexpr bool kUnoptimized = true;
+#endif
 
 // sigev_value tags: the high 16 bits mark our signals, so a SIGPROF from
 // kill(1) or another library is never sampled; bits 8-15 carry the low byte
