@@ -51,17 +51,45 @@ case "${1:-}" in
     fi
     ;;
   test)
-    ninja -C "$build"
-    meson test -C "$build" --print-errorlogs
+    # Each stage's wall time and the CPU its processes used (user + system,
+    # from bash's `times`), as a table at the end: README's "Where the test
+    # command's time goes".
+    times_file=$(mktemp)
+    child_cpu() {
+      times >"$times_file"
+      tail -1 "$times_file" | awk '{ split($1, u, "m"); split($2, s, "m");
+        printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+    }
+    table=()
+    stage() {  # stage NAME COMMAND...: runs it, records its times, keeps going
+      local name=$1 start=$SECONDS cpu0 rc=0
+      shift
+      cpu0=$(child_cpu)
+      "$@" || rc=$?
+      table+=("$(printf '  %-28s %5ss wall %6ss CPU%s' "$name" $((SECONDS - start)) \
+        $(($(child_cpu) - cpu0)) "$([ $rc = 0 ] || echo '  FAILED')")")
+      return $rc
+    }
+    status=0
+    if ! stage "plain: build" ninja -C "$build"; then
+      printf '%s\n' "${table[@]}"
+      exit 1
+    fi
+    stage "plain: tests" meson test -C "$build" --print-errorlogs || status=1
     # Then the suite under ASan+UBSan and TSan (INPROF_SANITIZERS, default
     # "asan tsan"; "" skips) and each fuzzer for FUZZ_SECONDS (default 20; 0
     # skips).
-    status=0
-    [ -z "${INPROF_SANITIZERS-asan tsan}" ] || bash scripts/sanitizers.sh "$build" || status=1
-    [ "${FUZZ_SECONDS:-20}" = 0 ] || bash fuzz/run.sh "$build-fuzz" || status=1
+    for san in ${INPROF_SANITIZERS-asan tsan}; do
+      stage "$san: build and tests" env INPROF_SANITIZERS=$san bash scripts/sanitizers.sh "$build" || status=1
+    done
+    [ "${FUZZ_SECONDS:-20}" = 0 ] || stage "fuzzers: build and run" bash fuzz/run.sh "$build-fuzz" || status=1
     # The Windows suite (INPROF_WINDOWS=0 skips): Abseil and GoogleTest are
     # cross-built once and cached in build-windows/ (rm -rf it to rebuild).
-    [ "${INPROF_WINDOWS:-1}" = 0 ] || bash scripts/windows.sh test || status=1
+    [ "${INPROF_WINDOWS:-1}" = 0 ] || stage "windows: build and tests" bash scripts/windows.sh test || status=1
+    echo
+    echo "quickstart: where the time went"
+    printf '%s\n' "${table[@]}"
+    rm -f "$times_file"
     exit $status
     ;;
   *)

@@ -11,9 +11,12 @@
 //   kernel   one thread alternates 32 read()s of 64 KiB from /dev/zero
 //            (ReadChunks: kernel CPU) with user-space spinning for SECONDS
 //            of CPU;
-//   churn    2,000 threads that each spin 1-2 ms of CPU (SECONDS unused).
+//   churn    2,000 threads that each spin 1-2 ms of CPU (SECONDS unused);
+//   classes  20,000 threads in four classes spinning 20, 100, 250 and
+//            500 us (2-50% of a 1 ms period), each first in PhaseA<C>
+//            (30% of it) then in PhaseB<C> (70%) (SECONDS unused).
 // Prints "truth_cpu_s=... truth_kernel_pct=..." measured with the threads'
-// own CPU clocks.
+// own CPU clocks ("classes": one "truth FUNCTION SECONDS" line per phase).
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,6 +59,19 @@ __attribute__((noinline)) uint64_t SpinIterations(uint64_t n) {
 __attribute__((noinline)) void SpinFor(int64_t ns) {
   const int64_t end = ThreadCpuNow() + ns;
   while (ThreadCpuNow() < end) g_sink = SpinIterations(2000);
+}
+
+// Not tail calls, and bodies that differ (identical ones are folded into
+// one function): each phase keeps a frame and a name of its own.
+template <int kClass>
+__attribute__((noinline)) void PhaseA(int64_t ns) {
+  SpinFor(ns);
+  g_sink = g_sink + 2 * kClass;
+}
+template <int kClass>
+__attribute__((noinline)) void PhaseB(int64_t ns) {
+  SpinFor(ns);
+  g_sink = g_sink + 2 * kClass + 1;
 }
 
 __attribute__((noinline)) void ReadChunks(int fd, char* buffer) {
@@ -140,6 +156,44 @@ int main(int argc, char** argv) {
       for (auto& t : threads) t.join();
     }
     truth_cpu = measured / 1e9;
+  } else if (workload == "classes") {
+    constexpr int64_t kBurnNs[4] = {20'000, 100'000, 250'000, 500'000};
+    std::atomic<int64_t> truth[4][2] = {};
+    std::atomic<int> next{0};
+    std::vector<std::thread> spawners;
+    for (int s = 0; s < 2; ++s) {
+      spawners.emplace_back([&] {
+        for (int i; (i = next.fetch_add(1)) < 20'000;) {
+          const int c = i % 4;
+          std::thread([&, c] {
+            [[maybe_unused]] auto r = Register(profiler, "class");
+            const int64_t a = kBurnNs[c] * 3 / 10, b = kBurnNs[c] - a;
+            int64_t t0 = ThreadCpuNow();
+            switch (c) {
+              case 0: PhaseA<0>(a); break;
+              case 1: PhaseA<1>(a); break;
+              case 2: PhaseA<2>(a); break;
+              default: PhaseA<3>(a); break;
+            }
+            int64_t t1 = ThreadCpuNow();
+            truth[c][0] += t1 - t0;
+            switch (c) {
+              case 0: PhaseB<0>(b); break;
+              case 1: PhaseB<1>(b); break;
+              case 2: PhaseB<2>(b); break;
+              default: PhaseB<3>(b); break;
+            }
+            truth[c][1] += ThreadCpuNow() - t1;
+          }).join();
+        }
+      });
+    }
+    for (auto& t : spawners) t.join();
+    for (int c = 0; c < 4; ++c) {
+      std::printf("truth PhaseA<%d> %.6f\ntruth PhaseB<%d> %.6f\n", c,
+                  truth[c][0] / 1e9, c, truth[c][1] / 1e9);
+      truth_cpu += (truth[c][0] + truth[c][1]) / 1e9;
+    }
   } else {
     std::fprintf(stderr, "unknown workload '%s'\n", workload.c_str());
     return 2;

@@ -25,14 +25,30 @@
 //   itimer  one process-wide ITIMER_PROF: the last resort when a thread
 //           timer cannot be created. Signals go to whichever thread runs.
 //
-// Each sample is worth the CPU time the thread used since its previous
-// sample (read from the thread's clock in the handler), so engine
-// precision, timer overruns and late delivery never bias the total: the
-// profile's CPU sum equals the threads' CPU (bench/overhead: the accuracy
-// table). The first sample comes after a random share of min(period, 1 ms)
-// of CPU, so a thread that lives 1-2 ms is still sampled on its real stack;
-// the CPU after a thread's last sample is credited to that last stack when
-// it stops (Profiler: TakeTail).
+// Where samples fall and what they weigh (internal/cpu_lattice.h): the perf
+// and timer engines sample each thread at points of its own CPU time one
+// period apart, the first drawn uniformly in (0, period] of its CPU after
+// arming, and each sample is worth one period per point crossed since the
+// previous one (Go's runtime samples the same way). A thread's expected
+// CPU in the profile is its CPU, on the stacks where it spent it, however
+// little it uses: a thread that lives a tenth of a period has a one-in-ten
+// chance of one sample worth a whole period. A late or coalesced signal
+// loses nothing (the next sample counts every point crossed), and a
+// thread's total differs from its clock by less than one period, with mean
+// zero. Points crossed that no signal took by the time the thread stops
+// (its signal still in flight; for the timer engine, a thread that ended
+// between two scheduler ticks) are credited when it stops (TakeTail), to
+// its last stack or, when it had none, to kTailFrame.
+//
+// The itimer engine keeps its own semantics: the process-wide signal lands
+// on whichever thread runs, and each sample is worth the CPU that thread
+// used since its previous sample.
+//
+// The perf engine's first period can be shorter than the kernel's own
+// delivery of a signal (measured on a VM: a 10 us period never returned to
+// user space). The event is therefore armed for one overflow only
+// (PERF_EVENT_IOC_REFRESH): the kernel stops it after the first, and the
+// handler restarts it at the steady period.
 //
 // Thread-safety: see sample_provider.h. OnSignal is async-signal-safe.
 // ArmThread and DisarmThread may run for different threads at the same time
@@ -75,11 +91,10 @@ class CpuTimeProvider {
   static constexpr std::array<SampleTypeSpec, 2> kSampleTypes{
       {{"cpu-samples", "count"}, {"cpu-time", "nanoseconds"}}};
   static constexpr size_t kPeriodTypeIndex = 1;
-  // The first sample of a thread comes within this much CPU (or one period
-  // if shorter): threads of a millisecond or two are still seen.
-  static constexpr int64_t kFirstSampleCapNs = 1'000'000;
-  // ... and never within less than this (see FirstPeriod()).
-  static constexpr int64_t kFirstSampleFloorNs = 100'000;
+  // Without PERF_EVENT_IOC_REFRESH, the shortest first period the perf
+  // engine arms (a shorter one could keep the thread in signal delivery
+  // before its handler lengthens it). Kernels since 2.6.31 have it.
+  static constexpr int64_t kPerfFirstPeriodFloorNs = 100'000;
   // Threads are armed and disarmed outside the registry lock (their
   // perf_event_open, fcntl and close system calls).
   static constexpr bool kArmsConcurrently = true;
@@ -105,14 +120,23 @@ class CpuTimeProvider {
     timer_t timer{};
     int perf_fd = -1;
     bool armed = false;
-    // The thread's CPU clock at its last sample. Written by ArmThread before
-    // the timer exists and by the handler after; the kernel orders the two
-    // (timer_settime, then the signal), which ThreadSanitizer cannot see, so
-    // it is a relaxed atomic (a plain load and store on x86-64).
+    // For the handler: the engine whose signals sample the thread (set
+    // before its timer starts) and its period.
+    std::atomic<CpuEngine> signal_engine{CpuEngine::kAuto};
+    int64_t period_ns = 0;
+    // Perf and timer engines: the thread's CPU clock at its next sample
+    // point (internal/cpu_lattice.h). itimer engine: its CPU clock at its
+    // last sample. Written by ArmThread before the timer exists and by the
+    // handler after; the kernel orders the two (timer_settime, then the
+    // signal), which ThreadSanitizer cannot see, so relaxed atomics (plain
+    // loads and stores on x86-64).
+    std::atomic<int64_t> next_due_ns{0};
     std::atomic<int64_t> last_cpu_ns{0};
-    // Perf engine: the steady period the event switches to at its first
-    // overflow (it starts with a short random one); 0 once switched.
-    std::atomic<int64_t> steady_period_ns{0};
+    // Perf engine: armed for one overflow (PERF_EVENT_IOC_REFRESH), which
+    // the kernel signals with POLL_HUP after stopping the event; the
+    // handler then restarts it at the steady period.
+    std::atomic<bool> first_overflow_pending{false};
+    int64_t first_point_ns = 0;  // the thread's CPU clock at that overflow
     bool tail_pending = false;  // armed since the last TakeTail
   };
 
@@ -123,6 +147,19 @@ class CpuTimeProvider {
   static bool OnSignal(ThreadContext& thread, ThreadData& data,
                        const siginfo_t& info,
                        std::span<int64_t> values) noexcept;
+  // On the thread: a sample point its CPU crossed has not been taken yet
+  // (its signal is on its way). Perf and timer engines.
+  static bool OwesSample(ThreadContext& thread, const ThreadData& data) noexcept;
+  // In the handler of another provider's sample of the thread (a wall
+  // sample; sample_provider.h: TakesSwallowedSignals): the points the
+  // thread's CPU crossed that no CPU signal took yet are taken by that
+  // sample's stack. SIGPROF is not queued, so a CPU signal raised while a
+  // wall signal was pending was discarded; one still pending finds nothing
+  // left and records nothing. It also restarts a perf event stopped after
+  // its first overflow whose signal was discarded that way.
+  // Async-signal-safe.
+  static bool TakeSwallowed(ThreadContext& thread, ThreadData& data,
+                            std::span<int64_t> values) noexcept;
   // CPU used since the last sample: {0 samples, nanoseconds}.
   bool TakeTail(ThreadContext& thread, ThreadData& data,
                 std::span<int64_t> values);
@@ -145,6 +182,7 @@ class CpuTimeProvider {
   absl::Status ArmPerf(ThreadContext& thread, ThreadData& data, int tag);
   absl::Status ArmTimer(ThreadContext& thread, ThreadData& data, int tag);
   absl::Status ArmItimer(ThreadContext& thread, ThreadData& data, int tag);
+  // A thread's first sample point: uniform in (0, period] of its CPU.
   int64_t FirstPeriod();
 
   int64_t period_ns_ = 10'000'000;
@@ -159,11 +197,16 @@ class CpuTimeProvider {
   std::atomic<uint64_t> armed_perf_{0}, armed_timer_{0}, armed_itimer_{0},
       perf_fallbacks_{0};
   std::mutex bitgen_mutex_;
-  absl::BitGen bitgen_;  // first-expiry jitter (bitgen_mutex_)
+  absl::BitGen bitgen_;  // first sample points (bitgen_mutex_)
+  // PERF_EVENT_IOC_REFRESH failed once (a kernel without it): first
+  // periods are then no shorter than kPerfFirstPeriodFloorNs.
+  std::atomic<bool> perf_refresh_failed_{false};
 };
 
 static_assert(SampleProvider<CpuTimeProvider>);
 static_assert(ReportsTail<CpuTimeProvider>);
+static_assert(TakesSwallowedSignals<CpuTimeProvider>);
+static_assert(OwesSamples<CpuTimeProvider>);
 
 }  // namespace inprof
 

@@ -73,11 +73,38 @@ struct DecodedProfile {
                                                     int value_index) const;
 };
 
-// Parses serialized pprof bytes, gzip-compressed or not.
-absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes);
+// What the reader reads and decodes of one profile at most, so that an
+// input that is no profile (/dev/zero), a gzip bomb or millions of empty
+// samples is refused with one error (ResourceExhausted, naming the limit)
+// instead of exhausting memory. The defaults are far above real profiles
+// (inprof's own windows hold thousands of samples, large Go or C++
+// profiles a few hundred thousand); at the defaults a profile may still
+// take a few GiB once decoded.
+struct PprofReadLimits {
+  // Bytes read from the file, gzip-compressed or not.
+  uint64_t max_input_bytes = uint64_t{256} << 20;
+  // Bytes of protobuf once gunzipped.
+  uint64_t max_decoded_bytes = uint64_t{256} << 20;
+  // Samples.
+  uint64_t max_samples = 2'000'000;
+  // Every other entry, together: sample types, mappings, locations,
+  // functions, strings, comments, and the location ids, values, labels and
+  // lines inside samples and locations.
+  uint64_t max_entries = 16'000'000;
+  // Stack frames over all samples, inline frames expanded.
+  uint64_t max_frames = 16'000'000;
+  // Bytes of names and label values copied into the DecodedProfile.
+  uint64_t max_text_bytes = uint64_t{1} << 30;
+};
 
-// Reads and parses the pprof file at `path`. Errors name the path.
-absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path);
+// Parses serialized pprof bytes, gzip-compressed or not.
+absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
+                                           const PprofReadLimits& limits = {});
+
+// Reads and parses the pprof file at `path` (a regular file, a pipe or a
+// device). Errors name the path.
+absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path,
+                                             const PprofReadLimits& limits = {});
 
 }  // namespace inprof
 

@@ -672,9 +672,34 @@ class Profiler final : public internal::ProfilerControl,
           if constexpr (TakesSwallowedSignals<P>) {
             if (provider == I) return;
             int64_t values[kMaxValuesPerProvider];
-            if (P::TakeSwallowed(std::get<I>(slot.data),
+            if (P::TakeSwallowed(slot, std::get<I>(slot.data),
                                  std::span<int64_t>(values, kValueCounts[I]))) {
               PushStackless(slot, I, values, /*blocked=*/false);
+            }
+          }
+        }(),
+        ...);
+  }
+
+  // On the owning thread as it unregisters (ThreadSlotHeader::
+  // before_retire): each provider that OwesSamples and owes one now gets
+  // its signal, handled before the call returns (a signal a thread sends
+  // itself is delivered as the system call returns).
+  static void TakeOwedSamples(internal::ThreadSlotHeader* header) noexcept {
+    Slot* slot = static_cast<Slot*>(header);
+    const uint64_t session = slot->session.load(std::memory_order_acquire);
+    if (session == 0 || session != internal::ActiveSession()) return;
+    TakeOwedEach(*slot, session, std::make_index_sequence<kNumProviders>{});
+  }
+  template <size_t... I>
+  static void TakeOwedEach(Slot& slot, uint64_t session,
+                           std::index_sequence<I...>) noexcept {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (OwesSamples<P>) {
+            if (P::OwesSample(slot, std::get<I>(slot.data))) {
+              internal::SignalThisThread(internal::MakeSignalTag(I, session));
             }
           }
         }(),
@@ -697,7 +722,7 @@ class Profiler final : public internal::ProfilerControl,
           if constexpr (TakesSwallowedSignals<P>) {
             if (provider == I) return;
             int64_t values[kMaxValuesPerProvider];
-            if (!P::TakeSwallowed(std::get<I>(slot.data),
+            if (!P::TakeSwallowed(slot, std::get<I>(slot.data),
                                   std::span<int64_t>(values, kValueCounts[I]))) {
               return;
             }
@@ -1811,6 +1836,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->sample = &SampleThread;
     slot->sample_stackless = &SampleStackless;
     slot->sample_stack_bytes = static_cast<uint32_t>(kHandlerStackBytes);
+    slot->before_retire = &TakeOwedSamples;
     return slot;
   }
   static void ReleaseSlot(Slot* slot) {

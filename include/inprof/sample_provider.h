@@ -143,8 +143,8 @@ concept SamplesRunningThreads = SampleProvider<P> && requires {
 
 // Optional: a provider whose signal to a running thread asks only for the
 // thread's stack at some point after it was sent declares
-// `static bool P::TakeSwallowed(ThreadData&, std::span<int64_t> values)
-// noexcept` (async-signal-safe). The profiling signal is SIGPROF, which the
+// `static bool P::TakeSwallowed(ThreadContext&, ThreadData&,
+// std::span<int64_t> values) noexcept` (async-signal-safe). The profiling signal is SIGPROF, which the
 // kernel does not queue: one sent while another is pending is discarded.
 // The handler of every other provider's sample of the thread calls it, and
 // when it returns true (it had a signal outstanding, and now takes its
@@ -153,8 +153,22 @@ concept SamplesRunningThreads = SampleProvider<P> && requires {
 // wall signal sent to a thread whose CPU timer had just fired.
 template <typename P>
 concept TakesSwallowedSignals = SampleProvider<P> &&
-    requires(typename P::ThreadData& data, std::span<int64_t> values) {
-      { P::TakeSwallowed(data, values) } noexcept -> std::same_as<bool>;
+    requires(ThreadContext& thread, typename P::ThreadData& data,
+             std::span<int64_t> values) {
+      { P::TakeSwallowed(thread, data, values) } noexcept -> std::same_as<bool>;
+    };
+
+// Optional: a provider that can tell, on the thread itself, that it owes the
+// thread a sample now (a sample point passed whose signal has not been
+// handled yet) declares `static bool P::OwesSample(ThreadContext&,
+// const ThreadData&) noexcept`. When the thread unregisters itself, the
+// profiler then signals it once more with that provider's tag, so the
+// sample is taken on its stack (moments before it leaves) instead of
+// going to kTailFrame with its tail.
+template <typename P>
+concept OwesSamples = SampleProvider<P> &&
+    requires(ThreadContext& thread, const typename P::ThreadData& data) {
+      { P::OwesSample(thread, data) } noexcept -> std::same_as<bool>;
     };
 
 // The frame that tail values are credited to.

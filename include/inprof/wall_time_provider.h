@@ -246,7 +246,8 @@ class WallTimeProvider {
   // sample's stack, labelled running. Not for a signal sent to a blocked
   // thread: its sample begins an episode, and it is sent again after
   // kSignalLostAfterNs. Async-signal-safe.
-  static bool TakeSwallowed(ThreadData& data, std::span<int64_t> values) noexcept {
+  static bool TakeSwallowed(ThreadContext&, ThreadData& data,
+                            std::span<int64_t> values) noexcept {
     if (data.pending_wall_ns.load(std::memory_order_acquire) <= 0 ||
         data.signal_blocked.load(std::memory_order_relaxed)) {
       return false;

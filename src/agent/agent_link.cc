@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <fcntl.h>
@@ -104,9 +105,6 @@ absl::StatusOr<std::string> SpawnAgent(const Options& options, int timeout_ms) {
         "INPROF_AGENT=spawn: cannot run '", binary, "': ", std::strerror(spawned),
         " (INPROF_AGENT_BINARY names the inprof tool to run)"));
   }
-  int status = 0;
-  while (waitpid(middle, &status, 0) < 0 && errno == EINTR) {
-  }
   // The agent's first line is the address it listens on.
   std::string line;
   const auto deadline = absl::Now() + absl::Milliseconds(timeout_ms);
@@ -120,6 +118,21 @@ absl::StatusOr<std::string> SpawnAgent(const Options& options, int timeout_ms) {
     line.push_back(c);
   }
   close(ready[0]);
+  // The child detaches (--daemonize) and exits before the agent listens;
+  // one that is still there by the deadline (a binary that is not inprof,
+  // a hung one) is killed rather than waited for.
+  int status = 0;
+  for (;;) {
+    const pid_t reaped = waitpid(middle, &status, WNOHANG);
+    if (reaped == middle || (reaped < 0 && errno != EINTR)) break;
+    if (reaped == 0 && absl::Now() >= deadline) {
+      kill(middle, SIGKILL);
+      while (waitpid(middle, &status, 0) < 0 && errno == EINTR) {
+      }
+      break;
+    }
+    if (reaped == 0) absl::SleepFor(absl::Milliseconds(2));
+  }
   if (line != "INPROF_AGENT_SOCKET=" + socket) {
     return absl::UnavailableError(absl::StrCat(
         "INPROF_AGENT=spawn: '", binary, "' did not start an agent within ",

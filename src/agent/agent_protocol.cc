@@ -2,16 +2,25 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace inprof::internal {
 namespace {
@@ -271,48 +280,239 @@ absl::StatusOr<UnboundSocket> NewSocket(const AgentSocketAddress& address) {
   auto sa = ToSockaddr(address, s.length);
   if (!sa.ok()) return sa.status();
   s.sa = *sa;
-  s.fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  s.fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s.fd < 0) return absl::InternalError(Errno("agent socket: socket"));
   return s;
 }
-}  // namespace
 
-absl::StatusOr<int> ListenAgentSocket(const AgentSocketAddress& address) {
-  auto s = NewSocket(address);
-  if (!s.ok()) return s.status();
-  const int fd = s->fd;
-  if (bind(fd, s->addr(), s->length) != 0 || listen(fd, 64) != 0) {
-    const std::string error = absl::StrCat(
-        "agent socket \"", address.ToString(), "\": ",
-        errno == EADDRINUSE ? "already in use (another agent listens there?)"
-                            : std::strerror(errno));
-    close(fd);
-    return absl::UnavailableError(error);
-  }
-  return fd;
+int MillisecondsLeft(absl::Time deadline) {
+  const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+  return static_cast<int>(std::clamp<int64_t>(left, 0, INT32_MAX));
 }
 
-absl::StatusOr<int> ConnectAgentSocket(const AgentSocketAddress& address) {
+absl::Time DeadlineIn(int timeout_ms) {
+  return timeout_ms < 0 ? absl::InfiniteFuture()
+                        : absl::Now() + absl::Milliseconds(timeout_ms);
+}
+
+// Waits until `fd` is ready for `events` or `deadline` passes; false then.
+bool WaitFor(int fd, short events, absl::Time deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int timeout =
+        deadline == absl::InfiniteFuture() ? -1 : MillisecondsLeft(deadline);
+    const int ready = poll(&p, 1, timeout);
+    if (ready > 0) return true;
+    if (ready == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+// Whether something listens at `address` (a connect is taken or queued).
+bool SomethingListens(const AgentSocketAddress& address) {
   auto s = NewSocket(address);
-  if (!s.ok()) return s.status();
-  const int fd = s->fd;
+  if (!s.ok()) return false;
   int rc;
   do {
-    rc = connect(fd, s->addr(), s->length);
+    rc = connect(s->fd, s->addr(), s->length);
   } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    const std::string error = absl::StrCat(
-        "agent socket \"", address.ToString(), "\": ",
-        errno == ECONNREFUSED || errno == ENOENT
-            ? "no agent listens there (start one with `inprof agent`)"
-            : std::strerror(errno));
-    close(fd);
-    return absl::UnavailableError(error);
-  }
-  return fd;
+  const bool listens = rc == 0 || errno == EAGAIN || errno == EPROTOTYPE;
+  close(s->fd);
+  return listens;
 }
 
-absl::Status SendAgentMessage(int socket, const AgentMessage& message, int pass_fd) {
+std::string HolderRefusal(uint32_t holder) {
+  return absl::StrFormat(
+      "the socket there is held by uid %u, not by this process's user (uid "
+      "%u) or root, and takes no connection: refusing to wait for it or hand "
+      "it this process's samples",
+      holder, static_cast<unsigned>(getuid()));
+}
+}  // namespace
+
+absl::StatusOr<AgentListener> ListenAgentSocket(const AgentSocketAddress& address) {
+  auto s = NewSocket(address);
+  if (!s.ok()) return s.status();
+  AgentListener listener;
+  listener.fd = s->fd;
+  auto fail = [&](const std::string& why) -> absl::Status {
+    close(listener.fd);
+    return absl::UnavailableError(
+        absl::StrCat("agent socket \"", address.ToString(), "\": ", why));
+  };
+  for (int attempt = 0;; ++attempt) {
+    if (bind(listener.fd, s->addr(), s->length) == 0) break;
+    if (errno != EADDRINUSE) return fail(std::strerror(errno));
+    if (address.abstract) {
+      return fail("already in use (another agent listens there?)");
+    }
+    // A path: a socket file of an agent that ended without removing it
+    // (SIGKILL, a crash) is replaced; nothing else is.
+    struct stat st;
+    if (lstat(address.name.c_str(), &st) != 0) {
+      if (errno == ENOENT && attempt < 3) continue;  // removed meanwhile
+      return fail(std::strerror(errno));
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+      return fail("a file that is not a socket is there (not replaced)");
+    }
+    if (st.st_uid != geteuid()) {
+      return fail(absl::StrFormat(
+          "a socket of uid %u is there (not replaced: this agent runs as uid %u)",
+          static_cast<unsigned>(st.st_uid), static_cast<unsigned>(geteuid())));
+    }
+    if (attempt > 0 || SomethingListens(address)) {
+      return fail("already in use (another agent listens there)");
+    }
+    // Still the same stale socket file right before it is removed.
+    struct stat again;
+    if (lstat(address.name.c_str(), &again) != 0 || again.st_dev != st.st_dev ||
+        again.st_ino != st.st_ino || unlink(address.name.c_str()) != 0) {
+      return fail("already in use (its stale socket could not be replaced)");
+    }
+    listener.replaced_stale = true;
+  }
+  if (listen(listener.fd, 64) != 0) return fail(std::strerror(errno));
+  if (!address.abstract) {
+    struct stat st;
+    if (lstat(address.name.c_str(), &st) == 0) {
+      listener.dev = st.st_dev;
+      listener.ino = st.st_ino;
+    }
+  }
+  return listener;
+}
+
+void RemoveAgentSocket(const AgentSocketAddress& address,
+                       const AgentListener& listener) {
+  if (address.abstract || listener.ino == 0) return;
+  struct stat st;
+  if (lstat(address.name.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+      st.st_dev == listener.dev && st.st_ino == listener.ino) {
+    unlink(address.name.c_str());
+  }
+}
+
+std::optional<uint32_t> AgentSocketHolderUid(const AgentSocketAddress& address) {
+  if (!address.abstract) {
+    struct stat st;
+    if (lstat(address.name.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+      return std::nullopt;
+    }
+    return st.st_uid;
+  }
+  // sock_diag: the listening SOCK_SEQPACKET sockets of this network
+  // namespace, each with its name and owner.
+  const int nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (nl < 0) return std::nullopt;
+  const timeval limit{0, 200'000};  // a kernel that never answers is no answer
+  setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  struct {
+    nlmsghdr header;
+    unix_diag_req request;
+  } query{};
+  query.header.nlmsg_len = sizeof(query);
+  query.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  query.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+  query.request.sdiag_family = AF_UNIX;
+  query.request.udiag_states = 1u << 10;  // TCP_LISTEN
+  query.request.udiag_show = UDIAG_SHOW_NAME | UDIAG_SHOW_UID;
+  std::optional<uint32_t> uid;
+  if (send(nl, &query, sizeof(query), 0) != static_cast<ssize_t>(sizeof(query))) {
+    close(nl);
+    return std::nullopt;
+  }
+  const std::string wanted = std::string(1, '\0') + address.name;
+  std::vector<char> buffer(64 * 1024);
+  // Bounded: a dump of at most 4096 reads (each up to 64 KiB).
+  bool done = false;
+  for (int reads = 0; !done && reads < 4096; ++reads) {
+    const ssize_t n = recv(nl, buffer.data(), buffer.size(), 0);
+    if (n <= 0) break;
+    int left = static_cast<int>(n);
+    for (auto* h = reinterpret_cast<nlmsghdr*>(buffer.data()); NLMSG_OK(h, left);
+         h = NLMSG_NEXT(h, left)) {
+      if (h->nlmsg_type == NLMSG_DONE || h->nlmsg_type == NLMSG_ERROR) {
+        done = true;
+        break;
+      }
+      if (h->nlmsg_len < NLMSG_LENGTH(sizeof(unix_diag_msg))) continue;
+      const auto* msg = static_cast<const unix_diag_msg*>(NLMSG_DATA(h));
+      if (msg->udiag_type != SOCK_SEQPACKET) continue;
+      int attr_left = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof(*msg)));
+      std::optional<std::string> name;
+      std::optional<uint32_t> owner;
+      for (auto* a = reinterpret_cast<rtattr*>(const_cast<unix_diag_msg*>(msg) + 1);
+           RTA_OK(a, attr_left); a = RTA_NEXT(a, attr_left)) {
+        const char* data = static_cast<const char*>(RTA_DATA(a));
+        const size_t size = RTA_PAYLOAD(a);
+        if (a->rta_type == UNIX_DIAG_NAME) {
+          name.emplace(data, size);
+        } else if (a->rta_type == UNIX_DIAG_UID && size >= sizeof(uint32_t)) {
+          uint32_t u;
+          std::memcpy(&u, data, sizeof(u));
+          owner = u;
+        }
+      }
+      if (name == wanted && owner.has_value() && !uid.has_value()) uid = owner;
+    }
+  }
+  close(nl);
+  return uid;
+}
+
+absl::StatusOr<int> ConnectAgentSocket(const AgentSocketAddress& address,
+                                       int timeout_ms) {
+  auto s = NewSocket(address);
+  if (!s.ok()) return s.status();
+  const int fd = s->fd;
+  const absl::Time deadline = DeadlineIn(timeout_ms);
+  auto fail = [&](absl::Status status) {
+    close(fd);
+    return absl::Status(status.code(), absl::StrCat("agent socket \"", address.ToString(),
+                                                    "\": ", status.message()));
+  };
+  bool holder_checked = false;
+  absl::Duration pause = absl::Milliseconds(1);
+  for (;;) {
+    if (connect(fd, s->addr(), s->length) == 0) return fd;
+    if (errno == EINTR) continue;
+    if (errno == EINPROGRESS) {  // not Unix sockets' way, but harmless
+      int error = ETIMEDOUT;
+      socklen_t length = sizeof(error);
+      if (WaitFor(fd, POLLOUT, deadline)) {
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+      }
+      if (error == 0) return fd;
+      errno = error;
+    }
+    if (errno != EAGAIN) {
+      return fail(absl::UnavailableError(
+          errno == ECONNREFUSED || errno == ENOENT
+              ? std::string("no agent listens there (start one with `inprof agent`)")
+              : std::string(std::strerror(errno))));
+    }
+    // Its backlog is full: nobody takes connections there now.
+    if (!holder_checked) {
+      holder_checked = true;
+      const std::optional<uint32_t> holder = AgentSocketHolderUid(address);
+      if (holder.has_value() && *holder != getuid() && *holder != 0) {
+        return fail(absl::PermissionDeniedError(HolderRefusal(*holder)));
+      }
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return fail(absl::DeadlineExceededError(absl::StrCat(
+          "no connection taken within ", timeout_ms,
+          " ms (its backlog is full: the agent is stopped or overloaded)")));
+    }
+    absl::SleepFor(std::min(pause, left));
+    pause = std::min(pause * 2, absl::Milliseconds(50));
+  }
+}
+
+absl::Status SendAgentMessage(int socket, const AgentMessage& message, int pass_fd,
+                              int timeout_ms) {
   const std::string bytes = EncodeAgentMessage(message);
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg{};
@@ -328,56 +528,72 @@ absl::Status SendAgentMessage(int socket, const AgentMessage& message, int pass_
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
   }
-  ssize_t n;
-  do {
-    n = sendmsg(socket, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) {
-    return absl::UnavailableError(
-        errno == EPIPE || errno == ECONNRESET
-            ? std::string("agent connection: the peer is gone")
-            : Errno("agent connection: sendmsg"));
+  const absl::Time deadline = DeadlineIn(timeout_ms);
+  int error = 0;
+  for (;;) {
+    if (sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) return absl::OkStatus();
+    error = errno;
+    if (error == EINTR) continue;
+    if (error != EAGAIN || !WaitFor(socket, POLLOUT, deadline)) break;
   }
-  return absl::OkStatus();
+  return absl::UnavailableError(
+      error == EPIPE || error == ECONNRESET
+          ? std::string("agent connection: the peer is gone")
+      : error == EAGAIN
+          ? absl::StrCat("agent connection: the peer took no message within ",
+                         timeout_ms, " ms")
+          : absl::StrCat("agent connection: sendmsg: ", std::strerror(error)));
 }
 
 absl::StatusOr<AgentMessage> ReceiveAgentMessage(int socket, int timeout_ms,
                                                  int* received_fd) {
   if (received_fd != nullptr) *received_fd = -1;
-  pollfd p{socket, POLLIN, 0};
-  int ready;
-  do {
-    ready = poll(&p, 1, timeout_ms);
-  } while (ready < 0 && errno == EINTR);
-  if (ready < 0) return absl::InternalError(Errno("agent connection: poll"));
-  if (ready == 0) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "agent connection: no message within ", timeout_ms, " ms"));
-  }
+  const absl::Time deadline = DeadlineIn(timeout_ms);
   std::string buffer(kAgentMaxMessageBytes + 1, '\0');
   iovec iov{buffer.data(), buffer.size()};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
   ssize_t n;
-  do {
-    n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
+  bool reset_seen = false;
+  for (;;) {
+    msg = msghdr{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n >= 0) break;
+    if (errno == EINTR) continue;
+    // A peer that closed with this side's message unread leaves a reset
+    // in front of what it sent before it closed: read on once.
+    if (errno == ECONNRESET && !reset_seen) {
+      reset_seen = true;
+      continue;
+    }
+    if (errno != EAGAIN) break;
+    if (reset_seen) {  // the reset was all there was
+      errno = ECONNRESET;
+      break;
+    }
+    if (!WaitFor(socket, POLLIN, deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "agent connection: no message within ", timeout_ms, " ms"));
+    }
+  }
   // Descriptors that came along are ours to close, whatever the message.
   int fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int passed;
-      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (fd < 0 && received_fd != nullptr) {
-        fd = passed;
-      } else {
-        close(passed);
+  if (n >= 0) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (fd < 0 && received_fd != nullptr) {
+          fd = passed;
+        } else {
+          close(passed);
+        }
       }
     }
   }
@@ -386,7 +602,9 @@ absl::StatusOr<AgentMessage> ReceiveAgentMessage(int socket, int timeout_ms,
     return status;
   };
   if (n < 0) {
-    return fail(absl::UnavailableError(Errno("agent connection: recvmsg")));
+    return fail(absl::UnavailableError(
+        errno == ECONNRESET ? std::string("agent connection: the peer closed it")
+                            : Errno("agent connection: recvmsg")));
   }
   if (n == 0) {
     return fail(absl::UnavailableError("agent connection: the peer closed it"));
@@ -413,7 +631,8 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket) {
 absl::StatusOr<AgentConnection> ConnectToAgent(const AgentSocketAddress& address,
                                                const AgentHello& hello,
                                                int timeout_ms) {
-  auto socket = ConnectAgentSocket(address);
+  const absl::Time deadline = DeadlineIn(timeout_ms);
+  auto socket = ConnectAgentSocket(address, timeout_ms);
   if (!socket.ok()) return socket.status();
   AgentConnection connection;
   connection.socket = *socket;
@@ -422,6 +641,7 @@ absl::StatusOr<AgentConnection> ConnectToAgent(const AgentSocketAddress& address
     return absl::Status(status.code(), absl::StrCat("agent socket \"", address.ToString(),
                                                     "\": ", status.message()));
   };
+  // Before anything is sent: whose socket it is.
   auto peer = GetPeerCredentials(connection.socket);
   if (!peer.ok()) return fail(peer.status());
   if (peer->uid != getuid() && peer->uid != 0) {
@@ -430,12 +650,30 @@ absl::StatusOr<AgentConnection> ConnectToAgent(const AgentSocketAddress& address
         "%u): refusing to hand it this process's samples",
         peer->uid, getuid())));
   }
-  if (absl::Status st = SendAgentMessage(connection.socket, hello); !st.ok()) {
-    return fail(st);
-  }
+  const int left = timeout_ms < 0 ? -1 : MillisecondsLeft(deadline);
   int region_fd = -1;
-  auto answer = ReceiveAgentMessage(connection.socket, timeout_ms, &region_fd);
-  if (!answer.ok()) return fail(answer.status());
+  absl::StatusOr<AgentMessage> answer;
+  if (absl::Status st = SendAgentMessage(connection.socket, hello, -1, left); !st.ok()) {
+    // An agent that refused at once (out of descriptors, too many
+    // connections waiting) answered before it closed: its reason beats
+    // "the peer is gone".
+    answer = ReceiveAgentMessage(connection.socket, 0, &region_fd);
+    if (!answer.ok() || !std::holds_alternative<AgentReject>(*answer)) {
+      if (region_fd >= 0) close(region_fd);
+      return fail(st);
+    }
+  } else {
+    answer = ReceiveAgentMessage(
+        connection.socket, timeout_ms < 0 ? -1 : MillisecondsLeft(deadline), &region_fd);
+  }
+  if (!answer.ok()) {
+    if (absl::IsDeadlineExceeded(answer.status())) {
+      return fail(absl::DeadlineExceededError(absl::StrCat(
+          "the agent did not answer within ", timeout_ms,
+          " ms (it is stopped or overloaded)")));
+    }
+    return fail(answer.status());
+  }
   if (const auto* reject = std::get_if<AgentReject>(&*answer)) {
     if (region_fd >= 0) close(region_fd);
     return fail(absl::PermissionDeniedError(

@@ -1,10 +1,12 @@
 #include "src/agent/agent_server.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,14 +17,62 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "inprof/internal/log.h"
 #include "inprof/symbolizer.h"
 #include "src/agent/agent_session.h"
 
 namespace inprof::agent {
+namespace {
+
+// Descriptors a process about to be served will hold: its connection, its
+// region, one per file it maps (its symbolizer keeps them open) and about
+// as many again once it is symbolized (libdw's copy of each, debug files).
+// A compiler process maps ~10 files and held ~24 (the measurement).
+constexpr int kFdsPerProcess = 32;
+
+// How long the listening socket goes unwatched when a connection cannot be
+// accepted at all (no descriptor, not even the spare).
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+
+// The descriptors open in this process, and its limit.
+struct FdUsage {
+  int open = 0;
+  int limit = 0;  // INT32_MAX: no limit
+};
+FdUsage Descriptors() {
+  FdUsage usage;
+  rlimit rl{};
+  usage.limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < INT32_MAX
+                    ? static_cast<int>(rl.rlim_cur)
+                    : INT32_MAX;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) {
+    // Out of descriptors, or no /proc: count none free.
+    usage.open = errno == EMFILE ? usage.limit : 0;
+    return usage;
+  }
+  while (readdir(dir) != nullptr) ++usage.open;
+  closedir(dir);
+  usage.open -= 3;  // ".", ".." and the directory's own
+  return usage;
+}
+
+bool UidAllowed(uid_t uid, const std::vector<uid_t>& allowed) {
+  return uid == getuid() || uid == 0 ||
+         std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
+}
+
+std::string NotAllowed(uid_t uid) {
+  return absl::StrFormat(
+      "uid %u may not use this agent (it runs as uid %u; "
+      "`inprof agent --allow-uid %u` serves that user too)",
+      uid, getuid(), uid);
+}
+
+}  // namespace
 
 struct AgentServer::Client {
   int fd = -1;
-  int region_fd = -1;
   internal::PeerCredentials peer;
   std::chrono::steady_clock::time_point accepted;
   bool welcomed = false;
@@ -37,15 +87,18 @@ AgentServer::~AgentServer() { Stop(); }
 
 absl::Status AgentServer::Start() {
   if (thread_.joinable()) return absl::OkStatus();
-  auto fd = internal::ListenAgentSocket(options_.address);
-  if (!fd.ok()) return fd.status();
-  listen_fd_ = *fd;
+  auto listener = internal::ListenAgentSocket(options_.address);
+  if (!listener.ok()) return listener.status();
+  listener_ = *listener;
   wake_fd_ = eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) {
-    close(listen_fd_);
-    listen_fd_ = -1;
-    return absl::InternalError(absl::StrCat("agent: eventfd: ", std::strerror(errno)));
+    const std::string error = std::strerror(errno);
+    close(listener_.fd);
+    internal::RemoveAgentSocket(options_.address, listener_);
+    listener_ = {};
+    return absl::InternalError(absl::StrCat("agent: eventfd: ", error));
   }
+  spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   thread_ = std::thread([this] { Serve(); });
   if (options_.profile && !options_.profile_options.http_addr.empty()) StartEndpoint();
   return absl::OkStatus();
@@ -116,15 +169,17 @@ void AgentServer::Stop() {
   (void)!write(wake_fd_, &one, sizeof(one));
   thread_.join();
   close(wake_fd_);
-  close(listen_fd_);
-  wake_fd_ = listen_fd_ = -1;
+  // The socket file goes first: a new agent may bind the path at once.
+  internal::RemoveAgentSocket(options_.address, listener_);
+  close(listener_.fd);
+  if (spare_fd_ >= 0) close(spare_fd_);
+  wake_fd_ = listener_.fd = spare_fd_ = -1;
   std::vector<std::pair<Client*, std::thread>> finishers;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& c : clients_) {
       if (c->fd >= 0) close(c->fd);
-      if (c->region_fd >= 0) close(c->region_fd);
-      c->fd = c->region_fd = -1;
+      c->fd = -1;
       if (c->process.connected) FinishLocked(*c);  // their last windows
       c->process.connected = false;
     }
@@ -193,7 +248,32 @@ std::vector<AgentProcess> AgentServer::Processes() const {
 }
 
 void AgentServer::Log(const std::string& line) const {
-  if (options_.log != nullptr) options_.log(line);
+  // Lines carry what peers say (program names, tags): one line each, no
+  // terminal control.
+  if (options_.log != nullptr) options_.log(internal::EscapeForLog(line));
+}
+
+void AgentServer::LogLimited(const std::string& line) {
+  FlushLimitedLog();
+  if (limited_lines_ < 10) {
+    ++limited_lines_;
+    Log(line);
+  } else {
+    ++limited_suppressed_;
+  }
+}
+
+void AgentServer::FlushLimitedLog() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - limited_since_ < std::chrono::seconds(1)) return;
+  if (limited_suppressed_ > 0) {
+    Log(absl::StrCat("agent: ", limited_suppressed_,
+                     " more lines like the last (connections refused or not "
+                     "accepted) in the last second were not logged"));
+  }
+  limited_since_ = now;
+  limited_lines_ = 0;
+  limited_suppressed_ = 0;
 }
 
 void AgentServer::LogEvent(const std::string& line) const {
@@ -206,8 +286,12 @@ void AgentServer::Serve() {
   for (;;) {
     fds.clear();
     polled.clear();
+    const auto before = std::chrono::steady_clock::now();
+    // Not watched while accepting is paused: poll would report it ready at
+    // once, again and again.
+    const bool accepting = before >= accept_paused_until_;
     fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({listener_.fd, static_cast<short>(accepting ? POLLIN : 0), 0});
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto& c : clients_) {
@@ -219,14 +303,20 @@ void AgentServer::Serve() {
     // Rings are read every 20 ms (a 1 MiB ring holds over a second of a
     // busy process's samples); with no process connected the agent only
     // waits (the timeout then bounds a handshake's wait for its hello).
-    const int ready = poll(fds.data(), fds.size(),
-                           options_.profile && !polled.empty() ? 20 : 100);
+    int timeout = options_.profile && !polled.empty() ? 20 : 100;
+    if (!accepting) {
+      const auto paused = std::chrono::duration_cast<std::chrono::milliseconds>(
+          accept_paused_until_ - before);
+      timeout = std::min<int>(timeout, static_cast<int>(paused.count()) + 1);
+    }
+    const int ready = poll(fds.data(), fds.size(), timeout);
     if (ready < 0 && errno != EINTR) {
       Log(absl::StrCat("agent: poll: ", std::strerror(errno)));
       return;
     }
     if ((fds[0].revents & POLLIN) != 0) return;
     if ((fds[1].revents & POLLIN) != 0) Accept();
+    FlushLimitedLog();
     const auto now = std::chrono::steady_clock::now();
     if (options_.profile) {
       std::vector<std::shared_ptr<AgentSession>> sessions;
@@ -248,6 +338,7 @@ void AgentServer::Serve() {
         // Version 1 says nothing after its hello: the process is gone, or
         // it speaks garbage.
         auto message = internal::ReceiveAgentMessage(c.fd, 0);
+        if (absl::IsDeadlineExceeded(message.status())) continue;  // nothing after all
         std::lock_guard<std::mutex> lock(mutex_);
         if (message.ok() || absl::IsUnavailable(message.status())) {
           LogEvent(absl::StrFormat("agent: pid %d (%s) disconnected", c.peer.pid,
@@ -265,41 +356,145 @@ void AgentServer::Serve() {
         Refuse(c, absl::StrCat("no hello within ", options_.handshake_timeout_ms, " ms"));
       }
     }
-    // Connections that never became a process are forgotten.
     std::lock_guard<std::mutex> lock(mutex_);
     ReapLocked(/*all=*/false);
+    // Connections that never became a process are forgotten, and so are
+    // the oldest finished processes beyond max_finished_kept.
+    auto done = [](const std::unique_ptr<Client>& c) {
+      return c->welcomed && c->fd < 0 && c->finished.load() && c->session == nullptr;
+    };
+    size_t finished = 0;
+    if (options_.max_finished_kept > 0) {
+      finished = static_cast<size_t>(std::count_if(clients_.begin(), clients_.end(), done));
+    }
     clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
-                                  [](const std::unique_ptr<Client>& c) {
-                                    return c->fd < 0 && !c->welcomed;
+                                  [&](const std::unique_ptr<Client>& c) {
+                                    if (c->fd < 0 && !c->welcomed) return true;
+                                    if (options_.max_finished_kept > 0 &&
+                                        finished > options_.max_finished_kept && done(c)) {
+                                      --finished;
+                                      return true;
+                                    }
+                                    return false;
                                   }),
                    clients_.end());
   }
 }
 
 void AgentServer::Accept() {
-  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  auto client = std::make_unique<Client>();
-  client->fd = fd;
-  client->accepted = std::chrono::steady_clock::now();
+  // A burst of connections (a build starting) is taken in one go, a flood
+  // a bounded part at a time.
+  for (int taken = 0; taken < 64; ++taken) {
+    int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      Admit(fd);
+      continue;
+    }
+    const int error = errno;
+    if (error == EAGAIN || error == EWOULDBLOCK) return;
+    if (error == EINTR || error == ECONNABORTED || error == EPROTO) continue;
+    if ((error == EMFILE || error == ENFILE) && spare_fd_ >= 0) {
+      // Out of descriptors: the spare makes room for the connection, which
+      // is refused (its process then profiles itself), and is taken back.
+      close(spare_fd_);
+      spare_fd_ = -1;
+      fd = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        auto peer = internal::GetPeerCredentials(fd);
+        const rlimit limit = [] {
+          rlimit rl{};
+          getrlimit(RLIMIT_NOFILE, &rl);
+          return rl;
+        }();
+        RefuseNow(fd, peer.ok() ? *peer : internal::PeerCredentials{},
+                  absl::StrFormat("the agent is out of file descriptors (%s; "
+                                  "its limit is %d)",
+                                  std::strerror(error),
+                                  static_cast<int>(limit.rlim_cur)));
+      }
+      spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) continue;
+    }
+    // No way to take the connection now: the socket is left alone for a
+    // while (it would read as ready at once, forever).
+    accept_paused_until_ = std::chrono::steady_clock::now() + kAcceptPause;
+    LogLimited(absl::StrCat("agent: cannot accept connections: ", std::strerror(error),
+                            "; trying again in ", kAcceptPause.count(), " ms"));
+    return;
+  }
+}
+
+void AgentServer::Admit(int fd) {
   auto peer = internal::GetPeerCredentials(fd);
   if (!peer.ok()) {
-    Log(absl::StrCat("agent: ", peer.status().message()));
+    LogLimited(absl::StrCat("agent: ", peer.status().message()));
     close(fd);
     return;
   }
+  // Another user's process is refused now, never kept waiting for its
+  // hello: a flood of them holds no descriptor here.
+  if (!UidAllowed(peer->uid, options_.allowed_uids)) {
+    RefuseNow(fd, *peer, NotAllowed(peer->uid));
+    return;
+  }
+  int pending = 0, pending_uid = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& c : clients_) {
+      if (c->welcomed || c->fd < 0) continue;
+      ++pending;
+      pending_uid += c->peer.uid == peer->uid;
+    }
+  }
+  if (pending_uid >= kMaxPendingPerUid || pending >= kMaxPending) {
+    RefuseNow(fd, *peer,
+              absl::StrFormat("too many connections wait for their hello (%d of "
+                              "uid %u, %d in all; at most %d and %d)",
+                              pending_uid, peer->uid, pending, kMaxPendingPerUid,
+                              kMaxPending));
+    return;
+  }
+  auto client = std::make_unique<Client>();
+  client->fd = fd;
+  client->accepted = std::chrono::steady_clock::now();
   client->peer = *peer;
   std::lock_guard<std::mutex> lock(mutex_);
   clients_.push_back(std::move(client));
 }
 
+void AgentServer::RefuseNow(int fd, const internal::PeerCredentials& peer,
+                            const std::string& reason) {
+  refused_.fetch_add(1);
+  LogLimited(absl::StrFormat("agent: refused pid %d (uid %u): %s", peer.pid,
+                             peer.uid, reason));
+  // What it sent is read first: a socket closed with unread data resets,
+  // and the process would read the reset before the reason (it reads on
+  // past one, ReceiveAgentMessage, but an older one would not).
+  char sink[256];
+  for (int i = 0; i < 4 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+  (void)internal::SendAgentMessage(fd, internal::AgentReject{reason});
+  close(fd);
+}
+
 void AgentServer::Refuse(Client& client, const std::string& reason) {
   refused_.fetch_add(1);
-  Log(absl::StrFormat("agent: refused pid %d (uid %u): %s", client.peer.pid,
-                      client.peer.uid, reason));
+  LogLimited(absl::StrFormat("agent: refused pid %d (uid %u): %s", client.peer.pid,
+                             client.peer.uid, reason));
   (void)internal::SendAgentMessage(client.fd, internal::AgentReject{reason});
   close(client.fd);
   client.fd = -1;
+}
+
+std::string AgentServer::DescriptorShortage(int connected, int needed) const {
+  const FdUsage fds = Descriptors();
+  if (fds.limit == INT32_MAX || fds.open + needed + kFdReserve <= fds.limit) {
+    return "";
+  }
+  return absl::StrFormat(
+      "the agent is near its descriptor limit (%d of %d open, serving %d "
+      "processes; it keeps %d free for them and needs about %d for a new one)",
+      fds.open, fds.limit, connected, kFdReserve, kFdsPerProcess);
 }
 
 void AgentServer::Handshake(Client& client) {
@@ -312,26 +507,32 @@ void AgentServer::Handshake(Client& client) {
       client.fd = -1;
       return;
     }
+    if (absl::IsDeadlineExceeded(message.status())) return;  // not yet after all
     Refuse(client, std::string(message.status().message()));
     return;
   }
   // Refused after its hello is read: closing a socket with unread data
   // resets it, and the process would see "connection reset" instead of
   // the reason.
-  const uid_t self = getuid();
-  const uid_t uid = client.peer.uid;
-  if (uid != self && uid != 0 &&
-      std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
-                uid) == options_.allowed_uids.end()) {
-    Refuse(client, absl::StrFormat(
-                       "uid %u may not use this agent (it runs as uid %u; "
-                       "`inprof agent --allow-uid %u` serves that user too)",
-                       uid, self, uid));
+  if (!UidAllowed(client.peer.uid, options_.allowed_uids)) {  // checked at accept
+    Refuse(client, NotAllowed(client.peer.uid));
     return;
   }
   const auto* hello = std::get_if<internal::AgentHello>(&*message);
   if (hello == nullptr) {
     Refuse(client, "the first message must be a hello");
+    return;
+  }
+  int connected = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& c : clients_) connected += c->process.connected;
+  }
+  // Serving a process that would run the agent out of descriptors loses
+  // its profile (and others'); it is told, and profiles itself.
+  if (std::string shortage = DescriptorShortage(connected, kFdsPerProcess);
+      !shortage.empty()) {
+    Refuse(client, shortage);
     return;
   }
   const uint64_t bytes = uint64_t{hello->max_threads} * hello->ring_bytes;
@@ -350,22 +551,38 @@ void AgentServer::Handshake(Client& client) {
   // The process's symbolizer is made now, while the process waits for its
   // welcome and so is certainly alive: its maps are read and its mapped
   // files opened (kept open: a process that lives a millisecond is still
-  // symbolized).
+  // symbolized). A process the agent could not profile (its maps
+  // unreadable, its region unmappable, the agent short of descriptors
+  // after opening its files) is refused rather than welcomed into a
+  // session that would never write its profile.
   std::shared_ptr<AgentSession> session;
   if (options_.profile) {
     auto symbolizer = Symbolizer::ForProcess(client.peer.pid,
                                              options_.profile_options.symbolize);
+    std::string why;
     if (!symbolizer.ok()) {
-      Log(absl::StrFormat("agent: pid %d: %s", client.peer.pid,
-                          symbolizer.status().message()));
+      why = absl::StrCat("the agent cannot read the process's memory map: ",
+                         symbolizer.status().message());
+    } else if (std::string shortage = DescriptorShortage(connected, 0);
+               !shortage.empty()) {
+      // Its files are open now: what is left must still cover the reserve.
+      why = shortage;
     }
-    internal::AgentHello described = *hello;
-    described.pid = client.peer.pid;
-    session = std::make_shared<AgentSession>(
-        options_.profile_options, described, client.peer.pid, region, bytes,
-        symbolizer.ok() ? std::move(*symbolizer) : nullptr,
-        [this](const std::string& line) { Log(line); },
-        [this](const std::string& line) { LogEvent(line); });
+    if (why.empty()) {
+      internal::AgentHello described = *hello;
+      described.pid = client.peer.pid;
+      session = std::make_shared<AgentSession>(
+          options_.profile_options, described, client.peer.pid, region, bytes,
+          std::move(*symbolizer), [this](const std::string& line) { Log(line); },
+          [this](const std::string& line) { LogEvent(line); });
+      why = session->error();
+    }
+    if (!why.empty()) {
+      session.reset();
+      close(region);
+      Refuse(client, why);
+      return;
+    }
   }
   if (absl::Status st = internal::SendAgentMessage(
           client.fd, internal::AgentWelcome{getpid(), bytes}, region);
@@ -376,8 +593,11 @@ void AgentServer::Handshake(Client& client) {
     client.fd = -1;
     return;
   }
+  // The process has its copy and the session its own: the agent's is not
+  // needed any more.
+  close(region);
+  served_.fetch_add(1);
   std::lock_guard<std::mutex> lock(mutex_);
-  client.region_fd = region;
   client.session = std::move(session);
   client.welcomed = true;
   client.process.hello = *hello;

@@ -9,6 +9,21 @@
 // sends garbage, stalls in its handshake or vanishes is logged and dropped;
 // the agent goes on serving the others.
 //
+// Limits, so that nobody -- another user's connection flood included --
+// makes the agent spin, run out of descriptors or lose a profile silently:
+// a peer of a user the agent does not serve is refused as it is accepted
+// (it never holds a descriptor here); at most kMaxPendingPerUid
+// connections of one user and kMaxPending in all may wait for their
+// hello; a process is refused, with a line saying why, when serving it
+// would leave the agent fewer than kFdReserve descriptors (a connected
+// process holds one per file it maps, and more as it is symbolized); and
+// when accept() fails for want of descriptors, a spare one is given back
+// to take the connection and refuse it (the process then profiles
+// itself), or the socket is not watched for 100 ms, never polled in a
+// loop. Every refused process is told why (a Reject) and falls back.
+// Repeated lines (a flood's) are limited to 10 a second, the rest
+// counted in one line.
+//
 // With `profile` set, each process that describes its profile gets an
 // AgentSession (agent_session.h): its ring is read every 20 ms, aggregated,
 // symbolized from its maps and exported to the sinks of `profile_options`
@@ -30,6 +45,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -55,6 +71,11 @@ struct AgentServerOptions {
   // False: only errors are logged (processes connecting and leaving,
   // and each one's summary, are not).
   bool log_connections = true;
+  // Finished processes whose records Processes() keeps, the oldest
+  // dropped first (served() counts them all); 0: every one (`inprof run`
+  // reports each process's file at the end). A long-running agent keeps a
+  // bounded number.
+  size_t max_finished_kept = 0;
   // Aggregate, symbolize and export what the processes forward.
   bool profile = false;
   // The agent's own (INPROF_*): its sinks, windows, and with http_addr
@@ -88,17 +109,33 @@ class AgentServer {
   AgentServer(const AgentServer&) = delete;
   AgentServer& operator=(const AgentServer&) = delete;
 
+  // At most this many connections of one user, and in all, wait for their
+  // hello at a time; the next are refused at once.
+  static constexpr int kMaxPendingPerUid = 16;
+  static constexpr int kMaxPending = 64;
+  // Descriptors left free for the processes already served (their
+  // symbolizers open debug files as they symbolize, their windows open
+  // output files and upload sockets).
+  static constexpr int kFdReserve = 64;
   // Binds and listens, then serves on a thread of its own. The error names
-  // the address (in use, too long, ...).
+  // the address (in use, too long, ...). A stale socket file at a path (an
+  // agent killed before it removed it) is replaced (ListenAgentSocket).
   absl::Status Start();
+  // Exports the connected processes' last windows and removes the socket
+  // file of a path address.
   void Stop();
 
   const internal::AgentSocketAddress& address() const { return options_.address; }
   // The live endpoint's address ("127.0.0.1:6060"); empty when it is off.
   std::string http_address() const;
   std::vector<AgentProcess> Processes() const;
-  // Connections refused (credentials, version, malformed hello, timeout).
+  // Connections refused (credentials, version, malformed hello, timeout,
+  // limits).
   uint64_t refused() const { return refused_.load(); }
+  // Processes welcomed since Start().
+  uint64_t served() const { return served_.load(); }
+  // Whether Start() replaced a stale socket file.
+  bool replaced_stale_socket() const { return listener_.replaced_stale; }
 
  private:
   struct Client;
@@ -109,17 +146,37 @@ class AgentServer {
   // process's region, symbolizer and aggregate), keeping its counts.
   void ReapLocked(bool all);
   void Accept();
+  // A connection just accepted: kept to wait for its hello, or refused.
+  void Admit(int fd);
   // The client's hello arrived (or did not): welcome it or drop it.
   void Handshake(Client& client);
   void Refuse(Client& client, const std::string& reason);
+  // Refuses a connection that is not a client (yet): its Reject, then
+  // closed.
+  void RefuseNow(int fd, const internal::PeerCredentials& peer,
+                 const std::string& reason);
+  // Why `needed` more descriptors would leave fewer than kFdReserve free;
+  // empty when they would not.
+  std::string DescriptorShortage(int connected, int needed) const;
   void StartEndpoint();
   absl::StatusOr<std::string> Capture(absl::Duration duration, int64_t pid);
   void Log(const std::string& line) const;
   void LogEvent(const std::string& line) const;  // unless !log_connections
+  // At most 10 such lines a second; the rest are counted, and the count
+  // logged when the second is over (FlushLimitedLog).
+  void LogLimited(const std::string& line);
+  void FlushLimitedLog();
 
   AgentServerOptions options_;
-  int listen_fd_ = -1;
+  internal::AgentListener listener_;
   int wake_fd_ = -1;  // eventfd: Stop() wakes the serving thread
+  // Given back when accept() fails for want of descriptors (serving thread).
+  int spare_fd_ = -1;
+  // The listening socket is not watched until then (serving thread).
+  std::chrono::steady_clock::time_point accept_paused_until_{};
+  std::chrono::steady_clock::time_point limited_since_{};  // LogLimited's second
+  int limited_lines_ = 0;
+  uint64_t limited_suppressed_ = 0;
   std::thread thread_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Client>> clients_;  // mutex_
@@ -127,6 +184,7 @@ class AgentServer {
   // the session freed, by the serving loop once done.
   std::vector<std::pair<Client*, std::thread>> finishers_;
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> served_{0};
   std::unique_ptr<internal::DebugEndpoint> endpoint_;
   std::unique_ptr<internal::DebugServer> http_;
 };

@@ -1,12 +1,13 @@
 // `inprof agent [--socket ADDR] [--allow-uid UID]...`: the out-of-process
 // agent of ddprof's design (src/agent/agent_server.h). It listens until
-// SIGINT or SIGTERM, printing the address profiled processes connect to
+// SIGINT, SIGTERM or SIGHUP (then removes a path's socket file), printing the address profiled processes connect to
 // (INPROF_AGENT_SOCKET) and one line per process that connects, leaves or
 // is refused; each process's samples are aggregated, symbolized and
 // exported here (src/agent/agent_session.h), configured by the agent's own
 // INPROF_* / DD_* variables.
 #include <getopt.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/log.h"
 #include "inprof/options.h"
 #include "src/agent/agent_server.h"
 #include "src/cli/command.h"
@@ -34,8 +36,12 @@ const char kAgentHelp[] =
     "the agent aggregates, symbolizes and exports one profile per process\n"
     "and window -- to INPROF_OUTPUT (default here inprof-%p.pb.gz, %p: the\n"
     "profiled process), Datadog or Pyroscope, as the agent's own INPROF_* and\n"
-    "DD_* variables say. Runs until SIGINT or SIGTERM, then exports the last\n"
-    "window of each process still connected.\n"
+    "DD_* variables say. Runs until SIGINT, SIGTERM or SIGHUP, then exports\n"
+    "the last window of each process still connected and removes its socket\n"
+    "file (a stale one, left by an agent that was killed, is replaced at\n"
+    "start). Raises its own descriptor limit to the hard limit; a process it\n"
+    "cannot serve (near that limit, too many connections waiting, another\n"
+    "user) is told why and profiles itself.\n"
     "\n"
     "Options:\n"
     "  -s, --socket=ADDR    where to listen: @NAME (abstract, no file) or a\n"
@@ -57,12 +63,28 @@ const char kAgentHelp[] =
     "  -h, --help           this text\n";
 
 namespace {
+// One line each: what users and peers named (addresses, program names) is
+// escaped.
 void LogLine(const std::string& line) {
-  const std::string out = line + "\n";
+  const std::string out = internal::EscapeForLog(line) + "\n";
   fputs(out.c_str(), stderr);
+}
+void Error(const std::string& message) {
+  PrintError("agent", internal::EscapeForLog(message));
 }
 // The server's lines begin "agent: ".
 void LogServerLine(const std::string& line) { LogLine("inprof " + line); }
+
+// An agent serves many processes, each holding descriptors (its connection,
+// its region, the files its symbolizer keeps open): the soft limit (often
+// 1,024) is raised to the hard one, as servers do. The agent uses poll(),
+// never select(), so descriptors past 1,024 are fine.
+void RaiseDescriptorLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
 }  // namespace
 
 int AgentMain(int argc, char** argv) {
@@ -96,13 +118,18 @@ int AgentMain(int argc, char** argv) {
         socket = optarg;
         break;
       case 'o':
+        if (std::strcmp(optarg, "-") == 0) {
+          PrintError("agent", "--output '-': each process gets a profile file of "
+                              "its own; standard output cannot hold them");
+          return 2;
+        }
         output = optarg;
         break;
       case 'H':
         http = optarg;
         http_given = true;
         if (auto parsed = internal::ParseListenAddress(http); !parsed.ok()) {
-          PrintError("agent", absl::StrCat("--http: ", parsed.status().message()));
+          Error(absl::StrCat("--http: ", parsed.status().message()));
           return 2;
         }
         break;
@@ -115,7 +142,7 @@ int AgentMain(int argc, char** argv) {
       case 'i': {
         double seconds = 0;
         if (!absl::SimpleAtod(optarg, &seconds) || seconds < 0.1 || seconds > 86400) {
-          PrintError("agent", absl::StrCat("--idle-exit \"", optarg,
+          Error(absl::StrCat("--idle-exit \"", optarg,
                                            "\": expected seconds from 0.1 to 86400"));
           return 2;
         }
@@ -125,7 +152,7 @@ int AgentMain(int argc, char** argv) {
       case 'u': {
         uint32_t uid = 0;
         if (!absl::SimpleAtoi(optarg, &uid)) {
-          PrintError("agent", absl::StrCat("--allow-uid \"", optarg,
+          Error(absl::StrCat("--allow-uid \"", optarg,
                                            "\": expected a numeric user id"));
           return 2;
         }
@@ -136,13 +163,13 @@ int AgentMain(int argc, char** argv) {
         fputs(kAgentHelp, stdout);
         return 0;
       default:
-        PrintError("agent", absl::StrCat("unknown option \"", argv[optind - 1],
+        Error(absl::StrCat("unknown option \"", argv[optind - 1],
                                          "\" (inprof agent --help)"));
         return 2;
     }
   }
   if (optind < argc) {
-    PrintError("agent", absl::StrCat("unexpected argument \"", argv[optind],
+    Error(absl::StrCat("unexpected argument \"", argv[optind],
                                      "\" (inprof agent --help)"));
     return 2;
   }
@@ -151,7 +178,7 @@ int AgentMain(int argc, char** argv) {
   } else {
     auto address = internal::ParseAgentSocketAddress(socket);
     if (!address.ok()) {
-      PrintError("agent", std::string(address.status().message()));
+      Error(std::string(address.status().message()));
       return 2;
     }
     options.address = *address;
@@ -161,13 +188,16 @@ int AgentMain(int argc, char** argv) {
     // returns at once, the agent runs on in a session of its own.
     const pid_t child = fork();
     if (child < 0) {
-      PrintError("agent", absl::StrCat("fork: ", std::strerror(errno)));
+      Error(absl::StrCat("fork: ", std::strerror(errno)));
       return 1;
     }
     if (child > 0) _exit(0);
     setsid();
   }
   options.log = &LogServerLine;
+  // A long-running agent forgets the oldest of the processes it served
+  // (their counts stay in `served`).
+  options.max_finished_kept = 1024;
   // The processes' profiles: the agent's own configuration. Each process
   // writes its own file unless told otherwise.
   options.profile = true;
@@ -179,17 +209,25 @@ int AgentMain(int argc, char** argv) {
     options.profile_options.output = "inprof-%p.pb.gz";
   }
   if (http_given) options.profile_options.http_addr = http;
-  // Wait for SIGINT/SIGTERM synchronously; the serving thread (created
-  // after this) inherits the mask.
+  RaiseDescriptorLimit();
+  // Wait for SIGINT/SIGTERM/SIGHUP synchronously (each ends the agent the
+  // same clean way: last windows, socket file removed); the serving thread
+  // (created after this) inherits the mask.
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   agent::AgentServer server(options);
   if (absl::Status st = server.Start(); !st.ok()) {
-    PrintError("agent", std::string(st.message()));
+    Error(std::string(st.message()));
     return 1;
+  }
+  if (server.replaced_stale_socket()) {
+    LogLine(absl::StrCat("inprof agent: replaced the stale socket at ",
+                         options.address.ToString(),
+                         " (nothing listened there: an agent that was killed?)"));
   }
   if (options.log_connections) {
     LogLine(absl::StrCat("inprof agent: listening on ", options.address.ToString(),
@@ -225,7 +263,7 @@ int AgentMain(int argc, char** argv) {
                          sig != 0 ? absl::StrCat("by signal ", sig)
                                   : absl::StrCat("after ", absl::FormatDuration(idle_exit),
                                                  " without a process"),
-                         "; served ", server.Processes().size(), " processes, refused ",
+                         "; served ", server.served(), " processes, refused ",
                          server.refused()));
   }
   return 0;

@@ -3,7 +3,6 @@
 // not) and share their options (sample type, thread, label, output); the
 // computations are in src/report/report.h.
 #include <getopt.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "inprof/sink.h"
 #include "src/cli/command.h"
 #include "src/report/report.h"
 
@@ -191,8 +191,9 @@ std::string DefaultOutput(const std::string& input, const char* suffix) {
   return stem + suffix;
 }
 
-// Writes `text` to `path` ("-": standard output) through a temporary file
-// renamed over it, so that a reader never sees half a page.
+// Writes `text` to `path` ("-": standard output) with inprof's one file
+// writer (a reader never sees half a page; a device or FIFO is written into,
+// a link is refused: see sink.h).
 absl::Status Write(const std::string& path, const std::string& text) {
   if (path == "-") {
     if (fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
@@ -202,26 +203,7 @@ absl::Status Write(const std::string& path, const std::string& text) {
     }
     return absl::OkStatus();
   }
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  FILE* f = fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot write '", path, "': ",
-                                            std::strerror(errno)));
-  }
-  const bool ok = fwrite(text.data(), 1, text.size(), f) == text.size();
-  const int saved = errno;
-  if (fclose(f) != 0 || !ok) {
-    unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write '", path, "': ",
-                                            std::strerror(ok ? errno : saved)));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write '", path, "': ",
-                                            std::strerror(e)));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, text);
 }
 
 // Loads the input and resolves the sample type; prints the error.

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -34,6 +36,7 @@
 #include "inprof/options.h"
 #include "src/agent/agent_server.h"
 #include "src/cli/command.h"
+#include "src/run/auto_profiler.h"
 
 #ifndef INPROF_PRELOAD_NAME
 #define INPROF_PRELOAD_NAME "libinprof_preload.so"
@@ -61,6 +64,8 @@ const char kRunHelp[] =
     "  -o, --output=PATTERN    profile path; %p: process id, %t: window start\n"
     "                          (default inprof-%p.pb.gz, inprof-%p-%t.pb.gz\n"
     "                          with --export-period)           INPROF_OUTPUT\n"
+    "                          without %p, only CMD writes PATTERN; the\n"
+    "                          processes it starts write PATTERN_<pid>\n"
     "      --period=DURATION   CPU time between samples, 1ms to 1h (10ms)\n"
     "                                                          INPROF_CPU_PERIOD\n"
     "      --wall-period=DURATION  wall-time sampling period (10ms)\n"
@@ -323,6 +328,10 @@ int RunMain(int argc, char** argv) {
     switch (c) {
       case 'o':
         if (*optarg == '\0') return Usage("--output: expected a file path");
+        if (std::strcmp(optarg, "-") == 0) {
+          return Usage("--output '-': each process writes a profile file of its "
+                       "own; standard output cannot hold them");
+        }
         s.env["INPROF_OUTPUT"] = optarg;
         break;
       case 'P':
@@ -413,6 +422,10 @@ int RunMain(int argc, char** argv) {
   if (auto it = s.env.find("INPROF_OUTPUT"); it != s.env.end()) {
     output = it->second;
   } else if (const char* o = getenv("INPROF_OUTPUT"); o != nullptr && *o) {
+    if (std::strcmp(o, "-") == 0) {
+      return Usage("INPROF_OUTPUT='-': each process writes a profile file of "
+                   "its own; standard output cannot hold them");
+    }
     output = o;
   } else {
     const std::string& period = s.env.count("INPROF_EXPORT_PERIOD")
@@ -423,7 +436,23 @@ int RunMain(int argc, char** argv) {
   if (output[0] != '/') output = absl::StrCat(CurrentDir(), "/", output);
   s.env["INPROF_OUTPUT"] = output;
   const std::string out_dir = Dirname(output);
-  if (access(out_dir.c_str(), W_OK) != 0) {
+  // A FIFO or character device (/dev/null) is written into, not replaced:
+  // its directory need not be writable.
+  struct stat out_st;
+  const bool exists = lstat(output.c_str(), &out_st) == 0;
+  if (exists && !S_ISREG(out_st.st_mode) && !S_ISCHR(out_st.st_mode) &&
+      !S_ISFIFO(out_st.st_mode)) {
+    PrintError(kCmd, absl::StrCat("cannot write profiles to '", output, "': it is ",
+                                  S_ISLNK(out_st.st_mode)  ? "a symbolic link"
+                                  : S_ISDIR(out_st.st_mode) ? "a directory"
+                                                            : "not a regular file",
+                                  ", which inprof neither writes through nor replaces"));
+    return 1;
+  }
+  const bool special_output = exists &&
+                              (S_ISCHR(out_st.st_mode) || S_ISFIFO(out_st.st_mode)) &&
+                              access(output.c_str(), W_OK) == 0;
+  if (!special_output && access(out_dir.c_str(), W_OK) != 0) {
     PrintError(kCmd, absl::StrCat("cannot write profiles to '", out_dir,
                                   "': ", strerror(errno)));
     return 1;
@@ -504,6 +533,9 @@ int RunMain(int argc, char** argv) {
     signal(SIGHUP, SIG_DFL);
     for (const auto& [k, v] : s.env) setenv(k.c_str(), v.c_str(), 1);
     for (const std::string& k : s.unset) unsetenv(k.c_str());
+    // CMD is the tree's first process: the one that writes an output
+    // pattern without %p as given (run::OutputPatternForThisProcess).
+    setenv(run::kFirstPidVariable, absl::StrCat(getpid()).c_str(), 1);
     execv(path->c_str(), argv + optind);
     const int err = errno;
     PrintError(kCmd, absl::StrCat("cannot execute '", cmd, "': ", strerror(err)));
@@ -531,33 +563,53 @@ int RunMain(int argc, char** argv) {
     // A process that exec'd, or whose program started a profiler of its
     // own after the preload's stepped aside, connected more than once; the
     // file holds what its last connection exported (as without an agent).
+    // Without %p in the pattern, the agent writes every process to the
+    // same path: the line says whose profiles the last one replaced.
     std::vector<std::string> order;
     std::map<std::string, agent::AgentProcess> by_path;
+    std::map<std::string, std::vector<std::string>> replaced;
     for (const agent::AgentProcess& p : agent_server->Processes()) {
       if (p.profiles == 0) continue;
-      if (!by_path.count(p.output)) order.push_back(p.output);
+      if (!by_path.count(p.output)) {
+        order.push_back(p.output);
+      } else if (by_path[p.output].hello.pid != p.hello.pid) {
+        replaced[p.output].push_back(absl::StrCat(by_path[p.output].hello.pid));
+      }
       by_path[p.output] = p;
     }
     for (const std::string& path : order) {
       const agent::AgentProcess& p = by_path[path];
       ++written;
       if (!s.quiet) {
+        std::string note;
+        if (p.profiles > 1) absl::StrAppend(&note, "; ", p.profiles, " windows");
+        if (auto it = replaced.find(path); it != replaced.end()) {
+          absl::StrAppend(&note, "; it replaced the profile of pid ",
+                          absl::StrJoin(it->second, ", pid "));
+        }
         fprintf(stderr, "inprof run: wrote %s (pid %d, %s%s)\n", path.c_str(),
-                static_cast<int>(p.hello.pid), p.hello.program.c_str(),
-                p.profiles > 1 ? absl::StrCat("; ", p.profiles, " windows").c_str()
-                               : "");
+                static_cast<int>(p.hello.pid), p.hello.program.c_str(), note.c_str());
       }
     }
   }
 
-  // The report: one line per profile, in the order they were written, and
-  // the processes that started profiling (or could not).
+  // The report: one line per profile written, in order, and the processes
+  // that started profiling (or could not, or failed to write). A file
+  // written more than once (each window without %t in the pattern, or a
+  // process that replaced another's) holds the last: it is listed once,
+  // saying so. A FIFO or device (/dev/null) took every write: each is
+  // listed.
   std::vector<ReportedProcess> unwritten;  // started, no profile
   std::map<std::string, std::string> off;  // pid -> why
   bool child_started = false;
   if (FILE* f = fopen(report.c_str(), "re"); f != nullptr) {
-    std::map<std::string, ReportedProcess> started;
+    struct Write {
+      std::string pid, comm;
+    };
     std::vector<std::string> order;
+    std::map<std::string, std::vector<Write>> files;
+    std::map<std::string, ReportedProcess> started;
+    std::vector<std::string> started_order;
     char line[PATH_MAX + 1024];
     while (fgets(line, sizeof(line), f) != nullptr) {
       std::vector<std::string> parts =
@@ -565,7 +617,7 @@ int RunMain(int argc, char** argv) {
       if (parts.size() < 3) continue;
       if (parts[1] == absl::StrCat(child)) child_started = true;
       if (parts[0] == "started") {
-        if (!started.count(parts[1])) order.push_back(parts[1]);
+        if (!started.count(parts[1])) started_order.push_back(parts[1]);
         started[parts[1]] = ReportedProcess{parts[1], parts[2], false};
         continue;
       }
@@ -574,22 +626,53 @@ int RunMain(int argc, char** argv) {
         continue;
       }
       if (parts[0] == "failed") {
-        if (!started.count(parts[1])) order.push_back(parts[1]);
+        if (!started.count(parts[1])) started_order.push_back(parts[1]);
         ReportedProcess& p = started[parts[1]];
         p.pid = parts[1];
         p.command = parts[2];
         p.failed = true;
         continue;
       }
-      ++written;
       started[parts[1]].wrote = true;
-      if (!s.quiet) {
-        fprintf(stderr, "inprof run: wrote %s (pid %s, %s)\n",
-                parts[0].c_str(), parts[1].c_str(), parts[2].c_str());
-      }
+      std::vector<Write>& writes = files[parts[0]];
+      if (writes.empty()) order.push_back(parts[0]);
+      writes.push_back({parts[1], parts[2]});
     }
     fclose(f);
-    for (const std::string& pid : order) {
+    for (const std::string& path : order) {
+      const std::vector<Write>& writes = files[path];
+      struct stat st;
+      const bool special = lstat(path.c_str(), &st) == 0 &&
+                           (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+      ++written;
+      if (s.quiet) continue;
+      if (special) {
+        for (const Write& w : writes) {
+          fprintf(stderr, "inprof run: wrote %s (pid %s, %s)\n", path.c_str(),
+                  w.pid.c_str(), w.comm.c_str());
+        }
+        continue;
+      }
+      const Write& last = writes.back();
+      std::vector<std::string> replaced;  // other processes' profiles
+      for (const Write& w : writes) {
+        if (w.pid != last.pid &&
+            std::find(replaced.begin(), replaced.end(), w.pid) == replaced.end()) {
+          replaced.push_back(w.pid);
+        }
+      }
+      std::string note;
+      if (!replaced.empty()) {
+        note = absl::StrCat("; it replaced the profile of pid ",
+                            absl::StrJoin(replaced, ", pid "));
+      } else if (writes.size() > 1) {
+        note = absl::StrCat("; the last of ", writes.size(),
+                            " windows, each replacing the one before");
+      }
+      fprintf(stderr, "inprof run: wrote %s (pid %s, %s%s)\n", path.c_str(),
+              last.pid.c_str(), last.comm.c_str(), note.c_str());
+    }
+    for (const std::string& pid : started_order) {
       if (!started[pid].wrote) unwritten.push_back(started[pid]);
     }
   }

@@ -198,6 +198,13 @@ Options Options::FromLookup(const Lookup& lookup,
                  "INPROF_OUTPUT='", absl::CHexEscape(v),
                  "': expected a file path")),
              options.output);
+    } else if (absl::string_view(v) == "-") {
+      // Descriptor 1 may no longer be the program's standard output (it may
+      // have closed it and reused the number): never written blindly.
+      report(absl::InvalidArgumentError(
+                 "INPROF_OUTPUT='-': expected a file path (profiles are not "
+                 "written to standard output)"),
+             options.output);
     } else {
       options.output = v;
     }

@@ -1,5 +1,8 @@
 // pprof decoding with inprof's own wire reader (no protobuf runtime),
-// gunzip with zlib.
+// gunzip with zlib. Everything read and decoded is bounded by
+// PprofReadLimits (pprof_reader.h): the bytes read and inflated are checked
+// as they come, the counts of entries in a first pass that allocates
+// nothing, and the frames and names copied before they are.
 
 #include "inprof/pprof_reader.h"
 
@@ -10,7 +13,6 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,7 +34,19 @@ bool IsGzip(std::string_view bytes) {
          static_cast<unsigned char>(bytes[1]) == 0x8b;
 }
 
-absl::StatusOr<std::string> Gunzip(std::string_view bytes) {
+// "256 MiB" for whole mebibytes, else "N bytes".
+std::string Bytes(uint64_t n) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  if (n >= kMiB && n % kMiB == 0) return absl::StrCat(n / kMiB, " MiB");
+  return absl::StrCat(n, " bytes");
+}
+
+absl::Status OverLimit(absl::string_view what) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "DecodePprof: ", what, " (the reader's limit for one profile)"));
+}
+
+absl::StatusOr<std::string> Gunzip(std::string_view bytes, uint64_t max_out) {
   z_stream zs;
   std::memset(&zs, 0, sizeof zs);
   if (inflateInit2(&zs, 15 + 16) != Z_OK) {
@@ -58,7 +72,12 @@ absl::StatusOr<std::string> Gunzip(std::string_view bytes) {
           "DecodePprof: bad gzip data (", msg, "); expected a gzip stream"));
     }
     in_pos += in_now - zs.avail_in;
-    out.append(buf, sizeof buf - zs.avail_out);
+    const size_t produced = sizeof buf - zs.avail_out;
+    if (out.size() + produced > max_out) {
+      inflateEnd(&zs);
+      return OverLimit(absl::StrCat("decompresses to more than ", Bytes(max_out)));
+    }
+    out.append(buf, produced);
     if (rc == Z_OK && zs.avail_in == 0 && in_pos == bytes.size() &&
         zs.avail_out != 0) {
       inflateEnd(&zs);
@@ -270,15 +289,75 @@ bool ParseProfile(std::string_view bytes, RawProfile& out) {
   return r.ok();
 }
 
+// Counts the profile's entries without allocating, before they are parsed:
+// refuses a profile over `limits`. Malformed bytes are left to
+// ParseProfile, which says what is wrong with them.
+absl::Status CheckCounts(std::string_view bytes, const PprofReadLimits& limits) {
+  uint64_t samples = 0;
+  uint64_t entries = 0;
+  auto count = [&entries](uint64_t) { ++entries; };
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    switch (r.field()) {
+      case 2: {
+        if (++samples > limits.max_samples) {
+          return OverLimit(absl::StrCat("more than ", limits.max_samples, " samples"));
+        }
+        ProtoReader sample(r.bytes());
+        while (sample.Next()) {
+          if (sample.field() == 1 || sample.field() == 2) {
+            if (!sample.RepeatedVarint(count)) break;
+          } else if (sample.field() == 3) {
+            ++entries;
+          }
+        }
+        break;
+      }
+      case 4: {
+        ++entries;
+        ProtoReader location(r.bytes());
+        while (location.Next()) {
+          if (location.field() == 4) ++entries;
+        }
+        break;
+      }
+      case 13:
+        if (!r.RepeatedVarint(count)) return absl::OkStatus();
+        break;
+      case 1:
+      case 3:
+      case 5:
+      case 6:
+        ++entries;
+        break;
+      default:
+        break;
+    }
+    if (entries > limits.max_entries) {
+      return OverLimit(absl::StrCat(
+          "more than ", limits.max_entries,
+          " entries (locations, functions, strings, values, labels, ...)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
+absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
+                                           const PprofReadLimits& limits) {
   std::string inflated;
   if (IsGzip(bytes)) {
-    absl::StatusOr<std::string> raw = Gunzip(bytes);
+    absl::StatusOr<std::string> raw = Gunzip(bytes, limits.max_decoded_bytes);
     if (!raw.ok()) return raw.status();
     inflated = *std::move(raw);
     bytes = inflated;
+  } else if (bytes.size() > limits.max_decoded_bytes) {
+    return OverLimit(absl::StrCat("more than ", Bytes(limits.max_decoded_bytes),
+                                  " of protobuf"));
+  }
+  if (absl::Status counted = CheckCounts(bytes, limits); !counted.ok()) {
+    return counted;
   }
   RawProfile profile;
   if (!ParseProfile(bytes, profile)) {
@@ -289,6 +368,17 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
 
   const int64_t nstrings = static_cast<int64_t>(profile.strings.size());
   absl::Status bad;
+  // Bytes of names copied so far: one string may be named by every function,
+  // label and frame, so the copies are bounded, not only the input.
+  uint64_t text_bytes = 0;
+  auto take_text = [&](uint64_t n) {
+    text_bytes += n;
+    if (text_bytes > limits.max_text_bytes && bad.ok()) {
+      bad = OverLimit(absl::StrCat("more than ", Bytes(limits.max_text_bytes),
+                                   " of names and label values"));
+    }
+    return bad.ok();
+  };
   auto str = [&](int64_t index) -> std::string {
     if (index < 0 || index >= nstrings) {
       if (bad.ok()) {
@@ -298,7 +388,9 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
       }
       return "";
     }
-    return std::string(profile.strings[static_cast<size_t>(index)]);
+    const std::string_view s = profile.strings[static_cast<size_t>(index)];
+    if (!take_text(s.size())) return "";
+    return std::string(s);
   };
 
   DecodedProfile out;
@@ -331,8 +423,10 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
             "DecodePprof: location ", loc.id, " names function ",
             function_id, "; expected one of the profile's functions"));
       }
+      if (!take_text(it->second.size())) return bad;
       frames.push_back(it->second);
     }
+    if (!bad.ok()) return bad;
     if (!frames.empty()) continue;
     auto m = mappings.find(loc.mapping_id);
     if (loc.mapping_id != 0 && m != mappings.end()) {
@@ -345,8 +439,25 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
     }
   }
 
+  // The frames and names the samples' stacks will copy, before they do.
+  uint64_t frames = 0;
+  for (const RawSample& s : profile.samples) {
+    for (uint64_t id : s.location_ids) {
+      auto it = location_frames.find(id);
+      if (it == location_frames.end()) continue;  // refused below
+      frames += it->second.size();
+      for (const std::string& name : it->second) take_text(name.size());
+    }
+    if (frames > limits.max_frames) {
+      return OverLimit(absl::StrCat("more than ", limits.max_frames,
+                                    " stack frames over its samples"));
+    }
+    if (!bad.ok()) return bad;
+  }
+
   out.samples.reserve(profile.samples.size());
   for (const RawSample& s : profile.samples) {
+    if (!bad.ok()) return bad;
     DecodedProfile::Sample sample;
     for (uint64_t id : s.location_ids) {
       auto it = location_frames.find(id);
@@ -372,19 +483,32 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes) {
   return out;
 }
 
-absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path) {
+absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path,
+                                             const PprofReadLimits& limits) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::ErrnoToStatus(
         errno, absl::StrCat("ReadPprofFile: cannot open '", path, "'"));
   }
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
+  // In chunks, up to the limit: /dev/zero or a pipe that never ends is
+  // refused after max_input_bytes.
+  std::string data;
+  std::vector<char> chunk(1 << 20);
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    const size_t got = static_cast<size_t>(in.gcount());
+    if (data.size() + got > limits.max_input_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ReadPprofFile: '", path, "': more than ", Bytes(limits.max_input_bytes),
+          " to read (the reader's limit for one profile)"));
+    }
+    data.append(chunk.data(), got);
+  }
   if (in.bad()) {
     return absl::DataLossError(
         absl::StrCat("ReadPprofFile: cannot read '", path, "'"));
   }
-  absl::StatusOr<DecodedProfile> profile = DecodePprof(buffer.str());
+  absl::StatusOr<DecodedProfile> profile = DecodePprof(data, limits);
   if (!profile.ok()) {
     return absl::Status(
         profile.status().code(),

@@ -113,8 +113,9 @@ bool StartFromEnvironment(Options options, const std::string& report,
                           bool children) {
   if (!ApplyEnvironment(options)) return false;
   run::Init(options, report, children);
-  // As with gperftools: a forked child writes FILE_<pid>.
-  run::SetChildOutput(options.output + "_%p");
+  // As with gperftools: the first process writes FILE, a forked or exec'd
+  // child FILE_<pid> (see OutputPatternForThisProcess).
+  options.output = run::OutputPatternForThisProcess(options.output);
   if (const char* sig = getenv("CPUPROFILESIGNAL"); sig != nullptr && *sig) {
     int n = 0;
     if (!absl::SimpleAtoi(sig, &n) || n < 1 || n >= NSIG || n == SIGPROF ||

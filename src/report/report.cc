@@ -72,6 +72,15 @@ absl::StatusOr<DecodedProfile> Load(const std::string& path) {
         why = why.substr(at + std::strlen(prefix));
       }
     }
+    if (absl::IsResourceExhausted(p.status())) {
+      // A limit of the reader (PprofReadLimits): what was too much, not
+      // "not a profile".
+      if (const std::string quoted = absl::StrCat("'", path, "': ");
+          absl::StartsWith(why, quoted)) {
+        why = why.substr(quoted.size());
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(path, ": ", why));
+    }
     if (absl::StrContains(why, path)) {
       return absl::InvalidArgumentError(why);
     }

@@ -38,9 +38,17 @@ bool StartDetachedThread(const char* name, void* (*fn)(void*), void* arg);
 // profile (and start when the parent runs). Once per process.
 void Init(Options options, std::string report, bool children);
 
-// The output pattern a forked child of a running process uses (default: the
-// parent's, which names the pid with %p).
-void SetChildOutput(std::string output_pattern);
+// The variable that names the process tree's first process: `inprof run`
+// sets it for the command it starts; Init() sets it where it is unset.
+inline constexpr char kFirstPidVariable[] = "INPROF_RUN_FIRST_PID";
+
+// `pattern` as this process writes it, so that no process of the tree
+// replaces another's profile: a pattern without %p is written as given by
+// the tree's first process only; any other (a forked or exec'd child)
+// appends "_%p", gperftools' convention for CPUPROFILE. A pattern that names
+// an existing FIFO or character device (/dev/null) is kept: every process
+// writes into it, nothing is created or replaced.
+std::string OutputPatternForThisProcess(const std::string& pattern);
 
 // Starts sampling into `output_pattern` (%p, %t). FailedPrecondition when
 // not initialised, disabled or stepped aside; AlreadyExists when running.

@@ -22,6 +22,7 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "inprof/inprof.h"
@@ -98,7 +100,8 @@ void AppendToReport(const std::string& report, absl::string_view first,
     absl::StrAppend(&line, "\t", flat);
   }
   line.push_back('\n');
-  int fd = open(report.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  // O_NOFOLLOW: a link put in the report's place is not appended through.
+  int fd = open(report.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
   if (fd >= 0) {
     // One write(2) with O_APPEND: lines of concurrent processes never mix.
     ssize_t n = write(fd, line.data(), line.size());
@@ -151,7 +154,7 @@ struct State {
   Options options;  // without sinks: what a forked child starts with
   std::string report;
   std::string output;
-  std::string child_output;  // "": the parent's
+  pid_t first_pid = 0;       // the tree's first process (kFirstPidVariable)
   absl::Time start;
   int watch_pipe[2] = {-1, -1};
   // The watcher's answer to a FinishBeforeExit request, and the process the
@@ -417,8 +420,7 @@ void AtForkChild() {
   std::lock_guard<std::mutex> lock(s.lifecycle);
   ConstructLocked(s);
   if (was_running) {
-    const std::string output =
-        s.child_output.empty() ? s.output : s.child_output;
+    const std::string output = run::OutputPatternForThisProcess(s.output);
     if (absl::Status st = StartLocked(s, output); !st.ok()) {
       internal::Log(absl::StrCat("forked child: profiling stays off: ",
                                  st.message()));
@@ -625,6 +627,15 @@ void Init(Options options, std::string report, bool children) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.lifecycle);
   if (s.profiler != nullptr || !options.enabled) return;
+  // Before main(), like the preload's other environment changes: forked
+  // and exec'd children inherit it and know they are not the first.
+  int first = 0;
+  const char* first_env = getenv(kFirstPidVariable);
+  if (first_env == nullptr || !absl::SimpleAtoi(first_env, &first) || first <= 0) {
+    first = getpid();
+    setenv(kFirstPidVariable, absl::StrCat(first).c_str(), 1);
+  }
+  s.first_pid = first;
   options.sinks.clear();
   s.options = std::move(options);
   s.report = std::move(report);
@@ -634,10 +645,20 @@ void Init(Options options, std::string report, bool children) {
   pthread_atfork(nullptr, nullptr, &AtForkChild);
 }
 
-void SetChildOutput(std::string output_pattern) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.lifecycle);
-  s.child_output = std::move(output_pattern);
+std::string OutputPatternForThisProcess(const std::string& pattern) {
+  bool names_pid = false;
+  for (size_t i = 0; i + 1 < pattern.size(); ++i) {
+    if (pattern[i] != '%') continue;
+    if (pattern[i + 1] == 'p') names_pid = true;
+    ++i;  // "%%" is a literal percent sign
+  }
+  if (names_pid || getpid() == state().first_pid) return pattern;
+  struct stat st;
+  const std::string path = ExpandOutputPattern(pattern, getpid(), absl::Now());
+  if (lstat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+    return pattern;
+  }
+  return pattern + "_%p";
 }
 
 absl::Status Start(const std::string& output_pattern) {

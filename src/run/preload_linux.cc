@@ -130,7 +130,8 @@ __attribute__((constructor)) void PreloadInit() {
   // A program written against gperftools' API starts and stops profiling
   // itself, unless `inprof run` asked for the whole run.
   if (gperftools_linked && report.empty()) return;
-  if (absl::Status s = run::Start(options.output); !s.ok()) {
+  if (absl::Status s = run::Start(run::OutputPatternForThisProcess(options.output));
+      !s.ok()) {
     internal::Log(absl::StrCat("profiling stays off: ", s.message()));
     run::ReportStartFailure(s);
   }

@@ -18,6 +18,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "inprof/internal/cpu_lattice.h"
 #include "inprof/internal/thread_info.h"
 
 namespace inprof {
@@ -173,16 +174,8 @@ std::string CpuTimeProvider::Describe() const {
 }
 
 int64_t CpuTimeProvider::FirstPeriod() {
-  // Random in (floor, min(period, cap)]: a random phase, and short threads
-  // still get a sample on their own stack. The floor matters to the perf
-  // engine: its hrtimer counts kernel time too, and with a period shorter
-  // than a signal's own delivery (measured here: 10 us never returns to
-  // user space; 20 us does) the thread livelocks in signal delivery before
-  // its handler can lengthen the period.
-  const int64_t cap = std::min(period_ns_, kFirstSampleCapNs);
-  const int64_t floor = std::min(cap / 2, kFirstSampleFloorNs);
   std::lock_guard<std::mutex> lock(bitgen_mutex_);
-  return absl::Uniform<int64_t>(absl::IntervalOpenClosed, bitgen_, floor, cap);
+  return absl::Uniform<int64_t>(absl::IntervalOpenClosed, bitgen_, 0, period_ns_);
 }
 
 absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
@@ -193,6 +186,7 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
     return absl::FailedPreconditionError(absl::StrCat(
         "thread ", thread.tid, " has exited without unregistering"));
   }
+  data.period_ns = period_ns_;
   data.last_cpu_ns.store(now, std::memory_order_relaxed);
   absl::Status status;
   if (engine_ == CpuEngine::kPerf) {
@@ -217,9 +211,15 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
 
 absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
                                       int tag) {
-  const int64_t first = FirstPeriod();
-  const int fd =
-      OpenTaskClock(thread.tid, static_cast<uint64_t>(first), perf_kernel_);
+  int64_t first = FirstPeriod();
+  const bool refresh = !perf_refresh_failed_.load(std::memory_order_relaxed);
+  // The event's first period ends at the first sample point; without a
+  // one-overflow limit, not before the floor (the point itself stays where
+  // it was drawn and is counted by that later sample).
+  const int64_t event_first =
+      refresh ? first : std::max(first, std::min(period_ns_, kPerfFirstPeriodFloorNs));
+  const int fd = OpenTaskClock(thread.tid, static_cast<uint64_t>(event_first),
+                               perf_kernel_);
   if (fd < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "perf_event_open for thread ", thread.tid, ": ", strerror(errno)));
@@ -234,13 +234,39 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
         "cannot route perf overflows to thread ", thread.tid, ": ",
         strerror(err)));
   }
-  data.steady_period_ns.store(first == period_ns_ ? 0 : period_ns_,
-                              std::memory_order_relaxed);
   data.perf_fd = fd;
   // The handler matches the overflow's si_fd against these.
   thread.perf_tag.store(tag, std::memory_order_relaxed);
   thread.perf_fd.store(fd, std::memory_order_release);
-  if (ioctl(fd, PERF_EVENT_IOC_ENABLE, 0) != 0) {
+  // The event counts from its enabling, just after this read: the first
+  // sample point is `first` of CPU from here.
+  const int64_t origin = internal::ThreadCpuNanos(thread.cpu_clock);
+  if (origin < 0) {
+    thread.perf_fd.store(-1, std::memory_order_release);
+    data.perf_fd = -1;
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "thread ", thread.tid, " has exited without unregistering"));
+  }
+  data.next_due_ns.store(origin + first, std::memory_order_relaxed);
+  data.first_point_ns = origin + first;
+  data.first_overflow_pending.store(refresh || event_first != period_ns_,
+                                    std::memory_order_relaxed);
+  data.signal_engine.store(CpuEngine::kPerf, std::memory_order_relaxed);
+  int enabled = -1;
+  if (refresh) {
+    enabled = ioctl(fd, PERF_EVENT_IOC_REFRESH, 1);
+    if (enabled != 0) {
+      // Not expected on any kernel this builds for; from now on every
+      // thread is armed with a floor instead (the event's period is
+      // already set: this one keeps its short first period, which the
+      // handler lengthens).
+      perf_refresh_failed_.store(true, std::memory_order_relaxed);
+      data.first_overflow_pending.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (enabled != 0) enabled = ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
+  if (enabled != 0) {
     const int err = errno;
     thread.perf_fd.store(-1, std::memory_order_release);
     data.perf_fd = -1;
@@ -269,6 +295,11 @@ absl::Status CpuTimeProvider::ArmTimer(ThreadContext& thread, ThreadData& data,
         "timer_create for thread ", thread.tid, " failed: ", strerror(errno)));
   }
   const int64_t first = FirstPeriod();
+  // The timer counts from timer_settime, just after this read.
+  const int64_t origin = internal::ThreadCpuNanos(thread.cpu_clock);
+  data.next_due_ns.store((origin >= 0 ? origin : 0) + first,
+                         std::memory_order_relaxed);
+  data.signal_engine.store(CpuEngine::kTimer, std::memory_order_relaxed);
   struct itimerspec spec;
   spec.it_value.tv_sec = first / 1'000'000'000;
   spec.it_value.tv_nsec = first % 1'000'000'000;
@@ -312,6 +343,7 @@ absl::Status CpuTimeProvider::ArmItimer(ThreadContext& thread,
           absl::StrCat("setitimer(ITIMER_PROF) failed: ", strerror(errno)));
     }
   }
+  data.signal_engine.store(CpuEngine::kItimer, std::memory_order_relaxed);
   ++itimer_threads_;
   thread.itimer_tag.store(tag, std::memory_order_release);
   data.engine = CpuEngine::kItimer;
@@ -348,30 +380,97 @@ void CpuTimeProvider::DisarmThread(ThreadContext& thread,
       break;
   }
   data.engine = CpuEngine::kAuto;
+  data.signal_engine.store(CpuEngine::kAuto, std::memory_order_relaxed);
   data.armed = false;
 }
 
+namespace {
+
+// Handler side of the perf engine's first overflow: the event, stopped by
+// its one-overflow limit (or still at its short first period), goes on at
+// the steady period. Async-signal-safe.
+void ContinueAtSteadyPeriod(int fd, int64_t period_ns) noexcept {
+  if (fd < 0) return;
+  uint64_t period = static_cast<uint64_t>(period_ns);
+  ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
+  ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
+}
+
+// The lattice points crossed by `now` (the thread's CPU clock) since the
+// last sample, as a sample's values. Async-signal-safe.
+bool TakePoints(int64_t now, std::atomic<int64_t>& next_due, int64_t period_ns,
+                std::span<int64_t> values) noexcept {
+  if (now < 0 || period_ns <= 0) return false;
+  int64_t due = next_due.load(std::memory_order_relaxed);
+  const int64_t points = internal::TakeLatticePoints(now, &due, period_ns);
+  if (points == 0) return false;
+  next_due.store(due, std::memory_order_relaxed);
+  values[0] = 1;
+  values[1] = points * period_ns;
+  return true;
+}
+
+}  // namespace
+
 bool CpuTimeProvider::OnSignal(ThreadContext& thread, ThreadData& data,
-                               const siginfo_t&,
+                               const siginfo_t& info,
                                std::span<int64_t> values) noexcept {
-  // Perf engine: after the short random first period, the steady one.
-  if (const int64_t steady =
-          data.steady_period_ns.load(std::memory_order_relaxed);
-      steady != 0) {
-    data.steady_period_ns.store(0, std::memory_order_relaxed);
-    const int fd = thread.perf_fd.load(std::memory_order_acquire);
-    if (fd >= 0) {
-      uint64_t period = static_cast<uint64_t>(steady);
-      ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
+  const CpuEngine engine = data.signal_engine.load(std::memory_order_relaxed);
+  if (engine == CpuEngine::kItimer) {
+    // The process-wide timer: the CPU this thread used since its last
+    // sample.
+    const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
+    if (now < 0) return false;
+    const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
+    data.last_cpu_ns.store(now, std::memory_order_relaxed);
+    values[0] = 1;
+    values[1] = used > 0 ? used : 0;
+    return true;
+  }
+  if (engine == CpuEngine::kPerf &&
+      (info.si_code == POLL_HUP ||
+       data.first_overflow_pending.load(std::memory_order_relaxed))) {
+    // POLL_HUP: the kernel stopped the event at its one-overflow limit.
+    data.first_overflow_pending.store(false, std::memory_order_relaxed);
+    ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire),
+                           data.period_ns);
+  }
+  return TakePoints(internal::ThreadCpuNanos(thread.cpu_clock), data.next_due_ns,
+                    data.period_ns, values);
+}
+
+bool CpuTimeProvider::OwesSample(ThreadContext& thread,
+                                 const ThreadData& data) noexcept {
+  const CpuEngine engine = data.signal_engine.load(std::memory_order_relaxed);
+  if (engine != CpuEngine::kPerf && engine != CpuEngine::kTimer) return false;
+  const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
+  return now >= 0 && now >= data.next_due_ns.load(std::memory_order_relaxed);
+}
+
+bool CpuTimeProvider::TakeSwallowed(ThreadContext& thread, ThreadData& data,
+                                    std::span<int64_t> values) noexcept {
+  const CpuEngine engine = data.signal_engine.load(std::memory_order_relaxed);
+  if (engine != CpuEngine::kPerf && engine != CpuEngine::kTimer) return false;
+  const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
+  const bool taken = TakePoints(now, data.next_due_ns, data.period_ns, values);
+  if (engine == CpuEngine::kPerf &&
+      data.first_overflow_pending.load(std::memory_order_relaxed) &&
+      now >= data.first_point_ns) {
+    // The first point is behind: the event overflowed (or is about to).
+    // When no SIGPROF is pending, the overflow's signal, which would have
+    // restarted the event, was discarded behind the one being handled.
+    // (Restarting an event that has not overflowed yet only starts its
+    // steady period now; its remaining one-overflow limit then stops it
+    // once more, signalled as usual.)
+    sigset_t pending;
+    if (sigpending(&pending) == 0 &&
+        sigismember(&pending, internal::kProfilingSignal) == 0) {
+      data.first_overflow_pending.store(false, std::memory_order_relaxed);
+      ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire),
+                             data.period_ns);
     }
   }
-  const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
-  if (now < 0) return false;
-  const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
-  data.last_cpu_ns.store(now, std::memory_order_relaxed);
-  values[0] = 1;
-  values[1] = used > 0 ? used : 0;
-  return true;
+  return taken;
 }
 
 bool CpuTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
@@ -383,11 +482,21 @@ bool CpuTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   const int64_t now =
       exit_ns >= 0 ? exit_ns : internal::ThreadCpuNanos(thread.cpu_clock);
   if (now < 0) return false;  // the thread is gone: its clock is unreadable
-  const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
-  data.last_cpu_ns.store(now, std::memory_order_relaxed);
+  if (data.engine == CpuEngine::kItimer) {
+    const int64_t used = now - data.last_cpu_ns.load(std::memory_order_relaxed);
+    data.last_cpu_ns.store(now, std::memory_order_relaxed);
+    values[0] = 0;
+    values[1] = used;
+    return used > 0;
+  }
+  // Points crossed that no signal took (one in flight as the thread
+  // stopped; for the timer engine, CPU between two scheduler ticks).
+  int64_t due = data.next_due_ns.load(std::memory_order_relaxed);
+  const int64_t points = internal::TakeLatticePoints(now, &due, data.period_ns);
+  data.next_due_ns.store(due, std::memory_order_relaxed);
   values[0] = 0;
-  values[1] = used;
-  return used > 0;
+  values[1] = points * data.period_ns;
+  return points > 0;
 }
 
 }  // namespace inprof

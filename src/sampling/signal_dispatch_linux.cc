@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <signal.h>
 #include <time.h>
 
@@ -127,17 +129,34 @@ void SetCurrentThreadSlot(ThreadSlotHeader* slot) noexcept {
   std::atomic_signal_fence(std::memory_order_seq_cst);
 }
 
-void BeginRetireOnOwnThread(ThreadSlotHeader& slot) noexcept {
-  SetCurrentThreadSlot(nullptr);  // no handler of this thread finds it again
+void MarkUnregistering(ThreadSlotHeader& slot) noexcept {
   slot.exit_cpu_ns.store(ThreadCpuNanos(slot.cpu_clock), std::memory_order_relaxed);
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   slot.exit_wall_ns.store(now.tv_sec * 1'000'000'000LL + now.tv_nsec,
                           std::memory_order_relaxed);
+}
+
+void BeginRetireOnOwnThread(ThreadSlotHeader& slot) noexcept {
+  SetCurrentThreadSlot(nullptr);  // no handler of this thread finds it again
+  if (slot.exit_cpu_ns.load(std::memory_order_relaxed) < 0) MarkUnregistering(slot);
   slot.retiring.store(true, std::memory_order_seq_cst);
   // A visit under way may still signal this thread: it is short (a /proc
   // read), and the thread must be alive for it.
   while (slot.visiting.load(std::memory_order_seq_cst)) sched_yield();
+}
+
+void SignalThisThread(int tag) noexcept {
+  const int saved_errno = errno;
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  info.si_signo = kProfilingSignal;
+  info.si_code = SI_QUEUE;
+  info.si_pid = getpid();
+  info.si_uid = getuid();
+  info.si_value.sival_int = tag;
+  syscall(SYS_rt_tgsigqueueinfo, info.si_pid, CurrentTid(), kProfilingSignal, &info);
+  errno = saved_errno;
 }
 
 uint64_t NewSessionId() noexcept {

@@ -176,6 +176,7 @@ TEST(OptionsTest, InvalidValueKeepsDefaultAndReportsOneLine) {
       {"INPROF_ENABLED", "y", "expected 1/0", "using 1"},
       {"INPROF_OUTPUT", "", "expected a file path", "using inprof.pb.gz"},
       {"INPROF_OUTPUT", "   ", "expected a file path", "using inprof.pb.gz"},
+      {"INPROF_OUTPUT", "-", "expected a file path", "using inprof.pb.gz"},
   };
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(absl::StrCat(c.variable, "='", c.value, "'"));

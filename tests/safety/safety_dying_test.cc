@@ -158,16 +158,18 @@ TEST(SafetyDyingTest, AProgramKilledBySignalIsSaidSoWithWhatToDo) {
 // prefixed "at exit:", and the tool said "see the messages above").
 TEST(SafetyDyingTest, AProfileThatCannotBeWrittenIsSaidOnce) {
   const std::string dir = FreshDir("unwritable");
-  mkdir((dir + "/adir").c_str(), 0755);  // the output path is a directory
+  // A file name longer than NAME_MAX (255): the directory is writable, the
+  // file cannot be created.
+  const std::string output = dir + "/" + std::string(300, 'x') + "-%p.pb.gz";
   auto r = RunCommandSeparately(absl::StrCat(
-      ShellQuote(Cli()), " run -o ", ShellQuote(dir + "/adir"), " -- ",
+      ShellQuote(Cli()), " run -o ", ShellQuote(output), " -- ",
       ShellQuote(Target()), " spin 50"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 0) << r->err;
   // The process's lines ("inprof: ..."), not the tool's ("inprof run: ...").
   int said = 0;
   for (absl::string_view line : absl::StrSplit(r->err, '\n')) {
-    said += absl::StartsWith(line, "inprof: ") && absl::StrContains(line, dir + "/adir");
+    said += absl::StartsWith(line, "inprof: ") && absl::StrContains(line, dir + "/xxx");
   }
   EXPECT_EQ(said, 1) << r->err;
   EXPECT_THAT(r->err, HasSubstr("inprof run: 'run_target' (pid "));

@@ -70,7 +70,7 @@ TEST_F(SafetyForkTest, ChildrenNeverDieOfAProfilingSignal) {
   // 1,000 in CI and in the full run (~3 s); 250 under ASan.
   const int iterations = static_cast<int>(safety::Scaled(1'000, 1'000));
   safety::Watchdog watchdog(absl::Minutes(5), "fork/exec loop");
-  DefaultProfiler profiler(SafetyOptions("fork_exec"));
+  safety::ProbedProfiler profiler(SafetyOptions("fork_exec"));
   ASSERT_TRUE(profiler.Start().ok());
   std::atomic<bool> stop{false};
   std::vector<std::thread> burners;

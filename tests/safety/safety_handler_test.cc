@@ -69,7 +69,7 @@ TEST(SafetyHandlerTest, ErrnoIsNeverChangedUnderSampling) {
   // the full run does 10x. Plus 20,000 self-signals checked one by one.
   const int spins = static_cast<int>(safety::Scaled(40, 400));
   const int self_signals = static_cast<int>(safety::Scaled(20'000, 200'000));
-  DefaultProfiler profiler(SafetyOptions("errno"));
+  safety::ProbedProfiler profiler(SafetyOptions("errno"));
   ASSERT_TRUE(profiler.Start().ok());
   std::atomic<int> changed{0};
   std::atomic<uint64_t> samples{0};
@@ -142,7 +142,7 @@ TEST(SafetyHandlerTest, ErrnoIsRestoredWhenSamplingCodeSetsIt) {
   constexpr int kSignals = 1'000;
   for (int i = 0; i < kSignals; ++i) {
     errno = 4242 + i;
-    ASSERT_TRUE(safety::SendProfilingSignal(tid, true));
+    ASSERT_TRUE(safety::SendProfilingSignal(tid, true, /*provider=*/0));
     changed += errno != 4242 + i;
   }
   const uint64_t taken = SlotTaken() - before;
@@ -191,7 +191,7 @@ __attribute__((noinline)) void RunWithFramePointer(uintptr_t fp,
   info.si_code = SI_QUEUE;
   info.si_pid = getpid();
   info.si_uid = getuid();
-  info.si_value.sival_int = internal::MakeSignalTag(0);
+  info.si_value.sival_int = internal::MakeSignalTag(safety::kProbeProvider);
   const long pid = getpid();
   const long tid = safety::Gettid();
   for (int i = 0; i < signals; ++i) {
@@ -351,14 +351,16 @@ void CheckCorruptFramePointers(const std::string& name, bool zero_truncates) {
 
 TEST(SafetyHandlerTest, CorruptFramePointersAreTruncatedNeverFault) {
   INPROF_SKIP_UNLESS_RBP_CAN_BE_CORRUPTED();
-  CheckCorruptFramePointers<FramePointerProfiler>("frame-pointer",
+  CheckCorruptFramePointers<safety::ProbedProfilerOf<FramePointerUnwinder>>(
+      "frame-pointer",
                                                   /*zero_truncates=*/false);
 }
 
 TEST(SafetyHandlerTest, CorruptFramePointersUnderCfiAreTruncatedNeverFault) {
   INPROF_SKIP_UNLESS_RBP_CAN_BE_CORRUPTED();
   if (!DwarfUnwinder::Supported()) GTEST_SKIP() << "no CFI unwinder here";
-  CheckCorruptFramePointers<DwarfProfiler>("dwarf", /*zero_truncates=*/true);
+  CheckCorruptFramePointers<safety::ProbedProfilerOf<DwarfUnwinder>>(
+      "dwarf", /*zero_truncates=*/true);
 }
 
 // A thread on a stack the application allocated, with its own guard page
@@ -367,7 +369,7 @@ TEST(SafetyHandlerTest, CorruptFramePointersUnderCfiAreTruncatedNeverFault) {
 TEST(SafetyHandlerTest, FramePointerIntoGuardPageOfApplicationStack) {
   if (!kCanCorruptRbp) GTEST_SKIP() << "needs x86-64 inline asm";
   if (safety::kTsan) GTEST_SKIP() << "TSan defers asynchronous signals";
-  DefaultProfiler profiler(SafetyOptions("guard_page"));
+  safety::ProbedProfiler profiler(SafetyOptions("guard_page"));
   ASSERT_TRUE(profiler.Start().ok());
   const long page = sysconf(_SC_PAGESIZE);
   const size_t size = 64 * page;
@@ -379,7 +381,7 @@ TEST(SafetyHandlerTest, FramePointerIntoGuardPageOfApplicationStack) {
   pthread_attr_init(&attr);
   ASSERT_EQ(pthread_attr_setstack(&attr, stack, size), 0);
   struct Args {
-    DefaultProfiler* profiler;
+    safety::ProbedProfiler* profiler;
     uintptr_t guard;
     CorruptRun run;
     bool in_bounds = false;

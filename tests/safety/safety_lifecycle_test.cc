@@ -214,7 +214,7 @@ TEST(SafetyLifecycleTest, StartStopHammerWithSignalsInFlight) {
   Options options = SafetyOptions("hammer");
   options.output = dir + "/hammer.pb.gz";
   options.symbolize = false;
-  DefaultProfiler profiler(options);
+  safety::ProbedProfiler profiler(options);
   std::atomic<bool> stop{false};
   std::atomic<pid_t> tids[2] = {};
   // The signallers start once the first Start() installed inprof's handler
@@ -382,7 +382,8 @@ TEST(SafetyLifecycleTest, KillSwitchFromEnvironmentCreatesNothing) {
 
 TEST(SafetyLifecycleTest, OverloadDropsAreCountedAndReconcileInPprof) {
   using TinyRingProfiler =
-      Profiler<FramePointerUnwinder, SpscRecordRing<64>, CpuTimeProvider>;
+      Profiler<FramePointerUnwinder, SpscRecordRing<64>, CpuTimeProvider,
+               safety::ProbeProvider>;
   Options options = SafetyOptions("overload");
   CpuOnly(options);
   options.collect_period = absl::Seconds(10);  // the collector stalls
@@ -392,10 +393,12 @@ TEST(SafetyLifecycleTest, OverloadDropsAreCountedAndReconcileInPprof) {
   {
     auto self = profiler.RegisterThread("main");
     const int64_t t0 = safety::ThreadCpuNow();
-    // The timer gives ~75 samples in 300 ms; 3,000 self-signals overflow
-    // the 64-word ring many times over.
+    // The CPU provider gives ~300 samples in 300 ms; 3,000 probe samples
+    // (self-signals) overflow the 64-word ring many times over.
     const pid_t tid = safety::Gettid();
-    for (int i = 0; i < 3'000; ++i) safety::SendProfilingSignal(tid, true);
+    for (int i = 0; i < 3'000; ++i) {
+      safety::SendProfilingSignal(tid, true, /*provider=*/1);
+    }
     safety::BurnCpu(300'000'000);
     measured = safety::ThreadCpuNow() - t0;
   }
@@ -404,17 +407,23 @@ TEST(SafetyLifecycleTest, OverloadDropsAreCountedAndReconcileInPprof) {
   EXPECT_GT(stats.samples_dropped, 2'000u);
   EXPECT_EQ(stats.samples_taken, stats.samples_recorded + stats.samples_dropped);
 
-  // The profile as pprof reads it: sample counts reconcile with the comment.
+  // The profile as pprof reads it: sample counts (the CPU provider's and
+  // the probe's) reconcile with the comment.
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
   const int count = profile->ValueIndex("cpu-samples");
+  const int probes = profile->ValueIndex("probe-samples");
   const int cpu = profile->ValueIndex("cpu-time");
   ASSERT_GE(count, 0);
-  const auto flat_count = profile->FlatByFunction(count);
+  ASSERT_GE(probes, 0);
   const std::string kDropped = "[inprof: samples dropped, ring full]";
-  const int64_t dropped_in_profile =
-      flat_count.contains(kDropped) ? flat_count.at(kDropped) : 0;
-  EXPECT_EQ(profile->Total(count), static_cast<int64_t>(stats.samples_taken));
+  int64_t dropped_in_profile = 0;
+  for (const int index : {count, probes}) {
+    const auto flat = profile->FlatByFunction(index);
+    if (flat.contains(kDropped)) dropped_in_profile += flat.at(kDropped);
+  }
+  EXPECT_EQ(profile->Total(count) + profile->Total(probes),
+            static_cast<int64_t>(stats.samples_taken));
   EXPECT_EQ(dropped_in_profile, static_cast<int64_t>(stats.samples_dropped));
   EXPECT_NEAR(static_cast<double>(profile->Total(cpu)),
               static_cast<double>(measured), 0.1 * static_cast<double>(measured));
@@ -439,10 +448,10 @@ TEST(SafetyLifecycleTest, OverloadDropsAreCountedAndReconcileInPprof) {
   ASSERT_TRUE(raw.ok()) << raw.status();
   int64_t pprof_count = 0, pprof_dropped = 0;
   for (const auto& s : *raw) {
-    pprof_count += s.values.at(static_cast<size_t>(count));
-    if (!s.stack.empty() && s.stack[0] == kDropped) {
-      pprof_dropped += s.values.at(static_cast<size_t>(count));
-    }
+    const int64_t n = s.values.at(static_cast<size_t>(count)) +
+                      s.values.at(static_cast<size_t>(probes));
+    pprof_count += n;
+    if (!s.stack.empty() && s.stack[0] == kDropped) pprof_dropped += n;
   }
   EXPECT_EQ(pprof_count, static_cast<int64_t>(taken));
   EXPECT_EQ(pprof_dropped, static_cast<int64_t>(dropped));

@@ -8,8 +8,9 @@
 // unwinder, ring push), not only the sampling callback.
 //
 // Samples: the main thread sends itself the profiling signal tagged as inprof
-// sends it (rt_tgsigqueueinfo, SI_QUEUE, MakeSignalTag(0)), so each one is a
-// real sample; a second thread burns CPU under the 1 ms CPU timer meanwhile.
+// sends it (rt_tgsigqueueinfo, SI_QUEUE) for the test's probe provider
+// (safety_util.h), so each one is a real sample; a second thread burns CPU
+// under the 1 ms CPU timer meanwhile.
 // CI and the full run both take 100,000 signals (about a second).
 //
 // Not built into the sanitizer runs' checks: ASan and TSan supply their own
@@ -135,7 +136,7 @@ TEST(SafetyNoAllocTest, HandlerNeverAllocatesOver100kSamples) {
   Options options;
   options.output = testing::TestTmpDir() + "/safety_no_alloc.pb.gz";
   options.cpu_period = absl::Milliseconds(1);
-  DefaultProfiler profiler(options);
+  safety::ProbedProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   ASSERT_TRUE(safety::WrapInprofHandler(&WrappingHandler));
 

@@ -128,13 +128,13 @@ int CheckProfile(const Options& options, uint64_t skipped) {
     std::fprintf(stderr, "%s\n", std::string(profile.status().message()).c_str());
     return kNoProfile;
   }
-  const int count = profile->ValueIndex("cpu-samples");
+  const int count = profile->ValueIndex("probe-samples");
   const auto flat = profile->FlatByFunction(count);
   const int64_t on_frame = flat.contains(kSmallStackFrame) ? flat.at(kSmallStackFrame) : 0;
-  // Every tagged CPU signal sent on the small stack is one sample there
-  // (the ring holds thousands of records: none is dropped).
+  // Every probe signal sent on the small stack is one sample there (the
+  // ring holds thousands of records: none is dropped).
   if (on_frame < kSignalsOnSmallStack) {
-    std::fprintf(stderr, "%lld CPU samples on %s, expected >= %d\n",
+    std::fprintf(stderr, "%lld probe samples on %s, expected >= %d\n",
                  static_cast<long long>(on_frame), kSmallStackFrame,
                  kSignalsOnSmallStack);
     return kNoPseudoFrame;
@@ -150,11 +150,15 @@ int CheckProfile(const Options& options, uint64_t skipped) {
   return kNoComment;
 }
 
+// The default composition with the probe (safety_util.h), which samples
+// every signal sent with its tag.
+using SmallStackProfiler = safety::ProbedProfilerOf<DefaultUnwinder>;
+
 // A registered thread runs WorkOnSmallStack on `kind`'s small stack while
 // the profiler samples it at 1 ms (CPU and wall).
 int RunScenario(const char* kind) {
   Options options = SmallStackOptions(kind);
-  DefaultProfiler profiler(options);
+  SmallStackProfiler profiler(options);
   if (!profiler.Start().ok()) return kStartFailed;
   int result = kOk;
   uint64_t skipped = 0;
@@ -466,11 +470,12 @@ void ExpectHandlerStackUseWithinBound(const char* name) {
 }
 
 TEST(SafetySmallStackTest, FramePointerHandlerStackUseIsWithinItsBound) {
-  ExpectHandlerStackUseWithinBound<FramePointerProfiler>("frame-pointer");
+  ExpectHandlerStackUseWithinBound<safety::ProbedProfilerOf<FramePointerUnwinder>>(
+      "frame-pointer");
 }
 
 TEST(SafetySmallStackTest, DwarfHandlerStackUseIsWithinItsBound) {
-  ExpectHandlerStackUseWithinBound<DwarfProfiler>("dwarf");
+  ExpectHandlerStackUseWithinBound<safety::ProbedProfilerOf<DwarfUnwinder>>("dwarf");
 }
 
 }  // namespace

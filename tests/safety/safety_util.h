@@ -37,7 +37,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "inprof/inprof.h"
 #include "inprof/internal/signal_dispatch.h"
 
 // Which sanitizer, if any, this translation unit is built with (GCC spells
@@ -116,12 +118,45 @@ __attribute__((noinline)) inline uint64_t BurnCpu(int64_t ns) {
 
 inline pid_t Gettid() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
+// A provider that samples every signal tagged with its index: how these
+// tests run the handler at moments of their choosing. (CpuTimeProvider
+// samples only where a thread's CPU crossed one of its sample points, so a
+// signal sent by hand with its tag usually records nothing.)
+struct ProbeProvider {
+  static constexpr const char* kName = "probe";
+  static constexpr std::array<SampleTypeSpec, 1> kSampleTypes{
+      {{"probe-samples", "count"}}};
+  static constexpr size_t kPeriodTypeIndex = 0;
+  struct ThreadData {};
+  absl::Status Configure(const Options&) { return absl::OkStatus(); }
+  int64_t Period() const { return 1; }
+  absl::Status ArmThread(ThreadContext&, ThreadData&, int) {
+    return absl::OkStatus();
+  }
+  void DisarmThread(ThreadContext&, ThreadData&) noexcept {}
+  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+                       std::span<int64_t> values) noexcept {
+    values[0] = 1;
+    return true;
+  }
+};
+static_assert(SampleProvider<ProbeProvider>);
+
+// DefaultProfiler's CPU and wall providers, and the probe (index 2).
+template <typename U>
+using ProbedProfilerOf =
+    Profiler<U, DefaultSampleRing, CpuTimeProvider, WallTimeProvider, ProbeProvider>;
+using ProbedProfiler = ProbedProfilerOf<FramePointerUnwinder>;
+inline constexpr int kProbeProvider = 2;
+
 // Sends SIGPROF to thread `tid` of this process. Tagged: as inprof's own
-// timers do (SI_QUEUE with the provider-0 tag), so the handler samples it;
-// untagged: like `kill -PROF` (the handler counts it as foreign). Uses
-// rt_tgsigqueueinfo directly: glibc's pthread_sigqueue leaves garbage in rbp
-// on the way. Returns false if the thread is gone. Async-signal-safe.
-inline bool SendProfilingSignal(pid_t tid, bool tagged) {
+// signals are (SI_QUEUE with the tag of provider `provider`, by default
+// ProbedProfiler's probe, which samples every one); untagged: like
+// `kill -PROF` (the handler counts it as foreign). Uses rt_tgsigqueueinfo
+// directly: glibc's pthread_sigqueue leaves garbage in rbp on the way.
+// Returns false if the thread is gone. Async-signal-safe.
+inline bool SendProfilingSignal(pid_t tid, bool tagged,
+                                int provider = kProbeProvider) {
   if (!tagged) return syscall(SYS_tgkill, getpid(), tid, SIGPROF) == 0;
   siginfo_t info;
   std::memset(&info, 0, sizeof(info));
@@ -129,7 +164,7 @@ inline bool SendProfilingSignal(pid_t tid, bool tagged) {
   info.si_code = SI_QUEUE;
   info.si_pid = getpid();
   info.si_uid = getuid();
-  info.si_value.sival_int = internal::MakeSignalTag(0);
+  info.si_value.sival_int = internal::MakeSignalTag(provider);
   return syscall(SYS_rt_tgsigqueueinfo, getpid(), tid, SIGPROF, &info) == 0;
 }
 

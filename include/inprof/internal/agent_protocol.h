@@ -29,6 +29,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -97,18 +98,50 @@ absl::StatusOr<AgentSocketAddress> ParseAgentSocketAddress(absl::string_view val
 // A fresh abstract address for this user: "@inprof-agent-UID-PID-RANDOM".
 AgentSocketAddress NewAgentSocketAddress();
 
-// Socket helpers (SOCK_SEQPACKET, close-on-exec). Sending never raises
-// SIGPIPE: a gone peer is an error.
-absl::StatusOr<int> ListenAgentSocket(const AgentSocketAddress& address);
-absl::StatusOr<int> ConnectAgentSocket(const AgentSocketAddress& address);
-// Sends one message, passing `pass_fd` (SCM_RIGHTS) when >= 0.
+// Socket helpers (SOCK_SEQPACKET, close-on-exec, non-blocking). Sending
+// never raises SIGPIPE: a gone peer is an error. Nothing here waits without
+// a time limit.
+//
+// Listens at `address`. A path where a stale socket lies (one this user
+// owns and nothing listens on: an agent that was killed) is replaced;
+// anything else there -- a socket an agent listens on, another user's
+// socket, a file that is not a socket -- is left alone and named in the
+// error. `listener`, when given, gets what Stop() needs to remove the
+// socket file again (RemoveAgentSocket) and whether a stale one was
+// replaced.
+struct AgentListener {
+  int fd = -1;
+  // The socket file the agent bound (a path address only; 0 otherwise).
+  uint64_t dev = 0, ino = 0;
+  bool replaced_stale = false;
+};
+absl::StatusOr<AgentListener> ListenAgentSocket(const AgentSocketAddress& address);
+// Removes the socket file `listener` bound, if that file is still there
+// (never another agent's socket that replaced it, never anything else).
+void RemoveAgentSocket(const AgentSocketAddress& address,
+                       const AgentListener& listener);
+// Connects within `timeout_ms`. A listener that does not take the
+// connection (its backlog is full: a stopped agent, or a socket that
+// somebody holds and never accepts on) is tried again until then; where
+// the kernel says who holds the address (a path's owner; an abstract
+// name's listener, through sock_diag), one held by another user than this
+// process's (or root) is refused at once. The error names the address.
+absl::StatusOr<int> ConnectAgentSocket(const AgentSocketAddress& address,
+                                       int timeout_ms = 2000);
+// Sends one message within `timeout_ms` (0: only if the socket has room
+// now), passing `pass_fd` (SCM_RIGHTS) when >= 0.
 absl::Status SendAgentMessage(int socket, const AgentMessage& message,
-                              int pass_fd = -1);
+                              int pass_fd = -1, int timeout_ms = 0);
 // Receives one message within `timeout_ms` (-1: no limit). `received_fd`,
 // when given, gets the descriptor passed with it, or -1. The peer closing
-// is an error saying so.
+// is an error saying so. A peer that answered and closed before reading
+// what this side sent (its answer then comes with a reset) is read anyway.
 absl::StatusOr<AgentMessage> ReceiveAgentMessage(int socket, int timeout_ms,
                                                  int* received_fd = nullptr);
+// The uid of whoever listens at `address` when the kernel says (a path:
+// the socket file's owner; an abstract name: sock_diag's view of the
+// listening SOCK_SEQPACKET socket, Linux 5.3+); nullopt when it does not.
+std::optional<uint32_t> AgentSocketHolderUid(const AgentSocketAddress& address);
 
 // The peer's credentials (SO_PEERCRED).
 struct PeerCredentials {
@@ -118,11 +151,12 @@ struct PeerCredentials {
 };
 absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket);
 
-// The process side of the handshake: connects, checks that the agent runs
-// as this user (or root), says hello and waits for the answer. On success
-// the connected socket, the welcome and the region's memfd (the caller
-// owns both); a Reject, another user's socket, a timeout or a gone agent
-// is an error naming the socket.
+// The process side of the handshake, all of it within `timeout_ms`:
+// connects, checks that the agent runs as this user (or root) before it
+// sends anything, says hello and waits for the answer. On success the
+// connected socket, the welcome and the region's memfd (the caller owns
+// both); a Reject, another user's socket, a timeout or a gone agent is an
+// error naming the socket.
 struct AgentConnection {
   int socket = -1;
   int region_fd = -1;

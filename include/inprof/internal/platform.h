@@ -3,8 +3,9 @@
 // The few operating-system services the portable core (options, export,
 // sinks, uploads) needs, behind one header with a variant per OS:
 // src/core/platform_linux.cc and src/platform/windows/platform_windows.cc.
-// Those files also hold sink.h's WriteFileAtomically, whose replacing of an
-// existing file is the OS's (rename(2); MoveFileEx on Windows).
+// Those files also hold sink.h's WriteFileAtomically, the one writer of
+// output files, whose replacing of an existing file is the OS's (rename(2);
+// MoveFileEx on Windows) and which never replaces what is not a regular file.
 //
 // Thread-safety: reentrant. None of these is async-signal-safe.
 #ifndef INPROF_INTERNAL_PLATFORM_H_

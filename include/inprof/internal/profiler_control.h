@@ -127,6 +127,14 @@ class ThreadRegistration {
   // Unregisters now. Idempotent.
   void Reset() {
     if (slot_ == nullptr) return;
+#if !defined(_WIN32)
+    if (internal::CurrentThreadSlot() == slot_) {
+      // On its own thread: what it still owes is sampled, and its tails end
+      // here, before the unregistration's own work (disarming, draining).
+      if (slot_->before_retire != nullptr) slot_->before_retire(slot_);
+      internal::MarkUnregistering(*slot_);
+    }
+#endif
 #if defined(_WIN32)
     slot_->leaving.store(true, std::memory_order_release);
     std::unique_lock<std::mutex> lock(registry_->mutex);

@@ -86,6 +86,11 @@ struct ThreadSlotHeader {
   // without a stack, counted in samples_small_stack. Set with `sample`.
   SampleFn sample_stackless = nullptr;
   uint32_t sample_stack_bytes = 0;
+  // Called on the owning thread as it unregisters, before it stops being
+  // sampled: takes the samples its providers still owe it (a sample point
+  // its CPU crossed moments ago, whose signal is on its way), so that they
+  // land on its stack rather than on a tail frame. Set once with `sample`.
+  void (*before_retire)(ThreadSlotHeader* slot) noexcept = nullptr;
   pid_t tid = 0;
   clockid_t cpu_clock = 0;
   StackBounds stack;
@@ -138,10 +143,19 @@ struct ThreadSlotHeader {
   ThreadSlotHeader* next_retired = nullptr;
 };
 
+// On the owning thread as it begins to unregister: its CPU and monotonic
+// clocks now, where its tails end (exit_cpu_ns, exit_wall_ns). Not for
+// signal handlers.
+void MarkUnregistering(ThreadSlotHeader& slot) noexcept;
+
 // The lock-free half of an unregistration on the owning thread (see
 // ThreadSlotHeader::retiring): after it, `slot` may be queued for the
 // collector. Not for signal handlers.
 void BeginRetireOnOwnThread(ThreadSlotHeader& slot) noexcept;
+
+// Sends the profiling signal, carrying `tag`, to the calling thread: it is
+// handled before this returns. Not for signal handlers.
+void SignalThisThread(int tag) noexcept;
 
 // The calling thread's slot (initial-exec TLS: no __tls_get_addr).
 ThreadSlotHeader* CurrentThreadSlot() noexcept;

@@ -2,13 +2,16 @@
 // the dd-win-prof seed's CPU sampling.
 //
 // Every cpu_period the sampler reads each registered thread's CPU time
-// (GetThreadTimes, without stopping it) and samples the threads whose time
-// advanced since their last sample, at most ThreadsPerTick() of them (the
-// machine's logical processors: no more threads can have run at once),
-// each with the CPU it used since its last sample (threads that ran at
-// their last visit are read first; see kIdleVisitsPerTick). A thread left over by
-// that limit keeps its CPU for its next sample, so a thread's samples add up
-// to its CPU time exactly; the rest at its end (TakeTail) goes to its last
+// (GetThreadTimes, without stopping it) and samples the threads whose CPU
+// crossed one of its sample points since their last sample: points one
+// period apart, the first drawn uniformly in (0, period] of its CPU after
+// arming, each worth one period (internal/cpu_lattice.h, as on Linux), so a
+// thread's expected CPU in the profile is its CPU however little it uses.
+// At most ThreadsPerTick() threads are sampled a tick (the machine's
+// logical processors: no more threads can have run at once; threads that
+// ran at their last visit are read first, see kIdleVisitsPerTick); a
+// thread left over keeps its points for its next sample. Points crossed
+// that no sample took when the thread stops (TakeTail) go to its last
 // stack. The samples fall where the thread was when Windows' accounting
 // had last advanced its clock (each clock tick, 15.6 ms by default).
 //
@@ -27,6 +30,7 @@
 #include <span>
 #include <string>
 
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "inprof/options.h"
@@ -43,7 +47,7 @@ class CpuTimeProvider {
 
   struct ThreadData {
     bool armed = false;
-    int64_t last_cpu_ns = 0;  // the thread's CPU time at its last sample
+    int64_t next_due_ns = 0;  // the thread's CPU time at its next sample point
   };
 
   // With more registered threads than this, the sampler reads the clocks
@@ -73,6 +77,7 @@ class CpuTimeProvider {
  private:
   int64_t period_ns_ = 10'000'000;
   size_t threads_per_tick_ = 1;
+  absl::BitGen bitgen_;  // first sample points (the sampler thread's)
 };
 static_assert(SampleProvider<CpuTimeProvider>);
 static_assert(ReportsTail<CpuTimeProvider>);

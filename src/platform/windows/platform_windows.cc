@@ -1,6 +1,7 @@
 // The Windows variant of internal/platform.h (and sink.h's WriteFileAtomically).
 #include <windows.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <functional>
@@ -122,31 +123,151 @@ uintptr_t ProfilerThreadStartAddress() {
 
 }  // namespace internal
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
-  // Same directory as `path`, so that the replacement is a rename. The
-  // counter keeps two writers in one process apart.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", GetCurrentProcessId(), ".",
-                                       counter.fetch_add(1));
-  HANDLE file = CreateFileA(tmp.c_str(), GENERIC_WRITE, 0, nullptr, CREATE_NEW,
-                            FILE_ATTRIBUTE_NORMAL, nullptr);
-  if (file == INVALID_HANDLE_VALUE) {
-    return internal::WindowsError(
-        GetLastError(), absl::StrCat("cannot create '", tmp, "' to write '", path, "'"));
+namespace {
+
+// How long a write into a pipe may wait for its reader to take more bytes
+// (as on Linux): the exporter thread must never wait without a limit.
+constexpr DWORD kOutputStallMs = 10'000;
+
+// Writes all of `bytes` to `file`, a pipe opened with FILE_FLAG_OVERLAPPED,
+// waiting at most kOutputStallMs for each chunk.
+absl::Status WriteToPipeBounded(HANDLE file, absl::string_view bytes,
+                                const std::string& path) {
+  HANDLE event = CreateEventA(nullptr, TRUE, FALSE, nullptr);
+  if (event == nullptr) {
+    return internal::WindowsError(GetLastError(),
+                                  absl::StrCat("cannot write '", path, "'"));
   }
+  absl::Status status;
+  size_t done = 0;
+  while (done < bytes.size() && status.ok()) {
+    const DWORD chunk =
+        static_cast<DWORD>(std::min<size_t>(bytes.size() - done, size_t{1} << 20));
+    OVERLAPPED ov = {};
+    ov.hEvent = event;
+    ResetEvent(event);
+    DWORD written = 0;
+    if (!WriteFile(file, bytes.data() + done, chunk, nullptr, &ov) &&
+        GetLastError() != ERROR_IO_PENDING) {
+      status = internal::WindowsError(GetLastError(),
+                                      absl::StrCat("cannot write '", path, "'"));
+      break;
+    }
+    if (WaitForSingleObject(event, kOutputStallMs) == WAIT_TIMEOUT) {
+      CancelIo(file);
+      GetOverlappedResult(file, &ov, &written, TRUE);
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "'", path, "': its reader took nothing for ", kOutputStallMs / 1000,
+          " s; gave up after ", done + written, " of ", bytes.size(), " bytes"));
+      break;
+    }
+    if (!GetOverlappedResult(file, &ov, &written, FALSE) || written == 0) {
+      status = internal::WindowsError(GetLastError(),
+                                      absl::StrCat("cannot write '", path, "'"));
+      break;
+    }
+    done += written;
+  }
+  CloseHandle(event);
+  return status;
+}
+
+// Writes all of `bytes` to `file` (a character device such as NUL or CON).
+absl::Status WriteAll(HANDLE file, absl::string_view bytes, const std::string& path,
+                      const std::string& what) {
   size_t done = 0;
   while (done < bytes.size()) {
     const DWORD chunk =
         static_cast<DWORD>(std::min<size_t>(bytes.size() - done, size_t{1} << 30));
     DWORD written = 0;
     if (!WriteFile(file, bytes.data() + done, chunk, &written, nullptr) || written == 0) {
-      const DWORD error = GetLastError();
-      CloseHandle(file);
-      DeleteFileA(tmp.c_str());
       return internal::WindowsError(
-          error, absl::StrCat("cannot write '", tmp, "' for '", path, "'"));
+          GetLastError(), absl::StrCat("cannot write '", what, "' for '", path, "'"));
     }
     done += written;
+  }
+  return absl::OkStatus();
+}
+
+// An unguessable temporary name next to `path` (see the Linux variant).
+std::string TemporaryName(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  LARGE_INTEGER now = {};
+  QueryPerformanceCounter(&now);
+  const uint64_t mixed = (static_cast<uint64_t>(now.QuadPart) ^
+                          (reinterpret_cast<uintptr_t>(&counter) << 16)) *
+                         0x9e3779b97f4a7c15ull;
+  return absl::StrCat(path, ".tmp.", GetCurrentProcessId(), ".", counter.fetch_add(1),
+                      ".", absl::Hex(mixed, absl::kZeroPad16));
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+  if (path.empty()) return absl::InvalidArgumentError("empty output path");
+  // What is at `path` now. A link or junction is neither followed nor
+  // replaced, a directory refused; a device (NUL, CON) or a named pipe is
+  // written into as what it is.
+  const DWORD attributes = GetFileAttributesA(path.c_str());
+  if (attributes != INVALID_FILE_ATTRIBUTES) {
+    if ((attributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", path, "' is a symbolic link or junction; inprof writes neither "
+          "through nor over a link: not written (name the file itself)"));
+    }
+    if ((attributes & FILE_ATTRIBUTE_DIRECTORY) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' is a directory, not a regular file; not written"));
+    }
+  }
+  HANDLE existing = CreateFileA(path.c_str(), GENERIC_WRITE,
+                                FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                                nullptr, OPEN_EXISTING,
+                                FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_OVERLAPPED, nullptr);
+  if (existing != INVALID_HANDLE_VALUE) {
+    const DWORD type = GetFileType(existing);
+    if (type == FILE_TYPE_PIPE) {
+      absl::Status status = WriteToPipeBounded(existing, bytes, path);
+      CloseHandle(existing);
+      return status;
+    }
+    CloseHandle(existing);
+    if (type == FILE_TYPE_CHAR) {
+      // Character devices do not stall; written synchronously.
+      HANDLE device = CreateFileA(path.c_str(), GENERIC_WRITE,
+                                  FILE_SHARE_READ | FILE_SHARE_WRITE, nullptr,
+                                  OPEN_EXISTING, 0, nullptr);
+      if (device == INVALID_HANDLE_VALUE) {
+        return internal::WindowsError(GetLastError(),
+                                      absl::StrCat("cannot open '", path, "'"));
+      }
+      absl::Status status = WriteAll(device, bytes, path, path);
+      CloseHandle(device);
+      return status;
+    }
+    if (type != FILE_TYPE_DISK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' is not a regular file; not written"));
+    }
+  }
+  // Same directory as `path`, so that the replacement is a rename.
+  // CREATE_NEW: never opens what someone planted under the temporary name.
+  std::string tmp;
+  HANDLE file = INVALID_HANDLE_VALUE;
+  for (int attempt = 0; attempt < 16 && file == INVALID_HANDLE_VALUE; ++attempt) {
+    tmp = TemporaryName(path);
+    file = CreateFileA(tmp.c_str(), GENERIC_WRITE, 0, nullptr, CREATE_NEW,
+                       FILE_ATTRIBUTE_NORMAL, nullptr);
+    if (file == INVALID_HANDLE_VALUE && GetLastError() != ERROR_FILE_EXISTS) break;
+  }
+  if (file == INVALID_HANDLE_VALUE) {
+    return internal::WindowsError(
+        GetLastError(), absl::StrCat("cannot write '", path, "' (creating '", tmp, "')"));
+  }
+  if (absl::Status written = WriteAll(file, bytes, path, tmp); !written.ok()) {
+    CloseHandle(file);
+    DeleteFileA(tmp.c_str());
+    return written;
   }
   CloseHandle(file);
   // rename() does not replace an existing file on Windows; this does.

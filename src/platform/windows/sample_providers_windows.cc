@@ -3,6 +3,7 @@
 #include <windows.h>
 
 #include "absl/strings/str_cat.h"
+#include "inprof/internal/cpu_lattice.h"
 #include "inprof/windows/cpu_time_provider_windows.h"
 #include "inprof/windows/sample_provider_windows.h"
 #include "inprof/windows/wall_time_provider_windows.h"
@@ -60,7 +61,9 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& /*thread*/, ThreadData& d
                                         const ThreadTimes& times, int64_t /*now_ns*/) {
   data.armed = true;
   // CPU before the profiler started is not in the profile.
-  data.last_cpu_ns = times.cpu_ns >= 0 ? times.cpu_ns : 0;
+  data.next_due_ns = (times.cpu_ns >= 0 ? times.cpu_ns : 0) +
+                     absl::Uniform<int64_t>(absl::IntervalOpenClosed, bitgen_, 0,
+                                            period_ns_);
   return absl::OkStatus();
 }
 
@@ -68,11 +71,11 @@ VisitDecision CpuTimeProvider::Visit(ThreadContext& /*thread*/, ThreadData& data
                                      const ThreadTimes& times, int64_t /*now_ns*/,
                                      std::span<int64_t> values) {
   if (!data.armed || times.cpu_ns < 0) return VisitDecision::kSkip;
-  const int64_t used = times.cpu_ns - data.last_cpu_ns;
-  if (used <= 0) return VisitDecision::kSkip;
-  data.last_cpu_ns = times.cpu_ns;
+  const int64_t points =
+      internal::TakeLatticePoints(times.cpu_ns, &data.next_due_ns, period_ns_);
+  if (points == 0) return VisitDecision::kSkip;
   values[0] = 1;
-  values[1] = used;
+  values[1] = points * period_ns_;
   return VisitDecision::kSample;
 }
 
@@ -82,12 +85,11 @@ bool CpuTimeProvider::TakeTail(ThreadContext& /*thread*/, ThreadData& data,
   if (!data.armed) return false;
   data.armed = false;
   if (times.cpu_ns < 0) return false;
-  const int64_t used = times.cpu_ns - data.last_cpu_ns;
-  if (used <= 0) return false;
-  data.last_cpu_ns = times.cpu_ns;
+  const int64_t points =
+      internal::TakeLatticePoints(times.cpu_ns, &data.next_due_ns, period_ns_);
   values[0] = 0;
-  values[1] = used;
-  return true;
+  values[1] = points * period_ns_;
+  return points > 0;
 }
 
 std::string CpuTimeProvider::Describe() const {
