@@ -109,7 +109,7 @@ BENCHMARK(BM_WallTicker_IdleThreads)->Arg(100)->Arg(1000)->Iterations(1)->UseRea
 void BM_WallTimeProvider_LookAtBlockedThread(benchmark::State& state) {
   const bool two_reads = state.range(0) == 1;
   const bool kept = state.range(0) == 2;
-  int kept_fd = -1;
+  internal::OwnedFd kept_file;  // closed at scope exit
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
@@ -127,7 +127,7 @@ void BM_WallTimeProvider_LookAtBlockedThread(benchmark::State& state) {
       benchmark::DoNotOptimize(internal::ThreadState(tid));
       benchmark::DoNotOptimize(internal::ThreadSyscallSite(tid));
     } else if (kept) {
-      benchmark::DoNotOptimize(internal::LookAtThread(tid, &kept_fd, true));
+      benchmark::DoNotOptimize(internal::LookAtThread(tid, &kept_file, true));
     } else {
       benchmark::DoNotOptimize(internal::LookAtThread(tid));
     }
@@ -138,7 +138,6 @@ void BM_WallTimeProvider_LookAtBlockedThread(benchmark::State& state) {
   }
   cv.notify_all();
   waiter.join();
-  if (kept_fd >= 0) close(kept_fd);
 }
 BENCHMARK(BM_WallTimeProvider_LookAtBlockedThread)
     ->Arg(0)

@@ -16,8 +16,11 @@
 //           A user-space-only event (perf_event_paranoid = 2) drops those
 //           overflows; the engine then says so, and `auto` prefers timer.
 //           One file descriptor per thread, at most Options::perf_fd_share
-//           percent of those free under RLIMIT_NOFILE at Start(); threads
-//           beyond that budget use the timer engine.
+//           percent of those free under RLIMIT_NOFILE (counted at Start()
+//           and again when the program changes its limit); threads beyond
+//           that budget use the timer engine. A descriptor the program
+//           closed (and maybe reused) is never disabled or closed by inprof
+//           (internal/owned_fd.h).
 //   timer   a POSIX timer on the thread's CPU clock (pthread_getcpuclockid)
 //           signalling that thread (SIGEV_THREAD_ID). The kernel checks CPU
 //           timers at scheduler ticks, so periods below a tick (4 ms at
@@ -80,6 +83,7 @@
 
 #include "absl/random/random.h"
 #include "absl/status/status.h"
+#include "inprof/internal/owned_fd.h"
 #include "inprof/sample_provider.h"
 
 namespace inprof {
@@ -119,6 +123,9 @@ class CpuTimeProvider {
     CpuEngine engine = CpuEngine::kAuto;  // the engine arming it; kAuto: none
     timer_t timer{};
     int perf_fd = -1;
+    // What perf_fd was when opened: it is disabled and closed only if it
+    // still is (the program may have closed and reused the number).
+    internal::FdIdentity perf_identity;
     bool armed = false;
     // For the handler: the engine whose signals sample the thread (set
     // before its timer starts) and its period.
@@ -190,8 +197,7 @@ class CpuTimeProvider {
   CpuEngine engine_ = CpuEngine::kTimer;
   bool perf_kernel_ = false;  // the perf event counts kernel mode too
   std::string perf_unavailable_;  // why the perf engine was not chosen
-  int perf_fd_budget_ = 0;
-  std::atomic<int> perf_fds_in_use_{0};
+  internal::DescriptorBudget perf_fds_;
   std::mutex itimer_mutex_;
   int itimer_threads_ = 0;  // itimer_mutex_
   std::atomic<uint64_t> armed_perf_{0}, armed_timer_{0}, armed_itimer_{0},

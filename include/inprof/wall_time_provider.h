@@ -82,6 +82,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "inprof/internal/owned_fd.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/sample_provider.h"
 
@@ -220,12 +221,11 @@ class WallTimeProvider {
     int64_t follow_balance_ns = 0;
     bool steady_visit = false;  // ticker: the last visit found nothing new
     // The thread's /proc/self/task/TID/syscall kept open between looks
-    // (internal::LookAtThread), -1 when not; closed by DisarmThread.
-    int syscall_fd = -1;
+    // (internal::LookAtThread), empty when not; closed by DisarmThread.
+    internal::OwnedFd syscall_file;
     ThreadData() = default;
     ThreadData(const ThreadData&) = delete;
     ThreadData& operator=(const ThreadData&) = delete;
-    ~ThreadData();
   };
 
   absl::Status Configure(const Options& options);
@@ -319,11 +319,14 @@ class WallTimeProvider {
   };
   VisitCounts visit_counts() const { return counts_; }
   // Descriptors of threads' .../syscall files held open now, and the most
-  // it holds (1/16 of those free under RLIMIT_NOFILE at Configure, at most
-  // kMaxKeptFiles): the threads looked at first keep theirs.
-  int kept_files() const { return kept_files_.load(std::memory_order_relaxed); }
-  int kept_file_budget() const { return kept_file_budget_; }
+  // it holds (1/16 of those free under RLIMIT_NOFILE at Configure and
+  // whenever the program changes that limit, at most kMaxKeptFiles): the
+  // threads looked at first keep theirs, the others' are opened at each look.
+  int kept_files() const { return kept_files_.held(); }
+  int kept_file_budget() const { return kept_files_.limit(); }
   static constexpr int kMaxKeptFiles = 256;
+  // For the profile's comments: "" unless the budget held files back.
+  std::string Describe() const;
 
   // Monotonic nanoseconds (CLOCK_MONOTONIC). Async-signal-safe.
   static int64_t NowNanos() noexcept;
@@ -332,8 +335,7 @@ class WallTimeProvider {
   absl::Duration period_ = absl::Milliseconds(10);
   size_t threads_per_tick_ = 5;
   VisitCounts counts_;  // ticker (registry lock)
-  int kept_file_budget_ = 0;
-  std::atomic<int> kept_files_{0};  // DisarmThread may run outside the lock
+  internal::DescriptorBudget kept_files_;  // DisarmThread may run outside the lock
 };
 
 static_assert(SampleProvider<WallTimeProvider>);

@@ -32,11 +32,12 @@ namespace {
 // descriptor (and may live on) would otherwise prevent. One profiler runs
 // in a process at a time, so one link at a time.
 std::atomic<int> g_link_socket{-1};
+FdIdentity g_link_socket_identity;  // written before g_link_socket
 std::atomic<uint64_t> g_fork_generation{0};
 
 void CloseLinkInChild() {
   const int fd = g_link_socket.exchange(-1);
-  if (fd >= 0) close(fd);
+  if (fd >= 0) CloseIfOurs(fd, g_link_socket_identity);
   g_fork_generation.fetch_add(1);
 }
 
@@ -168,7 +169,11 @@ absl::StatusOr<std::unique_ptr<AgentLink>> AgentLink::Connect(
   if (!connection.ok()) return connection.status();
 
   std::unique_ptr<AgentLink> link(new AgentLink());
+  // Above the numbers the program's open() takes first (owned_fd.h).
+  connection->socket = MoveAboveProgramRange(connection->socket);
+  connection->region_fd = MoveAboveProgramRange(connection->region_fd);
   link->socket_ = connection->socket;
+  link->socket_identity_ = IdentifyFd(link->socket_);
   link->address_ = address->ToString();
   link->agent_pid_ = connection->welcome.agent_pid;
   link->pid_ = getpid();
@@ -190,11 +195,13 @@ absl::StatusOr<std::unique_ptr<AgentLink>> AgentLink::Connect(
     return fail(absl::StrCat("cannot map its shared region: ", std::strerror(errno)));
   }
   link->region_fd_ = connection->region_fd;
+  link->region_identity_ = IdentifyFd(link->region_fd_);
   link->region_ = region;
   link->region_bytes_ = bytes;
   link->ring_ = std::make_unique<AgentRingWriter>(region, bytes);
   link->num_values_ = describe.sample_types.size();
   InstallForkHandler();
+  g_link_socket_identity = link->socket_identity_;
   g_link_socket.store(link->socket_);
   link->generation_ = g_fork_generation.load();
   if (!link->Push(EncodeAgentOp(describe))) {
@@ -209,20 +216,25 @@ AgentLink::~AgentLink() {
   if (socket_ >= 0) {
     int expected = socket_;
     g_link_socket.compare_exchange_strong(expected, -1);
-    close(socket_);
+    CloseIfOurs(socket_, socket_identity_);
   }
   if (region_ != nullptr) munmap(region_, region_bytes_);
   if (area_header_ != nullptr) munmap(area_header_, kAgentThreadAreaHeaderBytes);
   for (char* batch : batches_) {
     munmap(batch, size_t{kChunksPerBatch} * chunk_bytes_);
   }
-  if (region_fd_ >= 0) close(region_fd_);
+  if (region_fd_ >= 0) CloseIfOurs(region_fd_, region_identity_);
 }
 
 void AgentLink::EnableThreadRings(const AgentThreadRingLayout& layout) {
   if (area_header_ != nullptr || region_fd_ < 0 || layout.value_counts.empty() ||
       layout.value_counts.size() > kAgentMaxProviders ||
       layout.value_offsets.size() != layout.value_counts.size()) {
+    return;
+  }
+  if (!IsStillOurs(region_fd_, region_identity_)) {
+    NoteDescriptorTaken(region_fd_, "the agent's shared memory");
+    region_fd_ = -1;
     return;
   }
   area_offset_ = AgentThreadAreaOffset(region_bytes_);
@@ -256,6 +268,14 @@ bool AgentLink::GrowThreadArea() {
   const uint64_t at = area_offset_ + kAgentThreadAreaHeaderBytes +
                       uint64_t{chunks_made_} * chunk_bytes_;
   const uint64_t bytes = uint64_t{kChunksPerBatch} * chunk_bytes_;
+  // Grown only through the memory the agent handed over, never a file of
+  // the program's that took its number.
+  if (region_fd_ < 0) return false;
+  if (!IsStillOurs(region_fd_, region_identity_)) {
+    NoteDescriptorTaken(region_fd_, "the agent's shared memory");
+    region_fd_ = -1;
+    return false;
+  }
   if (ftruncate(region_fd_, static_cast<off_t>(at + bytes)) != 0) return false;
   void* batch = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                      region_fd_, static_cast<off_t>(at));
@@ -411,6 +431,16 @@ bool AgentLink::Flush(const std::vector<uint64_t>& counters,
   if (counters != last_counters_ && Push(EncodeAgentOp(AgentStats{counters}))) {
     last_counters_ = counters;
   }
+  // The program closed the socket (and may have reused its number): the
+  // link is gone like a link whose agent went away.
+  if (!IsStillOurs(socket_, socket_identity_)) {
+    NoteDescriptorTaken(socket_, "the agent's socket");
+    int expected = socket_;
+    g_link_socket.compare_exchange_strong(expected, -1);
+    socket_ = -1;
+    MarkGone();
+    return false;
+  }
   // The agent says nothing after its Welcome: a readable socket is its
   // end (end-of-file) or a peer that is not an agent any more.
   pollfd p{socket_, POLLIN | POLLRDHUP, 0};
@@ -427,7 +457,7 @@ void AgentLink::End(const std::vector<uint64_t>& counters) {
   Push(EncodeAgentOp(AgentEnd{}));
   int expected = socket_;
   g_link_socket.compare_exchange_strong(expected, -1);
-  close(socket_);
+  if (socket_ >= 0) CloseIfOurs(socket_, socket_identity_);
   socket_ = -1;
   gone_ = ended_ = true;  // nothing more is forwarded; nothing was lost
 }

@@ -38,14 +38,12 @@ namespace inprof::gperftools {
 namespace {
 
 // Trivially initialised: the constructor that sets it may run before the
-// dynamic initialisers of this file.
-int g_signal_pipe[2] = {-1, -1};
+// dynamic initialisers of this file. Never destroyed.
+run::SignalWake* g_toggle = nullptr;
 
-void ToggleHandler(int) {
+void ToggleHandler(int sig) {
   const int saved = errno;
-  const char b = 1;
-  ssize_t n = write(g_signal_pipe[1], &b, 1);
-  (void)n;
+  g_toggle->Post(sig);
   errno = saved;
 }
 
@@ -54,11 +52,8 @@ void* ToggleThread(void* arg) {
   const std::string signal_file = *static_cast<std::string*>(arg);
   delete static_cast<std::string*>(arg);
   int runs = 0;
-  char b;
   while (true) {
-    ssize_t n = read(g_signal_pipe[0], &b, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return nullptr;
+    (void)g_toggle->Wait();
     if (run::CurrentStatus().running) {
       run::Stop();
     } else {
@@ -124,16 +119,15 @@ bool StartFromEnvironment(Options options, const std::string& report,
                                  "': expected a signal number (not SIGPROF); "
                                  "profiling from load to exit instead"));
     } else {
-      if (pipe2(g_signal_pipe, O_CLOEXEC) == 0) {
-        struct sigaction sa;
-        std::memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = &ToggleHandler;
-        sa.sa_flags = SA_RESTART;
-        sigaction(n, &sa, nullptr);
-        auto* file = new std::string(options.output);
-        if (!run::StartDetachedThread("inprof-cpuprofsig", &ToggleThread, file)) {
-          delete file;
-        }
+      g_toggle = new run::SignalWake;
+      struct sigaction sa;
+      std::memset(&sa, 0, sizeof(sa));
+      sa.sa_handler = &ToggleHandler;
+      sa.sa_flags = SA_RESTART;
+      sigaction(n, &sa, nullptr);
+      auto* file = new std::string(options.output);
+      if (!run::StartDetachedThread("inprof-cpuprofsig", &ToggleThread, file)) {
+        delete file;
       }
       return true;
     }

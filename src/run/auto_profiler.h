@@ -13,6 +13,9 @@
 #ifndef INPROF_RUN_AUTO_PROFILER_H_
 #define INPROF_RUN_AUTO_PROFILER_H_
 
+#include <semaphore.h>
+
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -31,6 +34,33 @@ void UnblockSigprofAfterExec();
 // signal blocked (signals meant for the program never land on it). Returns
 // false if the thread could not be created (fn is then not run).
 bool StartDetachedThread(const char* name, void* (*fn)(void*), void* arg);
+
+// A signal handler's wake-up call to a helper thread, without a descriptor:
+// a pipe's number may be closed by the program (a daemon's close_range(3,
+// ~0U, 0) at start) and reused for one of its files, which the handler
+// would then write into, and the helper would never wake. Post() is
+// async-signal-safe (sem_post); each Post() wakes one Wait(), which returns
+// the value of the latest Post() (a signal number).
+class SignalWake {
+ public:
+  SignalWake() { sem_init(&sem_, 0, 0); }
+  ~SignalWake() { sem_destroy(&sem_); }
+  SignalWake(const SignalWake&) = delete;
+  SignalWake& operator=(const SignalWake&) = delete;
+  void Post(int value) noexcept {
+    value_.store(value, std::memory_order_relaxed);
+    sem_post(&sem_);
+  }
+  int Wait() noexcept {
+    while (sem_wait(&sem_) != 0) {
+    }
+    return value_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  sem_t sem_;
+  std::atomic<int> value_{0};
+};
 
 // Constructs the profiler from `options` (nothing when options.enabled is
 // false) and registers the calling thread. `report`: the file each written

@@ -19,7 +19,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -146,21 +145,20 @@ struct State {
   ThreadRegistration* first_registration = nullptr;  // Init()'s thread
   bool running = false;
   bool stepped_aside = false;
-  bool exit_hooks_installed = false;  // atexit, at_quick_exit (inherited)
-  // The end signals' handlers and the watcher thread with its pipes; a
-  // forked child gets its own (the parent's thread is not there).
-  bool watch_installed = false;
+  bool hooks_installed = false;  // atexit, at_quick_exit, end signals
   bool children = true;
   Options options;  // without sinks: what a forked child starts with
   std::string report;
   std::string output;
   pid_t first_pid = 0;       // the tree's first process (kFirstPidVariable)
   absl::Time start;
-  int watch_pipe[2] = {-1, -1};
-  // The watcher's answer to a FinishBeforeExit request, and the process the
-  // watcher runs in.
-  int finished_pipe[2] = {-1, -1};
-  pid_t watch_pid = 0;
+  // The end signals' handler wakes the watcher thread through this (no
+  // descriptor: see run::SignalWake).
+  run::SignalWake end_signal;
+  bool end_watcher = false;  // its thread runs in this process
+  pid_t end_watcher_pid = 0;  // where that thread runs (a vfork child is not)
+  // FinishBeforeExit's requests the watcher has answered.
+  std::atomic<uint64_t> finishes{0};
   // pthread_t of the threads registered here -> their ids, so that
   // pthread_setname_np(other, ...) finds the thread. A leaf lock, held
   // across fork() (internal/fork_guard.h).
@@ -220,24 +218,12 @@ void AtExit() { Finish(); }
 // take its default effect. A program that installs its own handler replaces
 // this one (and usually exits, which writes the profile at exit).
 constexpr int kEndSignals[] = {SIGINT, SIGTERM, SIGHUP};
-// What FinishBeforeExit writes to the watcher (signal numbers are below).
-constexpr unsigned char kFinishRequest = 0xff;
+// What FinishBeforeExit posts to the watcher (signal numbers are below).
+constexpr int kFinishRequest = 0x100;
 
 void EndSignalHandler(int sig) {
   const int saved = errno;
-  const unsigned char b = static_cast<unsigned char>(sig);
-  State& s = state();
-  if (s.watch_pid != getpid() || s.watch_pipe[1] < 0 ||
-      write(s.watch_pipe[1], &b, 1) != 1) {
-    // No watcher in this process (a forked child that has not started
-    // profiling): the default action, as without inprof. The signal is
-    // blocked while its handler runs, so it is delivered on return.
-    struct sigaction dfl;
-    std::memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    sigaction(sig, &dfl, nullptr);
-    raise(sig);
-  }
+  state().end_signal.Post(sig);
   errno = saved;
 }
 
@@ -245,45 +231,32 @@ void* WatchEndSignals(void*) {
   t_inprof = true;
   State& s = state();
   while (true) {
-    unsigned char b = 0;
-    const ssize_t n = read(s.watch_pipe[0], &b, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != 1) return nullptr;
-    if (b == kFinishRequest) {
-      Finish();
-      const unsigned char done = 1;
-      ssize_t w = write(s.finished_pipe[1], &done, 1);
-      (void)w;
+    const int what = s.end_signal.Wait();
+    Finish();
+    if (what == kFinishRequest) {
+      s.finishes.fetch_add(1, std::memory_order_release);
       continue;
     }
-    const int sig = b;
-    Finish();
-    signal(sig, SIG_DFL);
-    kill(getpid(), sig);
+    signal(what, SIG_DFL);
+    kill(getpid(), what);
     return nullptr;
   }
 }
 
-// Lifecycle lock held. The end signals' handlers (where the program left
-// the default action, or has ours from the process it was forked from) and
-// the thread that writes the profile for them and for FinishBeforeExit.
-void InstallWatchLocked(State& s) {
-  if (s.watch_installed) return;
-  s.watch_installed = true;
-  if (pipe2(s.watch_pipe, O_CLOEXEC) != 0) {
-    s.watch_pipe[0] = s.watch_pipe[1] = -1;
-    return;
-  }
-  if (pipe2(s.finished_pipe, O_CLOEXEC) != 0) {
-    s.finished_pipe[0] = s.finished_pipe[1] = -1;
-  }
+// The watcher thread, for the end signals and FinishBeforeExit; in this
+// process (a forked child starts its own).
+void StartEndWatcher(State& s) {
+  s.end_watcher =
+      run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
+  s.end_watcher_pid = s.end_watcher ? getpid() : 0;
+}
+
+void InstallEndSignalHandlers() {
+  State& s = state();
   for (int sig : kEndSignals) {
     struct sigaction current;
     if (sigaction(sig, nullptr, &current) != 0) continue;
-    const bool ours = (current.sa_flags & SA_SIGINFO) == 0 &&
-                      current.sa_handler == &EndSignalHandler;
-    if (!ours &&
-        ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL)) {
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) {
       continue;  // ignored (nohup) or handled: the program's choice stands
     }
     struct sigaction action;
@@ -293,47 +266,37 @@ void InstallWatchLocked(State& s) {
     sigemptyset(&action.sa_mask);
     sigaction(sig, &action, nullptr);
   }
-  if (run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr)) {
-    s.watch_pid = getpid();
-  }
+  // Also when the program handles every end signal: _exit() needs it.
+  StartEndWatcher(s);
 }
 
 // Before _exit() or _Exit() (interposed below): the profile is written by
 // the watcher thread while the calling thread waits, at most stop_timeout +
 // 5 s. The caller may be a signal handler that interrupted a thread holding
 // a lock Stop() needs (malloc's): the wait is what bounds it, and it uses
-// only async-signal-safe calls (getpid, write, poll). Not in a process
-// whose watcher is another's (a vfork child shares the parent's memory and
-// has its own pid), nor on inprof's own threads.
+// only async-signal-safe calls (sem_post, getpid, clock_gettime,
+// nanosleep). Not in a process whose watcher is another's (a vfork child
+// shares the parent's memory and has its own pid), nor on inprof's own
+// threads.
 void FinishBeforeExit() {
   if (t_inprof || !g_running.load(std::memory_order_acquire)) return;
   State& s = state();
-  const pid_t watcher = s.watch_pid;
-  if (watcher == 0 || watcher != getpid() || s.watch_pipe[1] < 0 ||
-      s.finished_pipe[0] < 0) {
-    return;
-  }
-  const unsigned char request = kFinishRequest;
-  if (write(s.watch_pipe[1], &request, 1) != 1) return;
-  const int64_t limit_ms =
-      absl::ToInt64Milliseconds(s.options.stop_timeout) + 5000;
+  if (!s.end_watcher || s.end_watcher_pid != getpid()) return;
+  const uint64_t before = s.finishes.load(std::memory_order_acquire);
+  s.end_signal.Post(kFinishRequest);
+  const int64_t limit_ns =
+      absl::ToInt64Nanoseconds(s.options.stop_timeout) + 5'000'000'000LL;
   timespec start{};
   clock_gettime(CLOCK_MONOTONIC, &start);
-  while (true) {
+  while (s.finishes.load(std::memory_order_acquire) == before) {
     timespec now{};
     clock_gettime(CLOCK_MONOTONIC, &now);
-    const int64_t spent_ms = (now.tv_sec - start.tv_sec) * 1000 +
-                             (now.tv_nsec - start.tv_nsec) / 1'000'000;
-    if (spent_ms >= limit_ms) return;
-    pollfd p{s.finished_pipe[0], POLLIN, 0};
-    const int rc = poll(&p, 1, static_cast<int>(limit_ms - spent_ms));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc == 1) {
-      unsigned char done = 0;
-      ssize_t r = read(s.finished_pipe[0], &done, 1);
-      (void)r;
+    if ((now.tv_sec - start.tv_sec) * 1'000'000'000LL + (now.tv_nsec - start.tv_nsec) >=
+        limit_ns) {
+      return;
     }
-    return;
+    const timespec tick{0, 1'000'000};
+    nanosleep(&tick, nullptr);
   }
 }
 
@@ -373,12 +336,12 @@ absl::Status StartLocked(State& s, const std::string& output) {
   s.output = output;
   s.start = absl::Now();
   g_running.store(true, std::memory_order_release);
-  if (!s.exit_hooks_installed) {
-    s.exit_hooks_installed = true;
+  if (!s.hooks_installed) {
+    s.hooks_installed = true;
     atexit(&AtExit);
     at_quick_exit(&AtExit);
+    InstallEndSignalHandlers();
   }
-  InstallWatchLocked(s);
   AppendToReport(s.report, "started");
   return absl::OkStatus();
 }
@@ -391,14 +354,15 @@ void AtForkChild() {
   // The child has one thread: a lifecycle lock another thread of the parent
   // held (writing the parent's profile) means nothing here.
   new (&s.lifecycle) std::mutex;
-  // The parent's watcher thread is not here, and its pipes are the
-  // parent's: an end signal written there would end the parent. Forgotten
-  // (not closed: the program may have reused the numbers); the child
-  // installs its own when it starts.
-  s.watch_installed = false;
-  s.watch_pipe[0] = s.watch_pipe[1] = -1;
-  s.finished_pipe[0] = s.finished_pipe[1] = -1;
-  s.watch_pid = 0;
+  // Nor does the parent's signal watcher exist here: the end signals'
+  // handlers (inherited) need one of the child's own, or SIGTERM would
+  // never end the child.
+  if (s.end_watcher) {
+    s.end_signal.~SignalWake();
+    new (&s.end_signal) run::SignalWake;
+    s.finishes.store(0, std::memory_order_relaxed);
+    StartEndWatcher(s);
+  }
   PreloadProfiler* parent = s.profiler;
   if (parent == nullptr) return;
   const bool was_running = s.running;

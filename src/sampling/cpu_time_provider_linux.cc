@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "absl/random/random.h"
@@ -47,7 +48,7 @@ int OpenTaskClock(pid_t tid, uint64_t period_ns, bool kernel) {
 }  // namespace
 
 CpuTimeProvider::ThreadData::~ThreadData() {
-  if (perf_fd >= 0) close(perf_fd);
+  if (perf_fd >= 0) internal::CloseIfOurs(perf_fd, perf_identity);
 }
 
 absl::Status CpuTimeProvider::Configure(const Options& options) {
@@ -81,13 +82,10 @@ absl::Status CpuTimeProvider::Configure(const Options& options) {
     }
   }
   // The share of descriptors still free that the engine may hold.
-  perf_fd_budget_ = 0;
   if (perf_ok) {
-    if (const int64_t free_fds = internal::FreeFileDescriptors(); free_fds >= 0) {
-      perf_fd_budget_ =
-          static_cast<int>(free_fds * options.perf_fd_share / 100);
-    }
-    if (perf_fd_budget_ <= 0) {
+    perf_fds_.Configure(options.perf_fd_share, 100, INT_MAX, "the perf engine",
+                        "further threads use the timer engine");
+    if (perf_fds_.limit() <= 0) {
       perf_ok = false;
       perf_unavailable_ = options.perf_fd_share == 0
                               ? "INPROF_PERF_FD_SHARE=0"
@@ -132,7 +130,7 @@ CpuTimeProvider::EngineCounts CpuTimeProvider::counts() const {
   c.timer = armed_timer_.load(std::memory_order_relaxed);
   c.itimer = armed_itimer_.load(std::memory_order_relaxed);
   c.perf_fallbacks = perf_fallbacks_.load(std::memory_order_relaxed);
-  c.perf_fd_budget = perf_fd_budget_;
+  c.perf_fd_budget = perf_fds_.limit();
   return c;
 }
 
@@ -145,7 +143,7 @@ std::string CpuTimeProvider::Describe() const {
                       perf_kernel_ ? "kernel mode included"
                                    : "user space only: kernel CPU goes to "
                                      "the next user-space sample",
-                      "; up to ", perf_fd_budget_, " descriptors)");
+                      "; up to ", perf_fds_.limit(), " descriptors)");
       break;
     case CpuEngine::kTimer:
       absl::StrAppend(&s, " (POSIX CPU timer per thread, scheduler-tick "
@@ -170,6 +168,11 @@ std::string CpuTimeProvider::Describe() const {
                       "perf_event_open failure)");
     }
   }
+  if (engine_ == CpuEngine::kPerf) {
+    if (const std::string held = perf_fds_.Describe(); !held.empty()) {
+      absl::StrAppend(&s, "; perf descriptors ", held);
+    }
+  }
   return s;
 }
 
@@ -191,12 +194,11 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
   absl::Status status;
   if (engine_ == CpuEngine::kPerf) {
     // Reserve a descriptor of the budget first: threads arm concurrently.
-    if (perf_fds_in_use_.fetch_add(1, std::memory_order_relaxed) <
-        perf_fd_budget_) {
+    if (perf_fds_.TryTake()) {
       status = ArmPerf(thread, data, tag);
       if (status.ok()) return status;
+      perf_fds_.Give();
     }
-    perf_fds_in_use_.fetch_sub(1, std::memory_order_relaxed);
     perf_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   }
   if (engine_ != CpuEngine::kItimer) {
@@ -218,8 +220,10 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
   // it was drawn and is counted by that later sample).
   const int64_t event_first =
       refresh ? first : std::max(first, std::min(period_ns_, kPerfFirstPeriodFloorNs));
-  const int fd = OpenTaskClock(thread.tid, static_cast<uint64_t>(event_first),
-                               perf_kernel_);
+  // Above the numbers the program's open() takes first, before O_ASYNC
+  // (the overflow signal's si_fd is the number O_ASYNC was set on).
+  const int fd = internal::MoveAboveProgramRange(OpenTaskClock(
+      thread.tid, static_cast<uint64_t>(event_first), perf_kernel_));
   if (fd < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "perf_event_open for thread ", thread.tid, ": ", strerror(errno)));
@@ -235,6 +239,7 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
         strerror(err)));
   }
   data.perf_fd = fd;
+  data.perf_identity = internal::IdentifyFd(fd, /*perf_event=*/true);
   // The handler matches the overflow's si_fd against these.
   thread.perf_tag.store(tag, std::memory_order_relaxed);
   thread.perf_fd.store(fd, std::memory_order_release);
@@ -359,10 +364,16 @@ void CpuTimeProvider::DisarmThread(ThreadContext& thread,
   switch (data.engine) {
     case CpuEngine::kPerf:
       thread.perf_fd.store(-1, std::memory_order_release);
-      ioctl(data.perf_fd, PERF_EVENT_IOC_DISABLE, 0);
-      close(data.perf_fd);
+      // Only the event inprof opened: the program may have closed it and
+      // reused the number.
+      if (internal::IsStillOurs(data.perf_fd, data.perf_identity)) {
+        ioctl(data.perf_fd, PERF_EVENT_IOC_DISABLE, 0);
+        close(data.perf_fd);
+      } else {
+        internal::NoteDescriptorTaken(data.perf_fd, "a thread's perf event");
+      }
       data.perf_fd = -1;
-      perf_fds_in_use_.fetch_sub(1, std::memory_order_relaxed);
+      perf_fds_.Give();
       break;
     case CpuEngine::kTimer:
       timer_delete(data.timer);

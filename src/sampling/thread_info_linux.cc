@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "inprof/internal/owned_fd.h"
 
 namespace inprof::internal {
 
@@ -108,8 +109,8 @@ ThreadLook ParseSyscallFile(char* buf, ssize_t n) noexcept {
 
 // One read of /proc/self/task/TID/syscall. `opened` is false when the file
 // could not be opened (the thread is gone, or the kernel lacks the file).
-// With `kept_fd`, the descriptor is left open there instead of closed.
-ThreadLook ReadSyscallFile(pid_t tid, bool& opened, int* kept_fd = nullptr) noexcept {
+// With `kept`, the descriptor is left open there instead of closed.
+ThreadLook ReadSyscallFile(pid_t tid, bool& opened, OwnedFd* kept = nullptr) noexcept {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/self/task/%d/syscall",
                 static_cast<int>(tid));
@@ -118,8 +119,8 @@ ThreadLook ReadSyscallFile(pid_t tid, bool& opened, int* kept_fd = nullptr) noex
   if (fd < 0) return ThreadLook();
   char buf[256];
   const ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  if (kept_fd != nullptr && n > 0) {
-    *kept_fd = fd;
+  if (kept != nullptr && n > 0) {
+    *kept = OwnedFd::Adopt(fd);
   } else {
     close(fd);
   }
@@ -133,7 +134,7 @@ SyscallSite ThreadSyscallSite(pid_t tid) noexcept {
   return ReadSyscallFile(tid, opened).site;
 }
 
-ThreadLook LookAtThread(pid_t tid, int* kept_fd, bool keep) noexcept {
+ThreadLook LookAtThread(pid_t tid, OwnedFd* kept, bool keep) noexcept {
   ThreadLook look;
   // The calling thread's own file would name the read() that reads it.
   // (Its id cached: gettid is a system call, and the ticker looks often.)
@@ -142,15 +143,19 @@ ThreadLook LookAtThread(pid_t tid, int* kept_fd, bool keep) noexcept {
     look.state = 'R';
     return look;
   }
-  if (kept_fd != nullptr && *kept_fd >= 0) {
-    char buf[256];
-    const ssize_t n = pread(*kept_fd, buf, sizeof(buf) - 1, 0);
-    // ESRCH once the thread has exited: gone, like a file that cannot be
-    // opened.
-    return n > 0 ? ParseSyscallFile(buf, n) : ThreadLook();
+  if (kept != nullptr && kept->valid()) {
+    // Read only if the number still is the file inprof opened (else it is
+    // forgotten, and the file opened afresh below).
+    if (const int fd = kept->Verified(); fd >= 0) {
+      char buf[256];
+      const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+      // ESRCH once the thread has exited: gone, like a file that cannot be
+      // opened.
+      return n > 0 ? ParseSyscallFile(buf, n) : ThreadLook();
+    }
   }
   bool opened = false;
-  look = ReadSyscallFile(tid, opened, kept_fd != nullptr && keep ? kept_fd : nullptr);
+  look = ReadSyscallFile(tid, opened, kept != nullptr && keep ? kept : nullptr);
   if (look.state == 0 && !opened) {
     // No .../syscall here, or the thread is gone: .../stat tells which.
     const char state = ThreadState(tid);

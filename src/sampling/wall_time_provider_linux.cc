@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "inprof/internal/thread_info.h"
 
 namespace inprof {
@@ -22,14 +23,15 @@ absl::Status WallTimeProvider::Configure(const Options& options) {
       options.wall_threads_per_tick > 0 ? options.wall_threads_per_tick : 1);
   // A small share of the descriptors still free: the host's own come first
   // (the perf engine takes INPROF_PERF_FD_SHARE, 25% by default).
-  const int64_t free_fds = internal::FreeFileDescriptors();
-  kept_file_budget_ = static_cast<int>(
-      std::clamp<int64_t>(free_fds / 16, 0, kMaxKeptFiles));
+  kept_files_.Configure(1, 16, kMaxKeptFiles, "the wall sampler",
+                        "further threads' /proc/self/task/TID/syscall files "
+                        "are opened at each look instead of kept open");
   return absl::OkStatus();
 }
 
-WallTimeProvider::ThreadData::~ThreadData() {
-  if (syscall_fd >= 0) close(syscall_fd);
+std::string WallTimeProvider::Describe() const {
+  const std::string held = kept_files_.Describe();
+  return held.empty() ? held : absl::StrCat("wall sampler's kept files ", held);
 }
 
 absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
@@ -50,10 +52,9 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
 
 void WallTimeProvider::DisarmThread(ThreadContext&, ThreadData& data) noexcept {
   data.armed = false;
-  if (data.syscall_fd >= 0) {
-    close(data.syscall_fd);
-    data.syscall_fd = -1;
-    kept_files_.fetch_sub(1, std::memory_order_relaxed);
+  if (data.syscall_file.valid()) {
+    data.syscall_file.Reset();  // closed only if it is still inprof's
+    kept_files_.Give();
   }
 }
 
@@ -178,13 +179,12 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   bool looked = false;
   if (!ran_throughout) {
     // Its file stays open for the next looks while the budget allows.
-    const bool had_file = data.syscall_fd >= 0;
-    look = internal::LookAtThread(
-        thread.tid, &data.syscall_fd,
-        !had_file && kept_files_.load(std::memory_order_relaxed) < kept_file_budget_);
-    if (!had_file && data.syscall_fd >= 0) {
-      kept_files_.fetch_add(1, std::memory_order_relaxed);
-    }
+    const bool had_file = data.syscall_file.valid();
+    const bool keep = !had_file && kept_files_.TryTake();
+    look = internal::LookAtThread(thread.tid, &data.syscall_file, keep);
+    // Not kept after all (the thread is gone), or found taken by the
+    // program (closed, the number maybe reused): its share is free again.
+    if ((keep || had_file) && !data.syscall_file.valid()) kept_files_.Give();
     looked = true;
     ++counts_.state_reads;
   }

@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "inprof/internal/debug_endpoint.h"
 #include "inprof/internal/log.h"
+#include "inprof/internal/owned_fd.h"
 #include "inprof/internal/platform.h"
 
 namespace inprof::internal {
@@ -119,6 +121,7 @@ std::string PeerAddress(const sockaddr* addr) {
 struct DebugServer::Watch {
   struct Connection {
     int fd = -1;
+    FdIdentity identity;  // what fd was when the connection opened
     std::string peer;
     absl::Time since;     // opened, or its previous answer went out
     bool answering = false;
@@ -153,6 +156,8 @@ struct DebugServer::Watch {
         continue;
       }
       c.cut = true;
+      // A number the program closed (and may have reused) is left alone.
+      if (!IsStillOurs(c.fd, c.identity)) continue;
       cut.fetch_add(1);
       if (!logged_cut.exchange(true)) {
         Log(absl::StrCat("live endpoint: closed a connection from ", c.peer,
@@ -197,6 +202,7 @@ void NotifyConnection(void* cls, struct MHD_Connection* connection, void**,
   if (const union MHD_ConnectionInfo* info = mhd.MHD_get_connection_info(
           connection, MHD_CONNECTION_INFO_CONNECTION_FD)) {
     c.fd = info->connect_fd;
+    c.identity = IdentifyFd(c.fd);
   }
   if (const union MHD_ConnectionInfo* info = mhd.MHD_get_connection_info(
           connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS)) {
@@ -373,6 +379,9 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
   if (const union MHD_DaemonInfo* info =
           mhd.MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_LISTEN_FD)) {
     server->listen_fd_ = info->listen_fd;
+    const FdIdentity identity = IdentifyFd(info->listen_fd);
+    server->listen_dev_ = identity.dev;
+    server->listen_ino_ = identity.ino;
     sockaddr_storage storage{};
     socklen_t len = sizeof(storage);
     if (getsockname(info->listen_fd, reinterpret_cast<sockaddr*>(&storage),
@@ -388,8 +397,38 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
 
 DebugServer::~DebugServer() { Stop(); }
 
+namespace {
+
+FdIdentity ListenIdentity(uint64_t dev, uint64_t ino) {
+  FdIdentity identity;
+  identity.dev = static_cast<dev_t>(dev);
+  identity.ino = static_cast<ino_t>(ino);
+  identity.type = S_IFSOCK;
+  identity.valid = true;
+  return identity;
+}
+
+}  // namespace
+
 void DebugServer::Stop() {
   if (daemon_ == nullptr) return;
+  // MHD_stop_daemon() wakes its thread through a descriptor of its own
+  // (an eventfd) and closes its descriptors by number. The program closed
+  // the listening socket: it closed the rest too (and may have reused the
+  // numbers), and that thread would never wake. Leave the server alone.
+  if (listen_fd_ >= 0 &&
+      !IsStillOurs(listen_fd_, ListenIdentity(listen_dev_, listen_ino_))) {
+    NoteDescriptorTaken(listen_fd_, "the live endpoint's listening socket");
+    Log(absl::StrCat("the live endpoint ", address_,
+                     " is left as it is: the program closed its descriptors"));
+    daemon_ = nullptr;
+    listen_fd_ = -1;
+    // MHD's threads may still call back into the watch: it stays (leaked),
+    // its thread stopped.
+    StopWatch();
+    (void)watch_.release();
+    return;
+  }
   // Answers under way were told to end (a capture answers 503 once the
   // profiler stops): let them go out, for a bounded time, before MHD
   // closes every connection. A request still arriving is not waited for.
@@ -400,6 +439,10 @@ void DebugServer::Stop() {
   Mhd().MHD_stop_daemon(static_cast<struct MHD_Daemon*>(daemon_));
   daemon_ = nullptr;
   listen_fd_ = -1;
+  StopWatch();
+}
+
+void DebugServer::StopWatch() {
   {
     std::lock_guard<std::mutex> lock(watch_->mu);
     watch_->stop = true;
@@ -414,7 +457,9 @@ uint64_t DebugServer::hosts_refused() const {
 }
 
 void DebugServer::Abandon() {
-  if (listen_fd_ >= 0) close(listen_fd_);
+  if (listen_fd_ >= 0) {
+    CloseIfOurs(listen_fd_, ListenIdentity(listen_dev_, listen_ino_));
+  }
   listen_fd_ = -1;
   daemon_ = nullptr;  // leaked: its threads are the parent's
   (void)watch_.release();  // likewise (its thread too)

@@ -16,6 +16,11 @@
 // DEBUGINFOD_URLS is set (Debian sets it in /etc/profile.d), downloading the
 // file over the network, inside the profiled process, for up to
 // DEBUGINFOD_TIMEOUT per module.
+//
+// libdwfl keeps each file's descriptor for as long as its session lives and
+// closes that number at dwfl_end(); by then the program may have closed it
+// (a daemon's close_range(3, ~0U, 0)) and reused the number for a file of
+// its own. So the sessions keep no descriptor: see SessionFiles.
 
 #include "inprof/symbolizer.h"
 
@@ -57,6 +62,7 @@
 #include "inprof/internal/line_table.h"
 #include "inprof/internal/process_maps.h"
 #include "inprof/internal/log.h"
+#include "inprof/internal/owned_fd.h"
 
 namespace inprof {
 namespace {
@@ -265,6 +271,110 @@ int NoFindElf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) {
   return -1;
 }
 
+// The files of one session (ElfSymbols) and what keeps libdwfl from closing
+// a descriptor number that may no longer be inprof's. libdwfl closes a
+// file's descriptor when its session ends, if its elf_end() is the last
+// reference to the file's Elf. So as soon as the session can reach the Elf
+// of a file libdwfl opened, it detaches it (Detach: libelf has mapped or
+// read the whole file and forgets the descriptor; a reference of the
+// session's own makes libdwfl's elf_end() not the last) and closes the
+// descriptor itself, right away: the main file when it is reported, a
+// separate debug file once the symbol table or the DWARF shows its Elf
+// (SettleDebugFile). A dwz alt file (whose descriptor libdwfl closes in any
+// case) is never handed to libdwfl: the session opens it as an Elf and a
+// Dwarf of its own, set as the module's alt. A descriptor that cannot be
+// detached (a relocatable object, whose descriptor libdwfl closes itself)
+// stays libdwfl's, and the session ends only if that number is still
+// inprof's; otherwise the session is left allocated (counted in the log):
+// the program's file matters more than the memory.
+struct SessionFiles {
+  char* const* debuginfo_path = nullptr;  // Dwfl_Callbacks::debuginfo_path
+  Elf* main_elf = nullptr;  // the module's (libdwfl's)
+  // Detached Elfs: the session's own references, ended after dwfl_end().
+  std::vector<Elf*> detached;
+  // Descriptors libdwfl still holds, with what they were when opened.
+  struct Held {
+    int fd = -1;
+    internal::FdIdentity identity;
+    bool debug = false;  // the separate debug file's (SettleDebugFile)
+  };
+  std::vector<Held> held;
+  // The dwz alt file, when the debug info has one.
+  Elf* alt_elf = nullptr;
+  Dwarf* alt = nullptr;
+  bool in_callback = false;
+};
+
+// Makes `elf`, which libdwfl opened on `fd`, independent of `fd` and closes
+// `fd` (see SessionFiles). False, nothing changed, when libelf cannot read
+// the whole file or `fd` is not inprof's any more.
+bool Detach(Elf* elf, int fd, const internal::FdIdentity& identity,
+            SessionFiles& files) {
+  if (elf == nullptr || !internal::IsStillOurs(fd, identity)) return false;
+  GElf_Ehdr ehdr;
+  // libdwfl reads a relocatable object's file again, then closes it itself.
+  if (gelf_getehdr(elf, &ehdr) == nullptr || ehdr.e_type == ET_REL) return false;
+  if (elf_cntl(elf, ELF_C_FDREAD) != 0) return false;
+  if (elf_begin(-1, ELF_C_READ_MMAP, elf) != elf) return false;
+  files.detached.push_back(elf);
+  close(fd);
+  return true;
+}
+
+// Whether `elf`'s image is the file open at `fd`: same size and header.
+bool ElfIsFile(Elf* elf, int fd) {
+  size_t size = 0;
+  const char* raw = elf_rawfile(elf, &size);
+  struct stat st;
+  if (raw == nullptr || fstat(fd, &st) != 0 ||
+      static_cast<off_t>(size) != st.st_size) {
+    return false;
+  }
+  unsigned char head[256];
+  const size_t n = std::min(size, sizeof head);
+  return pread(fd, head, n, 0) == static_cast<ssize_t>(n) &&
+         std::memcmp(head, raw, n) == 0;
+}
+
+// A separate debug file libdwfl opened on a descriptor it still holds:
+// detached once `candidate` (an Elf the session can reach) is that file.
+void SettleDebugFile(SessionFiles& files, Elf* candidate) {
+  if (candidate == nullptr || candidate == files.main_elf) return;
+  for (auto it = files.held.begin(); it != files.held.end(); ++it) {
+    if (it->debug && internal::IsStillOurs(it->fd, it->identity) &&
+        ElfIsFile(candidate, it->fd) &&
+        Detach(candidate, it->fd, it->identity, files)) {
+      files.held.erase(it);
+      return;
+    }
+  }
+}
+
+// An Elf and a Dwarf of the session's own for the dwz alt file open at `fd`
+// (closed here), set as the module's alt.
+void AdoptAltFile(Dwfl_Module* mod, int fd, SessionFiles& files) {
+  Dwarf_Addr bias = 0;
+  // libdwfl asks for the alt file once the module's Dwarf exists: this
+  // returns it without looking for anything.
+  Dwarf* dw = dwfl_module_getdwarf(mod, &bias);
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  Dwarf* alt = nullptr;
+  if (dw != nullptr && files.alt == nullptr && elf != nullptr &&
+      elf_cntl(elf, ELF_C_FDREAD) == 0) {
+    alt = dwarf_begin_elf(elf, DWARF_C_READ, nullptr);
+  }
+  close(fd);
+  if (alt == nullptr) {
+    if (elf != nullptr) elf_end(elf);
+    return;
+  }
+  dwarf_setalt(dw, alt);
+  files.alt = alt;
+  files.alt_elf = elf;
+  // The Dwarf being read is the debug file's when the module has one.
+  SettleDebugFile(files, dwarf_getelf(dw));
+}
+
 // CRC-32 of the whole file, as .gnu_debuglink records it (zlib's polynomial).
 bool FileCrc32(int fd, uint32_t* crc) {
   uLong value = crc32(0L, Z_NULL, 0);
@@ -326,10 +436,94 @@ int TryDebugFile(Dwfl_Module* mod, const std::string& candidate,
 // Dwfl_Callbacks::find_debuginfo without the network: libdwfl's build-id
 // search (which also finds dwz "alt" files by build-id), then the
 // .gnu_debuglink name in the directories of the debuginfo_path.
+int SearchDebugInfo(Dwfl_Module* mod, void** userdata, const char* modname,
+                    Dwarf_Addr base, const char* file_name,
+                    const char* debuglink_file, GElf_Word debuglink_crc,
+                    char** debuginfo_file_name);
+
+// The dwz alt file at the path its .gnu_debugaltlink names (absolute, or
+// relative to the directory of `file_name`, the file whose DWARF names it),
+// if its build-id is the one the link records: where libdw would otherwise
+// open it by itself, on a descriptor of its own.
+int OpenAltFileByName(Dwfl_Module* mod, const char* file_name) {
+  Dwarf_Addr bias = 0;
+  Dwarf* dw = dwfl_module_getdwarf(mod, &bias);
+  const char* altname = nullptr;
+  const void* id = nullptr;
+  const ssize_t id_len =
+      dw != nullptr ? dwelf_dwarf_gnu_debugaltlink(dw, &altname, &id) : -1;
+  if (id_len <= 0 || altname == nullptr || altname[0] == '\0') return -1;
+  std::string path = altname;
+  if (path[0] != '/') {
+    if (file_name == nullptr) return -1;
+    const std::string name(file_name);
+    const size_t slash = name.rfind('/');
+    path = absl::StrCat(slash == std::string::npos ? "." : name.substr(0, slash),
+                        "/", path);
+  }
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  const void* file_id = nullptr;
+  const bool same = elf != nullptr &&
+                    dwelf_elf_gnu_build_id(elf, &file_id) == id_len &&
+                    std::memcmp(file_id, id, static_cast<size_t>(id_len)) == 0;
+  if (elf != nullptr) elf_end(elf);
+  if (!same) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Dwfl_Callbacks::find_debuginfo: SearchDebugInfo's file, its descriptor
+// handed to libdwfl and tracked (a separate debug file), or opened as the
+// session's own alt file (a dwz alt file, whose descriptor libdwfl would
+// close in any case; libdwfl is told none was found).
 int FindDebugInfoOffline(Dwfl_Module* mod, void** userdata, const char* modname,
                          Dwarf_Addr base, const char* file_name,
                          const char* debuglink_file, GElf_Word debuglink_crc,
                          char** debuginfo_file_name) {
+  auto* files = static_cast<SessionFiles*>(*userdata);
+  if (files == nullptr || files->in_callback) {
+    errno = 0;
+    return -1;
+  }
+  files->in_callback = true;
+  // libdwfl asks for the main file's debug file with the main file's own
+  // .gnu_debuglink (or none), and for a dwz alt file with its name and no
+  // CRC.
+  GElf_Word main_crc = 0;
+  const char* main_link =
+      files->main_elf != nullptr
+          ? dwelf_elf_gnu_debuglink(files->main_elf, &main_crc)
+          : nullptr;
+  const bool alt = debuglink_file != nullptr &&
+                   !(main_link != nullptr &&
+                     std::strcmp(main_link, debuglink_file) == 0 &&
+                     main_crc == debuglink_crc);
+  int fd = SearchDebugInfo(mod, userdata, modname, base, file_name,
+                           debuglink_file, debuglink_crc, debuginfo_file_name);
+  if (fd < 0 && alt) fd = OpenAltFileByName(mod, file_name);
+  if (fd >= 0 && alt) {
+    AdoptAltFile(mod, fd, *files);
+    // Not found, as far as libdwfl knows; and no name to open by itself.
+    std::free(*debuginfo_file_name);
+    *debuginfo_file_name = nullptr;
+    fd = -1;
+  } else if (fd >= 0) {
+    fd = internal::MoveAboveProgramRange(fd);
+    files->held.push_back({fd, internal::IdentifyFd(fd), /*debug=*/true});
+  }
+  files->in_callback = false;
+  errno = 0;
+  return fd;
+}
+
+int SearchDebugInfo(Dwfl_Module* mod, void** userdata, const char* modname,
+                    Dwarf_Addr base, const char* file_name,
+                    const char* debuglink_file, GElf_Word debuglink_crc,
+                    char** debuginfo_file_name) {
   errno = 0;
   int fd = dwfl_build_id_find_debuginfo(mod, userdata, modname, base,
                                         file_name, debuglink_file,
@@ -346,9 +540,10 @@ int FindDebugInfoOffline(Dwfl_Module* mod, void** userdata, const char* modname,
   struct stat main_stat{};
   if (stat(file_name, &main_stat) != 0) main_stat = {};
 
-  // ElfSymbols::Open makes the module's userdata the session's
-  // Dwfl_Callbacks::debuginfo_path, which dwfl_build_id_find_debuginfo reads.
-  char* const* path_setting = static_cast<char* const*>(*userdata);
+  // ElfSymbols::Open makes the module's userdata the session's files,
+  // which carry the session's Dwfl_Callbacks::debuginfo_path.
+  char* const* path_setting =
+      static_cast<const SessionFiles*>(*userdata)->debuginfo_path;
   const std::string path = path_setting != nullptr && *path_setting != nullptr
                                ? *path_setting
                                : kDefaultDebugInfoPath;
@@ -853,6 +1048,8 @@ class ElfSymbols {
       return CannotRead(path, DwflError());
     }
     auto symbols = std::unique_ptr<ElfSymbols>(new ElfSymbols(dwfl));
+    SessionFiles& files = symbols->files_;
+    files.debuginfo_path = callbacks->debuginfo_path;
     dwfl_report_begin(dwfl);
     Dwfl_Module* mod = dwfl_report_elf(dwfl, path.c_str(), path.c_str(), fd,
                                        /*base=*/0, /*add_p_vaddr=*/true);
@@ -860,13 +1057,21 @@ class ElfSymbols {
       close(fd);  // consumed only on success
       return CannotRead(path, DwflError());
     }
+    // libdwfl holds `fd` from here on: detached now if it can be (see
+    // SessionFiles), else tracked.
+    Dwarf_Addr main_bias = 0;
+    files.main_elf = dwfl_module_getelf(mod, &main_bias);
+    const internal::FdIdentity identity = internal::IdentifyFd(fd);
+    if (!Detach(files.main_elf, fd, identity, files)) {
+      files.held.push_back({fd, identity, /*debug=*/false});
+    }
     if (dwfl_report_end(dwfl, nullptr, nullptr) != 0) {
       return CannotRead(path, DwflError());
     }
     void** userdata = nullptr;
     dwfl_module_info(mod, &userdata, nullptr, nullptr, nullptr, nullptr,
                      nullptr, nullptr);
-    if (userdata != nullptr) *userdata = callbacks->debuginfo_path;
+    if (userdata != nullptr) *userdata = &files;
     symbols->mod_ = mod;
     if (!expected_build_id.empty()) {
       const unsigned char* bits = nullptr;
@@ -886,7 +1091,22 @@ class ElfSymbols {
     return symbols;
   }
 
-  ~ElfSymbols() { dwfl_end(dwfl_); }
+  ~ElfSymbols() {
+    // dwfl_end() closes the descriptors libdwfl still holds: only if each
+    // is still inprof's (see SessionFiles).
+    for (const SessionFiles::Held& held : files_.held) {
+      if (!internal::IsStillOurs(held.fd, held.identity)) {
+        internal::NoteDescriptorTaken(
+            held.fd, "a module file libdwfl holds; its session is left "
+                     "allocated rather than let libdwfl close that number");
+        return;
+      }
+    }
+    dwfl_end(dwfl_);
+    for (Elf* elf : files_.detached) elf_end(elf);
+    if (files_.alt != nullptr) dwarf_end(files_.alt);
+    if (files_.alt_elf != nullptr) elf_end(files_.alt_elf);
+  }
   // False: names from the symbol table only; the debug info (and a separate
   // debug file) is never opened.
   void set_use_debug_info(bool on) { use_debug_info_ = on; }
@@ -902,7 +1122,22 @@ class ElfSymbols {
     // functions; .dynsym when stripped).
     std::string sym_function, sym_system;
     {
-      if (symbols_ == nullptr) symbols_ = std::make_unique<SymbolTable>(mod_);
+      if (symbols_ == nullptr) {
+        symbols_ = std::make_unique<SymbolTable>(mod_);
+        // A debug file libdwfl opened for its .symtab: that table's Elf.
+        if (!files_.held.empty()) {
+          GElf_Sym sym;
+          GElf_Addr value = 0;
+          GElf_Word shndx = 0;
+          Elf* elf = nullptr;
+          Dwarf_Addr bias = 0;
+          if (dwfl_module_getsymtab(mod_) > 0 &&
+              dwfl_module_getsym_info(mod_, 0, &sym, &value, &shndx, &elf,
+                                      &bias) != nullptr) {
+            SettleDebugFile(files_, elf);
+          }
+        }
+      }
       int type = STT_NOTYPE;
       const char* name = symbols_->Find(addr, &type);
       // Code symbols only: data, section and version symbols (such as the
@@ -917,6 +1152,13 @@ class ElfSymbols {
     Dwarf_Addr cu_bias = 0;
     Dwarf_Die* const cu =
         use_debug_info_ ? dwfl_module_addrdie(mod_, addr, &cu_bias) : nullptr;
+    // A debug file libdwfl opened for its DWARF (loaded by now): its Elf.
+    if (use_debug_info_ && !files_.held.empty()) {
+      Dwarf_Addr dw_bias = 0;
+      if (Dwarf* dw = dwfl_module_getdwarf(mod_, &dw_bias); dw != nullptr) {
+        SettleDebugFile(files_, dwarf_getelf(dw));
+      }
+    }
 
     const internal::LineTable* const lines =
         cu != nullptr ? LinesOf(cu) : nullptr;
@@ -1022,6 +1264,7 @@ class ElfSymbols {
 
   Dwfl* dwfl_;
   Dwfl_Module* mod_ = nullptr;
+  SessionFiles files_;  // the module's userdata points here
   std::unique_ptr<SymbolTable> symbols_;  // built on first use
   absl::flat_hash_map<Dwarf_Off, std::unique_ptr<internal::LineTable>>
       line_tables_;

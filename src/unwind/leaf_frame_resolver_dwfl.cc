@@ -3,6 +3,7 @@
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
+#include <libelf.h>
 #include <link.h>
 #include <unistd.h>
 
@@ -31,8 +32,35 @@ int NoDebuginfo(Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*,
   return -1;
 }
 
+// dwfl_linux_proc_find_elf's file as an Elf that needs no descriptor:
+// libdwfl would keep the descriptor for as long as the session lives and
+// close that number at dwfl_end(), by which time the program may have
+// closed it and reused the number for a file of its own (a daemon's
+// close_range(3, ~0U, 0)). libelf has the file mapped (or read) and
+// forgets the descriptor, which is closed here.
+int FindElfWithoutDescriptor(Dwfl_Module* mod, void** userdata,
+                             const char* module_name, Dwarf_Addr base,
+                             char** file_name, Elf** elfp) {
+  const int fd = dwfl_linux_proc_find_elf(mod, userdata, module_name, base,
+                                          file_name, elfp);
+  if (fd < 0) return fd;  // none, or an image from memory in *elfp
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP_PRIVATE, nullptr);
+  if (elf != nullptr && elf_cntl(elf, ELF_C_FDREAD) != 0) {
+    elf_end(elf);
+    elf = nullptr;
+  }
+  close(fd);
+  *elfp = elf;
+  if (elf == nullptr) {
+    // Unreadable: with a name left, libdwfl would open the file itself.
+    std::free(*file_name);
+    *file_name = nullptr;
+  }
+  return -1;
+}
+
 const Dwfl_Callbacks kCallbacks = {
-    dwfl_linux_proc_find_elf, NoDebuginfo, nullptr, nullptr};
+    FindElfWithoutDescriptor, NoDebuginfo, nullptr, nullptr};
 
 // Decodes a CFA expression of the form "breg N + offset".
 bool CfaRegisterOffset(Dwarf_Op* ops, size_t nops, int* reg, int64_t* offset) {

@@ -116,35 +116,54 @@ absl::Status HttpClient::Available() {
 HttpClient::HttpClient() {
   const CurlApi& curl = Curl();
   if (!curl.error.empty()) return;
-  multi_ = curl.curl_multi_init();
   easy_ = curl.curl_easy_init();
 }
 
 HttpClient::~HttpClient() {
   if (easy_ != nullptr) Curl().curl_easy_cleanup(static_cast<CURL*>(easy_));
-  if (multi_ != nullptr) Curl().curl_multi_cleanup(static_cast<CURLM*>(multi_));
 }
 
 void HttpClient::Abort() {
   aborted_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(multi_mutex_);
   if (multi_ != nullptr) Curl().curl_multi_wakeup(static_cast<CURLM*>(multi_));
 }
 
 absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
-  CURLM* multi = static_cast<CURLM*>(multi_);
   CURL* easy = static_cast<CURL*>(easy_);
   const CurlApi& curl = Curl();
   if (!curl.error.empty()) {  // permanent: the uploader does not retry it
     return absl::FailedPreconditionError(
         absl::StrCat("POST ", request.url, ": ", curl.error));
   }
-  if (multi == nullptr || easy == nullptr) {
+  if (easy == nullptr) {
     return absl::InternalError("libcurl could not be initialized");
   }
+  // A multi handle (its connection cache and its wake-up socket pair) for
+  // this request only: no descriptor outlives it (see http_client.h).
+  CURLM* multi = curl.curl_multi_init();
+  if (multi == nullptr) {
+    return absl::InternalError("libcurl could not be initialized");
+  }
+  {
+    std::lock_guard<std::mutex> lock(multi_mutex_);
+    multi_ = multi;
+  }
+  struct EndMulti {
+    HttpClient* client;
+    CURLM* multi;
+    ~EndMulti() {
+      {
+        std::lock_guard<std::mutex> lock(client->multi_mutex_);
+        client->multi_ = nullptr;
+      }
+      Curl().curl_multi_cleanup(multi);
+    }
+  } end_multi{this, multi};
+  // After multi_ is set: an Abort() from now on wakes this request.
   if (aborted_.load(std::memory_order_acquire)) {
     return absl::CancelledError(absl::StrCat("POST ", request.url, ": aborted"));
   }
-  // Keeps the connection cache (in the multi handle) across requests.
   curl.curl_easy_reset(easy);
   HttpResponse response;
   RequestResources res;

@@ -658,21 +658,21 @@ TEST(WallTimeProviderTest, AKeptFileLooksAtTheThreadAsItIsNow) {
     internal::ThreadLook look;
     look.state = '?';
     for (int i = 0; i < 5000 && look.state != state; ++i) {
-      look = internal::LookAtThread(tid.load(), &data.syscall_fd, false);
+      look = internal::LookAtThread(tid.load(), &data.syscall_file, false);
       if (look.state != state) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     return look;
   };
   ASSERT_EQ(look_until('S').state, 'S');  // not kept: keep was false
-  EXPECT_EQ(data.syscall_fd, -1);
+  EXPECT_FALSE(data.syscall_file.valid());
 
   visit();
   EXPECT_EQ(provider.visit_counts().state_reads, 1u);
-  EXPECT_GE(data.syscall_fd, 0);
-  const int kept = data.syscall_fd;
+  EXPECT_TRUE(data.syscall_file.valid());
+  const int kept = data.syscall_file.number();
   EXPECT_EQ(provider.kept_files(), 1);
   visit();
-  EXPECT_EQ(data.syscall_fd, kept);  // the same file, read again
+  EXPECT_EQ(data.syscall_file.number(), kept);  // the same file, read again
   EXPECT_EQ(provider.kept_files(), 1);
   const internal::ThreadLook waiting = look_until('S');
   EXPECT_EQ(waiting.state, 'S');
@@ -686,15 +686,15 @@ TEST(WallTimeProviderTest, AKeptFileLooksAtTheThreadAsItIsNow) {
   const internal::ThreadLook running = look_until('R');
   EXPECT_EQ(running.state, 'R');
   EXPECT_FALSE(running.site.known());
-  EXPECT_EQ(data.syscall_fd, kept);
+  EXPECT_EQ(data.syscall_file.number(), kept);
 
   phase = 2;
   worker.join();
   EXPECT_EQ(look_until(0).state, 0);  // gone, read through the same file
-  EXPECT_EQ(data.syscall_fd, kept);
+  EXPECT_EQ(data.syscall_file.number(), kept);
 
   provider.DisarmThread(thread, data);
-  EXPECT_EQ(data.syscall_fd, -1);
+  EXPECT_FALSE(data.syscall_file.valid());
   EXPECT_EQ(provider.kept_files(), 0);
   EXPECT_EQ(fcntl(kept, F_GETFD), -1);  // closed (nothing else opened since)
 }

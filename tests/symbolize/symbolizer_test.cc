@@ -1,6 +1,7 @@
 #include "inprof/symbolizer.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 
 #include <algorithm>
 #include <cstdint>
@@ -983,6 +985,84 @@ TEST_F(SeparateDebugInfoTest, IgnoresDebugFileOfAnotherBuild) {
   ASSERT_TRUE(lib.ok()) << dlerror();
   symbolizer.Refresh();
   ExpectDoesNotNameStaticHelper(symbolizer, lib);
+}
+
+// The descriptors this process has open on `path` (through /proc/self/fd).
+int DescriptorsOn(const std::string& path) {
+  int count = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(dir)) {
+      char target[PATH_MAX] = {};
+      const std::string link = absl::StrCat("/proc/self/fd/", e->d_name);
+      const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n > 0 && path == std::string(target, static_cast<size_t>(n))) ++count;
+    }
+    closedir(dir);
+  }
+  return count;
+}
+
+// libdwfl closes a session's descriptors when the session ends, by number,
+// and the program may have closed and reused that number meanwhile (a
+// daemon's close_range): the symbolizer keeps none open, neither the
+// module's file nor its separate debug file, while still reading both.
+TEST_F(SeparateDebugInfoTest, KeepsNoDescriptorOfAModuleOrItsDebugFile) {
+  const std::string stripped = dir_ + "/libsplit.so";
+  const std::string debug_file = dir_ + "/.debug/libsplit.so.debug";
+  ASSERT_TRUE(Split(stripped, debug_file).ok());
+  ASSERT_TRUE(AddDebuglink(stripped, ".debug/libsplit.so.debug").ok());
+
+  Symbolizer symbolizer;
+  LoadedLib lib(stripped);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  symbolizer.Refresh();
+  ExpectNamesStaticHelper(symbolizer, lib);  // read from both files
+  EXPECT_EQ(DescriptorsOn(stripped), 0);
+  EXPECT_EQ(DescriptorsOn(debug_file), 0);
+}
+
+// A dwz alt file (the DWARF several objects share, named by their
+// .gnu_debugaltlink) is read, and no descriptor of it stays open: libdwfl
+// and libdw would keep the one they open and close that number at the
+// session's end.
+TEST_F(SeparateDebugInfoTest, ReadsADwzAltFileWithoutKeepingItsDescriptor) {
+  const std::string dwz = ToolPath("INPROF_DWZ", "");
+  if (dwz.empty()) GTEST_SKIP() << "dwz is not installed (Debian: dwz)";
+  const std::vector<std::string> libs =
+      absl::StrSplit(ToolPath("INPROF_DWZ_TEST_LIBS", ""), ':');
+  ASSERT_EQ(libs.size(), 2u) << "INPROF_DWZ_TEST_LIBS unset";
+  const std::string one = dir_ + "/libdwzone.so";
+  const std::string two = dir_ + "/libdwztwo.so";
+  const std::string common = dir_ + "/common.debug";
+  ASSERT_TRUE(Run(absl::StrCat("cp ", Q(libs[0]), " ", Q(one), " && cp ",
+                               Q(libs[1]), " ", Q(two), " && ", Q(dwz),
+                               " -m ", Q(common), " -M ", Q(common), " ",
+                               Q(one), " ", Q(two)))
+                  .ok());
+
+  Symbolizer symbolizer;
+  LoadedLib lib(one);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  symbolizer.Refresh();
+  const uintptr_t entry = lib.Symbol("InprofDwzEntryOne");
+  ASSERT_NE(entry, 0u);
+  Dl_info info;
+  void* extra = nullptr;
+  ASSERT_NE(dladdr1(reinterpret_cast<void*>(entry), &info, &extra,
+                    RTLD_DL_SYMENT),
+            0);
+  const auto* sym = static_cast<const ElfW(Sym)*>(extra);
+  ASSERT_NE(sym, nullptr);
+  // The inlined function's DWARF (its name included) is in the alt file.
+  bool named_inline = false;
+  for (uintptr_t a = entry; a < entry + sym->st_size && !named_inline; ++a) {
+    for (const SourceFrame& f : symbolizer.Lookup(a, false).frames) {
+      if (absl::StrContains(f.function, "DwzSharedInline")) named_inline = true;
+    }
+  }
+  EXPECT_TRUE(named_inline);
+  EXPECT_EQ(DescriptorsOn(common), 0);
+  EXPECT_EQ(DescriptorsOn(one), 0);
 }
 
 // /usr/lib/debug/.build-id/xx/yyyy.debug cannot be written by a test; the

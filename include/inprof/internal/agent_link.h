@@ -28,6 +28,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "inprof/internal/owned_fd.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
 #include "inprof/options.h"
@@ -116,8 +117,12 @@ class AgentLink final : public SampleForwarder {
 
   bool GrowThreadArea();
 
+  // Used and closed only while they still are what the agent handed over
+  // (the program may close them and reuse the numbers: owned_fd.h).
   int socket_ = -1;
   int region_fd_ = -1;  // kept to grow the threads' area
+  FdIdentity socket_identity_;
+  FdIdentity region_identity_;
   void* region_ = nullptr;
   uint64_t region_bytes_ = 0;
   std::unique_ptr<AgentRingWriter> ring_;

@@ -160,7 +160,11 @@ class DebugServer {
 
   // Lets the answers under way go out (at most kStopGrace: the capture's
   // owner cut captures short first), closes the listening socket and every
-  // connection, and waits for their threads. Idempotent.
+  // connection, and waits for their threads. Idempotent. When the program
+  // has closed the server's descriptors (a daemon's close_range), stopping
+  // it would write to and close numbers that may now be the program's
+  // files, and wait for a thread that never wakes: the server is left as it
+  // is instead (logged).
   void Stop();
 
   // Connections closed because their request did not arrive within the
@@ -179,9 +183,14 @@ class DebugServer {
 
  private:
   DebugServer();
+  void StopWatch();
   void* daemon_ = nullptr;  // struct MHD_Daemon*
   std::unique_ptr<Watch> watch_;
   int listen_fd_ = -1;
+  // What listen_fd_ was at Start() (owned_fd.h's FdIdentity): a number the
+  // program closed (and may have reused) is never closed here.
+  uint64_t listen_dev_ = 0;
+  uint64_t listen_ino_ = 0;
   std::string address_;
 };
 

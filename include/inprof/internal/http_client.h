@@ -3,15 +3,20 @@
 // A small blocking HTTP client for the uploaders, on libcurl on Linux
 // (http_client_curl.cc) and WinHTTP on Windows (http_client_windows.cc),
 // each loaded at run time, only by a process that uploads: one request at
-// a time, a whole-request timeout, connection reuse, HTTP over a unix
-// socket (Linux), multipart/form-data bodies, and Abort() from another
-// thread, which makes the request in progress return within milliseconds.
+// a time, a whole-request timeout, HTTP over a unix socket (Linux),
+// multipart/form-data bodies, and Abort() from another thread, which makes
+// the request in progress return within milliseconds. On Linux no
+// descriptor outlives a Send() (its connection and libcurl's wake-up pair
+// are closed before it returns): a descriptor kept between uploads could be
+// closed by the program and its number reused for one of the program's
+// files, which libcurl would then write a request into, read or close.
 //
 // Thread-safety: Send() from one thread at a time; Abort() from any thread.
 #ifndef INPROF_INTERNAL_HTTP_CLIENT_H_
 #define INPROF_INTERNAL_HTTP_CLIENT_H_
 
 #include <atomic>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -78,7 +83,10 @@ class HttpClient {
   void Abort();
 
  private:
-  void* multi_ = nullptr;  // CURLM* (Windows: the WinHTTP client's state)
+  // CURLM* of the Send() in progress, null between them (multi_mutex_;
+  // Windows: the WinHTTP client's state).
+  void* multi_ = nullptr;
+  std::mutex multi_mutex_;  // Abort() wakes the multi handle Send() uses
   void* easy_ = nullptr;   // CURL* (Windows: unused)
   std::atomic<bool> aborted_{false};
 };

@@ -90,15 +90,20 @@ struct ProviderSet {
     return status;
   }
 
-  // What the providers that say so (Describe(): the CPU engine) say, "; "-
-  // joined, for the log and the profile's comments.
+  // What the providers that say so (Describe(): the CPU engine; the wall
+  // sampler when it held descriptors back) say, "; "-joined, for the log and
+  // the profile's comments.
   static std::string Describe(const std::tuple<Ps...>& providers) {
     std::vector<std::string> parts;
     std::apply(
         [&](const auto&... p) {
           (
               [&] {
-                if constexpr (requires { p.Describe(); }) parts.push_back(p.Describe());
+                if constexpr (requires { p.Describe(); }) {
+                  if (std::string part = p.Describe(); !part.empty()) {
+                    parts.push_back(std::move(part));
+                  }
+                }
               }(),
               ...);
         },

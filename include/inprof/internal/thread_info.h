@@ -12,6 +12,8 @@
 
 namespace inprof::internal {
 
+class OwnedFd;  // owned_fd.h (Linux)
+
 struct CurrentThreadInfo {
   pid_t tid = 0;
   StackBounds stack;       // from pthread_getattr_np
@@ -59,11 +61,13 @@ ThreadLook LookAtThread(pid_t tid) noexcept;
 // The same through a descriptor of the thread's .../syscall kept between
 // looks: each pread() at offset 0 makes the kernel write it afresh, ~2.4 us
 // of CPU on this project's VM against ~9 us for open, read and close (the
-// path walk through /proc/self is most of it). When `*kept_fd` is -1 and
+// path walk through /proc/self is most of it). When `*kept` is empty and
 // `keep` is true, the file this look opens stays open there for the next
 // (the caller closes it); a kept file that cannot be read any more is a
-// thread that is gone (state 0).
-ThreadLook LookAtThread(pid_t tid, int* kept_fd, bool keep) noexcept;
+// thread that is gone (state 0). A kept file the program closed (its number
+// maybe reused) is never read: it is forgotten, and this look opens the
+// file afresh.
+ThreadLook LookAtThread(pid_t tid, OwnedFd* kept, bool keep) noexcept;
 
 // Descriptors this process may still open under its RLIMIT_NOFILE soft
 // limit (counted in /proc/self/fd; an unlimited one counts as 2^20), or -1

@@ -1,0 +1,498 @@
+// inprof and the host's file descriptors (DESIGN.md, "Hard rules of the
+// host"): inprof never uses or closes a descriptor number it cannot prove
+// is still its own, and leaves the program the descriptors its
+// RLIMIT_NOFILE allows.
+//   - Linked in: a program that closes every descriptor it inherited
+//     (close_range, as daemons do) after Start() and opens its own files
+//     finds them open, unchanged and unwritten after Stop(): with perf
+//     events, kept /proc files and the symbolizer's files, with an agent
+//     link, with the live endpoint. The upload client and the leaf
+//     resolver keep no descriptor between calls.
+//   - Under `inprof run`: such a program still ends on SIGTERM (143) and its
+//     files get no byte from inprof; its descriptors never turn into
+//     inprof's files while it runs. A forked child ends on the SIGTERM sent
+//     to it.
+//   - A program that lowers RLIMIT_NOFILE and starts threads opens as many
+//     files under `inprof run` as alone.
+//
+// The programs run in a forked child (linked in) or as
+// safety_descriptors_target (under `inprof run`).
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/internal/debug_endpoint.h"
+#include "inprof/internal/http_client.h"
+#include "inprof/internal/leaf_frame_resolver.h"
+#include "safety/safety_util.h"
+#include "src/agent/agent_server.h"
+#include "upload/http_receiver.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using ::inprof::testing::CommandOutput;
+using ::inprof::testing::RunCommandSeparately;
+using ::inprof::testing::ShellQuote;
+using ::inprof::testing::TestTmpDir;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  // The pid: two runs of this test at once (meson test --repeat) never
+  // share a directory.
+  const std::string dir =
+      absl::StrCat(TestTmpDir(), "/descriptors_", name, "_", getpid());
+  (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The program's own files: opened after it closed everything it inherited.
+struct ProgramFile {
+  std::string path;
+  std::string content;
+  int fd = -1;
+  struct stat st {};
+};
+
+std::vector<ProgramFile> OpenProgramFiles(const std::string& dir, int n) {
+  std::vector<ProgramFile> files(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    ProgramFile& f = files[static_cast<size_t>(i)];
+    f.path = absl::StrCat(dir, "/data-", i);
+    f.content = absl::StrCat("the program's file ", i, "\n");
+    std::ofstream(f.path, std::ios::binary) << f.content;
+    f.fd = open(f.path.c_str(), O_RDWR | O_CLOEXEC);
+    if (f.fd >= 0) fstat(f.fd, &f.st);
+  }
+  return files;
+}
+
+// What is wrong with the program's files now ("" if nothing): each still
+// open on its number, and (`content_only`: only) unwritten.
+std::string CheckProgramFiles(const std::vector<ProgramFile>& files,
+                              bool content_only = false) {
+  std::string wrong;
+  for (const ProgramFile& f : files) {
+    struct stat now {};
+    if (content_only) {
+      // The content alone, below.
+    } else if (f.fd < 0) {
+      absl::StrAppend(&wrong, f.path, ": never opened; ");
+    } else if (fstat(f.fd, &now) != 0) {
+      absl::StrAppend(&wrong, "fd ", f.fd, " (", f.path, ") closed; ");
+    } else if (now.st_dev != f.st.st_dev || now.st_ino != f.st.st_ino) {
+      char link[256] = {};
+      (void)readlink(absl::StrCat("/proc/self/fd/", f.fd).c_str(), link,
+                     sizeof(link) - 1);
+      absl::StrAppend(&wrong, "fd ", f.fd, " (", f.path, ") is now ", link,
+                      "; ");
+    }
+    if (const std::string on_disk = ReadFile(f.path); on_disk != f.content) {
+      absl::StrAppend(&wrong, f.path, " holds ", on_disk.size(),
+                      " bytes instead of ", f.content.size(), "; ");
+    }
+  }
+  return wrong;
+}
+
+// Registered threads that block for `ms` (the wall sampler keeps their
+// .../syscall files open) and one that burns CPU (a perf event or timer),
+// joined at destruction.
+class Threads {
+ public:
+  Threads(DefaultProfiler& profiler, int ms) {
+    for (int i = 0; i < 4; ++i) {
+      threads_.emplace_back([&profiler, ms, i] {
+        auto registration = profiler.RegisterThread(absl::StrCat("sleeper-", i));
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      });
+    }
+    threads_.emplace_back([&profiler, ms] {
+      auto registration = profiler.RegisterThread("burner");
+      safety::BurnCpu(int64_t{ms} * 1'000'000);
+    });
+  }
+  ~Threads() {
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+};
+
+// Linked in: the program closes every descriptor from 3 up after Start()
+// (inprof's perf events, kept /proc files, the symbolizer's module files),
+// opens 8 files of its own, which take those numbers, and keeps profiling.
+// Stop() and the profiler's end must leave the 8 open, the same files, and
+// unwritten.
+TEST(SafetyDescriptorsTest, ALinkedInProgramThatClosesInheritedDescriptorsKeepsItsOwn) {
+  const std::string dir = FreshDir("linked");
+  const int rc = safety::RunInChild(
+      [&dir]() -> int {
+        Options options;
+        options.output = dir + "/p-%t.pb.gz";
+        options.cpu_period = absl::Milliseconds(1);
+        options.wall_period = absl::Milliseconds(1);
+        options.export_period = absl::Milliseconds(100);
+        std::vector<ProgramFile> files;
+        {
+          DefaultProfiler profiler(options);
+          auto self = profiler.RegisterThread("main");
+          if (!profiler.Start().ok()) return 2;
+          {
+            // Sampled and exported (symbolized) before the program closes
+            // everything, with threads running across it: inprof holds
+            // descriptors of each kind then.
+            Threads before(profiler, 500);
+            std::this_thread::sleep_for(std::chrono::milliseconds(250));
+            close_range(3, ~0U, 0);
+            files = OpenProgramFiles(dir, 8);
+          }
+          // Those threads have ended (their descriptors released); new ones
+          // start (new descriptors opened) while the program's are open.
+          { Threads after(profiler, 250); }
+          if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+            std::fprintf(stderr, "while profiling: %s\n", wrong.c_str());
+            return 3;
+          }
+          if (!profiler.Stop().ok()) return 4;
+          if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+            std::fprintf(stderr, "after Stop(): %s\n", wrong.c_str());
+            return 5;
+          }
+        }
+        if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+          std::fprintf(stderr, "after the profiler's end: %s\n", wrong.c_str());
+          return 6;
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  EXPECT_EQ(rc, 0);
+}
+
+// Descriptors open on a file whose path contains `part`.
+int DescriptorsOn(const std::string& part) {
+  int count = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(dir)) {
+      char target[PATH_MAX] = {};
+      const std::string link = absl::StrCat("/proc/self/fd/", e->d_name);
+      if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
+          absl::StrContains(target, part)) {
+        ++count;
+      }
+    }
+    closedir(dir);
+  }
+  return count;
+}
+
+// The same with the samples forwarded to an agent (INPROF_AGENT_SOCKET):
+// the link's socket and its shared memory (grown with ftruncate when more
+// threads need rings) are the agent's, never a file of the program's that
+// took their numbers.
+TEST(SafetyDescriptorsTest, ALinkedInProgramForwardingToAnAgentKeepsItsOwnDescriptors) {
+  if (safety::kTsan) {
+    GTEST_SKIP() << "forks while the agent's threads run, which TSan does "
+                    "not support; the plain and ASan suites run it";
+  }
+  const std::string dir = FreshDir("agent");
+  agent::AgentServerOptions server_options;
+  server_options.address = internal::NewAgentSocketAddress();
+  server_options.profile = true;
+  server_options.profile_options.output = dir + "/agent-%p.pb.gz";
+  server_options.profile_options.export_period = absl::ZeroDuration();
+  agent::AgentServer server(server_options);
+  ASSERT_TRUE(server.Start().ok());
+  const std::string socket = server_options.address.ToString();
+  const int rc = safety::RunInChild(
+      [&dir, &socket]() -> int {
+        Options options;
+        options.output = dir + "/local-%p.pb.gz";
+        options.agent_socket = socket;
+        options.cpu_period = absl::Milliseconds(1);
+        options.wall_period = absl::Milliseconds(1);
+        std::vector<ProgramFile> files;
+        {
+          DefaultProfiler profiler(options);
+          auto self = profiler.RegisterThread("main");
+          if (!profiler.Start().ok()) return 2;
+          { Threads before(profiler, 100); }
+          close_range(3, ~0U, 0);
+          files = OpenProgramFiles(dir, 8);
+          {
+            // More threads at once than the first batch of rings holds:
+            // the shared memory grows.
+            std::vector<std::unique_ptr<Threads>> many;
+            for (int i = 0; i < 5; ++i) {
+              many.push_back(std::make_unique<Threads>(profiler, 200));
+            }
+          }
+          if (!profiler.Stop().ok()) return 4;
+        }
+        if (std::string wrong = CheckProgramFiles(files); !wrong.empty()) {
+          std::fprintf(stderr, "after the profiler's end: %s\n", wrong.c_str());
+          return 6;
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  server.Stop();
+  EXPECT_EQ(rc, 0);
+}
+
+// The same with the live endpoint (INPROF_HTTP_ADDR) serving: Stop()
+// neither writes into the program's files nor waits forever for the
+// server's thread (libmicrohttpd wakes it through a descriptor of its own,
+// which the program closed). Only the content is checked: libmicrohttpd's
+// own thread may still read or close the numbers it held (README, Safety:
+// not covered; seen once in a full-suite run: one file closed).
+TEST(SafetyDescriptorsTest, ALinkedInProgramServingTheLiveEndpointWritesNothingAndStops) {
+  if (!internal::DebugServer::Available().ok()) {
+    GTEST_SKIP() << internal::DebugServer::Available().message();
+  }
+  const std::string dir = FreshDir("serve");
+  const int rc = safety::RunInChild(
+      [&dir]() -> int {
+        Options options;
+        options.output = dir + "/p-%p.pb.gz";
+        options.http_addr = "127.0.0.1:0";
+        std::vector<ProgramFile> files;
+        {
+          DefaultProfiler profiler(options);
+          auto self = profiler.RegisterThread("main");
+          if (!profiler.Start().ok()) return 2;
+          close_range(3, ~0U, 0);
+          files = OpenProgramFiles(dir, 8);
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          if (!profiler.Stop().ok()) return 4;
+        }
+        if (std::string wrong = CheckProgramFiles(files, /*content_only=*/true);
+            !wrong.empty()) {
+          std::fprintf(stderr, "after the profiler's end: %s\n", wrong.c_str());
+          return 6;
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  EXPECT_EQ(rc, 0);
+}
+
+// An upload (libcurl) keeps no descriptor from one request to the next:
+// neither the connection nor libcurl's wake-up socket pair, whose numbers
+// the program could close and reuse before the next upload wrote into them.
+TEST(SafetyDescriptorsTest, TheUploadClientKeepsNoDescriptorBetweenRequests) {
+  if (safety::kTsan) {
+    GTEST_SKIP() << "forks while the receiver's threads run, which TSan "
+                    "does not support; the plain and ASan suites run it";
+  }
+  if (!internal::HttpClient::Available().ok()) {
+    GTEST_SKIP() << internal::HttpClient::Available().message();
+  }
+  auto receiver = ::inprof::testing::HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  const std::string url = (*receiver)->url() + "/upload";
+  // In a child: the receiver's own descriptors (its threads accept and
+  // answer here) are not counted.
+  const int rc = safety::RunInChild(
+      [&url]() -> int {
+        internal::HttpClient client;
+        internal::HttpRequest request;
+        request.url = url;
+        request.body = "profile";
+        const int before = safety::CountFds();
+        for (int i = 0; i < 2; ++i) {
+          absl::StatusOr<internal::HttpResponse> r = client.Send(request);
+          if (!r.ok() || r->status != 200) return 2;
+          if (const int now = safety::CountFds(); now != before) {
+            std::fprintf(stderr, "after request %d: %d descriptors, %d before\n",
+                         i + 1, now, before);
+            return 3;
+          }
+        }
+        return 0;
+      },
+      /*timeout_s=*/30);
+  EXPECT_EQ(rc, 0);
+}
+
+// The frame-pointer unwinder's leaf resolver reads a module's call-frame
+// information through libdwfl, which would keep the module's file open and
+// close that number when the resolver's session ends (at the next dlopen or
+// dlclose, or the profiler's end): it keeps no descriptor.
+TEST(SafetyDescriptorsTest, TheLeafResolverKeepsNoDescriptorOfTheModulesItReads) {
+  Dl_info info;
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&getpid), &info), 0);
+  ASSERT_NE(info.dli_fname, nullptr);
+  const std::string libc = info.dli_fname;
+  const std::string libc_name = libc.substr(libc.rfind('/') + 1);
+  const int before = DescriptorsOn(libc_name);
+  internal::LeafFrameResolver resolver;
+  resolver.Refresh();
+  ASSERT_TRUE(resolver.InModule(reinterpret_cast<uintptr_t>(&getpid)));
+  // getpid is a leaf without a frame record: its CFA is rsp + 8.
+  EXPECT_EQ(resolver.ReturnAddressSlot(reinterpret_cast<uintptr_t>(&getpid)), 0);
+  EXPECT_EQ(DescriptorsOn(libc_name), before);
+}
+
+std::string Cli() { return ::inprof::testing::EnvOrEmpty("INPROF_CLI"); }
+std::string Target() {
+  return ::inprof::testing::EnvOrEmpty("INPROF_DESCRIPTORS_TARGET");
+}
+
+// The preload library cannot be loaded into a program without the
+// sanitizer's runtime loaded first.
+#define SKIP_UNDER_SANITIZERS()                                          \
+  if (safety::kSanitized) {                                              \
+    GTEST_SKIP() << "`inprof run` needs the sanitizer's runtime preloaded " \
+                    "first; the plain suite runs this";                  \
+  }
+
+// Under `inprof run`: a program that closes every descriptor it inherited
+// (inprof's included) and opens 8 files, which take their numbers. While it
+// runs its descriptors stay its own files; SIGTERM's default action still
+// ends it (status 143 from `sh`, as for a program killed by SIGTERM) after
+// the profile is written; no byte lands in its files.
+TEST(SafetyDescriptorsTest, UnderInprofRunAProgramThatClosesInheritedDescriptorsStillEndsOnSigterm) {
+  SKIP_UNDER_SANITIZERS();
+  const std::string dir = FreshDir("run_closefrom");
+  const std::string cmd = absl::StrCat(
+      ShellQuote(Cli()), " run --period 1ms --wall-period 1ms -o ",
+      ShellQuote(dir + "/p-%p.pb.gz"), " -- ", ShellQuote(Target()),
+      " closefrom ", ShellQuote(dir), " 2>", ShellQuote(dir + "/err.txt"));
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  pid_t target = 0;
+  for (int i = 0; i < 3000 && target == 0; ++i) {
+    std::ifstream f(dir + "/pid");
+    if (!(f >> target)) {
+      target = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (target <= 0) kill(pid, SIGKILL);
+  ASSERT_GT(target, 0) << "the program never wrote its pid: "
+                       << ReadFile(dir + "/err.txt");
+  ASSERT_EQ(kill(target, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string err = ReadFile(dir + "/err.txt");
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << err;
+  EXPECT_EQ(ReadFile(dir + "/check"), "ok") << err;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(ReadFile(absl::StrCat(dir, "/data-", i)),
+              absl::StrCat("the program's file ", i, "\n"))
+        << "data-" << i;
+  }
+  EXPECT_THAT(err, HasSubstr("inprof run: wrote "));
+}
+
+// A forked child has the end signals' handlers the preload installed, and
+// a watcher of its own behind them: SIGTERM sent to the child ends the
+// child (its parent sees "signal 15") and not the parent, which goes on and
+// exits 0. (With a pipe between handler and watcher, the child's handler
+// woke the parent's watcher: the parent wrote its profile and killed
+// itself, and the child lived on.)
+TEST(SafetyDescriptorsTest, UnderInprofRunSigtermEndsTheForkedChildItIsSentTo) {
+  SKIP_UNDER_SANITIZERS();
+  const std::string dir = FreshDir("run_fork");
+  const std::string cmd = absl::StrCat(
+      ShellQuote(Cli()), " run -q -o ", ShellQuote(dir + "/p-%p.pb.gz"),
+      " -- ", ShellQuote(Target()), " fork ", ShellQuote(dir), " 2>",
+      ShellQuote(dir + "/err.txt"));
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  pid_t child = 0;
+  for (int i = 0; i < 3000 && child == 0; ++i) {
+    std::ifstream f(dir + "/pid");
+    if (!(f >> child)) {
+      child = 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (child <= 0) kill(pid, SIGKILL);
+  ASSERT_GT(child, 0) << ReadFile(dir + "/err.txt");
+  ASSERT_EQ(kill(child, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string err = ReadFile(dir + "/err.txt");
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << err;
+  EXPECT_EQ(ReadFile(dir + "/child"), absl::StrCat("signal ", SIGTERM)) << err;
+}
+
+// Opened by the program: "opened K" from the target.
+int Opened(const std::string& prefix, const std::string& args) {
+  auto r = RunCommandSeparately(
+      absl::StrCat(prefix, " ", ShellQuote(Target()), " ", args));
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return -1;
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  int opened = -1;
+  if (std::sscanf(r->out.c_str(), "opened %d", &opened) != 1) {
+    ADD_FAILURE() << "no count in '" << r->out << "': " << r->err;
+  }
+  return opened;
+}
+
+// A program that lowers RLIMIT_NOFILE to 16 and runs 12 threads opens as
+// many files under `inprof run` as alone (8 of 8), with each engine, with
+// and without wall sampling.
+TEST(SafetyDescriptorsTest, UnderInprofRunAProgramThatLowersItsDescriptorLimitKeepsItsDescriptors) {
+  SKIP_UNDER_SANITIZERS();
+  const int alone = Opened("", "rlimit 16 12");
+  ASSERT_EQ(alone, 8);
+  const std::string dir = FreshDir("run_rlimit");
+  for (const char* flags : {"", "--engine timer", "--engine timer --no-wall",
+                            "--engine itimer"}) {
+    SCOPED_TRACE(flags);
+    EXPECT_EQ(Opened(absl::StrCat(ShellQuote(Cli()), " run -q ", flags, " -o ",
+                                  ShellQuote(dir + "/p-%p.pb.gz"), " --"),
+                     "rlimit 16 12"),
+              alone);
+  }
+}
+
+}  // namespace
+}  // namespace inprof
