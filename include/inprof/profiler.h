@@ -109,15 +109,8 @@ class Profiler final : public internal::ProfilerControl,
   }();
   static_assert(kLeafWords <= internal::LeafFrameResolver::kStackWords);
   // Record layout: internal/sample_record.h.
-  static constexpr uint64_t kTruncatedBit = internal::kRecordTruncatedBit;
-  static constexpr uint64_t kBlockedBit = internal::kRecordBlockedBit;
-  static constexpr uint64_t kProvisionalBit = internal::kRecordProvisionalBit;
-  static constexpr uint64_t kWalkTablesReadyBit = internal::kRecordWalkTablesReadyBit;
-  static constexpr int kWalkGenerationShift = internal::kRecordWalkGenerationShift;
-  static constexpr uint64_t kWalkGenerationMask = internal::kRecordWalkGenerationMask;
-  static constexpr uint64_t kLeafWordsBit = internal::kRecordLeafWordsBit;
-  static constexpr uint64_t kStacklessBit = internal::kRecordStacklessBit;
-  static constexpr int kLabelCountShift = internal::kRecordLabelCountShift;
+  using RecordMeta = internal::RecordMeta;
+  static constexpr uint64_t kWalkGenerationMask = RecordMeta::kGenerationMask;
   static constexpr size_t kMaxLabelWords =
       2 * internal::ThreadSlotHeader::kMaxLabels;
   static constexpr size_t kHeaderWords =
@@ -563,11 +556,10 @@ class Profiler final : public internal::ProfilerControl,
         provider, *slot, std::make_index_sequence<kNumProviders>{});
     // Read before the walk, so that tables published during it count as
     // newer (the safe side: the episode is then sampled again).
-    uint64_t tables_before_walk = 0;
+    RecordMeta meta;
     if (sampled_blocked) {
-      tables_before_walk = (UnwindTablesReady() ? kWalkTablesReadyBit : 0u) |
-                           ((UnwindTablesGeneration() & kWalkGenerationMask)
-                            << kWalkGenerationShift);
+      meta.tables_ready = UnwindTablesReady();
+      meta.generation = static_cast<uint32_t>(UnwindTablesGeneration() & kWalkGenerationMask);
     }
     U unwinder;
     if constexpr (kLeafWords > 0) {
@@ -583,14 +575,18 @@ class Profiler final : public internal::ProfilerControl,
     // Which tables a provisional stack of a blocking episode was walked
     // with: the collector may drain it after newer tables are published,
     // and decides from this whether to sample the episode again.
-    uint64_t walk_tables = 0;
-    if (sampled_blocked && unwound.provisional) walk_tables = tables_before_walk;
-    record[0] = provider | (unwound.truncated ? kTruncatedBit : 0u) | walk_tables |
-                (sampled_blocked ? kBlockedBit : 0u) |
-                (unwound.provisional ? kProvisionalBit : 0u) |
-                (kLeafWords > 0 ? kLeafWordsBit : 0u) |
-                (static_cast<uint64_t>(nlabels) << kLabelCountShift) |
-                (static_cast<uint64_t>(unwound.depth) << 16);
+    if (!(sampled_blocked && unwound.provisional)) {
+      meta.tables_ready = false;
+      meta.generation = 0;
+    }
+    meta.provider = static_cast<uint8_t>(provider);
+    meta.truncated = unwound.truncated;
+    meta.blocked = sampled_blocked;
+    meta.provisional = unwound.provisional;
+    meta.leaf_words = kLeafWords > 0;
+    meta.label_count = static_cast<uint8_t>(nlabels);
+    meta.depth = static_cast<uint16_t>(unwound.depth);
+    record[0] = meta.Encode();
     for (size_t i = 0; i < nvalues; ++i) {
       record[1 + i] = static_cast<uint64_t>(values[i]);
     }
@@ -651,7 +647,11 @@ class Profiler final : public internal::ProfilerControl,
                             bool blocked) noexcept {
     const size_t nvalues = kValueCounts[provider];
     uint64_t record[1 + kMaxValuesPerProvider];
-    record[0] = provider | kStacklessBit | (blocked ? kBlockedBit : 0u);
+    RecordMeta meta;
+    meta.provider = static_cast<uint8_t>(provider);
+    meta.stackless = true;
+    meta.blocked = blocked;
+    record[0] = meta.Encode();
     for (size_t i = 0; i < nvalues; ++i) {
       record[1 + i] = static_cast<uint64_t>(values[i]);
     }
@@ -742,10 +742,13 @@ class Profiler final : public internal::ProfilerControl,
             } else if (to > from) {
               for (size_t w = words; w-- > 0;) record[to + w] = record[from + w];
             }
-            record[0] = I | (truncated ? kTruncatedBit : 0u) |
-                        (kLeafWords > 0 ? kLeafWordsBit : 0u) |
-                        (static_cast<uint64_t>(nlabels) << kLabelCountShift) |
-                        (static_cast<uint64_t>(depth) << 16);
+            RecordMeta meta;
+            meta.provider = static_cast<uint8_t>(I);
+            meta.truncated = truncated;
+            meta.leaf_words = kLeafWords > 0;
+            meta.label_count = static_cast<uint8_t>(nlabels);
+            meta.depth = static_cast<uint16_t>(depth);
+            record[0] = meta.Encode();
             for (size_t i = 0; i < kValueCounts[I]; ++i) {
               record[1 + i] = static_cast<uint64_t>(values[i]);
             }
@@ -944,11 +947,12 @@ class Profiler final : public internal::ProfilerControl,
   bool AddRecordLocked(Slot* slot, SampleAggregator& agg, uint64_t* record,
                        size_t n, uint64_t* repaired) {
     EnsureAggregateThread(slot, agg);
-    const size_t provider = record[0] & 0xff;
-    const size_t depth = (record[0] >> 16) & 0xffff;
-    const bool blocked = (record[0] & kBlockedBit) != 0;
-    const size_t leaf_words = (record[0] & kLeafWordsBit) ? kLeafWords : 0;
-    const size_t nlabels = (record[0] >> kLabelCountShift) & 0x3f;
+    const RecordMeta meta = RecordMeta::Decode(record[0]);
+    const size_t provider = meta.provider;
+    const size_t depth = meta.depth;
+    const bool blocked = meta.blocked;
+    const size_t leaf_words = meta.leaf_words ? kLeafWords : 0;
+    const size_t nlabels = meta.label_count;
     if (provider >= kNumProviders) return false;
     const size_t nvalues = kValueCounts[provider];
     const size_t label_at = 1 + nvalues + leaf_words;
@@ -958,7 +962,7 @@ class Profiler final : public internal::ProfilerControl,
     for (size_t i = 0; i < nvalues; ++i) {
       values[i] = static_cast<int64_t>(record[1 + i]);
     }
-    if ((record[0] & kStacklessBit) != 0) {
+    if (meta.stackless) {
       // Taken on a stack too small for the walk (SampleStackless). A
       // blocked one begins an episode whose rest goes to the same frame.
       agg.AddSynthetic(slot->aggregate_thread, kSmallStackFrame,
@@ -1005,10 +1009,9 @@ class Profiler final : public internal::ProfilerControl,
       slot->blocked_stackless = false;
       slot->blocked_stack.assign(frames.begin(), frames.end());
       slot->blocked_labels.assign(labels, labels + label_words);
-      slot->blocked_provisional = (record[0] & kProvisionalBit) != 0;
-      slot->blocked_tables_ready = (record[0] & kWalkTablesReadyBit) != 0;
-      slot->blocked_tables_generation =
-          (record[0] >> kWalkGenerationShift) & kWalkGenerationMask;
+      slot->blocked_provisional = meta.provisional;
+      slot->blocked_tables_ready = meta.tables_ready;
+      slot->blocked_tables_generation = meta.generation;
     }
     // The stack's own labels, without the provider's state label.
     slot->last_labels.assign(record + label_at,
@@ -1449,9 +1452,8 @@ class Profiler final : public internal::ProfilerControl,
       const size_t header_words = label_at + 2 * nlabels;
       const size_t max_frames = std::min<size_t>(
           static_cast<size_t>(slot->max_frames), kMaxRecordWords - header_words);
-      const uint64_t tables = (UnwindTablesReady() ? kWalkTablesReadyBit : 0u) |
-                              ((UnwindTablesGeneration() & kWalkGenerationMask)
-                               << kWalkGenerationShift);
+      const bool tables_ready = UnwindTablesReady();
+      const uint64_t generation = UnwindTablesGeneration() & kWalkGenerationMask;
       const UnwindResult unwound = U().UnwindCopy(
           site.pc, site.sp, std::span<const uint64_t>(stack_copy_.get(), bytes / 8),
           std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(record + header_words),
@@ -1471,9 +1473,15 @@ class Profiler final : public internal::ProfilerControl,
               data, std::span<int64_t>(values, nvalues))) {
         return false;
       }
-      record[0] = I | kBlockedBit | (unwound.provisional ? kProvisionalBit | tables : 0u) |
-                  (static_cast<uint64_t>(nlabels) << kLabelCountShift) |
-                  (static_cast<uint64_t>(unwound.depth) << 16);
+      RecordMeta meta;
+      meta.provider = static_cast<uint8_t>(I);
+      meta.blocked = true;
+      meta.provisional = unwound.provisional;
+      meta.tables_ready = unwound.provisional && tables_ready;
+      meta.generation = unwound.provisional ? static_cast<uint32_t>(generation) : 0;
+      meta.label_count = static_cast<uint8_t>(nlabels);
+      meta.depth = static_cast<uint16_t>(unwound.depth);
+      record[0] = meta.Encode();
       for (size_t i = 0; i < nvalues; ++i) {
         record[1 + i] = static_cast<uint64_t>(values[i]);
       }
@@ -1528,7 +1536,6 @@ class Profiler final : public internal::ProfilerControl,
       agg.Add(slot->aggregate_thread, slot->blocked_stack, slot->blocked_labels,
               kValueOffsets[I], values);
     }
-    ++wall_blocked_credits_;
   }
 
   // Registry lock held. The thread ran throughout the interval and a
@@ -1595,7 +1602,6 @@ class Profiler final : public internal::ProfilerControl,
     out[0] = frames[0];
     out[1] = caller;
     std::copy(frames.begin() + 1, frames.end(), out + 2);
-    ++leaf_callers_recovered_;
     return std::span<const uint64_t>(out, frames.size() + 1);
   }
 
@@ -1888,7 +1894,6 @@ class Profiler final : public internal::ProfilerControl,
   std::atomic<uint64_t> wall_wakeups_{0};
   std::atomic<uint64_t> threads_sigprof_unblocked_{0};
   std::atomic<bool> sigprof_unblock_logged_{false};
-  uint64_t wall_blocked_credits_ = 0;                // registry lock
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};
   // Blocked threads' stacks read without a signal (ReadBlockedStack), and
@@ -1908,7 +1913,6 @@ class Profiler final : public internal::ProfilerControl,
   };
   std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();
   internal::LeafFrameResolver leaf_resolver_;  // registry lock
-  uint64_t leaf_callers_recovered_ = 0;        // registry lock
   // Samples pushed by handlers of this profiler type (one profiler runs at a
   // time; a second of the same type only causes extra passes), and the
   // count the last full collector pass saw (registry lock).

@@ -484,16 +484,16 @@ AgentThreadAreaSummary ReadAgentThreadArea(
       }
       for (uint64_t i = 0; i < length; ++i) record[i] = words[(tail + 1 + i) & mask];
       tail += 1 + length;
-      const uint64_t meta = record[0];
-      const uint64_t provider = meta & kRecordProviderMask;
+      const RecordMeta meta = RecordMeta::Decode(record[0]);
+      const uint64_t provider = meta.provider;
       if (provider >= h.num_providers) {
         ++summary.skipped;
         continue;
       }
       const uint64_t nvalues = h.value_counts[provider];
-      const uint64_t leaf = (meta & kRecordLeafWordsBit) ? h.leaf_words : 0;
-      const uint64_t nlabels = (meta >> kRecordLabelCountShift) & kRecordLabelCountMask;
-      const uint64_t depth = (meta >> kRecordDepthShift) & kRecordDepthMask;
+      const uint64_t leaf = meta.leaf_words ? h.leaf_words : 0;
+      const uint64_t nlabels = meta.label_count;
+      const uint64_t depth = meta.depth;
       const uint64_t label_at = 1 + nvalues + leaf;
       const uint64_t frames_at = label_at + 2 * nlabels;
       if (frames_at + depth != length) {
@@ -505,7 +505,7 @@ AgentThreadAreaSummary ReadAgentThreadArea(
       s.thread_name = name;
       s.provider = static_cast<uint32_t>(provider);
       s.value_offset = h.value_offsets[provider];
-      s.blocked = (meta & kRecordBlockedBit) != 0;
+      s.blocked = meta.blocked;
       s.state_label = ((h.state_label_providers >> provider) & 1) != 0;
       s.values = std::span<const uint64_t>(record.data() + 1, nvalues);
       s.labels = std::span<const uint64_t>(record.data() + label_at, 2 * nlabels);

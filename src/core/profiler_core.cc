@@ -25,53 +25,31 @@ namespace {
 
 ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   ProfilerStats d = now;
-  d.samples_taken -= before.samples_taken;
-  d.samples_recorded -= before.samples_recorded;
-  d.samples_dropped -= before.samples_dropped;
-  d.stacks_truncated -= before.stacks_truncated;
-  d.stacks_before_tables -= before.stacks_before_tables;
-  d.blocked_episodes_resampled -= before.blocked_episodes_resampled;
-  d.wall_signals -= before.wall_signals;
-  d.wall_running_credits -= before.wall_running_credits;
-  d.wall_stacks_read -= before.wall_stacks_read;
-  d.samples_unsuspended -= before.samples_unsuspended;
-  d.wall_wakeups -= before.wall_wakeups;
-  d.threads_sigprof_unblocked -= before.threads_sigprof_unblocked;
-  d.samples_small_stack -= before.samples_small_stack;
+#define INPROF_STATS_DELTA(name, per_window, what) \
+  if (per_window) d.name -= before.name;
+  INPROF_PROFILER_STATS(INPROF_STATS_DELTA)
+#undef INPROF_STATS_DELTA
   return d;
 }
 
 }  // namespace
 
 std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
-  return {s.samples_taken,        s.samples_recorded,
-          s.samples_dropped,      s.stacks_truncated,
-          s.stacks_before_tables, s.blocked_episodes_resampled,
-          s.wall_signals,         s.wall_running_credits,
-          s.threads_registered,   s.profiles_written,
-          s.samples_unsuspended,  s.wall_wakeups,
-          s.threads_sigprof_unblocked, s.wall_stacks_read,
-          s.samples_small_stack};
+  std::vector<uint64_t> counters;
+#define INPROF_STATS_PUSH(name, per_window, what) counters.push_back(s.name);
+  INPROF_PROFILER_STATS(INPROF_STATS_PUSH)
+#undef INPROF_STATS_PUSH
+  return counters;
 }
 
 ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
-  auto at = [&](size_t i) { return i < c.size() ? c[i] : 0; };
   ProfilerStats s;
-  s.samples_taken = at(0);
-  s.samples_recorded = at(1);
-  s.samples_dropped = at(2);
-  s.stacks_truncated = at(3);
-  s.stacks_before_tables = at(4);
-  s.blocked_episodes_resampled = at(5);
-  s.wall_signals = at(6);
-  s.wall_running_credits = at(7);
-  s.threads_registered = at(8);
-  s.profiles_written = at(9);
-  s.samples_unsuspended = at(10);
-  s.wall_wakeups = at(11);
-  s.threads_sigprof_unblocked = at(12);
-  s.wall_stacks_read = at(13);
-  s.samples_small_stack = at(14);
+  size_t i = 0;
+#define INPROF_STATS_READ(name, per_window, what) \
+  s.name = i < c.size() ? c[i] : 0;               \
+  ++i;
+  INPROF_PROFILER_STATS(INPROF_STATS_READ)
+#undef INPROF_STATS_READ
   return s;
 }
 
@@ -248,11 +226,6 @@ void ProfilerCore::ReleaseAgentThreadRing(void* ring) {
   if (agent_ == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   agent_->ReleaseThreadRing(ring);
-}
-
-bool ProfilerCore::forwarding_to_agent() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return aggregator_.forwarding();
 }
 
 void ProfilerCore::UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer) {

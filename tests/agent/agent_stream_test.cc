@@ -208,10 +208,13 @@ class ThreadAreaTest : public ::testing::Test {
                                       std::vector<uint64_t> leaf,
                                       std::vector<uint64_t> labels,
                                       std::vector<uint64_t> frames, bool blocked) {
-    std::vector<uint64_t> r = {provider | (leaf.empty() ? 0 : kRecordLeafWordsBit) |
-                               ((labels.size() / 2) << kRecordLabelCountShift) |
-                               (frames.size() << kRecordDepthShift) |
-                               (blocked ? kRecordBlockedBit : 0)};
+    RecordMeta meta;
+    meta.provider = static_cast<uint8_t>(provider);
+    meta.leaf_words = !leaf.empty();
+    meta.label_count = static_cast<uint8_t>(labels.size() / 2);
+    meta.depth = static_cast<uint16_t>(frames.size());
+    meta.blocked = blocked;
+    std::vector<uint64_t> r = {meta.Encode()};
     for (auto* part : {&values, &leaf, &labels, &frames}) {
       r.insert(r.end(), part->begin(), part->end());
     }

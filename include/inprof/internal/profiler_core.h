@@ -51,46 +51,55 @@ class DebugEndpoint;
 class DebugServer;
 }  // namespace internal
 
-// Counters a profiler reports (and writes into the profile's comments).
+// The counters a profiler reports (and writes into the profile's
+// comments), each once: X(name, per_window, what it counts). per_window:
+// each window's comments count its own (the difference since the previous
+// cut), else the total since the profiler was made. The order is also the
+// order library mode forwards them in (agent_stream.h: AgentStats): add at
+// the end.
+#define INPROF_PROFILER_STATS(X)                                              \
+  X(samples_taken, true, "signals that produced a sample")                    \
+  X(samples_recorded, true, "samples that reached the aggregate")             \
+  X(samples_dropped, true, "samples lost because a ring was full")            \
+  X(stacks_truncated, true, "walks stopped at a bad frame or the limit")      \
+  /* Walks before the unwinder's tables were ready (built on the collector    \
+     thread after Start): frame pointers only, so maybe incomplete. */        \
+  X(stacks_before_tables, true, "walks before the unwind tables were ready")  \
+  /* Blocking episodes whose first wall sample was such a walk, sampled       \
+     again once the tables were ready (one more signal to that thread). */    \
+  X(blocked_episodes_resampled, true, "blocked episodes sampled again")       \
+  /* Signals the wall sampler sent (running threads, and blocked ones at the  \
+     start of an episode), and its samples of threads that ran throughout     \
+     credited to a CPU sample's stack or carried by their CPU samples         \
+     (followed threads, wall_time_provider.h) instead of a signal. */         \
+  X(wall_signals, true, "signals the wall sampler sent")                      \
+  X(wall_running_credits, true, "wall samples credited to a CPU sample")      \
+  X(threads_registered, false, "registrations since construction")            \
+  X(profiles_written, false, "profiles written")                              \
+  /* Windows: samples not taken because the thread could not be suspended    \
+     or its registers read (it had exited); their values are kept on a frame  \
+     of their own. */                                                         \
+  X(samples_unsuspended, true, "threads that could not be suspended")         \
+  /* Wake-ups of the wall sampler (fewer while every thread is steady). */    \
+  X(wall_wakeups, true, "wake-ups of the wall sampler")                       \
+  /* Threads that registered with SIGPROF blocked in their signal mask        \
+     (often inherited from the thread that created them): no sample can be    \
+     taken of such a thread, so RegisterThread unblocked it. */               \
+  X(threads_sigprof_unblocked, true, "threads registered with SIGPROF blocked") \
+  /* Blocked threads whose episode's stack the wall sampler read from a copy  \
+     of their stack instead of signalling them (profiler.h:                   \
+     ReadBlockedStack). */                                                    \
+  X(wall_stacks_read, true, "blocked stacks read without a signal")          \
+  /* Samples of a thread that was on a stack too small for the handler's      \
+     walk (a signal handler's sigaltstack, a coroutine's stack, its own stack \
+     near its end): no stack walked, the values kept on "[inprof: on a small  \
+     or foreign stack]". */                                                   \
+  X(samples_small_stack, true, "samples on a small or foreign stack")
+
 struct ProfilerStats {
-  uint64_t samples_taken = 0;      // signals that produced a sample
-  uint64_t samples_recorded = 0;   // samples that reached the aggregate
-  uint64_t samples_dropped = 0;    // samples lost because a ring was full
-  uint64_t stacks_truncated = 0;   // walks stopped at a bad frame / limit
-  // Walks before the unwinder's tables were ready (built on the collector
-  // thread after Start): frame pointers only, so maybe incomplete.
-  uint64_t stacks_before_tables = 0;
-  // Blocking episodes whose first wall sample was such a walk, sampled
-  // again once the tables were ready (one more signal to that thread).
-  uint64_t blocked_episodes_resampled = 0;
-  // Signals the wall sampler sent (running threads, and blocked ones at the
-  // start of an episode), and its samples of threads that ran throughout
-  // credited to a CPU sample's stack or carried by their CPU samples
-  // (followed threads, wall_time_provider.h) instead of a signal of their
-  // own.
-  uint64_t wall_signals = 0;
-  uint64_t wall_running_credits = 0;
-  // Blocked threads whose episode's stack the wall sampler read from a
-  // copy of their stack instead of signalling them (profiler.h:
-  // ReadBlockedStack).
-  uint64_t wall_stacks_read = 0;
-  uint64_t threads_registered = 0; // registrations since construction
-  uint64_t profiles_written = 0;
-  // Windows: samples not taken because the thread could not be suspended or
-  // its registers read (it had exited); their values are kept on a frame of
-  // their own.
-  uint64_t samples_unsuspended = 0;
-  // Wake-ups of the wall sampler (fewer while every thread is steady).
-  uint64_t wall_wakeups = 0;
-  // Threads that registered with SIGPROF blocked in their signal mask
-  // (often inherited from the thread that created them): no sample can be
-  // taken of such a thread, so RegisterThread unblocked it.
-  uint64_t threads_sigprof_unblocked = 0;
-  // Samples of a thread that was on a stack too small for the handler's
-  // walk (a signal handler's sigaltstack, a coroutine's stack, its own
-  // stack near its end): no stack walked, the values kept on "[inprof: on
-  // a small or foreign stack]".
-  uint64_t samples_small_stack = 0;
+#define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;
+  INPROF_PROFILER_STATS(INPROF_STATS_FIELD)
+#undef INPROF_STATS_FIELD
 };
 
 namespace internal {
@@ -141,8 +150,6 @@ class ProfilerCore {
   // registry lock serializes these and ConnectAgent().
   void* AcquireAgentThreadRing(pid_t tid, absl::string_view name);
   void ReleaseAgentThreadRing(void* ring);
-  // Whether samples go to an agent now.
-  bool forwarding_to_agent() const;
 
   // For `inprof agent`, which runs a core per profiled process: the
   // symbolizer its windows use (Symbolizer::ForProcess) instead of one of

@@ -80,12 +80,9 @@ void CloseThreadHandle(void* handle) noexcept;
 // The thread's description (SetThreadDescription), empty if none.
 std::string ThreadDescription(void* handle);
 
-// A Windows sample record: internal/sample_record.h's layout without leaf
-// words, [meta][values...][label words...][frames...], plus two bits that
-// only the sampler writes (the Linux handler's provisional-stack bits,
-// which no Windows walk produces).
-inline constexpr uint64_t kRecordSameStackBit = uint64_t{1} << 33;
-inline constexpr uint64_t kRecordUnsuspendedBit = uint64_t{1} << 34;
+// A Windows sample record is internal/sample_record.h's, without leaf
+// words: [meta][values...][label words...][frames...], its meta using the
+// two bits only the sampler writes (same_stack, unsuspended).
 
 }  // namespace internal
 
@@ -665,23 +662,25 @@ class Profiler final : public internal::ProfilerControl,
     slot->pick_in_flight = false;
     for (const Pending& p : entries) {
       const size_t nvalues = kValueCounts[p.provider];
-      uint64_t meta = p.provider | (static_cast<uint64_t>(labels.count) << internal::kRecordLabelCountShift) |
-                      (p.blocked ? internal::kRecordBlockedBit : 0u);
+      internal::RecordMeta meta;
+      meta.provider = static_cast<uint8_t>(p.provider);
+      meta.label_count = static_cast<uint8_t>(labels.count);
+      meta.blocked = p.blocked;
       size_t depth = 0;
       if (!suspended) {
-        meta |= internal::kRecordUnsuspendedBit;
+        meta.unsuspended = true;
         slot->samples_unsuspended.fetch_add(1, std::memory_order_relaxed);
       } else if (p.same_stack) {
-        meta |= internal::kRecordSameStackBit;
+        meta.same_stack = true;
       } else {
         depth = unwound.depth;
         if (unwound.truncated) {
-          meta |= internal::kRecordTruncatedBit;
+          meta.truncated = true;
           slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
         }
       }
-      meta |= static_cast<uint64_t>(depth) << internal::kRecordDepthShift;
-      record_[0] = meta;
+      meta.depth = static_cast<uint16_t>(depth);
+      record_[0] = meta.Encode();
       for (size_t v = 0; v < nvalues; ++v) record_[1 + v] = static_cast<uint64_t>(p.values[v]);
       const size_t label_at = 1 + nvalues;
       for (size_t w = 0; w < 2 * labels.count; ++w) record_[label_at + w] = labels.words[w];
@@ -712,11 +711,10 @@ class Profiler final : public internal::ProfilerControl,
     uint64_t* record = drain_scratch_.get();
     uint64_t recorded = 0;
     while (size_t n = slot->ring.TryPop(std::span<uint64_t>(record, kMaxRecordWords))) {
-      const uint64_t meta = record[0];
-      const size_t provider = meta & internal::kRecordProviderMask;
-      const size_t depth = (meta >> internal::kRecordDepthShift) & internal::kRecordDepthMask;
-      const size_t nlabels =
-          (meta >> internal::kRecordLabelCountShift) & internal::kRecordLabelCountMask;
+      const internal::RecordMeta meta = internal::RecordMeta::Decode(record[0]);
+      const size_t provider = meta.provider;
+      const size_t depth = meta.depth;
+      const size_t nlabels = meta.label_count;
       if (provider >= kNumProviders) continue;
       const size_t nvalues = kValueCounts[provider];
       const size_t label_at = 1 + nvalues;
@@ -725,7 +723,7 @@ class Profiler final : public internal::ProfilerControl,
       int64_t values[kMaxValuesPerProvider];
       for (size_t i = 0; i < nvalues; ++i) values[i] = static_cast<int64_t>(record[1 + i]);
       const std::span<const int64_t> value_span(values, nvalues);
-      if (meta & internal::kRecordUnsuspendedBit) {
+      if (meta.unsuspended) {
         agg.AddSynthetic(slot->aggregate_thread, "[inprof: thread could not be suspended]",
                          kValueOffsets[provider], value_span);
         ++recorded;
@@ -734,9 +732,9 @@ class Profiler final : public internal::ProfilerControl,
       uint64_t labels[kMaxLabelWords + 2];
       const size_t label_words =
           CanonicalLabels(std::span<const uint64_t>(record + label_at, 2 * nlabels), provider,
-                          labels, (meta & internal::kRecordBlockedBit) != 0);
+                          labels, meta.blocked);
       const std::span<const uint64_t> label_span(labels, label_words);
-      if (meta & internal::kRecordSameStackBit) {
+      if (meta.same_stack) {
         if (slot->last_stack.empty()) {
           agg.AddSynthetic(slot->aggregate_thread, kTailFrame, kValueOffsets[provider],
                            value_span);
