@@ -86,6 +86,15 @@ class DwarfUnwinder {
     return internal::kMachineContextSupported && internal::kCfiWalkSupported;
   }
 
+  // The most stack a walk uses (DeclaresStackUse). Its deepest path is a
+  // lookup in a module answered from its .eh_frame (PendingFromFile),
+  // which runs the FDE's program; GCC 12 -fstack-usage at -O2: CfiWalk 192
+  // + FindSlow 24 + FindDirectSlow 32 + FindWordDirect 1600 + Execute 1280
+  // + DirectRule 608 + EvaluateCfaOffset 152 = 3,888 bytes. The margin is
+  // for other compilers and flags (tests/safety/safety_small_stack_test.cc
+  // measures the handler).
+  static constexpr size_t kMaxStackBytes = 5 * 1024;
+
   // Walks from a signal handler's ucontext. Async-signal-safe.
   UnwindResult Unwind(const void* ucontext, const StackBounds& bounds,
                       std::span<uintptr_t> out) const noexcept {
@@ -170,6 +179,7 @@ class DwarfUnwinder {
 };
 
 static_assert(Unwinder<DwarfUnwinder>);
+static_assert(DeclaresStackUse<DwarfUnwinder>);
 
 }  // namespace inprof
 

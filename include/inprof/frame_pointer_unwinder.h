@@ -41,6 +41,10 @@ class FramePointerUnwinder {
     return UnwindFrom(internal::RegistersFromContext(ucontext), bounds, out);
   }
 
+  // The walk is one loop over registers, inlined into its caller at -O2
+  // (no frame of its own). DeclaresStackUse.
+  static constexpr size_t kMaxStackBytes = 256;
+
   // Words copied at the interrupted sp for the collector's frameless-leaf
   // repair (see internal/leaf_frame_resolver.h).
   static constexpr size_t kLeafStackWords = 8;
@@ -101,6 +105,7 @@ class FramePointerUnwinder {
 
 static_assert(Unwinder<FramePointerUnwinder>);
 static_assert(CopiesLeafStack<FramePointerUnwinder>);
+static_assert(DeclaresStackUse<FramePointerUnwinder>);
 
 }  // namespace inprof
 

@@ -158,6 +158,9 @@ class Profiler final : public internal::ProfilerControl,
     // for that reason (once at most: each time costs the thread an EINTR).
     bool blocked_provisional = false;
     bool blocked_resampled = false;
+    // The episode's first sample had no stack (SampleStackless): the rest
+    // of it goes to kSmallStackFrame.
+    bool blocked_stackless = false;
     // The tables when that stack was drained: sampled again once they are
     // ready and, if they were then, rebuilt since (a module built on demand).
     bool blocked_tables_ready = false;
@@ -170,7 +173,8 @@ class Profiler final : public internal::ProfilerControl,
     // Where a copy of the thread's stack last failed to walk (ticker,
     // registry lock; ReadBlockedStack): signalled there instead.
     internal::SyscallSite unreadable_site;
-    uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
+    uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0,
+             seen_small_stack = 0;
     R ring;
     // The ring its handler writes: `ring`, or in library mode one in the
     // agent's shared region (so that a process that dies loses nothing its
@@ -181,6 +185,30 @@ class Profiler final : public internal::ProfilerControl,
  public:
   using unwinder_type = U;
   using ring_type = R;
+
+  // The stack SampleThread may use below the first-level handler's frame:
+  // its record (kMaxRecordWords words), the rest of its frame with the
+  // providers' OnSignal and the clock reads (2 KiB: 280 and 96 bytes at
+  // -O2, GCC 12 -fstack-usage; the rest for other compilers and flags),
+  // and the unwinder's walk. A sanitizer's redzones triple it (ASan at
+  // -O0: 8.5 and 12 KiB measured), -O0 alone doubles it. A signal that
+  // finds less of the thread's own stack is sampled without a stack
+  // (SampleStackless): tests/safety/safety_small_stack_test.cc measures the
+  // handler against it.
+  static constexpr size_t kHandlerStackBytes =
+      (sizeof(uint64_t) * kMaxRecordWords + 2048 +
+       [] {
+         if constexpr (DeclaresStackUse<U>) {
+           return static_cast<size_t>(U::kMaxStackBytes);
+         } else {
+           return kUndeclaredUnwinderStackBytes;
+         }
+       }()) *
+      (internal::kUnderSanitizer ? 3 : internal::kUnoptimized ? 2 : 1);
+  // Where a sample of a thread on a stack too small for the walk puts its
+  // values (the profile's comments count them).
+  static constexpr const char* kSmallStackFrame =
+      "[inprof: on a small or foreign stack]";
 
   // Validates `options`; an invalid option is logged and the profiler stays
   // disabled (Start() returns the error).
@@ -365,6 +393,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->blocked_labels.clear();
     slot->blocked_provisional = false;
     slot->blocked_resampled = false;
+    slot->blocked_stackless = false;
     slot->unreadable_site = internal::SyscallSite{};
     slot->running_stack.clear();
     slot->running_labels.clear();
@@ -429,6 +458,11 @@ class Profiler final : public internal::ProfilerControl,
     return false;
   }
 
+  // An invalid option: logged at construction (ScopedProfiler).
+  bool StartErrorLogged(const absl::Status& start_error) const override {
+    return !config_status_.ok() && start_error == config_status_;
+  }
+
   // True between a successful Start() and Stop().
   bool running() const { return running_; }
 
@@ -450,6 +484,7 @@ class Profiler final : public internal::ProfilerControl,
     s.samples_recorded = recorded_.load(std::memory_order_relaxed);
     s.samples_dropped = dropped_.load(std::memory_order_relaxed);
     s.stacks_truncated = truncated_.load(std::memory_order_relaxed);
+    s.samples_small_stack = small_stack_.load(std::memory_order_relaxed);
     if constexpr (requires { U::WalksWithoutTables(); }) {
       s.stacks_before_tables = U::WalksWithoutTables() - walks_without_tables_at_construction_;
     }
@@ -583,6 +618,67 @@ class Profiler final : public internal::ProfilerControl,
     activity_.fetch_add(1, std::memory_order_release);
     slot->handler_exit_clock.store(internal::ThreadCpuNanos(slot->cpu_clock),
                                    std::memory_order_relaxed);
+  }
+
+  // The signal handler's part for a thread whose stack cannot take
+  // SampleThread (ThreadSlotHeader::sample_stackless): the provider's
+  // values, and those of signals it swallowed, as records without a stack.
+  // Its frame is a few words. Async-signal-safe.
+  static void SampleStackless(internal::ThreadSlotHeader* header,
+                              siginfo_t* info, void*, int tag) noexcept {
+    Slot* slot = static_cast<Slot*>(header);
+    const size_t provider = static_cast<size_t>(tag & 0xff);
+    if (provider >= kNumProviders) return;
+    int64_t values[kMaxValuesPerProvider];
+    if (!OnSignalAt(provider, *slot, *info,
+                    std::make_index_sequence<kNumProviders>{}, values)) {
+      return;
+    }
+    const bool blocked = SampledBlockedAt(
+        provider, *slot, std::make_index_sequence<kNumProviders>{});
+    PushStackless(*slot, provider, values, blocked);
+    TakeSwallowedStacklessEach(provider, *slot,
+                               std::make_index_sequence<kNumProviders>{});
+    activity_.fetch_add(1, std::memory_order_release);
+    slot->handler_exit_clock.store(internal::ThreadCpuNanos(slot->cpu_clock),
+                                   std::memory_order_relaxed);
+  }
+  static void PushStackless(Slot& slot, size_t provider, const int64_t* values,
+                            bool blocked) noexcept {
+    const size_t nvalues = kValueCounts[provider];
+    uint64_t record[1 + kMaxValuesPerProvider];
+    RecordMeta meta;
+    meta.provider = static_cast<uint8_t>(provider);
+    meta.stackless = true;
+    meta.blocked = blocked;
+    record[0] = meta.Encode();
+    for (size_t i = 0; i < nvalues; ++i) {
+      record[1 + i] = static_cast<uint64_t>(values[i]);
+    }
+    slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
+    if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, 1 + nvalues))) {
+      for (size_t i = 0; i < nvalues; ++i) {
+        slot.dropped_values[kValueOffsets[provider] + i].fetch_add(
+            values[i], std::memory_order_relaxed);
+      }
+    }
+  }
+  template <size_t... I>
+  static void TakeSwallowedStacklessEach(size_t provider, Slot& slot,
+                                         std::index_sequence<I...>) noexcept {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (TakesSwallowedSignals<P>) {
+            if (provider == I) return;
+            int64_t values[kMaxValuesPerProvider];
+            if (P::TakeSwallowed(slot, std::get<I>(slot.data),
+                                 std::span<int64_t>(values, kValueCounts[I]))) {
+              PushStackless(slot, I, values, /*blocked=*/false);
+            }
+          }
+        }(),
+        ...);
   }
 
   // On the owning thread as it unregisters (ThreadSlotHeader::
@@ -829,6 +925,11 @@ class Profiler final : public internal::ProfilerControl,
     const uint64_t taken = slot->samples_taken.load(std::memory_order_relaxed);
     const uint64_t truncated =
         slot->samples_truncated.load(std::memory_order_relaxed);
+    const uint64_t small_stack =
+        slot->samples_small_stack.load(std::memory_order_relaxed);
+    small_stack_.fetch_add(small_stack - slot->seen_small_stack,
+                           std::memory_order_relaxed);
+    slot->seen_small_stack = small_stack;
     taken_.fetch_add(taken - slot->seen_taken, std::memory_order_relaxed);
     dropped_.fetch_add(dropped - slot->seen_dropped, std::memory_order_relaxed);
     truncated_.fetch_add(truncated - slot->seen_truncated,
@@ -861,6 +962,20 @@ class Profiler final : public internal::ProfilerControl,
     for (size_t i = 0; i < nvalues; ++i) {
       values[i] = static_cast<int64_t>(record[1 + i]);
     }
+    if (meta.stackless) {
+      // Taken on a stack too small for the walk (SampleStackless). A
+      // blocked one begins an episode whose rest goes to the same frame.
+      agg.AddSynthetic(slot->aggregate_thread, kSmallStackFrame,
+                       kValueOffsets[provider],
+                       std::span<const int64_t>(values, nvalues));
+      if (blocked) {
+        slot->blocked_stack.clear();
+        slot->blocked_labels.clear();
+        slot->blocked_provisional = false;
+        slot->blocked_stackless = true;
+      }
+      return true;
+    }
     std::span<const uint64_t> frames(record + header, depth);
     if (leaf_words > 0 && depth >= 1) {
       frames = RepairLeaf(frames,
@@ -891,6 +1006,7 @@ class Profiler final : public internal::ProfilerControl,
     if (blocked) {
       // Where the thread's current blocking episode blocks: the ticker
       // credits the rest of the episode here without signalling again.
+      slot->blocked_stackless = false;
       slot->blocked_stack.assign(frames.begin(), frames.end());
       slot->blocked_labels.assign(labels, labels + label_words);
       slot->blocked_provisional = meta.provisional;
@@ -1149,7 +1265,7 @@ class Profiler final : public internal::ProfilerControl,
         // The sample that began a blocking episode may still be in the ring:
         // without draining it the episode would look stackless and the
         // thread be signalled (and its blocking call interrupted) again.
-        if (slot->blocked_stack.empty() &&
+        if (slot->blocked_stack.empty() && !slot->blocked_stackless &&
             provider.AwaitsEpisodeStack(std::get<I>(slot->data))) {
           if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
           DrainSlotLocked(slot);
@@ -1162,7 +1278,8 @@ class Profiler final : public internal::ProfilerControl,
         // may miss frames (libc's, at start-up: one such stack got 10% of a
         // test's wall time, credited to its caller's caller for 4 s): once
         // the tables are ready, the episode is sampled again, once.
-        bool has_episode_stack = !slot->blocked_stack.empty();
+        bool has_episode_stack =
+            !slot->blocked_stack.empty() || slot->blocked_stackless;
         const bool resample =
             has_episode_stack && slot->blocked_provisional &&
             !slot->blocked_resampled && UnwindTablesReady() &&
@@ -1202,6 +1319,7 @@ class Profiler final : public internal::ProfilerControl,
             slot->blocked_stack.clear();
             slot->blocked_labels.clear();
             slot->blocked_provisional = false;
+            slot->blocked_stackless = false;
             slot->blocked_resampled = resample;
             if (resample) {
               wall_episodes_resampled_.fetch_add(1, std::memory_order_relaxed);
@@ -1231,6 +1349,7 @@ class Profiler final : public internal::ProfilerControl,
             slot->blocked_stack.clear();
             slot->blocked_labels.clear();
             slot->blocked_provisional = false;
+            slot->blocked_stackless = false;
             if constexpr (requires { P::kSigwaitFrame; }) {
               CreditSynthetic<I>(slot, v, P::kSigwaitFrame);
             } else {
@@ -1410,8 +1529,13 @@ class Profiler final : public internal::ProfilerControl,
     std::lock_guard<std::mutex> agg_lock(core_.mutex());
     SampleAggregator& agg = core_.aggregator();
     EnsureAggregateThread(slot, agg);
-    agg.Add(slot->aggregate_thread, slot->blocked_stack, slot->blocked_labels,
-            kValueOffsets[I], values);
+    if (slot->blocked_stackless) {
+      agg.AddSynthetic(slot->aggregate_thread, kSmallStackFrame,
+                       kValueOffsets[I], values);
+    } else {
+      agg.Add(slot->aggregate_thread, slot->blocked_stack, slot->blocked_labels,
+              kValueOffsets[I], values);
+    }
   }
 
   // Registry lock held. The thread ran throughout the interval and a
@@ -1716,6 +1840,8 @@ class Profiler final : public internal::ProfilerControl,
     }
     Slot* slot = new Slot;
     slot->sample = &SampleThread;
+    slot->sample_stackless = &SampleStackless;
+    slot->sample_stack_bytes = static_cast<uint32_t>(kHandlerStackBytes);
     slot->before_retire = &TakeOwedSamples;
     return slot;
   }
@@ -1725,6 +1851,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->seen_taken = slot->samples_taken.load();
     slot->seen_dropped = slot->ring.dropped();
     slot->seen_truncated = slot->samples_truncated.load();
+    slot->seen_small_stack = slot->samples_small_stack.load();
     SlotPool& pool = Pool();
     std::lock_guard<std::mutex> lock(pool.mutex);
     pool.free.push_back(slot);
@@ -1791,7 +1918,8 @@ class Profiler final : public internal::ProfilerControl,
   // count the last full collector pass saw (registry lock).
   static inline std::atomic<uint64_t> activity_{0};
   uint64_t drained_activity_ = ~uint64_t{0};
-  std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0};
+  std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0},
+      small_stack_{0};
   std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
   // The unwinder's counter is process-wide; this profiler reports its own.
   const uint64_t walks_without_tables_at_construction_ = [] {

@@ -72,6 +72,19 @@ concept CopiesLeafStack =
       { u.CopyLeafStack(ucontext, bounds, out) } noexcept;
     };
 
+// Optional: an unwinder that states the most stack one Unwind call uses,
+// so that the signal handler can tell whether the interrupted stack can take
+// the walk (a thread on a small sigaltstack or a coroutine's stack cannot:
+// its sample is then taken without a stack). An unwinder that does not say
+// is assumed to need kUndeclaredUnwinderStackBytes.
+//   (1) U::kMaxStackBytes: bytes, below Unwind's caller's frame, that
+//       Unwind (and CopyLeafStack) may use at most.
+template <typename U>
+concept DeclaresStackUse = Unwinder<U> && requires {
+  { U::kMaxStackBytes } -> std::convertible_to<size_t>;
+};
+inline constexpr size_t kUndeclaredUnwinderStackBytes = 16 * 1024;
+
 }  // namespace inprof
 
 #endif  // INPROF_UNWINDER_H_

@@ -54,10 +54,11 @@ const char kRunHelp[] =
     "\n"
     "Profiles CMD, an unmodified dynamically linked program, and every program\n"
     "it starts: each process writes its own pprof profile when it ends (return\n"
-    "from main, exit(), SIGINT, SIGTERM or SIGHUP). Every thread is registered\n"
-    "automatically, under the name the program gives it. Options override the\n"
-    "INPROF_* variables of the environment (README, Configuration), which pass\n"
-    "through to CMD.\n"
+    "from main, exit(), quick_exit(), _exit(), SIGINT, SIGTERM or SIGHUP; a\n"
+    "process killed by another signal writes none, except with --agent).\n"
+    "Every thread is registered automatically, under the name the program\n"
+    "gives it. Options override the INPROF_* variables of the environment\n"
+    "(README, Configuration), which pass through to CMD.\n"
     "\n"
     "Options:\n"
     "  -o, --output=PATTERN    profile path; %p: process id, %t: window start\n"
@@ -227,6 +228,52 @@ std::string WhyPreloadCannotWork(const std::string& cmd, const std::string& path
   }
   close(fd);
   return why;
+}
+
+// "SIGSEGV (Segmentation fault)".
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  const char* text = strsignal(sig);
+  return absl::StrCat(abbrev != nullptr ? absl::StrCat("SIG", abbrev)
+                                        : absl::StrCat("signal ", sig),
+                      text != nullptr ? absl::StrCat(" (", text, ")") : "");
+}
+
+// A process that began sampling (its report's "started" line).
+struct ReportedProcess {
+  std::string pid;
+  std::string command;
+  bool wrote = false;
+  bool failed = false;  // writing failed (the process logged why)
+};
+
+// Why `p` wrote no profile, as far as is known: `status` is its wait
+// status when it is CMD itself (inprof run's child), null for another
+// process of the tree.
+std::string WhyNoProfile(const ReportedProcess& p, const int* status) {
+  const std::string who = absl::StrCat("'", p.command, "' (pid ", p.pid, ")");
+  if (p.failed) return absl::StrCat(who, " could not write its profile (its error is above)");
+  if (status != nullptr && WIFSIGNALED(*status)) {
+    const int sig = WTERMSIG(*status);
+    return absl::StrCat(
+        who, " was killed by ", SignalName(sig),
+        " before inprof could write its profile",
+        sig == SIGKILL ? ""
+                       : "; with --agent its samples are kept outside the "
+                         "program and its profile is written even so");
+  }
+  if (status != nullptr && WIFEXITED(*status)) {
+    return absl::StrCat(
+        who, " exited with status ", WEXITSTATUS(*status),
+        " without writing its profile: writing it did not finish in time, "
+        "or it exec'd a program that inprof cannot be loaded into "
+        "(statically linked)");
+  }
+  return absl::StrCat(
+      who, " sampled but wrote no profile: it was killed by a signal or "
+      "aborted before inprof could write it, or exec'd a program that "
+      "inprof cannot be loaded into; with --agent the samples of a process "
+      "that dies are kept outside it and its profile is written even so");
 }
 
 volatile sig_atomic_t g_child = 0;
@@ -546,21 +593,47 @@ int RunMain(int argc, char** argv) {
     }
   }
 
-  // The report: one line per profile written, in order. A file written more
-  // than once (each window without %t in the pattern, or a process that
-  // replaced another's) holds the last: it is listed once, saying so. A FIFO
-  // or device (/dev/null) took every write: each is listed.
+  // The report: one line per profile written, in order, and the processes
+  // that started profiling (or could not, or failed to write). A file
+  // written more than once (each window without %t in the pattern, or a
+  // process that replaced another's) holds the last: it is listed once,
+  // saying so. A FIFO or device (/dev/null) took every write: each is
+  // listed.
+  std::vector<ReportedProcess> unwritten;  // started, no profile
+  std::map<std::string, std::string> off;  // pid -> why
+  bool child_started = false;
   if (FILE* f = fopen(report.c_str(), "re"); f != nullptr) {
     struct Write {
       std::string pid, comm;
     };
     std::vector<std::string> order;
     std::map<std::string, std::vector<Write>> files;
-    char line[PATH_MAX + 128];
+    std::map<std::string, ReportedProcess> started;
+    std::vector<std::string> started_order;
+    char line[PATH_MAX + 1024];
     while (fgets(line, sizeof(line), f) != nullptr) {
       std::vector<std::string> parts =
           absl::StrSplit(absl::StripSuffix(line, "\n"), '\t');
       if (parts.size() < 3) continue;
+      if (parts[1] == absl::StrCat(child)) child_started = true;
+      if (parts[0] == "started") {
+        if (!started.count(parts[1])) started_order.push_back(parts[1]);
+        started[parts[1]] = ReportedProcess{parts[1], parts[2], false};
+        continue;
+      }
+      if (parts[0] == "off") {
+        off[parts[1]] = parts.size() > 3 ? parts[3] : "";
+        continue;
+      }
+      if (parts[0] == "failed") {
+        if (!started.count(parts[1])) started_order.push_back(parts[1]);
+        ReportedProcess& p = started[parts[1]];
+        p.pid = parts[1];
+        p.command = parts[2];
+        p.failed = true;
+        continue;
+      }
+      started[parts[1]].wrote = true;
       std::vector<Write>& writes = files[parts[0]];
       if (writes.empty()) order.push_back(parts[0]);
       writes.push_back({parts[1], parts[2]});
@@ -599,14 +672,37 @@ int RunMain(int argc, char** argv) {
       fprintf(stderr, "inprof run: wrote %s (pid %s, %s%s)\n", path.c_str(),
               last.pid.c_str(), last.comm.c_str(), note.c_str());
     }
+    for (const std::string& pid : started_order) {
+      if (!started[pid].wrote) unwritten.push_back(started[pid]);
+    }
   }
   unlink(report.c_str());
   const char* enabled = getenv("INPROF_ENABLED");
   const bool disabled = enabled != nullptr &&
                         !ParseBoolFlag("INPROF_ENABLED", enabled).value_or(true);
-  if (written == 0 && !s.quiet && !disabled) {
-    PrintError(kCmd, absl::StrCat("no profile was written by '", cmd,
-                                  "' (see the messages above)"));
+  if (!s.quiet && !disabled && agent_server == nullptr) {
+    // Each process that sampled and wrote nothing, with what is known of
+    // how it ended.
+    for (const ReportedProcess& p : unwritten) {
+      PrintError(kCmd, WhyNoProfile(p, p.pid == absl::StrCat(child) ? &status : nullptr));
+    }
+    if (written == 0 && unwritten.empty()) {
+      if (auto it = off.find(absl::StrCat(child)); it != off.end()) {
+        PrintError(kCmd, absl::StrCat("no profile was written: profiling could not start in '",
+                                      cmd, "': ", it->second));
+      } else if (!child_started) {
+        PrintError(kCmd, absl::StrCat(
+            "no profile was written: profiling never started in '", cmd,
+            "' (its preload library did not run: a program that clears "
+            "LD_PRELOAD or is run through a setuid wrapper is not profiled)"));
+      }
+    }
+  } else if (!s.quiet && !disabled && written == 0) {
+    PrintError(kCmd, absl::StrCat("no profile was written by '", cmd, "'",
+                                  WIFSIGNALED(status)
+                                      ? absl::StrCat(": it was killed by ",
+                                                     SignalName(WTERMSIG(status)))
+                                      : std::string()));
   }
 
   if (WIFEXITED(status)) return WEXITSTATUS(status);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "inprof/datadog_uploader.h"
 #include "inprof/internal/agent_link.h"
@@ -85,21 +86,28 @@ void ProfilerCore::EnsureSinks() {
     sinks_.push_back(std::make_shared<FileSink>(options_.output));
   }
   if (options_.datadog.enabled || !options_.pyroscope.url.empty()) {
-    // Said once at start; each failed delivery is also counted and logged.
-    absl::Status http = HttpClient::Available();
-    if (!http.ok()) {
-      Log(absl::StrCat(options_.datadog.enabled ? "Datadog" : "Pyroscope",
+    // Without libcurl no upload can ever succeed: no uploader is made (one
+    // would retry each window and hold Stop() for INPROF_STOP_TIMEOUT), and
+    // it is said once, naming what was configured.
+    if (absl::Status http = HttpClient::Available(); !http.ok()) {
+      std::vector<std::string> configured;
+      if (options_.datadog.enabled) configured.push_back("Datadog");
+      if (!options_.pyroscope.url.empty()) {
+        configured.push_back(absl::StrCat("Pyroscope (", options_.pyroscope.url, ")"));
+      }
+      Log(absl::StrCat(absl::StrJoin(configured, " and "),
                        " upload configured, but ", http.message(),
                        "; profiles are not uploaded"));
+    } else {
+      if (options_.datadog.enabled) {
+        sinks_.push_back(std::make_shared<DatadogUploader>(options_.datadog,
+                                                           options_.upload));
+      }
+      if (!options_.pyroscope.url.empty()) {
+        sinks_.push_back(std::make_shared<PyroscopeUploader>(
+            options_.pyroscope, options_.upload, options_.cpu_period));
+      }
     }
-  }
-  if (options_.datadog.enabled) {
-    sinks_.push_back(
-        std::make_shared<DatadogUploader>(options_.datadog, options_.upload));
-  }
-  if (!options_.pyroscope.url.empty()) {
-    sinks_.push_back(std::make_shared<PyroscopeUploader>(
-        options_.pyroscope, options_.upload, options_.cpu_period));
   }
   for (const auto& sink : options_.sinks) {
     if (sink != nullptr) sinks_.push_back(sink);
@@ -518,6 +526,14 @@ void ProfilerCore::Describe(ProfileData& data, int64_t start, int64_t end,
         "threads registered with SIGPROF blocked, unblocked so that they "
         "could be sampled=",
         window_stats.threads_sigprof_unblocked));
+  }
+  if (window_stats.samples_small_stack > 0) {
+    data.comments.push_back(absl::StrCat(
+        "samples taken on a small or foreign stack, not walked=",
+        window_stats.samples_small_stack,
+        " (a signal handler's sigaltstack, a coroutine's stack, or a stack "
+        "near its end; their values are on [inprof: on a small or foreign "
+        "stack])"));
   }
   if (window_stats.samples_unsuspended > 0) {
     data.comments.push_back(absl::StrCat(

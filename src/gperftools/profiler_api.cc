@@ -55,7 +55,7 @@ void* ToggleThread(void* arg) {
   while (true) {
     (void)g_toggle->Wait();
     if (run::CurrentStatus().running) {
-      run::Stop("CPUPROFILESIGNAL");
+      run::Stop();
     } else {
       const std::string file = absl::StrCat(signal_file, ".", runs++);
       if (absl::Status s = run::Start(file); !s.ok()) {
@@ -189,7 +189,7 @@ __attribute__((visibility("default"))) int ProfilerStart(const char* fname) {
 }
 
 __attribute__((visibility("default"))) void ProfilerStop(void) {
-  run::Stop("ProfilerStop");
+  run::Stop();
 }
 
 __attribute__((visibility("default"))) void ProfilerFlush(void) {}

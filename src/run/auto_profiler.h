@@ -84,9 +84,13 @@ std::string OutputPatternForThisProcess(const std::string& pattern);
 // not initialised, disabled or stepped aside; AlreadyExists when running.
 absl::Status Start(const std::string& output_pattern);
 
+// Records in the run's report (Init's `report`) that this process could
+// not start profiling, and why (`inprof run` says so at the end).
+void ReportStartFailure(const absl::Status& status);
+
 // Stops sampling and writes the profile (waits for a write under way on
-// another thread). `why` prefixes an error line. No-op when not running.
-void Stop(const char* why);
+// another thread; a failure is logged). No-op when not running.
+void Stop();
 
 struct Status {
   bool running = false;

@@ -4,8 +4,10 @@
 // of RegisterThread, as DllMain's thread attach is on Windows),
 // pthread_setname_np and prctl (thread names as the program sets them),
 // sigaction and signal (a program taking SIGPROF for itself makes inprof
-// write what it has and step aside) and the exec family (SIGPROF stays
-// blocked across an exec, see ExecGuard).
+// write what it has and step aside), the exec family (SIGPROF stays
+// blocked across an exec, see ExecGuard) and _exit/_Exit (the profile is
+// written first, by the watcher thread, for a bounded time: see
+// FinishBeforeExit).
 //
 // Linked into libinprof_preload.so (with preload_linux.cc, what `inprof run`
 // loads) and libinprof_gperftools (the gperftools API drop-in). In the
@@ -69,6 +71,44 @@ struct InprofScope {
   ~InprofScope() { t_inprof = saved; }
 };
 
+std::string CurrentProcessName() {
+  char buf[64] = {};
+  int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "?";
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// Appends "FIRST\tPID\tCOMM[\tDETAIL]\n" to INPROF_RUN_REPORT (`report`;
+// nothing when empty): FIRST is a profile's path, or "started" (this
+// process began sampling), "off" (it could not; DETAIL says why) or
+// "failed" (writing its profile failed, DETAIL, logged already), so that
+// `inprof run` can say which processes ended without writing one.
+void AppendToReport(const std::string& report, absl::string_view first,
+                    absl::string_view detail = {}) {
+  if (report.empty()) return;
+  std::string line = absl::StrCat(first, "\t", getpid(), "\t", CurrentProcessName());
+  if (!detail.empty()) {
+    std::string flat(detail);
+    for (char& c : flat) {
+      if (c == '\n' || c == '\t') c = ' ';
+    }
+    absl::StrAppend(&line, "\t", flat);
+  }
+  line.push_back('\n');
+  // O_NOFOLLOW: a link put in the report's place is not appended through.
+  int fd = open(report.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    // One write(2) with O_APPEND: lines of concurrent processes never mix.
+    ssize_t n = write(fd, line.data(), line.size());
+    (void)n;
+    close(fd);
+  }
+}
+
 // Appends each written profile to INPROF_RUN_REPORT and writes the file
 // like FileSink.
 // The output pattern is set at each Start() (the gperftools API names a file
@@ -85,33 +125,11 @@ class ReportingFileSink final : public ProfileSink {
     std::lock_guard<std::mutex> lock(mu_);
     if (file_ == nullptr) return absl::OkStatus();
     absl::Status s = file_->Consume(p);
-    if (!s.ok() || report_.empty()) return s;
-    const std::string line =
-        absl::StrCat(file_->last_path(), "\t", getpid(), "\t",
-                     CurrentProcessName(), "\n");
-    // O_NOFOLLOW: a link put in the report's place is not appended through.
-    int fd = open(report_.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
-    if (fd >= 0) {
-      // One write(2) with O_APPEND: lines of concurrent processes never mix.
-      ssize_t n = write(fd, line.data(), line.size());
-      (void)n;
-      close(fd);
-    }
+    if (s.ok()) AppendToReport(report_, file_->last_path());
     return s;
   }
 
  private:
-  static std::string CurrentProcessName() {
-    char buf[64] = {};
-    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return "?";
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-
   std::mutex mu_;
   std::unique_ptr<FileSink> file_;
   std::string report_;
@@ -127,7 +145,7 @@ struct State {
   ThreadRegistration* first_registration = nullptr;  // Init()'s thread
   bool running = false;
   bool stepped_aside = false;
-  bool hooks_installed = false;  // atexit, end signals
+  bool hooks_installed = false;  // atexit, at_quick_exit, end signals
   bool children = true;
   Options options;  // without sinks: what a forked child starts with
   std::string report;
@@ -138,6 +156,9 @@ struct State {
   // descriptor: see run::SignalWake).
   run::SignalWake end_signal;
   bool end_watcher = false;  // its thread runs in this process
+  pid_t end_watcher_pid = 0;  // where that thread runs (a vfork child is not)
+  // FinishBeforeExit's requests the watcher has answered.
+  std::atomic<uint64_t> finishes{0};
   // pthread_t of the threads registered here -> their ids, so that
   // pthread_setname_np(other, ...) finds the thread. A leaf lock, held
   // across fork() (internal/fork_guard.h).
@@ -173,28 +194,32 @@ void ForgetTid(pthread_t thread) {
 
 // Lifecycle lock held. The profiler object is never destroyed: threads the
 // program leaves running may still hold registrations.
-void StopLocked(State& s, absl::string_view why) {
+void StopLocked(State& s) {
   if (!s.running) return;
   s.running = false;
   g_running.store(false, std::memory_order_release);
   InprofScope scope;
   absl::Status st = s.profiler->Stop();
-  if (!st.ok()) internal::Log(absl::StrCat(why, ": ", st.message()));
+  // Stop() logged the failure; `inprof run` is told, to say which process
+  // it was.
+  if (!st.ok()) AppendToReport(s.report, "failed", st.message());
 }
 
-void Finish(absl::string_view why) {
+void Finish() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.lifecycle);
-  StopLocked(s, why);
+  StopLocked(s);
 }
 
-void AtExit() { Finish("at exit"); }
+void AtExit() { Finish(); }
 
 // SIGINT, SIGTERM, SIGHUP with their default action: the handler only wakes
 // the watcher thread, which writes the profile and then lets the signal
 // take its default effect. A program that installs its own handler replaces
 // this one (and usually exits, which writes the profile at exit).
 constexpr int kEndSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// What FinishBeforeExit posts to the watcher (signal numbers are below).
+constexpr int kFinishRequest = 0x100;
 
 void EndSignalHandler(int sig) {
   const int saved = errno;
@@ -204,16 +229,30 @@ void EndSignalHandler(int sig) {
 
 void* WatchEndSignals(void*) {
   t_inprof = true;
-  const int sig = state().end_signal.Wait();
-  Finish(absl::StrCat("on ", strsignal(sig)));
-  signal(sig, SIG_DFL);
-  kill(getpid(), sig);
-  return nullptr;
+  State& s = state();
+  while (true) {
+    const int what = s.end_signal.Wait();
+    Finish();
+    if (what == kFinishRequest) {
+      s.finishes.fetch_add(1, std::memory_order_release);
+      continue;
+    }
+    signal(what, SIG_DFL);
+    kill(getpid(), what);
+    return nullptr;
+  }
+}
+
+// The watcher thread, for the end signals and FinishBeforeExit; in this
+// process (a forked child starts its own).
+void StartEndWatcher(State& s) {
+  s.end_watcher =
+      run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
+  s.end_watcher_pid = s.end_watcher ? getpid() : 0;
 }
 
 void InstallEndSignalHandlers() {
   State& s = state();
-  bool any = false;
   for (int sig : kEndSignals) {
     struct sigaction current;
     if (sigaction(sig, nullptr, &current) != 0) continue;
@@ -225,11 +264,40 @@ void InstallEndSignalHandlers() {
     action.sa_handler = &EndSignalHandler;
     action.sa_flags = SA_RESTART;
     sigemptyset(&action.sa_mask);
-    if (sigaction(sig, &action, nullptr) == 0) any = true;
+    sigaction(sig, &action, nullptr);
   }
-  if (!any) return;
-  s.end_watcher =
-      run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
+  // Also when the program handles every end signal: _exit() needs it.
+  StartEndWatcher(s);
+}
+
+// Before _exit() or _Exit() (interposed below): the profile is written by
+// the watcher thread while the calling thread waits, at most stop_timeout +
+// 5 s. The caller may be a signal handler that interrupted a thread holding
+// a lock Stop() needs (malloc's): the wait is what bounds it, and it uses
+// only async-signal-safe calls (sem_post, getpid, clock_gettime,
+// nanosleep). Not in a process whose watcher is another's (a vfork child
+// shares the parent's memory and has its own pid), nor on inprof's own
+// threads.
+void FinishBeforeExit() {
+  if (t_inprof || !g_running.load(std::memory_order_acquire)) return;
+  State& s = state();
+  if (!s.end_watcher || s.end_watcher_pid != getpid()) return;
+  const uint64_t before = s.finishes.load(std::memory_order_acquire);
+  s.end_signal.Post(kFinishRequest);
+  const int64_t limit_ns =
+      absl::ToInt64Nanoseconds(s.options.stop_timeout) + 5'000'000'000LL;
+  timespec start{};
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  while (s.finishes.load(std::memory_order_acquire) == before) {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((now.tv_sec - start.tv_sec) * 1'000'000'000LL + (now.tv_nsec - start.tv_nsec) >=
+        limit_ns) {
+      return;
+    }
+    const timespec tick{0, 1'000'000};
+    nanosleep(&tick, nullptr);
+  }
 }
 
 // Lifecycle lock held. A new profiler with the sink, and the calling thread
@@ -271,8 +339,10 @@ absl::Status StartLocked(State& s, const std::string& output) {
   if (!s.hooks_installed) {
     s.hooks_installed = true;
     atexit(&AtExit);
+    at_quick_exit(&AtExit);
     InstallEndSignalHandlers();
   }
+  AppendToReport(s.report, "started");
   return absl::OkStatus();
 }
 
@@ -290,8 +360,8 @@ void AtForkChild() {
   if (s.end_watcher) {
     s.end_signal.~SignalWake();
     new (&s.end_signal) run::SignalWake;
-    s.end_watcher =
-        run::StartDetachedThread("inprof-signals", &WatchEndSignals, nullptr);
+    s.finishes.store(0, std::memory_order_relaxed);
+    StartEndWatcher(s);
   }
   PreloadProfiler* parent = s.profiler;
   if (parent == nullptr) return;
@@ -318,6 +388,7 @@ void AtForkChild() {
     if (absl::Status st = StartLocked(s, output); !st.ok()) {
       internal::Log(absl::StrCat("forked child: profiling stays off: ",
                                  st.message()));
+      AppendToReport(s.report, "off", st.message());
     }
   }
 }
@@ -366,7 +437,7 @@ class ExecGuard {
     sigemptyset(&prof);
     sigaddset(&prof, SIGPROF);
     if (!s.children) {
-      Finish("before exec");
+      Finish();
       pthread_sigmask(SIG_BLOCK, &prof, &old_);
       DiscardPendingSigprof();
       pthread_sigmask(SIG_SETMASK, &old_, nullptr);
@@ -560,7 +631,17 @@ absl::Status Start(const std::string& output_pattern) {
   return StartLocked(s, output_pattern);
 }
 
-void Stop(const char* why) { Finish(why); }
+void Stop() { Finish(); }
+
+void ReportStartFailure(const absl::Status& status) {
+  State& s = state();
+  std::string report;
+  {
+    std::lock_guard<std::mutex> lock(s.lifecycle);
+    report = s.report;
+  }
+  AppendToReport(report, "off", status.message());
+}
 
 Status CurrentStatus() {
   State& s = state();
@@ -671,7 +752,23 @@ static void StepAsideForSigprof(const char* how) {
   inprof::internal::Log(absl::StrCat(
       "the program installs its own SIGPROF handler (", how,
       "): profiling stops here and the profile so far is written"));
-  inprof::StopLocked(s, "stepping aside for the program's SIGPROF handler");
+  inprof::StopLocked(s);
+}
+
+// _exit and _Exit skip atexit: the profile is written first (bounded; see
+// FinishBeforeExit). exit() needs nothing here: its atexit handler writes
+// it, and libc's own calls to _exit do not come through here.
+__attribute__((visibility("default"), noreturn)) void _exit(int status) {
+  using Fn = void (*)(int);
+  static Fn real = Next<Fn>("_exit");
+  inprof::FinishBeforeExit();
+  if (real != nullptr) real(status);
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+
+__attribute__((visibility("default"), noreturn)) void _Exit(int status) noexcept {
+  _exit(status);
 }
 
 __attribute__((visibility("default"))) int sigaction(

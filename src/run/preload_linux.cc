@@ -11,7 +11,9 @@
 //
 // Variables read here besides Options::FromEnv()'s (set by `inprof run`):
 //   INPROF_RUN_REPORT  a file each process appends one line to per profile
-//                      written ("PATH\tPID\tCOMM"); unset: nothing reported.
+//                      written ("PATH\tPID\tCOMM"), and one when it starts
+//                      ("started\tPID\tCOMM") or cannot ("off\tPID\tCOMM\t
+//                      WHY"); unset: nothing reported.
 //   INPROF_RUN_CHILDREN=0  children are not profiled: LD_PRELOAD loses this
 //                      library for exec'd programs, forks get no profiler.
 #include <dlfcn.h>
@@ -131,6 +133,7 @@ __attribute__((constructor)) void PreloadInit() {
   if (absl::Status s = run::Start(run::OutputPatternForThisProcess(options.output));
       !s.ok()) {
     internal::Log(absl::StrCat("profiling stays off: ", s.message()));
+    run::ReportStartFailure(s);
   }
 }
 

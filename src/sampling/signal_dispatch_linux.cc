@@ -59,6 +59,18 @@ int SignalTag(const ThreadSlotHeader& slot, const siginfo_t* info) noexcept {
   }
 }
 
+// Whether the walk fits below `sp` on the thread's own stack (the bounds
+// captured at registration). A thread on another stack -- a signal handler's
+// sigaltstack, a coroutine's -- fails the check whatever that stack's size:
+// its bounds are not known.
+bool StackHasRoom(const ThreadSlotHeader& slot, uintptr_t sp) noexcept {
+  return sp >= slot.stack.lo && sp < slot.stack.hi &&
+         sp - slot.stack.lo >= slot.sample_stack_bytes;
+}
+
+// Small on purpose: it may run on an 8 KiB stack that already holds the
+// kernel's signal frame (~3 KiB with AVX-512 state). Everything that needs
+// room is behind StackHasRoom.
 void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
   const int saved_errno = errno;
   ThreadSlotHeader* slot = tls_slot;
@@ -75,7 +87,15 @@ void ProfilingSignalHandler(int /*signo*/, siginfo_t* info, void* ucontext) {
     if (active != 0 &&
         slot->session.load(std::memory_order_relaxed) == active &&
         SignalTagMatchesSession(tag, active)) {
-      slot->sample(slot, info, ucontext, tag);
+      const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+      if (StackHasRoom(*slot, sp)) {
+        slot->sample(slot, info, ucontext, tag);
+      } else {
+        slot->samples_small_stack.fetch_add(1, std::memory_order_relaxed);
+        if (slot->sample_stackless != nullptr) {
+          slot->sample_stackless(slot, info, ucontext, tag);
+        }
+      }
     } else {
       g_inactive.fetch_add(1, std::memory_order_relaxed);
     }

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 namespace inprof::internal {
@@ -154,6 +155,31 @@ absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view value) {
 std::string FormatListenAddress(const ListenAddress& address) {
   if (address.ipv6) return absl::StrCat("[", address.host, "]:", address.port);
   return absl::StrCat(address.host, ":", address.port);
+}
+
+bool HostHeaderAllowed(absl::string_view host, const ListenAddress& listening) {
+  absl::string_view name = absl::StripAsciiWhitespace(host);
+  if (!name.empty() && name.front() == '[') {
+    const size_t close = name.find(']');
+    if (close == absl::string_view::npos) return false;
+    const absl::string_view rest = name.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') return false;
+    name = name.substr(1, close - 1);
+    unsigned char buffer[16];
+    return inet_pton(AF_INET6, std::string(name).c_str(), buffer) == 1;
+  }
+  // "NAME:PORT"; more than one ':' is no name a browser sends.
+  const size_t colon = name.find(':');
+  if (colon != absl::string_view::npos) {
+    if (name.find(':', colon + 1) != absl::string_view::npos) return false;
+    name = name.substr(0, colon);
+  }
+  const std::string lower = absl::AsciiStrToLower(absl::StripSuffix(name, "."));
+  if (lower == "localhost" || lower == absl::AsciiStrToLower(listening.host)) {
+    return true;
+  }
+  unsigned char buffer[16];
+  return inet_pton(AF_INET, lower.c_str(), buffer) == 1;
 }
 
 DebugEndpoint::DebugEndpoint(Capture capture, Render render,

@@ -5,9 +5,17 @@
 // parses HTTP; what a request means is DebugEndpoint's, which gets the raw
 // request target from MHD's URI callback (the path with its query).
 //
-// Threads: MHD's listening thread and one thread per connection (at most
-// DebugServer::kMaxConnections), started with every signal blocked so that
-// none of them is ever interrupted by the profiler's signals.
+// Threads: MHD's listening thread, one thread per connection (at most
+// DebugServer::kMaxConnections) and "inprof-http-watch", which cuts
+// requests that do not arrive in time, all started with every signal
+// blocked so that none of them is ever interrupted by the profiler's
+// signals.
+//
+// The watch closes a late connection with shutdown(2) on MHD's socket,
+// under the lock that MHD's MHD_CONNECTION_NOTIFY_CLOSED callback takes to
+// forget it: MHD calls that callback before it closes the socket (in every
+// release since 0.9.x), so the descriptor shut down is always still that
+// connection's, never a number the host reused.
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
@@ -18,17 +26,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <microhttpd.h>
+#include <mutex>
 #include <string>
+#include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/internal/debug_endpoint.h"
 #include "inprof/internal/log.h"
 #include "inprof/internal/owned_fd.h"
+#include "inprof/internal/platform.h"
 
 namespace inprof::internal {
 namespace {
@@ -40,7 +55,9 @@ namespace {
   X(MHD_create_response_from_buffer) \
   X(MHD_add_response_header) \
   X(MHD_queue_response) \
-  X(MHD_destroy_response)
+  X(MHD_destroy_response) \
+  X(MHD_get_connection_info) \
+  X(MHD_lookup_connection_value)
 
 struct MhdApi {
 #define INPROF_MHD_POINTER(name) decltype(&::name) name = nullptr;
@@ -79,33 +96,158 @@ const MhdApi& Mhd() {
   return *api;
 }
 
+// The request's target (MHD's URI callback) and whether its answer is
+// under way (counted in Watch::answering).
+struct RequestState {
+  std::string target;
+  bool answering = false;
+};
+
+std::string PeerAddress(const sockaddr* addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr == nullptr) return text;
+  if (addr->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr,
+              text, sizeof(text));
+  } else if (addr->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr,
+              text, sizeof(text));
+  }
+  return text;
+}
+
+}  // namespace
+
+struct DebugServer::Watch {
+  struct Connection {
+    int fd = -1;
+    FdIdentity identity;  // what fd was when the connection opened
+    std::string peer;
+    absl::Time since;     // opened, or its previous answer went out
+    bool answering = false;
+    bool cut = false;
+    // The request arriving now (MHD frees a request's state only once its
+    // handler ran: one whose client left before is freed on close).
+    RequestState* request = nullptr;
+  };
+  DebugEndpoint* endpoint = nullptr;
+  ListenAddress listening;
+  absl::Duration deadline;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<const void*, Connection> connections;  // by MHD_Connection*
+  bool stop = false;
+  std::thread thread;
+  // Answers under way: from the access handler to the request's completion.
+  std::atomic<int> answering{0};
+  std::atomic<uint64_t> cut{0};
+  std::atomic<uint64_t> hosts_refused{0};
+  std::atomic<bool> logged_cut{false};
+  std::atomic<bool> logged_host{false};
+
+  // Shuts down the connections whose request is late (mu held).
+  absl::Duration CutLateLocked(absl::Time now) {
+    absl::Duration next = deadline;
+    for (auto& [conn, c] : connections) {
+      if (c.answering || c.cut || c.fd < 0) continue;
+      const absl::Duration waited = now - c.since;
+      if (waited < deadline) {
+        next = std::min(next, deadline - waited);
+        continue;
+      }
+      c.cut = true;
+      // A number the program closed (and may have reused) is left alone.
+      if (!IsStillOurs(c.fd, c.identity)) continue;
+      cut.fetch_add(1);
+      if (!logged_cut.exchange(true)) {
+        Log(absl::StrCat("live endpoint: closed a connection from ", c.peer,
+                         " whose request did not arrive within ",
+                         absl::FormatDuration(deadline),
+                         " (further ones are not logged)"));
+      }
+      shutdown(c.fd, SHUT_RDWR);  // MHD's thread sees the end and closes it
+    }
+    return next;
+  }
+
+  void Run() {
+    SetCurrentThreadName("inprof-http-watch");
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      const absl::Duration next = CutLateLocked(absl::Now());
+      cv.wait_for(lock, absl::ToChronoNanoseconds(
+                            std::max(next, absl::Milliseconds(10))));
+    }
+  }
+};
+
+namespace {
+
+// MHD_OPTION_NOTIFY_CONNECTION: a connection opened or closed (before MHD
+// closes its socket).
+void NotifyConnection(void* cls, struct MHD_Connection* connection, void**,
+                      enum MHD_ConnectionNotificationCode code) {
+  auto* watch = static_cast<DebugServer::Watch*>(cls);
+  std::lock_guard<std::mutex> lock(watch->mu);
+  if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    if (auto it = watch->connections.find(connection);
+        it != watch->connections.end()) {
+      delete it->second.request;
+      watch->connections.erase(it);
+    }
+    return;
+  }
+  const MhdApi& mhd = Mhd();
+  DebugServer::Watch::Connection c;
+  if (const union MHD_ConnectionInfo* info = mhd.MHD_get_connection_info(
+          connection, MHD_CONNECTION_INFO_CONNECTION_FD)) {
+    c.fd = info->connect_fd;
+    c.identity = IdentifyFd(c.fd);
+  }
+  if (const union MHD_ConnectionInfo* info = mhd.MHD_get_connection_info(
+          connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS)) {
+    c.peer = PeerAddress(info->client_addr);
+  }
+  // Without its descriptor it is not cut (the idle timeout still applies).
+  c.since = absl::Now();
+  watch->connections[connection] = std::move(c);
+  watch->cv.notify_all();
+}
+
 // MHD_OPTION_URI_LOG_CALLBACK: the raw target, kept as the request's state.
-// `in_flight` counts requests from here to their completion.
-void* KeepTarget(void* in_flight, const char* uri, struct MHD_Connection*) {
-  static_cast<std::atomic<int>*>(in_flight)->fetch_add(1);
-  return new std::string(uri != nullptr ? uri : "");
+void* KeepTarget(void* cls, const char* uri, struct MHD_Connection* connection) {
+  auto* watch = static_cast<DebugServer::Watch*>(cls);
+  auto* state = new RequestState;
+  state->target = uri != nullptr ? uri : "";
+  std::lock_guard<std::mutex> lock(watch->mu);
+  if (auto it = watch->connections.find(connection); it != watch->connections.end()) {
+    delete it->second.request;  // one whose handler never ran (cannot be)
+    it->second.request = state;
+  }
+  return state;
 }
 
 // MHD_OPTION_NOTIFY_COMPLETED: the response is sent (or the client gone).
-void FreeTarget(void* in_flight, struct MHD_Connection*, void** state,
+// A kept-alive connection's next request has a deadline of its own.
+void FreeTarget(void* cls, struct MHD_Connection* connection, void** state,
                 enum MHD_RequestTerminationCode) {
-  if (*state != nullptr) static_cast<std::atomic<int>*>(in_flight)->fetch_sub(1);
-  delete static_cast<std::string*>(*state);
+  auto* watch = static_cast<DebugServer::Watch*>(cls);
+  auto* request = static_cast<RequestState*>(*state);
   *state = nullptr;
+  if (request != nullptr && request->answering) watch->answering.fetch_sub(1);
+  std::lock_guard<std::mutex> lock(watch->mu);
+  if (auto it = watch->connections.find(connection); it != watch->connections.end()) {
+    if (it->second.request == request) it->second.request = nullptr;
+    it->second.answering = false;
+    it->second.since = absl::Now();
+  }
+  delete request;
 }
 
-enum MHD_Result Answer(void* cls, struct MHD_Connection* connection,
-                       const char*, const char* method, const char*,
-                       const char*, size_t* upload_size, void** state) {
-  auto* endpoint = static_cast<DebugEndpoint*>(cls);
+enum MHD_Result Queue(struct MHD_Connection* connection, const DebugResponse& r) {
   const MhdApi& mhd = Mhd();
-  const std::string* target = static_cast<const std::string*>(*state);
-  // A body (never expected) is answered by the 405 below without reading it.
-  if (upload_size != nullptr) *upload_size = 0;
-  DebugResponse r = endpoint->Respond(method != nullptr ? method : "",
-                                      target != nullptr ? *target : "");
   struct MHD_Response* response = mhd.MHD_create_response_from_buffer(
-      r.body.size(), r.body.data(), MHD_RESPMEM_MUST_COPY);
+      r.body.size(), const_cast<char*>(r.body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;
   mhd.MHD_add_response_header(response, "Content-Type", r.content_type.c_str());
   mhd.MHD_add_response_header(response, "Cache-Control", "no-store");
@@ -118,7 +260,52 @@ enum MHD_Result Answer(void* cls, struct MHD_Connection* connection,
   return queued;
 }
 
+enum MHD_Result Answer(void* cls, struct MHD_Connection* connection,
+                       const char*, const char* method, const char*,
+                       const char*, size_t* upload_size, void** state) {
+  auto* watch = static_cast<DebugServer::Watch*>(cls);
+  const MhdApi& mhd = Mhd();
+  auto* request = static_cast<RequestState*>(*state);
+  // A body (never expected) is answered by the 405 below without reading it.
+  if (upload_size != nullptr) *upload_size = 0;
+  if (request != nullptr && !request->answering) {
+    request->answering = true;
+    watch->answering.fetch_add(1);
+    std::lock_guard<std::mutex> lock(watch->mu);
+    if (auto it = watch->connections.find(connection); it != watch->connections.end()) {
+      it->second.answering = true;
+    }
+  }
+  // No Host header: an HTTP/1.0 client (MHD refuses HTTP/1.1 without one),
+  // never a browser.
+  const char* host =
+      mhd.MHD_lookup_connection_value(connection, MHD_HEADER_KIND, "Host");
+  if (host != nullptr && !HostHeaderAllowed(host, watch->listening)) {
+    watch->hosts_refused.fetch_add(1);
+    std::string shown = absl::CHexEscape(absl::string_view(host).substr(0, 64));
+    if (!watch->logged_host.exchange(true)) {
+      Log(absl::StrCat("live endpoint: refused a request for Host '", shown,
+                       "' (403): only an IP address, localhost or ",
+                       watch->listening.host,
+                       " is answered, against DNS rebinding (further refusals "
+                       "are not logged)"));
+    }
+    DebugResponse r;
+    r.status = 403;
+    r.body = absl::StrCat("Host '", shown,
+                          "' refused: address the endpoint by its IP address "
+                          "or localhost (names are refused against DNS "
+                          "rebinding)\n");
+    return Queue(connection, r);
+  }
+  return Queue(connection,
+               watch->endpoint->Respond(method != nullptr ? method : "",
+                                        request != nullptr ? request->target : ""));
+}
+
 }  // namespace
+
+DebugServer::DebugServer() : watch_(std::make_unique<Watch>()) {}
 
 absl::Status DebugServer::Available() {
   const MhdApi& mhd = Mhd();
@@ -127,7 +314,8 @@ absl::Status DebugServer::Available() {
 }
 
 absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
-    const ListenAddress& address, DebugEndpoint* endpoint) {
+    const ListenAddress& address, DebugEndpoint* endpoint,
+    absl::Duration request_deadline) {
   if (absl::Status s = Available(); !s.ok()) return s;
   const MhdApi& mhd = Mhd();
   sockaddr_in v4{};
@@ -163,16 +351,23 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
     sigdelset(&all, sig);
   }
   std::unique_ptr<DebugServer> server(new DebugServer);
+  Watch* watch = server->watch_.get();
+  watch->endpoint = endpoint;
+  watch->listening = address;
+  watch->deadline = request_deadline;
   pthread_sigmask(SIG_SETMASK, &all, &old);
   errno = 0;
   struct MHD_Daemon* daemon = mhd.MHD_start_daemon(
       flags, static_cast<uint16_t>(address.port), nullptr, nullptr, &Answer,
-      endpoint, MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT,
-      kMaxConnections, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-      MHD_OPTION_URI_LOG_CALLBACK, &KeepTarget, server->in_flight_.get(),
-      MHD_OPTION_NOTIFY_COMPLETED, &FreeTarget, server->in_flight_.get(),
-      MHD_OPTION_END);
+      watch, MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT,
+      kMaxConnections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      kMaxConnectionsPerAddress, MHD_OPTION_CONNECTION_TIMEOUT,
+      static_cast<unsigned>(absl::ToInt64Seconds(kIdleTimeout)),
+      MHD_OPTION_NOTIFY_CONNECTION, &NotifyConnection, watch,
+      MHD_OPTION_URI_LOG_CALLBACK, &KeepTarget, watch,
+      MHD_OPTION_NOTIFY_COMPLETED, &FreeTarget, watch, MHD_OPTION_END);
   const int error = errno;
+  if (daemon != nullptr) watch->thread = std::thread([watch] { watch->Run(); });
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (daemon == nullptr) {
     return absl::UnavailableError(absl::StrCat(
@@ -228,18 +423,37 @@ void DebugServer::Stop() {
                      " is left as it is: the program closed its descriptors"));
     daemon_ = nullptr;
     listen_fd_ = -1;
+    // MHD's threads may still call back into the watch: it stays (leaked),
+    // its thread stopped.
+    StopWatch();
+    (void)watch_.release();
     return;
   }
-  // Requests in progress were told to end (a capture answers 503 once the
-  // profiler stops): let their answers go out, for a bounded time, before
-  // MHD closes every connection.
+  // Answers under way were told to end (a capture answers 503 once the
+  // profiler stops): let them go out, for a bounded time, before MHD
+  // closes every connection. A request still arriving is not waited for.
   const absl::Time deadline = absl::Now() + kStopGrace;
-  while (in_flight_->load() > 0 && absl::Now() < deadline) {
+  while (watch_->answering.load() > 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(2));
   }
   Mhd().MHD_stop_daemon(static_cast<struct MHD_Daemon*>(daemon_));
   daemon_ = nullptr;
   listen_fd_ = -1;
+  StopWatch();
+}
+
+void DebugServer::StopWatch() {
+  {
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    watch_->stop = true;
+  }
+  watch_->cv.notify_all();
+  if (watch_->thread.joinable()) watch_->thread.join();
+}
+
+uint64_t DebugServer::requests_cut() const { return watch_->cut.load(); }
+uint64_t DebugServer::hosts_refused() const {
+  return watch_->hosts_refused.load();
 }
 
 void DebugServer::Abandon() {
@@ -248,6 +462,7 @@ void DebugServer::Abandon() {
   }
   listen_fd_ = -1;
   daemon_ = nullptr;  // leaked: its threads are the parent's
+  (void)watch_.release();  // likewise (its thread too)
 }
 
 }  // namespace inprof::internal

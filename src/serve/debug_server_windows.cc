@@ -5,6 +5,9 @@
 
 namespace inprof::internal {
 
+struct DebugServer::Watch {};
+DebugServer::DebugServer() = default;
+
 absl::Status DebugServer::Available() {
   return absl::UnimplementedError(
       "the live endpoint is not part of the Windows build (no HTTP server "
@@ -12,12 +15,15 @@ absl::Status DebugServer::Available() {
 }
 
 absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
-    const ListenAddress& /*address*/, DebugEndpoint* /*endpoint*/) {
+    const ListenAddress& /*address*/, DebugEndpoint* /*endpoint*/,
+    absl::Duration /*request_deadline*/) {
   return Available();
 }
 
 DebugServer::~DebugServer() = default;
 void DebugServer::Stop() {}
 void DebugServer::Abandon() {}
+uint64_t DebugServer::requests_cut() const { return 0; }
+uint64_t DebugServer::hosts_refused() const { return 0; }
 
 }  // namespace inprof::internal

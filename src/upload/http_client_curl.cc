@@ -132,8 +132,8 @@ void HttpClient::Abort() {
 absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   CURL* easy = static_cast<CURL*>(easy_);
   const CurlApi& curl = Curl();
-  if (!curl.error.empty()) {
-    return absl::UnavailableError(
+  if (!curl.error.empty()) {  // permanent: the uploader does not retry it
+    return absl::FailedPreconditionError(
         absl::StrCat("POST ", request.url, ": ", curl.error));
   }
   if (easy == nullptr) {

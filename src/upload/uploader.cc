@@ -207,6 +207,9 @@ void Uploader::Deliver(Shared* s, const ExportedProfile& profile) {
     bool retryable = true;
     if (!response.ok()) {
       what = std::string(response.status().message());
+      // The HTTP library cannot be loaded (HttpClient::Send): no retry can
+      // succeed.
+      retryable = !absl::IsFailedPrecondition(response.status());
       if (absl::IsDeadlineExceeded(response.status())) {
         absl::StrAppend(&what, " (INPROF_UPLOAD_TIMEOUT=",
                         absl::FormatDuration(s->options.timeout), ")");
@@ -218,8 +221,9 @@ void Uploader::Deliver(Shared* s, const ExportedProfile& profile) {
       retryable = Retryable(response->status);
     }
     if (!retryable) {
-      NoteFailure(s, what, "profile dropped, not retried (the endpoint "
-                           "rejected it)");
+      NoteFailure(s, what, response.ok() ? "profile dropped, not retried (the "
+                                           "endpoint rejected it)"
+                                         : "profile dropped, not retried");
       ++s->stats.dropped_failed;
       return;
     }

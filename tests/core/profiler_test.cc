@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/log.h"
 #include "inprof/pprof_reader.h"
 #include "util/stat_bounds.h"
 #include "util/test_util.h"
@@ -98,6 +99,30 @@ TEST(ProfilerTest, WritesCpuProfileOfRegisteredThread) {
   EXPECT_GE(profiler.stats().samples_taken, 10u);
   EXPECT_EQ(profiler.stats().samples_taken,
             profiler.stats().samples_recorded + profiler.stats().samples_dropped);
+}
+
+std::vector<std::string>* g_logged = nullptr;
+void KeepLogged(absl::string_view line) { g_logged->emplace_back(line); }
+
+// An invalid option is said once: at construction (ScopedProfiler said it
+// again, prefixed "profiler not started: "). Another Start() error is said
+// by ScopedProfiler.
+TEST(ProfilerTest, AnInvalidOptionIsSaidOnce) {
+  std::vector<std::string> lines;
+  g_logged = &lines;
+  internal::SetLogSinkForTesting(&KeepLogged);
+  {
+    Options options;
+    options.write_output = false;
+    options.max_frames = 0;
+    DefaultProfiler profiler(options);
+    ScopedProfiler running(profiler);
+    EXPECT_FALSE(running.start_status().ok());
+  }
+  internal::SetLogSinkForTesting(nullptr);
+  int said = 0;
+  for (const std::string& line : lines) said += line.find("max_frames=0") != std::string::npos;
+  EXPECT_EQ(said, 1) << ::testing::PrintToString(lines);
 }
 
 TEST(ProfilerTest, SecondProfilerGetsClearError) {

@@ -7,7 +7,14 @@
 //                               thread's CPU to OUT ("name ns" lines)
 //   run_target end HOW PIDFILE  spins, then: return (3), exit (4), wait (for
 //                               a signal, default action), handler (its own
-//                               SIGTERM handler; exits 5)
+//                               SIGTERM handler; exits 5), quick_exit (6),
+//                               _exit (7), _Exit (8), handler-_exit (its
+//                               SIGTERM handler calls _exit(9)), segv (dies
+//                               of SIGSEGV), abort
+//   run_target fork-_exit       a forked child that works and ends with
+//                               _exit(0)
+//   run_target term-child       a forked child that waits is sent SIGTERM;
+//                               exits 0 when the child died of it
 //   run_target children         a forked child and a fork+exec'd child
 //   run_target exec-self N      spins 20 ms and exec()s itself N times
 //   run_target sigprof          installs its own SIGPROF handler midway
@@ -127,13 +134,14 @@ int Threads(const char* out) {
 
 volatile sig_atomic_t term_seen = 0;
 void OnTerm(int) { term_seen = 1; }
+void ExitOnTerm(int) { _exit(9); }
 
 int End(const std::string& how, const char* pidfile) {
   EndWork(200);
-  if (how == "handler") {
+  if (how == "handler" || how == "handler-_exit") {
     struct sigaction sa;
     std::memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = &OnTerm;
+    sa.sa_handler = how == "handler" ? &OnTerm : &ExitOnTerm;
     sigaction(SIGTERM, &sa, nullptr);
   }
   if (FILE* f = fopen(pidfile, "w"); f != nullptr) {
@@ -142,11 +150,54 @@ int End(const std::string& how, const char* pidfile) {
   }
   if (how == "return") return 3;
   if (how == "exit") exit(4);
+  if (how == "quick_exit") quick_exit(6);
+  if (how == "_exit") _exit(7);
+  if (how == "_Exit") _Exit(8);
+  if (how == "segv") {
+    signal(SIGSEGV, SIG_DFL);
+    raise(SIGSEGV);
+  }
+  if (how == "abort") abort();
   if (how == "handler") {
     while (!term_seen) pause();
     exit(5);
   }
   while (true) pause();  // "wait": the signal's default action ends it
+}
+
+int ForkUnderscoreExit() {
+  ParentWork(100);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ForkChildWork(150);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 10;
+}
+
+int TermChild() {
+  alarm(20);  // a hang reads as SIGALRM
+  ParentWork(50);
+  int ready[2];
+  if (pipe(ready) != 0) return 12;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(10);  // not inherited: the child's own bound
+    ForkChildWork(50);
+    char b = 1;
+    if (write(ready[1], &b, 1) != 1) _exit(13);
+    while (true) pause();
+  }
+  char b = 0;
+  if (read(ready[0], &b, 1) != 1) return 14;
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGTERM) return 11;
+  ParentWork(50);  // still here
+  return 0;
 }
 
 int Children(const char* self) {
@@ -338,6 +389,8 @@ int main(int argc, char** argv) {
   if (mode == "threads" && argc == 3) return Threads(argv[2]);
   if (mode == "end" && argc == 4) return End(argv[2], argv[3]);
   if (mode == "children") return Children(argv[0]);
+  if (mode == "fork-_exit") return ForkUnderscoreExit();
+  if (mode == "term-child") return TermChild();
   if (mode == "execd") {
     ExecChildWork(150);
     return 0;

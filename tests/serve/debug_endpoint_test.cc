@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -731,6 +733,182 @@ TEST(DebugServerTest, APortInUseIsOneLineAndProfilingGoesOn) {
                                     HasSubstr("no endpoint"))));
   EXPECT_TRUE(profiler.Stop().ok());
   close(fd);
+}
+
+// --- a hostile or careless client ------------------------------------------
+
+TEST(HostHeaderTest, OnlyAddressesLocalhostAndTheListeningHostAreAnswered) {
+  const ListenAddress loopback{"127.0.0.1", 6060, false};
+  for (const char* host :
+       {"127.0.0.1:6060", "127.0.0.1", "10.1.2.3:80", "localhost:6060",
+        "LOCALHOST", "localhost.", "[::1]:6060", "[::1]", "[fe80::1]:1"}) {
+    EXPECT_TRUE(internal::HostHeaderAllowed(host, loopback)) << host;
+  }
+  for (const char* host :
+       {"evil.example:6060", "evil.example", "127.0.0.1.evil.example",
+        "localhost.evil.example:6060", "[evil]:6060", "[::1", "[::1]x",
+        "::1", "1.2.3.4:5:6", "", "my-laptop:6060", "0x7f000001"}) {
+    EXPECT_FALSE(internal::HostHeaderAllowed(host, loopback)) << host;
+  }
+}
+
+// A connected socket to `address` from `source` (an IPv4 loopback address),
+// with a receive timeout of `timeout`; -1 on failure.
+int ConnectFrom(const std::string& address, const char* source,
+                absl::Duration timeout) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closed `fd` (end of stream or reset) before its
+// receive timeout.
+bool ClosedByServer(int fd) {
+  char c;
+  while (true) {
+    const ssize_t n = recv(fd, &c, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+}
+
+// A bare server on 127.0.0.1 answering every page with "ok".
+class BareServer {
+ public:
+  explicit BareServer(absl::Duration request_deadline =
+                          internal::DebugServer::kRequestDeadline)
+      : endpoint_([](absl::Duration) -> absl::StatusOr<std::string> {
+                    return std::string("pprof");
+                  },
+                  [](const std::string&, absl::string_view) -> absl::StatusOr<std::string> {
+                    return std::string("page");
+                  },
+                  "bare") {
+    auto server = internal::DebugServer::Start(ListenAddress{"127.0.0.1", 0, false},
+                                               &endpoint_, request_deadline);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) server_ = std::move(*server);
+  }
+  internal::DebugServer& server() { return *server_; }
+  std::string address() const { return server_ != nullptr ? server_->address() : ""; }
+
+ private:
+  DebugEndpoint endpoint_;
+  std::unique_ptr<internal::DebugServer> server_;
+};
+
+TEST(DebugServerTest, ANameInTheHostHeaderGets403AndOneLogLine) {
+  std::vector<std::string> lines;
+  g_log_lines = &lines;
+  internal::SetLogSinkForTesting(&KeepLine);
+  BareServer bare;
+  const std::string address = bare.address();
+  ASSERT_NE(address, "");
+  const std::string port = address.substr(address.rfind(':') + 1);
+  const std::string evil = "evil.example:" + port;
+  testing::HttpReply refused = testing::HttpFetch(address, "GET", "/debug/pprof/", evil.c_str());
+  testing::HttpReply again = testing::HttpFetch(address, "GET", "/debug/pprof/", evil.c_str());
+  testing::HttpReply by_name =
+      testing::HttpFetch(address, "GET", "/debug/pprof/", ("localhost:" + port).c_str());
+  testing::HttpReply by_v6 =
+      testing::HttpFetch(address, "GET", "/debug/pprof/", ("[::1]:" + port).c_str());
+  internal::SetLogSinkForTesting(nullptr);
+  ASSERT_EQ(refused.error, "");
+  EXPECT_EQ(refused.status, 403);
+  EXPECT_THAT(refused.body, HasSubstr("Host 'evil.example:" + port + "' refused"));
+  EXPECT_EQ(again.status, 403);
+  EXPECT_EQ(by_name.status, 200);
+  EXPECT_EQ(by_v6.status, 200);
+  EXPECT_EQ(bare.server().hosts_refused(), 2u);
+  int said = 0;
+  for (const std::string& line : lines) said += absl::StrContains(line, "Host 'evil.example");
+  EXPECT_EQ(said, 1) << absl::StrJoin(lines, "\n");
+}
+
+TEST(DebugServerTest, ARequestStillArrivingDoesNotDelayStop) {
+  BareServer bare;
+  const int fd = ConnectFrom(bare.address(), "127.0.0.1", absl::Seconds(5));
+  ASSERT_GE(fd, 0);
+  const std::string partial = "GET /debug/pprof/ HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  ASSERT_EQ(send(fd, partial.data(), partial.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(partial.size()));
+  // Time for the server to read the request line (not needed to pass).
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time begin = absl::Now();
+  bare.server().Stop();
+  const absl::Duration stop = absl::Now() - begin;
+  // Stop() waits up to kStopGrace for answers under way; this request has
+  // none yet, so it waited for nothing (it waited the whole grace before).
+  EXPECT_LT(stop, internal::DebugServer::kStopGrace / 2);
+  EXPECT_TRUE(ClosedByServer(fd));
+  close(fd);
+}
+
+TEST(DebugServerTest, ARequestThatDoesNotArriveInTimeIsCut) {
+  std::vector<std::string> lines;
+  g_log_lines = &lines;
+  internal::SetLogSinkForTesting(&KeepLine);
+  BareServer bare(absl::Milliseconds(300));
+  const int fd = ConnectFrom(bare.address(), "127.0.0.1", absl::Seconds(5));
+  ASSERT_GE(fd, 0);
+  // A byte every 50 ms: never idle (kIdleTimeout), never finished (this
+  // header would take 200 s).
+  const std::string slow =
+      "GET /debug/pprof/ HTTP/1.1\r\nX-Slow: " + std::string(4000, 'x');
+  bool cut = false;
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  for (size_t i = 0; i < slow.size() && !cut && absl::Now() < give_up; ++i) {
+    cut = send(fd, &slow[i], 1, MSG_NOSIGNAL) != 1;
+    if (!cut) {
+      pollfd p{fd, POLLIN, 0};
+      cut = poll(&p, 1, 50) == 1 && ClosedByServer(fd);
+    }
+  }
+  internal::SetLogSinkForTesting(nullptr);
+  close(fd);
+  EXPECT_TRUE(cut);
+  EXPECT_EQ(bare.server().requests_cut(), 1u);
+  EXPECT_THAT(lines, Contains(AllOf(HasSubstr("closed a connection from 127.0.0.1"),
+                                    HasSubstr("did not arrive within 300ms"))));
+  // The server still answers.
+  EXPECT_EQ(testing::HttpFetch(bare.address(), "GET", "/debug/pprof/").status, 200);
+}
+
+TEST(DebugServerTest, OneAddressGetsAtMostItsShareOfTheConnections) {
+  BareServer bare;
+  std::vector<int> held;
+  for (unsigned i = 0; i < internal::DebugServer::kMaxConnectionsPerAddress; ++i) {
+    held.push_back(ConnectFrom(bare.address(), "127.0.0.1", absl::Milliseconds(300)));
+    ASSERT_GE(held.back(), 0);
+  }
+  // Held open (no request yet): each read times out.
+  for (int fd : held) EXPECT_FALSE(ClosedByServer(fd));
+  const int one_more = ConnectFrom(bare.address(), "127.0.0.1", absl::Seconds(5));
+  ASSERT_GE(one_more, 0);
+  EXPECT_TRUE(ClosedByServer(one_more));  // over the address's share
+  close(one_more);
+  // Another client address is still served.
+  const int other = ConnectFrom(bare.address(), "127.0.0.2", absl::Milliseconds(300));
+  ASSERT_GE(other, 0);
+  EXPECT_FALSE(ClosedByServer(other));
+  close(other);
+  for (int fd : held) close(fd);
 }
 
 bool MapsMention(absl::string_view what) {

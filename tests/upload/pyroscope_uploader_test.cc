@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "upload/http_receiver.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/log.h"
 #include "inprof/pprof_reader.h"
 #include "util/test_util.h"
 
@@ -247,6 +249,49 @@ TEST_F(PyroscopeUploaderTest, ReceiverDownNeverBlocksTheCaller) {
   EXPECT_GE(stats.dropped_queue_full, 1u);
   EXPECT_EQ(logs.Count("failed:"), 1u) << absl::StrJoin(logs.lines(), "");
   EXPECT_EQ(logs.Count("not keeping up"), 1u);
+}
+
+}  // namespace
+}  // namespace inprof
+
+namespace inprof {
+namespace {
+
+// Lines the child's log sink saw mentioning libcurl.
+int g_libcurl_lines = 0;
+void CountLibcurlLines(absl::string_view line) {
+  if (absl::StrContains(line, "libcurl")) ++g_libcurl_lines;
+  internal::WriteLineToStderr(line);
+}
+
+// Without libcurl no upload can succeed: said once, naming both uploads,
+// and nothing is retried (each uploader retried every window with backoff,
+// holding Stop() up to INPROF_STOP_TIMEOUT with the default 1 s backoff,
+// and said the failure again: three lines, the first naming Datadog only).
+TEST(UploadWithoutLibcurlDeathTest, IsSaidOnceAndNeverHoldsStop) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("INPROF_LIBCURL", "/nonexistent/libcurl.so.4", 1);
+        internal::SetLogSinkForTesting(&CountLibcurlLines);
+        Options options;
+        options.write_output = false;
+        options.pyroscope.url = "http://127.0.0.1:9";
+        options.datadog.enabled = true;
+        options.stop_timeout = absl::Seconds(2);
+        options.upload.backoff = absl::Milliseconds(100);
+        DefaultProfiler profiler(options);
+        if (!profiler.Start().ok()) _exit(3);
+        const absl::Status stopped = profiler.Stop();
+        if (!stopped.ok()) {
+          fprintf(stderr, "Stop: %s\n", std::string(stopped.message()).c_str());
+          _exit(1);
+        }
+        _exit(g_libcurl_lines == 1 ? 0 : 2);
+      },
+      ::testing::ExitedWithCode(0),
+      "Datadog and Pyroscope \\(http://127.0.0.1:9\\) upload configured, but "
+      "uploads need libcurl \\('/nonexistent/libcurl.so.4'");
 }
 
 }  // namespace

@@ -428,7 +428,7 @@ std::string HttpReply::header(const std::string& name) const {
 }
 
 HttpReply HttpFetch(const std::string& address, const std::string& method,
-                    const std::string& target) {
+                    const std::string& target, const char* host) {
   HttpReply reply;
   const size_t colon = address.rfind(':');
   int port = 0;
@@ -450,7 +450,8 @@ HttpReply HttpFetch(const std::string& address, const std::string& method,
     return reply;
   }
   const std::string request = absl::StrCat(method, " ", target,
-                                           " HTTP/1.1\r\nHost: ", address,
+                                           " HTTP/1.1\r\nHost: ",
+                                           host != nullptr ? host : address.c_str(),
                                            "\r\nConnection: close\r\n\r\n");
   if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {

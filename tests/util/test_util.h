@@ -114,9 +114,10 @@ struct HttpReply {
 
 // Sends `method target` to `address` ("127.0.0.1:PORT") over a fresh
 // connection (Connection: close) and reads the response to its end (at
-// most 120 s without data). Enough for the live endpoint's tests.
+// most 120 s without data). Enough for the live endpoint's tests. The Host
+// header is `host`, or `address` when null.
 HttpReply HttpFetch(const std::string& address, const std::string& method,
-                    const std::string& target);
+                    const std::string& target, const char* host = nullptr);
 
 }  // namespace inprof::testing
 

@@ -53,6 +53,15 @@ absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view value);
 // "127.0.0.1:6060", "[::1]:6060".
 std::string FormatListenAddress(const ListenAddress& address);
 
+// Whether a request naming `host` in its Host header ("127.0.0.1:6060",
+// "localhost", "[::1]:6060") is answered by an endpoint listening on
+// `listening`: an IP address, localhost, or the listening host, each with or
+// without a port. Anything else is a name the client resolved, which is how
+// DNS rebinding lets a web page in a browser on this machine read the
+// endpoint: a page of evil.example that re-resolves its name to 127.0.0.1
+// sends "Host: evil.example:6060".
+bool HostHeaderAllowed(absl::string_view host, const ListenAddress& listening);
+
 struct DebugResponse {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
@@ -114,11 +123,21 @@ class DebugEndpoint {
 };
 
 // The HTTP side: libmicrohttpd, a thread per connection (at most
-// kMaxConnections), all signals blocked on its threads.
+// kMaxConnections, kMaxConnectionsPerAddress from one client address), all
+// signals blocked on its threads. A connection idle for kIdleTimeout is
+// closed, and so is one whose request has not fully arrived
+// kRequestDeadline after the connection opened or its previous answer went
+// out (a client that sends a byte now and then is never idle). A request
+// whose Host header fails HostHeaderAllowed gets 403, and one line is
+// logged.
 class DebugServer {
  public:
   static constexpr unsigned kMaxConnections = 16;
-  // How long Stop() lets the answers of requests in progress go out.
+  static constexpr unsigned kMaxConnectionsPerAddress = 4;
+  static constexpr absl::Duration kIdleTimeout = absl::Seconds(10);
+  static constexpr absl::Duration kRequestDeadline = absl::Seconds(10);
+  // How long Stop() lets answers under way (a capture cut short, a page
+  // being sent) go out; requests still arriving are not waited for.
   static constexpr absl::Duration kStopGrace = absl::Seconds(2);
 
   // OK when libmicrohttpd can be loaded; otherwise Unavailable naming the
@@ -126,9 +145,11 @@ class DebugServer {
   static absl::Status Available();
 
   // Listens on `address` and answers with `endpoint` (not owned; it must
-  // outlive the server).
+  // outlive the server). `request_deadline`: kRequestDeadline (tests
+  // shorten it).
   static absl::StatusOr<std::unique_ptr<DebugServer>> Start(
-      const ListenAddress& address, DebugEndpoint* endpoint);
+      const ListenAddress& address, DebugEndpoint* endpoint,
+      absl::Duration request_deadline = kRequestDeadline);
 
   ~DebugServer();  // Stop()
   DebugServer(const DebugServer&) = delete;
@@ -137,25 +158,34 @@ class DebugServer {
   // The address bound ("127.0.0.1:43121").
   const std::string& address() const { return address_; }
 
-  // Lets the requests in progress finish (at most kStopGrace: the
-  // capture's owner cut them short first), closes the listening socket and
-  // every connection, and waits for their threads. Idempotent. When the
-  // program has closed the server's descriptors (a daemon's close_range),
-  // stopping it would write to and close numbers that may now be the
-  // program's files, and wait for a thread that never wakes: the server is
-  // left as it is instead (logged).
+  // Lets the answers under way go out (at most kStopGrace: the capture's
+  // owner cut captures short first), closes the listening socket and every
+  // connection, and waits for their threads. Idempotent. When the program
+  // has closed the server's descriptors (a daemon's close_range), stopping
+  // it would write to and close numbers that may now be the program's
+  // files, and wait for a thread that never wakes: the server is left as it
+  // is instead (logged).
   void Stop();
+
+  // Connections closed because their request did not arrive within the
+  // deadline, and requests refused for their Host header.
+  uint64_t requests_cut() const;
+  uint64_t hosts_refused() const;
+
+  // The connections and their deadlines, the answers under way, and the
+  // thread that cuts late requests (debug_server_mhd.cc; public only for
+  // its callbacks).
+  struct Watch;
 
   // In a forked child: the server's threads do not exist; closes the
   // child's copy of the listening socket and forgets the rest.
   void Abandon();
 
  private:
-  DebugServer() = default;
+  DebugServer();
+  void StopWatch();
   void* daemon_ = nullptr;  // struct MHD_Daemon*
-  // Requests between their first line and their completion.
-  std::unique_ptr<std::atomic<int>> in_flight_ =
-      std::make_unique<std::atomic<int>>(0);
+  std::unique_ptr<Watch> watch_;
   int listen_fd_ = -1;
   // What listen_fd_ was at Start() (owned_fd.h's FdIdentity): a number the
   // program closed (and may have reused) is never closed here.

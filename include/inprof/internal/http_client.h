@@ -73,7 +73,9 @@ class HttpClient {
 
   // Performs `request`. An HTTP response of any status is a value; a
   // transport failure is an error: DeadlineExceeded for the timeout,
-  // Cancelled after Abort(), Unavailable otherwise, with curl's reason.
+  // Cancelled after Abort(), FailedPrecondition when libcurl cannot be
+  // loaded (Linux; no retry can succeed), Unavailable otherwise, with
+  // curl's reason.
   absl::StatusOr<HttpResponse> Send(const HttpRequest& request);
 
   // Any thread: the Send() in progress, and every later one, returns

@@ -80,6 +80,12 @@ class ProfilerControl {
  public:
   virtual absl::Status Start() = 0;
   virtual absl::Status Stop() = 0;
+  // Whether `start_error`, which Start() returned, was logged already (an
+  // invalid option is said at construction): ScopedProfiler does not say it
+  // again.
+  virtual bool StartErrorLogged(const absl::Status& /*start_error*/) const {
+    return false;
+  }
 
  protected:
   ~ProfilerControl() = default;
@@ -173,7 +179,7 @@ class ScopedProfiler {
  public:
   explicit ScopedProfiler(internal::ProfilerControl& profiler)
       : profiler_(profiler), start_status_(profiler.Start()) {
-    if (!start_status_.ok()) {
+    if (!start_status_.ok() && !profiler.StartErrorLogged(start_status_)) {
       internal::Log(absl::StrCat("profiler not started: ",
                                  start_status_.message()));
     }

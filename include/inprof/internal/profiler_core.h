@@ -89,7 +89,12 @@ class DebugServer;
   /* Blocked threads whose episode's stack the wall sampler read from a copy  \
      of their stack instead of signalling them (profiler.h:                   \
      ReadBlockedStack). */                                                    \
-  X(wall_stacks_read, true, "blocked stacks read without a signal")
+  X(wall_stacks_read, true, "blocked stacks read without a signal")          \
+  /* Samples of a thread that was on a stack too small for the handler's      \
+     walk (a signal handler's sigaltstack, a coroutine's stack, its own stack \
+     near its end): no stack walked, the values kept on "[inprof: on a small  \
+     or foreign stack]". */                                                   \
+  X(samples_small_stack, true, "samples on a small or foreign stack")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;

@@ -38,12 +38,13 @@ struct RecordMeta {
   static constexpr int kBlockedShift = 32;
   static constexpr int kProvisionalShift = 33;
   static constexpr int kTablesReadyShift = 34;
-  static constexpr int kGenerationShift = 35;     // 27 bits
+  static constexpr int kGenerationShift = 35;     // 26 bits
+  static constexpr int kStacklessShift = 61;
   static constexpr int kSameStackShift = 62;
   static constexpr int kUnsuspendedShift = 63;
   static constexpr uint64_t kLabelCountMask = 0x3f;
   static constexpr uint64_t kDepthMask = 0xffff;
-  static constexpr uint64_t kGenerationMask = (uint64_t{1} << 27) - 1;
+  static constexpr uint64_t kGenerationMask = (uint64_t{1} << 26) - 1;
 
   uint8_t provider = 0;      // the provider's index in the Profiler
   bool truncated = false;    // the walk stopped at a bad frame or the limit
@@ -58,6 +59,9 @@ struct RecordMeta {
   bool provisional = false;
   bool tables_ready = false;
   uint32_t generation = 0;
+  // Linux: no stack (depth 0): the thread was on a stack too small for the
+  // walk (a signal handler's sigaltstack, a coroutine's); values only.
+  bool stackless = false;
   // Windows: the sample reuses the thread's previous stack (it did not run
   // since), or the thread could not be suspended (no stack).
   bool same_stack = false;
@@ -73,6 +77,7 @@ struct RecordMeta {
            static_cast<uint64_t>(provisional) << kProvisionalShift |
            static_cast<uint64_t>(tables_ready) << kTablesReadyShift |
            (generation & kGenerationMask) << kGenerationShift |
+           static_cast<uint64_t>(stackless) << kStacklessShift |
            static_cast<uint64_t>(same_stack) << kSameStackShift |
            static_cast<uint64_t>(unsuspended) << kUnsuspendedShift;
   }
@@ -87,6 +92,7 @@ struct RecordMeta {
     m.provisional = (word >> kProvisionalShift) & 1;
     m.tables_ready = (word >> kTablesReadyShift) & 1;
     m.generation = static_cast<uint32_t>((word >> kGenerationShift) & kGenerationMask);
+    m.stackless = (word >> kStacklessShift) & 1;
     m.same_stack = (word >> kSameStackShift) & 1;
     m.unsuspended = (word >> kUnsuspendedShift) & 1;
     return m;
@@ -99,13 +105,14 @@ static_assert([] {
   RecordMeta all;
   all.provider = 0xff;
   all.truncated = all.leaf_words = all.blocked = all.provisional = true;
-  all.tables_ready = all.same_stack = all.unsuspended = true;
+  all.tables_ready = all.stackless = all.same_stack = all.unsuspended = true;
   all.label_count = RecordMeta::kLabelCountMask;
   all.depth = 0xffff;
   all.generation = RecordMeta::kGenerationMask;
   return RecordMeta::Decode(all.Encode()) == all && all.Encode() == ~uint64_t{0};
 }());
-static_assert(RecordMeta::kGenerationShift + 27 == RecordMeta::kSameStackShift);
+static_assert(RecordMeta::kGenerationShift + 26 == RecordMeta::kStacklessShift);
+static_assert(RecordMeta::kStacklessShift + 1 == RecordMeta::kSameStackShift);
 
 }  // namespace inprof::internal
 

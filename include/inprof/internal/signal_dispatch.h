@@ -27,6 +27,26 @@ namespace inprof::internal {
 // The signal timers and the wall sampler deliver.
 inline constexpr int kProfilingSignal = SIGPROF;
 
+// Built with AddressSanitizer or ThreadSanitizer, whose instrumentation
+// enlarges stack frames (the handler's stack bound, profiler.h).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kUnderSanitizer = true;
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+// Built without optimization (-O0): larger frames too.
+#if defined(__OPTIMIZE__)
+inline constexpr bool kUnoptimized = false;
+#else
+inline constexpr bool kUnoptimized = true;
+#endif
+
 // sigev_value tags: the high 16 bits mark our signals, so a SIGPROF from
 // kill(1) or another library is never sampled; bits 8-15 carry the low byte
 // of the session (one per Start()), so a timer signal still queued from a
@@ -57,6 +77,15 @@ struct ThreadSlotHeader {
   std::atomic<uint32_t> in_handler{0};
   // The provider-specific part; set once when the slot is created.
   SampleFn sample = nullptr;
+  // The handler runs on whatever stack the thread is on (SIGPROF is not
+  // taken on an alternate stack): `sample` walks only when at least
+  // `sample_stack_bytes` of the thread's own stack lie below the
+  // first-level handler's frame. Otherwise (a signal handler on a small
+  // sigaltstack, a coroutine's stack, a stack near its end)
+  // `sample_stackless`, whose frame is a few words, records the values
+  // without a stack, counted in samples_small_stack. Set with `sample`.
+  SampleFn sample_stackless = nullptr;
+  uint32_t sample_stack_bytes = 0;
   // Called on the owning thread as it unregisters, before it stops being
   // sampled: takes the samples its providers still owe it (a sample point
   // its CPU crossed moments ago, whose signal is on its way), so that they
@@ -82,6 +111,7 @@ struct ThreadSlotHeader {
   // Handler-side counters.
   std::atomic<uint64_t> samples_taken{0};
   std::atomic<uint64_t> samples_truncated{0};
+  std::atomic<uint64_t> samples_small_stack{0};
 
   // Labels the thread attached with ScopedLabels (labels.h), as pairs of
   // words (internal/label_table.h). Written only by the owning thread and

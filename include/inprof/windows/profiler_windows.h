@@ -306,6 +306,11 @@ class Profiler final : public internal::ProfilerControl,
     return false;
   }
 
+  // An invalid option: logged at construction (ScopedProfiler).
+  bool StartErrorLogged(const absl::Status& start_error) const override {
+    return !config_status_.ok() && start_error == config_status_;
+  }
+
   // True between a successful Start() and Stop().
   bool running() const { return running_; }
   const Options& options() const { return options_; }
