@@ -48,16 +48,12 @@ windows='ExportTest.WindowsPartitionSamplesExactly:ExportTest.OutputWithPidAndTi
 # measure, not whether the code is correct. (They pass under ASan, but for
 # the sleep/work split below.)
 timing="ProfilerE2eTest.*:DwarfProfilerTest.*:$windows"
-# The CPU engines' accuracy (where samples land against the threads' clocks)
-# and the wall sampler's split: the same reason. The descriptor-budget test
-# forks a multi-threaded process, which TSan does not support.
+# The CPU engines' accuracy (where samples land against the threads' clocks):
+# the same reason. The descriptor-budget test forks a multi-threaded
+# process, which TSan does not support.
 timing="$timing:CpuTimeProviderTest.KernelCpu*:CpuTimeProviderTest.ShortLived*"
 timing="$timing:CpuTimeProviderTest.PerfEngineDelivers*:CpuTimeProviderTest.PerfEngineKeepsWithin*"
-timing="$timing:WallTimeProviderTest.AlternatingSleepAndWork*"
 timing="$timing:WallTimeProviderTest.ThreadsBlockedBeforeTheTables*"
-# TSan also retries interrupted sleeps in its interceptors and defers
-# signals, so EINTR counts are TSan's, not inprof's.
-eintr='WallTimeProviderTest.EintrsOfBlockedThreadsStayBoundedWhateverTheRunLength'
 
 status=0
 for san in ${INPROF_SANITIZERS:-asan tsan}; do
@@ -68,15 +64,7 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
       opts=(-Db_sanitize=address,undefined)
       # meson test sets ASAN_OPTIONS/UBSAN_OPTIONS to halt on the first error.
       env+=("LSAN_OPTIONS=suppressions=$PWD/tests/safety/safety_lsan.supp:print_suppressions=0")
-      # The wall sampler's sleep/work split (a 5-point bound) measures how
-      # promptly the sampler, itself instrumented and 2-3x slower here,
-      # visits threads beside the other tests: a tick's extra work delays
-      # its later visits and reads sleep low (README, "Wall time": -5.0
-      # points once in a plain clean-clone run before the fix there, -5.3
-      # under ASan in a clean clone since; under ASan every new waiting
-      # place also pays a stack copy whose walk ASan's interceptor frames
-      # make ambiguous, before its signal). The plain suite keeps it.
-      filter="-$windows:WallTimeProviderTest.AlternatingSleepAndWork*"
+      filter="-$windows"
       ;;
     tsan)
       opts=(-Db_sanitize=thread)
@@ -85,7 +73,7 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
       # map; under TSan the headers' inline map/arena code disagrees with
       # Debian's libprotobuf (built without TSan) and crashes in
       # Map::find, inside the test's helper, not in inprof.
-      filter="-$timing:$eintr:DatadogUploaderTest.*"
+      filter="-$timing:DatadogUploaderTest.*"
       ;;
     *)
       echo "sanitizers: unknown sanitizer '$san' (expected asan or tsan)" >&2

@@ -14,10 +14,13 @@
 //                                "die NS" (its measured CPU) there first and
 //                                collects every 10 s (its collector never
 //                                drains the samples before it dies; it waits
-//                                1 s before it spins, for the collector's
-//                                first pass to end)
+//                                for the unwind tables, then 1 s, before it
+//                                spins, for the collector's first pass to end)
 //   agent_workload long MS       MS ms of CPU in AgentSpinLong; prints
 //                                "started" once its profiler runs
+//   agent_workload until FILE MS spins in AgentSpinLong until FILE exists
+//                                (60 s at most), then MS ms more in one call;
+//                                prints "started" once its profiler runs
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -110,8 +113,14 @@ int main(int argc, char** argv) {
   }
   if (mode == "die") {
     // Without a collection period to wait for: its collector's first pass
-    // (right after Start(), building the unwind tables) ends meanwhile.
-    if (argc == 3) std::this_thread::sleep_for(std::chrono::seconds(1));
+    // (right after Start(), building the unwind tables, ~1 s under TSan)
+    // ends meanwhile; after the tables, one drain is left of it.
+    if (argc == 3) {
+      for (int i = 0; i < 60'000 && !inprof::DwarfUnwinder::TablesReady(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     const int64_t spun = AgentSpinDie(300'000'000);
     if (argc == 3) std::ofstream(argv[2]) << "die " << spun << "\n";
     raise(SIGKILL);
@@ -121,6 +130,16 @@ int main(int argc, char** argv) {
     std::printf("started\n");
     std::fflush(stdout);
     AgentSpinLong(std::atoll(argv[2]) * 1'000'000);
+    return 0;
+  }
+  if (mode == "until" && argc == 4) {
+    std::printf("started\n");
+    std::fflush(stdout);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (access(argv[2], F_OK) != 0 && std::chrono::steady_clock::now() < give_up) {
+      AgentSpinLong(5'000'000);
+    }
+    AgentSpinLong(std::atoll(argv[3]) * 1'000'000);
     return 0;
   }
   std::fprintf(stderr, "agent_workload: unknown mode %s\n", mode.c_str());

@@ -581,25 +581,44 @@ TEST(ProfilerTest, DropsWhenRingIsFullAreCountedAndReconciled) {
   EXPECT_TRUE(comment_found);
 }
 
-// An unwinder whose module tables take 2 s to build (100 tables of 20 ms),
-// like a large program's first build under a sanitizer. The profiler drains
-// the rings between two tables, so a thread sampled at 1 ms meanwhile loses
-// nothing, and Stop() ends the build instead of waiting for it.
+// An unwinder whose module tables take long to build, like a large
+// program's first build under a sanitizer: one table each time the test
+// allows one (the burning thread allows one per 5 ms of its CPU, and waits
+// for it), then, once released, one a millisecond until the build is
+// stopped, for 30 s at most. The profiler drains the rings between two
+// tables, so a thread sampled at 1 ms meanwhile loses nothing, and Stop()
+// ends the build instead of waiting for it. Paced by the test rather than
+// by sleeps, so that neither depends on how the machine schedules the
+// collector.
 struct SlowTablesUnwinder : FramePointerUnwinder {
   static constexpr const char* kName = "slow-tables";
-  static constexpr int kTables = 100;
+  static inline std::atomic<int> allowed{0};
+  static inline std::atomic<bool> released{false};
   static inline std::atomic<int> built{0};
+  static inline std::atomic<int> drained{0};  // tables followed by a drain
   static inline std::atomic<int> calls{0};
   static inline std::atomic<bool> stopped_early{false};
   static void RefreshModules(absl::FunctionRef<bool()> between_tables, bool) {
     ++calls;
-    while (built.load() < kTables) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::chrono::steady_clock::time_point give_up{};
+    for (;;) {
+      while (!released.load() && allowed.load() <= built.load()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      if (released.load()) {
+        const auto now = std::chrono::steady_clock::now();
+        if (give_up == std::chrono::steady_clock::time_point{}) {
+          give_up = now + std::chrono::seconds(30);
+        }
+        if (now > give_up) return;  // the whole build: Stop() waited for it
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       ++built;
       if (!between_tables()) {
-        stopped_early = built.load() < kTables;
+        stopped_early = true;
         return;
       }
+      ++drained;
     }
   }
 };
@@ -613,30 +632,48 @@ TEST(ProfilerTest, RingsAreDrainedWhileTablesAreBuiltAndStopEndsTheBuild) {
   SlowTablesProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   int64_t measured = 0;
+  constexpr int kChunks = 80;
   {
     auto self = profiler.RegisterThread("main");
     const int64_t t0 = ThreadCpuNow();
-    BurnCpu(400'000'000);
+    for (int i = 1; i <= kChunks; ++i) {
+      BurnCpu(5'000'000);
+      // One table, and the drain after it, per 5 ms of CPU (~5 samples at
+      // 1 ms: the ring holds hundreds). 60 s: a hang check.
+      SlowTablesUnwinder::allowed = i;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (SlowTablesUnwinder::drained.load() < i &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      ASSERT_GE(SlowTablesUnwinder::drained.load(), i) << "no table built";
+    }
     measured = ThreadCpuNow() - t0;
   }
-  const int built_while_running = SlowTablesUnwinder::built.load();
+  SlowTablesUnwinder::released = true;
   ASSERT_TRUE(profiler.Stop().ok());
-  // The build was under way during the whole burn and never finished.
-  EXPECT_GT(built_while_running, 0);
+  // The build was under way during the whole burn, and Stop() ended it.
   EXPECT_TRUE(SlowTablesUnwinder::stopped_early.load())
       << "tables built: " << SlowTablesUnwinder::built.load();
   EXPECT_EQ(SlowTablesUnwinder::calls.load(), 1);  // one build, resumed never
 
   const ProfilerStats stats = profiler.stats();
   EXPECT_EQ(stats.samples_dropped, 0u);
-  EXPECT_GT(stats.samples_recorded, 100u);
+  // 400 ms of CPU at 1 ms: >= 399 sample points, taken one per signal with
+  // the perf engine, or with the timer engine one signal per scheduler
+  // tick the thread runs at (>= 1 per 10 ms of its CPU at HZ >= 100):
+  // >= 39 samples, all recorded by drains between tables.
+  EXPECT_GT(stats.samples_recorded, 30u);
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
   const int cpu = profile->ValueIndex("cpu-time");
   auto flat = profile->FlatByFunction(cpu);
   EXPECT_EQ(flat["[inprof: samples dropped, ring full]"], 0);
+  // The points crossed, a period apart: within one period of the thread's
+  // CPU (deterministic); 1% for the calls around `measured`.
   EXPECT_NEAR(static_cast<double>(profile->Total(cpu)),
-              static_cast<double>(measured), 0.1 * static_cast<double>(measured));
+              static_cast<double>(measured),
+              1e6 + 0.01 * static_cast<double>(measured));
 }
 
 TEST(ProfilerTest, InvalidOptionsMakeStartFailWithoutCrashing) {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -25,7 +26,16 @@ class TicksProvider {
   struct ThreadData {
     CpuTimeProvider::ThreadData timer;
   };
-  absl::Status Configure(const Options& options) { return cpu_.Configure(options); }
+  // Its own CPU timer, on the POSIX timer engine: a thread has one perf
+  // event the handler can tell by its descriptor (the CPU provider's), and
+  // a timer's signal is queued even while another SIGPROF is pending, so
+  // none of its signals is lost to the CPU provider's: 200 ms of CPU at
+  // 10 ms make ~20 of them, >= 1 deterministically.
+  absl::Status Configure(const Options& options) {
+    Options timer = options;
+    timer.cpu_engine = CpuEngine::kTimer;
+    return cpu_.Configure(timer);
+  }
   int64_t Period() const { return 1; }
   absl::Status ArmThread(ThreadContext& thread, ThreadData& data, int tag) {
     return cpu_.ArmThread(thread, data.timer, tag);
@@ -33,8 +43,10 @@ class TicksProvider {
   void DisarmThread(ThreadContext& thread, ThreadData& data) noexcept {
     cpu_.DisarmThread(thread, data.timer);
   }
-  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+  static bool OnSignal(ThreadContext& thread, ThreadData& data, const siginfo_t& info,
                        std::span<int64_t> values) noexcept {
+    int64_t cpu[2] = {};  // the timer's own bookkeeping; every signal is a tick
+    CpuTimeProvider::OnSignal(thread, data.timer, info, cpu);
     values[0] = 7;
     return true;
   }
@@ -109,6 +121,7 @@ TEST(SampleProviderTest, UserProviderValuesAppearInTheProfile) {
   ASSERT_EQ(profile->sample_types.size(), 3u);  // each type exactly once
   EXPECT_EQ(profile->sample_types[2].type, "ticks");
   const int64_t ticks = profile->Total(profile->ValueIndex("ticks"));
+  std::printf("ticks=%lld\n", static_cast<long long>(ticks));
   EXPECT_GT(ticks, 0);
   EXPECT_EQ(ticks % 7, 0);
   EXPECT_GT(profile->Total(profile->ValueIndex("cpu-time")), 100'000'000);
@@ -124,9 +137,21 @@ TEST(SampleProviderTest, SamplesOfOneProviderHaveZerosForTheOthers) {
   ASSERT_TRUE(profiler.Start().ok());
   {
     auto self = profiler.RegisterThread("main");
+    // 200 ms of CPU, and until the wall sampler has taken a sample of the
+    // thread: a credit to a CPU sample's stack, or a second signal (never
+    // sent before the first one's sample was taken, or taken by a CPU
+    // sample that swallowed it). 60 s of wall time is a hang check.
     const int64_t end = ThreadCpuNow() + 200'000'000;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto wall_sampled = [&] {
+      const ProfilerStats stats = profiler.stats();
+      return stats.wall_running_credits >= 1 || stats.wall_signals >= 2;
+    };
     volatile uint64_t x = 0;
-    while (ThreadCpuNow() < end) x = x + 1;
+    while ((ThreadCpuNow() < end || !wall_sampled()) &&
+           std::chrono::steady_clock::now() < deadline) {
+      for (int i = 0; i < 1000; ++i) x = x + 1;
+    }
   }
   ASSERT_TRUE(profiler.Stop().ok());
   auto profile = ReadPprofFile(options.output);
@@ -193,16 +218,29 @@ static_assert(SamplesRunningThreads<CpuTimeProvider>);
 static_assert(!SamplesRunningThreads<WallTimeProvider>);
 static_assert(!SamplesRunningThreads<RideProvider>);
 
+// Each phase runs until the ticker has credited it twice (the second
+// credit's sample was taken after the first credit's visit, so inside the
+// phase), and for at least `ns` of CPU; 60 s of wall time is a hang check.
 __attribute__((noinline)) uint64_t RidePhaseA(int64_t ns) {
   const int64_t end = ThreadCpuNow() + ns;
+  const int64_t credits0 = RideProvider::credits.load();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   volatile uint64_t x = 0;
-  while (ThreadCpuNow() < end) x = x + 1;
+  while ((ThreadCpuNow() < end || RideProvider::credits.load() < credits0 + 2) &&
+         std::chrono::steady_clock::now() < deadline) {
+    x = x + 1;
+  }
   return x;
 }
 __attribute__((noinline)) uint64_t RidePhaseB(int64_t ns) {
   const int64_t end = ThreadCpuNow() + ns;
+  const int64_t credits0 = RideProvider::credits.load();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   volatile uint64_t x = 0;
-  while (ThreadCpuNow() < end) x = x + 3;
+  while ((ThreadCpuNow() < end || RideProvider::credits.load() < credits0 + 2) &&
+         std::chrono::steady_clock::now() < deadline) {
+    x = x + 3;
+  }
   return x;
 }
 
@@ -243,8 +281,9 @@ TEST(SampleProviderTest, TickingProvidersCreditRunningSamplesWithoutASignal) {
   const int rides = profile->ValueIndex("rides");
   const int ride_time = profile->ValueIndex("ride-time");
   ASSERT_GE(rides, 0);
-  // 150 ms of CPU per phase at 2 ms: ~75 samples each, visits every 5 ms.
-  EXPECT_GE(RideProvider::credits.load(), 10);
+  // Each phase ran until it had two credits (deterministic; ~75 CPU
+  // samples each and a visit every 5 ms make it ~30 each).
+  EXPECT_GE(RideProvider::credits.load(), 4);
   EXPECT_EQ(profile->Total(rides), RideProvider::credits.load());
   EXPECT_EQ(profile->Total(ride_time), 1'000 * RideProvider::credits.load());
   // Each credit carries the labels of the sample it was credited to and
@@ -272,6 +311,8 @@ TEST(SampleProviderTest, TickingProvidersCreditRunningSamplesWithoutASignal) {
     if (label == "a") in_a += s.values[rides];
     if (label == "b") in_b += s.values[rides];
   }
+  // The second credit counted in each phase was for a sample taken after
+  // the first one's visit, inside the phase, under its label.
   EXPECT_GT(in_a, 0);
   EXPECT_GT(in_b, 0);
 }

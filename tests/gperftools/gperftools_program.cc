@@ -89,16 +89,26 @@ int Api(const char* file) {
   return 0;
 }
 
+// Until profiling is `on` (the toggle is handled on a thread of its own);
+// false after 60 s, a hang check.
+bool AwaitProfiling(bool on) {
+  for (int i = 0; i < 60'000; ++i) {
+    if ((ProfilingIsEnabledForAllThreads() != 0) == on) return true;
+    usleep(1'000);
+  }
+  return false;
+}
+
 int Signal() {
   const char* sig = getenv("CPUPROFILESIGNAL");
   if (sig == nullptr) return 12;
   const int n = atoi(sig);
   UnsignalledWork(100);
   raise(n);
-  usleep(50'000);  // the toggle is handled on a thread of its own
+  if (!AwaitProfiling(true)) return 13;
   SignalledWork(200);
   raise(n);
-  usleep(50'000);
+  if (!AwaitProfiling(false)) return 14;
   UnsignalledWork(100);
   return 0;
 }

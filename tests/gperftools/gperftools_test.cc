@@ -150,6 +150,10 @@ TEST(GperftoolsTest, CpuprofilesignalTogglesProfiling) {
     ASSERT_EQ(r->exit_code, 0) << r->err;
     auto p = ReadPprofFile(file + ".0");
     ASSERT_TRUE(p.ok()) << p.status() << r->err;
+    // The program waits for each toggle to take effect (a thread of its
+    // own handles it): all of SignalledWork is profiled, none of
+    // UnsignalledWork. One region at 100 Hz: within a 10 ms period plus
+    // one scheduler tick (<= 10 ms) of its 200 ms, deterministically.
     EXPECT_NEAR(Cumulative(*p, "SignalledWork") / 1e9, 0.2, 0.03);
     EXPECT_EQ(Cumulative(*p, "UnsignalledWork"), 0);
   }

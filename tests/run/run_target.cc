@@ -22,6 +22,8 @@
 //                               the profiler is steady (windows in DIR), and
 //                               after ROUNDS x N more threads
 //   run_target spin MS          spins MS ms of CPU
+//   run_target spin-windows MS N DIR   spins at least MS ms of CPU and until
+//                               DIR holds N profiles; prints "spun_ns=NS"
 //   run_target sigwait          a server that blocks every signal and waits
 //                               for them: main in sigwait (SIGALRM after
 //                               2 s), a thread in sigtimedwait (500 ms), a
@@ -279,6 +281,23 @@ int CountFiles(const char* dir) {
   return n;
 }
 
+// Spins at least `ms` of CPU and until `dir` holds `files` profiles (60 s
+// of wall time at most, a hang check); returns the CPU it burned.
+__attribute__((noipa)) int64_t SpinWindowsWork(int64_t ms, int files, const char* dir) {
+  int64_t used = 0;
+  timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const bool late = now.tv_sec - t0.tv_sec > 60;
+    if (used >= ms * 1'000'000 && (late || CountFiles(dir) >= files)) break;
+    used += Burn(10, 16);
+  }
+  asm volatile("" ::: "memory");
+  return used;
+}
+
 void* SpinThread(void*) {
   SpinWork(50);
   return nullptr;
@@ -403,6 +422,11 @@ int main(int argc, char** argv) {
   if (mode == "sigwait") return SigwaitServer();
   if (mode == "spin" && argc == 3) {
     SpinWork(std::atoi(argv[2]));
+    return 0;
+  }
+  if (mode == "spin-windows" && argc == 5) {
+    const int64_t spun = SpinWindowsWork(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
+    printf("spun_ns=%lld\n", static_cast<long long>(spun));
     return 0;
   }
   return 2;

@@ -351,6 +351,14 @@ Census RunCensus(BlockingCall& call, DefaultProfiler* profiler, bool inject) {
       // turns a negative time left into a 10 us period, a second overflow
       // right after the call wakes (measured: 2 signals in 292 us of CPU,
       // 1 call in ~1,000). None of them comes while the thread sleeps.
+      // Deterministic, not a sampled count: the kernel's mechanism allows
+      // no third. The perf engine's one-overflow arming adds none either:
+      // the first overflow (POLL_HUP) restarts the event at the steady
+      // period from the handler on, so the next overflow is a whole period
+      // of the thread's CPU later; a sample point crossed without a signal
+      // only makes a later signal weigh more, never a signal more. (Timer
+      // engine: one signal per tick with an expired timer, at most
+      // cpu/period + 1.)
       if (got > cpu / absl::ToInt64Nanoseconds(kCpuPeriod) + 2) {
         if (beyond_cpu++ == 0) {
           first_beyond_cpu = std::to_string(got) + " signals in " +

@@ -10,7 +10,7 @@
 // Example:
 //   // 20,000 threads, each sampled with chance f_i: a sum of independent
 //   // Bernoulli draws, mean sum(f_i) ~ 400.
-//   EXPECT_GE(samples, stats::PoissonBinomialLow(400.0));
+//   EXPECT_GE(samples, stats::PoissonLow(400.0));
 //
 // Thread-safety: pure functions.
 #ifndef INPROF_TESTS_UTIL_STAT_BOUNDS_H_
