@@ -900,7 +900,8 @@ class Profiler final : public internal::ProfilerControl,
 
   // Registry and aggregate locks held. Cheap for an idle thread (an empty
   // ring and unchanged counters): no atomic read-modify-write, no lookup.
-  void DrainSlotIntoLocked(Slot* slot, SampleAggregator& agg) {
+  // Returns false when it stopped at its budget with records left.
+  bool DrainSlotIntoLocked(Slot* slot, SampleAggregator& agg) {
     EnsureAggregateThread(slot, agg);
     // Not on the stack: a thread that unregisters drains its own ring, and
     // its 9 KiB frame (probed page by page) faulted in up to three fresh
@@ -910,8 +911,20 @@ class Profiler final : public internal::ProfilerControl,
     // Room for one inserted caller frame.
     uint64_t* repaired = record + kMaxRecordWords;
     uint64_t recorded = 0;
+    // At most a ring's worth a pass: a thread whose handler pushes as fast
+    // as this pops (a flood of signals; any busy thread under TSan) held
+    // the registry lock, and Stop() behind it, for as long as it ran (the
+    // start/stop hammer hung 4 minutes). The rest waits for the next pass.
+    bool drained_all = true;
+    size_t budget = size_t{1} << 16;
+    if constexpr (requires { R::capacity_words(); }) budget = R::capacity_words();
     while (size_t n = slot->active_ring->TryPop(std::span<uint64_t>(record, kMaxRecordWords))) {
       if (AddRecordLocked(slot, agg, record, n, repaired)) ++recorded;
+      if (n >= budget) {
+        drained_all = false;
+        break;
+      }
+      budget -= n;
     }
     const uint64_t dropped = slot->active_ring->dropped();
     if (dropped != slot->seen_dropped) {
@@ -938,6 +951,7 @@ class Profiler final : public internal::ProfilerControl,
     slot->seen_taken = taken;
     slot->seen_dropped = dropped;
     slot->seen_truncated = truncated;
+    return drained_all;
   }
 
   // Registry and aggregate locks held. One record as the handler writes it
@@ -1636,7 +1650,10 @@ class Profiler final : public internal::ProfilerControl,
       drained_activity_ = activity;
       std::lock_guard<std::mutex> agg_lock(core_.mutex());
       SampleAggregator& agg = core_.aggregator();
-      for (Slot* slot : active_) DrainSlotIntoLocked(slot, agg);
+      for (Slot* slot : active_) {
+        // Records left behind: the next pass visits the rings again.
+        if (!DrainSlotIntoLocked(slot, agg)) drained_activity_ = ~uint64_t{0};
+      }
     }
     return running_;
   }
