@@ -130,7 +130,10 @@ class CpuTimeProvider {
     // For the handler: the engine whose signals sample the thread (set
     // before its timer starts) and its period.
     std::atomic<CpuEngine> signal_engine{CpuEngine::kAuto};
-    int64_t period_ns = 0;
+    // Atomic (relaxed) because ArmThread may run on another thread than
+    // the signal handler that reads them; the kernel orders the two (the
+    // timer exists after the write), which ThreadSanitizer cannot see.
+    std::atomic<int64_t> period_ns{0};
     // The engine of the thread's last arming, kept after DisarmThread: its
     // tail (taken after disarming) is measured the way its samples were.
     CpuEngine tail_engine = CpuEngine::kAuto;
@@ -146,7 +149,7 @@ class CpuTimeProvider {
     // the kernel signals with POLL_HUP after stopping the event; the
     // handler then restarts it at the steady period.
     std::atomic<bool> first_overflow_pending{false};
-    int64_t first_point_ns = 0;  // the thread's CPU clock at that overflow
+    std::atomic<int64_t> first_point_ns{0};  // the thread's CPU clock at that overflow
     bool tail_pending = false;  // armed since the last TakeTail
   };
 

@@ -189,7 +189,7 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
     return absl::FailedPreconditionError(absl::StrCat(
         "thread ", thread.tid, " has exited without unregistering"));
   }
-  data.period_ns = period_ns_;
+  data.period_ns.store(period_ns_, std::memory_order_relaxed);
   data.last_cpu_ns.store(now, std::memory_order_relaxed);
   absl::Status status;
   if (engine_ == CpuEngine::kPerf) {
@@ -254,7 +254,7 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
         "thread ", thread.tid, " has exited without unregistering"));
   }
   data.next_due_ns.store(origin + first, std::memory_order_relaxed);
-  data.first_point_ns = origin + first;
+  data.first_point_ns.store(origin + first, std::memory_order_relaxed);
   data.first_overflow_pending.store(refresh || event_first != period_ns_,
                                     std::memory_order_relaxed);
   data.signal_engine.store(CpuEngine::kPerf, std::memory_order_relaxed);
@@ -444,10 +444,10 @@ bool CpuTimeProvider::OnSignal(ThreadContext& thread, ThreadData& data,
     // POLL_HUP: the kernel stopped the event at its one-overflow limit.
     data.first_overflow_pending.store(false, std::memory_order_relaxed);
     ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire),
-                           data.period_ns);
+                           data.period_ns.load(std::memory_order_relaxed));
   }
   return TakePoints(internal::ThreadCpuNanos(thread.cpu_clock), data.next_due_ns,
-                    data.period_ns, values);
+                    data.period_ns.load(std::memory_order_relaxed), values);
 }
 
 bool CpuTimeProvider::OwesSample(ThreadContext& thread,
@@ -463,10 +463,11 @@ bool CpuTimeProvider::TakeSwallowed(ThreadContext& thread, ThreadData& data,
   const CpuEngine engine = data.signal_engine.load(std::memory_order_relaxed);
   if (engine != CpuEngine::kPerf && engine != CpuEngine::kTimer) return false;
   const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
-  const bool taken = TakePoints(now, data.next_due_ns, data.period_ns, values);
+  const bool taken = TakePoints(
+      now, data.next_due_ns, data.period_ns.load(std::memory_order_relaxed), values);
   if (engine == CpuEngine::kPerf &&
       data.first_overflow_pending.load(std::memory_order_relaxed) &&
-      now >= data.first_point_ns) {
+      now >= data.first_point_ns.load(std::memory_order_relaxed)) {
     // The first point is behind: the event overflowed (or is about to).
     // When no SIGPROF is pending, the overflow's signal, which would have
     // restarted the event, was discarded behind the one being handled.
@@ -478,7 +479,7 @@ bool CpuTimeProvider::TakeSwallowed(ThreadContext& thread, ThreadData& data,
         sigismember(&pending, internal::kProfilingSignal) == 0) {
       data.first_overflow_pending.store(false, std::memory_order_relaxed);
       ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire),
-                             data.period_ns);
+                             data.period_ns.load(std::memory_order_relaxed));
     }
   }
   return taken;
@@ -504,10 +505,11 @@ bool CpuTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   // Points crossed that no signal took (one in flight as the thread
   // stopped; for the timer engine, CPU between two scheduler ticks).
   int64_t due = data.next_due_ns.load(std::memory_order_relaxed);
-  const int64_t points = internal::TakeLatticePoints(now, &due, data.period_ns);
+  const int64_t period = data.period_ns.load(std::memory_order_relaxed);
+  const int64_t points = internal::TakeLatticePoints(now, &due, period);
   data.next_due_ns.store(due, std::memory_order_relaxed);
   values[0] = 0;
-  values[1] = points * data.period_ns;
+  values[1] = points * period;
   return points > 0;
 }
 

@@ -744,8 +744,28 @@ TEST(DebugServerTest, StopEndsACaptureInProgressAndClosesThePort) {
   EXPECT_THAT(after.error, HasSubstr("connect"));
 }
 
-std::vector<std::string>* g_log_lines = nullptr;
-void KeepLine(absl::string_view line) { g_log_lines->emplace_back(line); }
+// The log lines a test keeps: the server's threads log while the test
+// runs, so the vector is filled under a lock, and StopKeepingLines() ends
+// that before the test reads it. A std::mutex: TSan sees through it (Debian's
+// Abseil is not built with TSan, so its Mutex is invisible there).
+std::mutex g_log_mu;
+std::vector<std::string>* g_log_lines = nullptr;  // guarded by g_log_mu
+void KeepLine(absl::string_view line) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  if (g_log_lines != nullptr) g_log_lines->emplace_back(line);
+}
+void KeepLinesIn(std::vector<std::string>* lines) {
+  {
+    std::lock_guard<std::mutex> lock(g_log_mu);
+    g_log_lines = lines;
+  }
+  internal::SetLogSinkForTesting(&KeepLine);
+}
+void StopKeepingLines() {
+  internal::SetLogSinkForTesting(nullptr);
+  std::lock_guard<std::mutex> lock(g_log_mu);  // a line being kept now is the last
+  g_log_lines = nullptr;
+}
 
 TEST(DebugServerTest, APortInUseIsOneLineAndProfilingGoesOn) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -759,14 +779,13 @@ TEST(DebugServerTest, APortInUseIsOneLineAndProfilingGoesOn) {
   const std::string taken = absl::StrCat("127.0.0.1:", ntohs(sa.sin_port));
 
   std::vector<std::string> lines;
-  g_log_lines = &lines;
-  internal::SetLogSinkForTesting(&KeepLine);
+  KeepLinesIn(&lines);
   Options options;
   options.write_output = false;
   options.http_addr = taken;
   DefaultProfiler profiler(options);
   absl::Status s = profiler.Start();
-  internal::SetLogSinkForTesting(nullptr);
+  StopKeepingLines();
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_TRUE(profiler.running());
   EXPECT_EQ(profiler.http_address(), "");
@@ -857,8 +876,7 @@ class BareServer {
 
 TEST(DebugServerTest, ANameInTheHostHeaderGets403AndOneLogLine) {
   std::vector<std::string> lines;
-  g_log_lines = &lines;
-  internal::SetLogSinkForTesting(&KeepLine);
+  KeepLinesIn(&lines);
   BareServer bare;
   const std::string address = bare.address();
   ASSERT_NE(address, "");
@@ -870,7 +888,7 @@ TEST(DebugServerTest, ANameInTheHostHeaderGets403AndOneLogLine) {
       testing::HttpFetch(address, "GET", "/debug/pprof/", ("localhost:" + port).c_str());
   testing::HttpReply by_v6 =
       testing::HttpFetch(address, "GET", "/debug/pprof/", ("[::1]:" + port).c_str());
-  internal::SetLogSinkForTesting(nullptr);
+  StopKeepingLines();
   ASSERT_EQ(refused.error, "");
   EXPECT_EQ(refused.status, 403);
   EXPECT_THAT(refused.body, HasSubstr("Host 'evil.example:" + port + "' refused"));
@@ -904,8 +922,7 @@ TEST(DebugServerTest, ARequestStillArrivingDoesNotDelayStop) {
 
 TEST(DebugServerTest, ARequestThatDoesNotArriveInTimeIsCut) {
   std::vector<std::string> lines;
-  g_log_lines = &lines;
-  internal::SetLogSinkForTesting(&KeepLine);
+  KeepLinesIn(&lines);
   BareServer bare(absl::Milliseconds(300));
   const int fd = ConnectFrom(bare.address(), "127.0.0.1", absl::Seconds(5));
   ASSERT_GE(fd, 0);
@@ -922,7 +939,7 @@ TEST(DebugServerTest, ARequestThatDoesNotArriveInTimeIsCut) {
       cut = poll(&p, 1, 50) == 1 && ClosedByServer(fd);
     }
   }
-  internal::SetLogSinkForTesting(nullptr);
+  StopKeepingLines();
   close(fd);
   EXPECT_TRUE(cut);
   EXPECT_EQ(bare.server().requests_cut(), 1u);
