@@ -104,7 +104,7 @@ case "$mode" in
     cp "$src/tests/consumer/subproject/meson.build" "$src/tests/consumer/app.cc" "$tmp/proj/"
     ln -s "$src" "$tmp/proj/subprojects/inprof"
     cd "$tmp/proj"
-    meson setup build --force-fallback-for=inprof >"$tmp/setup.log" 2>&1 ||
+    meson setup build --force-fallback-for=inprof -Doptimization=0 -Ddebug=false >"$tmp/setup.log" 2>&1 ||
       { tail -20 "$tmp/setup.log"; fail "meson setup of a project using inprof as a subproject failed"; }
     ninja -C build app >"$tmp/ninja.log" 2>&1 ||
       { tail -30 "$tmp/ninja.log"; fail "building inprof as a subproject failed"; }
