@@ -238,7 +238,7 @@ TEST(ProfilerTest, ShortLivedThreadsExitWhileRunning) {
   // Where it lands: BurnCpu holds each thread's points in its 3 ms, which
   // are within a period of 3 ms each (a signal's delivery can carry one
   // past its end: two periods). Sum of 200 independent terms each within
-  // two periods of its mean, variance <= period^2 each (Bernstein, 1e-6):
+  // two periods of its mean, variance <= period^2 each (Bernstein, 1e-7):
   // the CPU is on BurnCpu, not on the synthetic tail frame.
   auto cumulative = profile->CumulativeByFunction(cpu);
   int64_t burn = 0;

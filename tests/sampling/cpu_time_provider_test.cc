@@ -443,7 +443,7 @@ void CheckShortThreads(CpuEngine engine, absl::Duration period) {
   // of a thread's registered CPU that Spin took (a sum of independent
   // draws: never less concentrated than a binomial with that chance).
   const double min_share = stats::BinomialShareLow(samples, min_spin_share);
-  // The total: a sum of 2,000 independent terms (Bernstein, 1e-6 each side).
+  // The total: a sum of 2,000 independent terms (Bernstein, 1e-7 each side).
   const double deviation = stats::BernsteinDeviation(variance, p);
   std::printf("%s %s: %d threads, %.3f-%.3fs by their clocks, in profile "
               "%.3fs (allowed %.3f-%.3fs); %lld samples, %.1f%% on their real "
@@ -471,7 +471,8 @@ TEST(CpuTimeProviderTest, ShortLivedThreadsStayOnTheirRealStacks) {
 // the others: a class's sample count is a sum of independent Bernoulli
 // draws with mean sum(CPU) / period, which lies between what its threads
 // timed inside and outside RegisterThread/Reset. The bounds below hold it
-// with a chance of at most 1e-6 each side (stat_bounds.h), and the ratio
+// with a chance of at most 1e-7 each side (stat_bounds.h; 8e-7 for the
+// four classes), and the ratio
 // printed is what README quotes.
 TEST(CpuTimeProviderTest, ShortThreadsAreSampledInProportionToTheirCpu) {
   if (!PerfAvailable()) GTEST_SKIP() << "perf events not available here";
@@ -604,7 +605,7 @@ TEST(CpuTimeProviderTest, PerfEngineKeepsWithinItsDescriptorBudget) {
     std::fflush(stdout);
     // Each worker's CPU in the profile is within one period of its
     // registered CPU, mean equal to it: a sum of 1,000 independent terms,
-    // variance <= period^2 / 4 each (Bernstein, 1e-6 each side).
+    // variance <= period^2 / 4 each (Bernstein, 1e-7 each side).
     const double period = static_cast<double>(absl::ToInt64Nanoseconds(options.cpu_period));
     const double slack = stats::BernsteinDeviation(kThreads * period * period / 4, period);
     if (cpu < measured.load() - slack || cpu > outer.load() + slack) _exit(17);
