@@ -22,11 +22,7 @@
 namespace inprof {
 namespace {
 
-int64_t ThreadCpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 // Three leaf functions with distinct names; each spins for a number of
 // iterations (no clock reads inside, so all their time is their own).

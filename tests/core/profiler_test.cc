@@ -29,11 +29,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-int64_t ThreadCpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 // Burns about `ns` of this thread's CPU time.
 __attribute__((noinline)) uint64_t BurnCpu(int64_t ns) {

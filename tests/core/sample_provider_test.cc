@@ -96,11 +96,7 @@ static_assert(!ArmsConcurrently<TicksProvider>);
 static_assert(!ArmsConcurrently<SaysItDoesNotArmConcurrently>);
 static_assert(!ArmsConcurrently<NoOnSignal>);
 
-int64_t ThreadCpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 TEST(SampleProviderTest, UserProviderValuesAppearInTheProfile) {
   using TicksProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,

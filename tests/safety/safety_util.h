@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "inprof/inprof.h"
 #include "inprof/internal/signal_dispatch.h"
+#include "util/test_util.h"
 
 // Which sanitizer, if any, this translation unit is built with (GCC spells
 // it __SANITIZE_*__, Clang __has_feature).
@@ -93,11 +94,7 @@ inline int64_t Scaled(int64_t ci, int64_t full) {
   return ci / divisor > 0 ? ci / divisor : 1;
 }
 
-inline int64_t ThreadCpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 inline int64_t MonotonicNow() {
   timespec ts;

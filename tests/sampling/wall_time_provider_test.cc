@@ -40,11 +40,7 @@
 namespace inprof {
 namespace {
 
-int64_t ThreadCpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 __attribute__((noinline)) uint64_t Spin(int64_t ns) {
   const int64_t end = ThreadCpuNow() + ns;

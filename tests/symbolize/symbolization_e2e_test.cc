@@ -105,11 +105,7 @@ using ::testing::StartsWith;
 constexpr int64_t kBurnNs = 300'000'000;
 constexpr uint64_t kChunk = 500'000;  // iterations per call, ~0.5 ms
 
-int64_t ThreadCpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 // Calls `spin(kChunk)` until this thread has used `ns` of CPU.
 template <typename F>

@@ -1373,11 +1373,7 @@ TEST(DwarfUnwinderTest, RefreshesWhileOtherThreadsWalk) {
 
 // --- End to end ---------------------------------------------------------------------
 
-int64_t ThreadCpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 struct LeafStacks {
   int64_t leaf_samples = 0;     // CPU samples whose leaf is DwarfLibLeaf

@@ -17,6 +17,8 @@
 #ifndef INPROF_TESTS_TEST_UTIL_H_
 #define INPROF_TESTS_TEST_UTIL_H_
 
+#include <time.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -27,6 +29,14 @@
 #include "absl/status/statusor.h"
 
 namespace inprof::testing {
+
+// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID) in nanoseconds: what the
+// tests compare a profile's CPU against.
+inline int64_t ThreadCpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
 
 // `s` single-quoted for /bin/sh.
 std::string ShellQuote(const std::string& s);
