@@ -221,7 +221,10 @@ int RunScenario(const char* kind) {
 // TSan runs a signal's handler from its own interceptor at the thread's next
 // call into it, on the thread's stack, not on the sigaltstack it arrived on:
 // what these tests measure (the handler on a small alternate stack, its
-// stack use) does not happen there. The makecontext case still runs.
+// stack use) does not happen there: a signal sent on a makecontext stack
+// can be handled after the thread swapped back (24 of 25 landed there in
+// one clean-clone run). The plain and ASan suites run these; the wait case
+// runs under TSan too.
 constexpr const char* kTsanHandlerElsewhere =
     "TSan runs signal handlers from its interceptors, not on the stack the "
     "signal arrived on";
@@ -234,6 +237,7 @@ TEST(SafetySmallStackTest, ThreadOnASmallSigaltstackIsSkippedNotOverflowed) {
 }
 
 TEST(SafetySmallStackTest, ThreadOnASmallMakecontextStackIsSkippedNotOverflowed) {
+  if (safety::kTsan) GTEST_SKIP() << kTsanHandlerElsewhere;
   const int rc = safety::RunInChild([] { return RunScenario("makecontext"); }, 60);
   EXPECT_EQ(rc, kOk) << (rc > 128 ? "the child died of signal " + std::to_string(rc - 128)
                                   : "child check " + std::to_string(rc) + " failed");
