@@ -40,7 +40,11 @@ if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" --cross-file "$dir/cross-mingw64.ini" --prefix "$prefix" \
     -Dbenchmarks=disabled -Dwerror="${INPROF_WERROR:-false}" >/dev/null
 fi
-ninja -C "$build" >/dev/null
+ninja -C "$build" >"$build/ninja.log" || {
+  echo "windows: the build failed; the end of $build/ninja.log:" >&2
+  tail -40 "$build/ninja.log" >&2
+  exit 1
+}
 
 run_tests() {
   # The Linux side's checks read the Windows profiles with go tool pprof
