@@ -528,13 +528,9 @@ class Profiler final : public internal::ProfilerControl,
   static void SampleThread(internal::ThreadSlotHeader* header,
                            siginfo_t* info, void* ucontext, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
-    const size_t provider = static_cast<size_t>(tag & 0xff);
-    if (provider >= kNumProviders) return;
+    size_t provider;
     int64_t values[kMaxValuesPerProvider];
-    if (!OnSignalAt(provider, *slot, *info,
-                    std::make_index_sequence<kNumProviders>{}, values)) {
-      return;
-    }
+    if (!TakeValues(*slot, *info, tag, provider, values)) return;
     const size_t nvalues = kValueCounts[provider];
     uint64_t record[kMaxRecordWords];
     // The thread's labels: written only by this thread, so a plain copy
@@ -614,10 +610,24 @@ class Profiler final : public internal::ProfilerControl,
     // stack, recorded again for it.
     TakeSwallowedEach(provider, *slot, record, nvalues, nlabels, unwound,
                       std::make_index_sequence<kNumProviders>{});
+    HandlerDone(*slot);
+  }
+
+  // What both handler parts begin with: the provider the signal is for
+  // (`tag`) and the values it measured; false when there is no sample.
+  static bool TakeValues(Slot& slot, const siginfo_t& info, int tag,
+                         size_t& provider, int64_t* values) noexcept {
+    provider = static_cast<size_t>(tag & 0xff);
+    return provider < kNumProviders &&
+           OnSignalAt(provider, slot, info,
+                      std::make_index_sequence<kNumProviders>{}, values);
+  }
+  // ... and end with, after the records' push.
+  static void HandlerDone(Slot& slot) noexcept {
     // After the push: a collector that sees this count sees the record.
     activity_.fetch_add(1, std::memory_order_release);
-    slot->handler_exit_clock.store(internal::ThreadCpuNanos(slot->cpu_clock),
-                                   std::memory_order_relaxed);
+    slot.handler_exit_clock.store(internal::ThreadCpuNanos(slot.cpu_clock),
+                                  std::memory_order_relaxed);
   }
 
   // The signal handler's part for a thread whose stack cannot take
@@ -627,21 +637,15 @@ class Profiler final : public internal::ProfilerControl,
   static void SampleStackless(internal::ThreadSlotHeader* header,
                               siginfo_t* info, void*, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
-    const size_t provider = static_cast<size_t>(tag & 0xff);
-    if (provider >= kNumProviders) return;
+    size_t provider;
     int64_t values[kMaxValuesPerProvider];
-    if (!OnSignalAt(provider, *slot, *info,
-                    std::make_index_sequence<kNumProviders>{}, values)) {
-      return;
-    }
+    if (!TakeValues(*slot, *info, tag, provider, values)) return;
     const bool blocked = SampledBlockedAt(
         provider, *slot, std::make_index_sequence<kNumProviders>{});
     PushStackless(*slot, provider, values, blocked);
     TakeSwallowedStacklessEach(provider, *slot,
                                std::make_index_sequence<kNumProviders>{});
-    activity_.fetch_add(1, std::memory_order_release);
-    slot->handler_exit_clock.store(internal::ThreadCpuNanos(slot->cpu_clock),
-                                   std::memory_order_relaxed);
+    HandlerDone(*slot);
   }
   static void PushStackless(Slot& slot, size_t provider, const int64_t* values,
                             bool blocked) noexcept {
