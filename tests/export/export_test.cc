@@ -283,12 +283,7 @@ __attribute__((noinline)) uint64_t BurnCpu(int64_t ns) {
 using CpuProfiler =
     Profiler<FramePointerUnwinder, DefaultSampleRing, CpuTimeProvider>;
 
-std::string FreshDir(const std::string& name) {
-  const std::string dir = testing::TestTmpDir() + "/" + name;
-  (void)testing::RunCommand("rm -rf '" + dir + "'");
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
+std::string FreshDir(const std::string& name) { return testing::FreshTestDir(name); }
 
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;

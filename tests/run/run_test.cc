@@ -46,24 +46,11 @@ std::string Target() { return Env("INPROF_RUN_TARGET"); }
 
 // A fresh directory for one test's profiles.
 std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(TestTmpDir(), "/run_", name);
-  (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
-  mkdir(dir.c_str(), 0755);
-  return dir;
+  return ::inprof::testing::FreshTestDir("run_" + name);
 }
 
 std::vector<std::string> Profiles(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      if (absl::EndsWith(e->d_name, ".pb.gz")) {
-        out.push_back(absl::StrCat(dir, "/", e->d_name));
-      }
-    }
-    closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return ::inprof::testing::FilesEndingIn(dir, ".pb.gz");
 }
 
 CommandOutput RunInprof(const std::string& args, const std::string& env = "") {

@@ -59,13 +59,7 @@ using ::inprof::testing::TestTmpDir;
 using ::testing::HasSubstr;
 
 std::string FreshDir(const std::string& name) {
-  // The pid: two runs of this test at once (meson test --repeat) never
-  // share a directory.
-  const std::string dir =
-      absl::StrCat(TestTmpDir(), "/descriptors_", name, "_", getpid());
-  (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
-  mkdir(dir.c_str(), 0755);
-  return dir;
+  return ::inprof::testing::FreshTestDir("descriptors_" + name);
 }
 
 std::string ReadFile(const std::string& path) {

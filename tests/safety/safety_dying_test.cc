@@ -42,22 +42,11 @@ std::string Cli() { return ::inprof::testing::EnvOrEmpty("INPROF_CLI"); }
 std::string Target() { return ::inprof::testing::EnvOrEmpty("INPROF_RUN_TARGET"); }
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::inprof::testing::TestTmpDir(), "/dying_", name);
-  (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
-  mkdir(dir.c_str(), 0755);
-  return dir;
+  return ::inprof::testing::FreshTestDir("dying_" + name);
 }
 
 std::vector<std::string> Profiles(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      if (absl::EndsWith(e->d_name, ".pb.gz")) out.push_back(absl::StrCat(dir, "/", e->d_name));
-    }
-    closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
+  return ::inprof::testing::FilesEndingIn(dir, ".pb.gz");
 }
 
 // `inprof run -o DIR/p-%p.pb.gz -- run_target ARGS`; sh reports a program

@@ -1,6 +1,7 @@
 #include "util/test_util.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -151,6 +153,25 @@ std::string TestTmpDir() {
   if (dir.empty()) return "/tmp";
   MakeDirs(dir);
   return dir;
+}
+
+std::string FreshTestDir(const std::string& name) {
+  const std::string dir = absl::StrCat(TestTmpDir(), "/", name, "_", getpid());
+  (void)RunCommandSeparately(absl::StrCat("rm -rf ", ShellQuote(dir)));
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::vector<std::string> FilesEndingIn(const std::string& dir, const std::string& suffix) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (absl::EndsWith(e->d_name, suffix)) out.push_back(absl::StrCat(dir, "/", e->d_name));
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::StatusOr<CommandOutput> RunCommandSeparately(const std::string& cmd) {

@@ -44,6 +44,13 @@ std::string ShellQuote(const std::string& s);
 // $INPROF_TEST_TMPDIR (created if missing), else /tmp.
 std::string TestTmpDir();
 
+// A fresh, empty directory for one test's files: TestTmpDir()/NAME_PID (two
+// runs of a test at once, meson test --repeat, never share one).
+std::string FreshTestDir(const std::string& name);
+
+// The files in `dir` whose names end in `suffix`, as paths, sorted.
+std::vector<std::string> FilesEndingIn(const std::string& dir, const std::string& suffix);
+
 // The environment variable `name`, or "" when unset (the test's inputs that
 // tests/meson.build passes in).
 std::string EnvOrEmpty(const char* name);
