@@ -59,6 +59,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "inprof/internal/elf_notes.h"
 #include "inprof/internal/line_table.h"
 #include "inprof/internal/process_maps.h"
 #include "inprof/internal/log.h"
@@ -95,26 +96,11 @@ std::string HexBytes(const unsigned char* bytes, size_t size) {
   return out;
 }
 
-// Finds NT_GNU_BUILD_ID in one note segment mapped at [data, data + size).
+// The build-id, in hex, of one note segment mapped at [data, data + size).
 std::string BuildIdFromNotes(const unsigned char* data, size_t size,
                              size_t align) {
-  const size_t a = align == 8 ? 8 : 4;  // gABI: notes are 4- or 8-aligned
-  auto round_up = [a](size_t n) { return (n + a - 1) & ~(a - 1); };
-  size_t pos = 0;
-  while (size - pos >= sizeof(ElfW(Nhdr))) {
-    ElfW(Nhdr) note;
-    std::memcpy(&note, data + pos, sizeof note);
-    const size_t name_pos = pos + sizeof note;
-    if (note.n_namesz > size - name_pos) break;
-    const size_t desc_pos = name_pos + round_up(note.n_namesz);
-    if (desc_pos > size || note.n_descsz > size - desc_pos) break;
-    if (note.n_type == NT_GNU_BUILD_ID && note.n_namesz == 4 &&
-        std::memcmp(data + name_pos, "GNU", 4) == 0 && note.n_descsz > 0) {
-      return HexBytes(data + desc_pos, note.n_descsz);
-    }
-    pos = desc_pos + round_up(note.n_descsz);
-  }
-  return "";
+  const std::string id = internal::GnuBuildIdFromNotes(data, size, align);
+  return HexBytes(reinterpret_cast<const unsigned char*>(id.data()), id.size());
 }
 
 // One line on stderr ("inprof: ..."); callers warn once per module.

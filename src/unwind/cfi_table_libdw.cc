@@ -8,6 +8,7 @@
 // FDE's program from its start, which made libdw alone cost 25 ms of CPU
 // for a 600 KB executable. Runs off the hot path (the collector thread).
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/elf_notes.h"
 
 #include <dwarf.h>
 #include <elfutils/libdw.h>
@@ -1520,7 +1521,7 @@ std::shared_ptr<const CfiModuleTable> CfiModuleTable::PendingFromFile(
     if (ph.p_type == PT_NOTE && build_id.empty() && ph.p_filesz <= 4096) {
       std::vector<uint8_t> notes(ph.p_filesz);
       if (read_at(notes.data(), notes.size(), ph.p_offset)) {
-        build_id = GnuBuildIdFromNotes(notes.data(), notes.size());
+        build_id = GnuBuildIdFromNotes(notes.data(), notes.size(), ph.p_align);
       }
     }
   }
@@ -1588,26 +1589,6 @@ std::shared_ptr<const CfiModuleTable> CfiModuleTable::PendingFromFile(
 }
 
 CfiModuleTable::~CfiModuleTable() = default;
-
-std::string GnuBuildIdFromNotes(const uint8_t* notes, size_t size) {
-  size_t at = 0;
-  while (at + sizeof(Elf64_Nhdr) <= size) {
-    Elf64_Nhdr header;
-    std::memcpy(&header, notes + at, sizeof(header));
-    // In 64 bits: a 32-bit size near 4 GiB must not wrap to a small one.
-    const size_t name_at = at + sizeof(header);
-    const size_t desc_at = name_at + ((size_t{header.n_namesz} + 3) & ~size_t{3});
-    const size_t next = desc_at + ((size_t{header.n_descsz} + 3) & ~size_t{3});
-    if (next > size || next <= at || desc_at + header.n_descsz > size) break;
-    if (header.n_type == NT_GNU_BUILD_ID && header.n_namesz == 4 &&
-        std::memcmp(notes + name_at, "GNU", 4) == 0) {
-      return std::string(reinterpret_cast<const char*>(notes + desc_at),
-                         header.n_descsz);
-    }
-    at = next;
-  }
-  return "";
-}
 
 std::shared_ptr<const CfiModuleTable> CfiModuleTable::Pending(
     uint64_t text_lo, uint64_t text_hi, std::string path) {

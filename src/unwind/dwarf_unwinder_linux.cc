@@ -33,6 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/elf_notes.h"
 #include "inprof/internal/fork_guard.h"
 
 namespace inprof {
@@ -120,11 +121,6 @@ void ReadLoaderCounters(unsigned long long* adds, unsigned long long* subs) {
   *subs = c.subs;
 }
 
-// The GNU build-id in a loaded PT_NOTE segment.
-std::string BuildIdAt(const uint8_t* notes, size_t size) {
-  return internal::GnuBuildIdFromNotes(notes, size);
-}
-
 std::string ExecutablePath() {
   char buf[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -151,8 +147,9 @@ int CollectModule(dl_phdr_info* info, size_t, void* data) {
         hi = std::max<uint64_t>(hi, ph.p_vaddr + ph.p_memsz);
       }
     } else if (ph.p_type == PT_NOTE && m.build_id.empty()) {
-      m.build_id = BuildIdAt(
-          reinterpret_cast<const uint8_t*>(m.bias + ph.p_vaddr), ph.p_filesz);
+      m.build_id = internal::GnuBuildIdFromNotes(
+          reinterpret_cast<const uint8_t*>(m.bias + ph.p_vaddr), ph.p_filesz,
+          ph.p_align);
     }
   }
   const char* name = info->dlpi_name != nullptr ? info->dlpi_name : "";

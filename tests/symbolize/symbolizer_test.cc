@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "inprof/internal/elf_notes.h"
 #include "inprof/internal/process_maps.h"
 #include "inprof/internal/line_table.h"
 #include "util/test_util.h"
@@ -131,6 +133,65 @@ int ModuleIndexOf(const Symbolizer& symbolizer, const std::string& path) {
     if (modules[i].path == path) return static_cast<int>(i);
   }
   return -1;
+}
+
+// An ELF note: header, name padded, descriptor padded to `align`.
+std::vector<uint8_t> Note(uint32_t type, const std::string& name, const std::string& desc,
+                          size_t align, bool pad_last = true) {
+  std::vector<uint8_t> out(12);
+  const uint32_t namesz = static_cast<uint32_t>(name.size() + 1);
+  const uint32_t descsz = static_cast<uint32_t>(desc.size());
+  std::memcpy(out.data(), &namesz, 4);
+  std::memcpy(out.data() + 4, &descsz, 4);
+  std::memcpy(out.data() + 8, &type, 4);
+  out.insert(out.end(), name.begin(), name.end());
+  out.push_back(0);
+  while (out.size() % align != 0) out.push_back(0);
+  out.insert(out.end(), desc.begin(), desc.end());
+  while (pad_last && out.size() % align != 0) out.push_back(0);
+  return out;
+}
+
+TEST(ElfNotesTest, BuildIdIsFoundInFourAndEightAlignedSegments) {
+  const std::string id = "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14";
+  for (size_t align : {4, 8}) {
+    // A GNU property note first (type 5; 8-aligned in real binaries),
+    // then the build-id (type 3).
+    std::vector<uint8_t> notes = Note(5, "GNU", std::string(12, '\x7f'), align);
+    const std::vector<uint8_t> build_id = Note(3, "GNU", id, align);
+    notes.insert(notes.end(), build_id.begin(), build_id.end());
+    EXPECT_EQ(internal::GnuBuildIdFromNotes(notes.data(), notes.size(), align), id)
+        << "align " << align;
+  }
+  // Another vendor's note of type 3 is not a build-id.
+  const std::vector<uint8_t> other = Note(3, "XYZ", id, 4);
+  EXPECT_EQ(internal::GnuBuildIdFromNotes(other.data(), other.size()), "");
+}
+
+TEST(ElfNotesTest, MalformedNotesNeverReadOutsideTheBlock) {
+  // Each block is copied into a buffer of exactly its size: ASan reports a
+  // read past it.
+  auto parse = [](const std::vector<uint8_t>& block, size_t size, size_t align) {
+    std::vector<uint8_t> exact(block.begin(), block.begin() + size);
+    return internal::GnuBuildIdFromNotes(exact.data(), exact.size(), align);
+  };
+  // The last note's descriptor ends the block unpadded: the next note
+  // would start past the end.
+  const std::vector<uint8_t> unpadded = Note(1, "GNU", "abc", 8, /*pad_last=*/false);
+  EXPECT_EQ(parse(unpadded, unpadded.size(), 8), "");
+  // Truncated in the header, in the name, in the descriptor.
+  const std::vector<uint8_t> build_id = Note(3, "GNU", "0123456789abcdef0123", 4);
+  for (size_t size : {size_t{0}, size_t{11}, size_t{14}, size_t{20}, build_id.size() - 1}) {
+    EXPECT_EQ(parse(build_id, size, 4), "") << "size " << size;
+  }
+  EXPECT_EQ(parse(build_id, build_id.size(), 4), "0123456789abcdef0123");
+  // Sizes near 4 GiB must not wrap to small ones.
+  std::vector<uint8_t> huge = build_id;
+  const uint32_t big = 0xfffffffd;
+  std::memcpy(huge.data() + 4, &big, 4);
+  EXPECT_EQ(parse(huge, huge.size(), 4), "");
+  std::memcpy(huge.data(), &big, 4);
+  EXPECT_EQ(parse(huge, huge.size(), 8), "");
 }
 
 TEST(SymbolizerTest, ModuleMapListsMainProgramFirstWithBuildId) {

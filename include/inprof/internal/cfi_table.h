@@ -153,9 +153,6 @@ struct CfiOp {
   uint64_t number2 = 0;
 };
 
-// The GNU build-id (raw bytes) in a block of ELF notes, or "".
-std::string GnuBuildIdFromNotes(const uint8_t* notes, size_t size);
-
 // Evaluates a CFA expression at `pc` (a link-time address) as
 // sp + *offset: true only when the expression reads no memory, no register
 // but rsp and rip, and is sp plus a constant for this pc (the linker's
