@@ -387,6 +387,29 @@ std::string Target() {
                     "first; the plain suite runs this";                  \
   }
 
+// Runs `cmd` under /bin/sh in a child process; the child's pid (-1 when
+// fork failed).
+pid_t SpawnShell(const std::string& cmd) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// The pid a program wrote to `path`, waited for up to 30 s; 0 if none came.
+pid_t AwaitPidFile(const std::string& path) {
+  for (int i = 0; i < 3000; ++i) {
+    std::ifstream f(path);
+    pid_t pid = 0;
+    if (f >> pid && pid > 0) return pid;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
 // Under `inprof run`: a program that closes every descriptor it inherited
 // (inprof's included) and opens 8 files, which take their numbers. While it
 // runs its descriptors stay its own files; SIGTERM's default action still
@@ -399,21 +422,9 @@ TEST(SafetyDescriptorsTest, UnderInprofRunAProgramThatClosesInheritedDescriptors
       ShellQuote(Cli()), " run --period 1ms --wall-period 1ms -o ",
       ShellQuote(dir + "/p-%p.pb.gz"), " -- ", ShellQuote(Target()),
       " closefrom ", ShellQuote(dir), " 2>", ShellQuote(dir + "/err.txt"));
-  std::fflush(nullptr);
-  const pid_t pid = fork();
+  const pid_t pid = SpawnShell(cmd);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  pid_t target = 0;
-  for (int i = 0; i < 3000 && target == 0; ++i) {
-    std::ifstream f(dir + "/pid");
-    if (!(f >> target)) {
-      target = 0;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
+  const pid_t target = AwaitPidFile(dir + "/pid");
   if (target <= 0) kill(pid, SIGKILL);
   ASSERT_GT(target, 0) << "the program never wrote its pid: "
                        << ReadFile(dir + "/err.txt");
@@ -445,21 +456,9 @@ TEST(SafetyDescriptorsTest, UnderInprofRunSigtermEndsTheForkedChildItIsSentTo) {
       ShellQuote(Cli()), " run -q -o ", ShellQuote(dir + "/p-%p.pb.gz"),
       " -- ", ShellQuote(Target()), " fork ", ShellQuote(dir), " 2>",
       ShellQuote(dir + "/err.txt"));
-  std::fflush(nullptr);
-  const pid_t pid = fork();
+  const pid_t pid = SpawnShell(cmd);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  pid_t child = 0;
-  for (int i = 0; i < 3000 && child == 0; ++i) {
-    std::ifstream f(dir + "/pid");
-    if (!(f >> child)) {
-      child = 0;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
+  const pid_t child = AwaitPidFile(dir + "/pid");
   if (child <= 0) kill(pid, SIGKILL);
   ASSERT_GT(child, 0) << ReadFile(dir + "/err.txt");
   ASSERT_EQ(kill(child, SIGTERM), 0);
