@@ -1,5 +1,6 @@
 #include "inprof/internal/owned_fd.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
@@ -12,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/log.h"
-#include "inprof/internal/thread_info.h"
 
 namespace inprof::internal {
 namespace {
@@ -199,6 +199,23 @@ std::string DescriptorBudget::Describe() const {
       " descriptors under RLIMIT_NOFILE=",
       soft == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(soft),
       ": ", fallback_);
+}
+
+int64_t FreeFileDescriptors() noexcept {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int64_t open_fds = -1;  // the directory's own descriptor
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++open_fds;
+  }
+  closedir(dir);
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+  const int64_t soft =
+      limit.rlim_cur == RLIM_INFINITY
+          ? int64_t{1} << 20
+          : static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
+  return std::max<int64_t>(0, soft - open_fds);
 }
 
 }  // namespace inprof::internal

@@ -1,8 +1,6 @@
 #include "inprof/internal/thread_info.h"
 
-#include <dirent.h>
 #include <pthread.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -166,23 +164,6 @@ ThreadLook LookAtThread(pid_t tid, OwnedFd* kept, bool keep) noexcept {
 
 ThreadLook LookAtThread(pid_t tid) noexcept {
   return LookAtThread(tid, nullptr, false);
-}
-
-int64_t FreeFileDescriptors() noexcept {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int64_t open_fds = -1;  // the directory's own descriptor
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] != '.') ++open_fds;
-  }
-  closedir(dir);
-  rlimit limit;
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
-  const int64_t soft =
-      limit.rlim_cur == RLIM_INFINITY
-          ? int64_t{1} << 20
-          : static_cast<int64_t>(std::min<rlim_t>(limit.rlim_cur, 1 << 20));
-  return std::max<int64_t>(0, soft - open_fds);
 }
 
 int64_t ThreadCpuNanos(clockid_t clock) noexcept {

@@ -76,6 +76,11 @@ uint64_t ForeignDescriptors() noexcept;
 // cannot be moved (no number free there), close-on-exec; -1 stays -1.
 int MoveAboveProgramRange(int fd) noexcept;
 
+// Descriptors this process may still open under its RLIMIT_NOFILE soft
+// limit (counted in /proc/self/fd; an unlimited one counts as 2^20), or -1
+// when that cannot be told. Not for handlers.
+int64_t FreeFileDescriptors() noexcept;
+
 // A descriptor inprof opened and keeps, with its identity. Move-only.
 class OwnedFd {
  public:

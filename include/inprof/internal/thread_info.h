@@ -69,11 +69,6 @@ ThreadLook LookAtThread(pid_t tid) noexcept;
 // file afresh.
 ThreadLook LookAtThread(pid_t tid, OwnedFd* kept, bool keep) noexcept;
 
-// Descriptors this process may still open under its RLIMIT_NOFILE soft
-// limit (counted in /proc/self/fd; an unlimited one counts as 2^20), or -1
-// when that cannot be told. Not for handlers.
-int64_t FreeFileDescriptors() noexcept;
-
 // Copies `bytes` of this process's memory at `address` (another thread's
 // stack) into `out` with process_vm_readv: an address that is not mapped
 // any more fails with EFAULT instead of faulting. Returns 0, or the errno
