@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU engines' accuracy side by side with gperftools (README's accuracy table).
+"""CPU engines' accuracy side by side with gperftools (docs/measurements.md's accuracy table).
 
   python3 bench/sampling/cpu_engine_accuracy.py [BUILD_DIR] [--quick]
 

@@ -13,7 +13,7 @@
 //                             spinning for 4 s: their asleep share by the
 //                             clock and in the profile, what of the sleep
 //                             is labelled blocked, and EINTRs per cycle
-//                             (README, "Wall time": the loaded bias);
+//                             (docs/how_it_works.md, "Wall time": the loaded bias);
 //   wall_sampler_load quiet   3 threads waiting on a condition variable for
 //                             1 s: the sampler's wake-ups (about 12 at the
 //                             default 10 ms: it backs off to 8 periods);

@@ -54,11 +54,11 @@ using DwarfProfiler = DefaultProfiler;
 
 namespace inprof {
 
-// The unwinder of DefaultProfiler, chosen by measurement (README, "Which
-// unwinder"): CFI on x86-64 Linux, where Debian's and most vendors' libraries
-// have no frame pointers and a frame-pointer walk loses every caller above
-// them, for at most ~1 us more per sample (README); frame pointers
-// elsewhere.
+// The unwinder of DefaultProfiler, chosen by measurement
+// (docs/measurements.md, "Which unwinder"): CFI on x86-64 Linux, where
+// Debian's and most vendors' libraries have no frame pointers and a
+// frame-pointer walk loses every caller above them, for at most ~1 us more
+// per sample; frame pointers elsewhere.
 using DefaultUnwinder =
     std::conditional_t<DwarfUnwinder::Supported(), DwarfUnwinder,
                        FramePointerUnwinder>;
