@@ -264,9 +264,21 @@ TEST(CpuTimeProviderTest, PerfEngineDeliversOneSamplePerPeriodOfCpu) {
     GTEST_SKIP() << "the machine stalled this thread for " << stalls.ns / 1e6
                  << " ms of its " << used / 1e6 << " ms: no rate to measure";
   }
-  // One per millisecond of CPU: the period is counted in the thread's own
-  // CPU time, so load on the machine does not change it.
-  EXPECT_GE(samples, static_cast<int64_t>(0.95 * unstalled / 1e6));
+  // About one per millisecond of CPU: the period is counted in the thread's
+  // own CPU time, so load on the machine does not stretch it. But the
+  // event's overflows fall on the lattice points themselves (the first
+  // period is the first point's offset), and an overflow that its handler
+  // finds a hair before the point (the perf task clock against
+  // CLOCK_THREAD_CPUTIME_ID) takes no point and records nothing; the next
+  // takes two (the profile's CPU below stays exact). How often depends on
+  // the machine: in 11 clean-clone suites (plain and ASan+UBSan) 480-501
+  // samples for 500 ms of CPU (480 beside two busy loops), and 474 beside a
+  // build and two fuzzers, where the 95% this asserted before failed.
+  // Not a statistical bound but a separation: an engine limited to the
+  // scheduler's tick (the timer engine at HZ=250, itimer) delivers at most
+  // 25% of the periods at 1 ms, so 80% still tells perf from them, with
+  // room for nearly four times the merges of the worst run measured.
+  EXPECT_GE(samples, static_cast<int64_t>(0.8 * unstalled / 1e6));
   // At most one per millisecond of the task clock the periods are counted
   // in: the thread's CPU plus any time the host stole while it was on a
   // CPU (CI measured 508 samples for 500 ms of thread CPU on a loaded VM).
