@@ -26,6 +26,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# source_package NAME: `apt-get source NAME` into $deps/src; on failure, one
+# line with apt-get's own last error (a full disk, an unreachable mirror).
+source_package() {
+  local out
+  mkdir -p "$deps/src"
+  if ! out=$(cd "$deps/src" && apt-get source -qq "$1" 2>&1 >/dev/null); then
+    echo "windows: 'apt-get source $1' failed in $deps/src: $(printf '%s\n' "$out" | grep -v '^$' | tail -1)" >&2
+    exit 1
+  fi
+}
+
 dir=${1:-build-windows}
 with_benchmark=${2:-}
 mkdir -p "$dir"
@@ -66,10 +77,7 @@ EOF
     $sudo apt-get update -qq
   fi
   mkdir -p "$deps/src"
-  (cd "$deps/src" && apt-get source -qq abseil >/dev/null 2>&1) || {
-    echo "windows: 'apt-get source abseil' failed (is a deb-src entry reachable?)" >&2
-    exit 1
-  }
+  source_package abseil
 fi
 absl_src=$(compgen -G "$deps/src/abseil-[0-9]*/CMakeLists.txt" | head -1 | xargs dirname)
 
@@ -142,10 +150,7 @@ done
 cmake_build googletest /usr/src/googletest "$test_prefix" -DINSTALL_GTEST=ON -DBUILD_GMOCK=ON
 if [ "$with_benchmark" = benchmark ]; then
   if ! compgen -G "$deps/src/benchmark-[0-9]*/CMakeLists.txt" >/dev/null; then
-    (cd "$deps/src" && apt-get source -qq benchmark >/dev/null 2>&1) || {
-      echo "windows: 'apt-get source benchmark' failed" >&2
-      exit 1
-    }
+    source_package benchmark
   fi
   bench_src=$(compgen -G "$deps/src/benchmark-[0-9]*/CMakeLists.txt" | head -1 | xargs dirname)
   # Debian patched out the git version lookup; GIT_VERSION names the release.
