@@ -96,12 +96,13 @@ uint64_t SlotSmallStack() {
 }
 
 // Work done on the small stack: a little CPU, and the profiling signal sent
-// to this thread, which handles it right here.
+// to this thread, which handles it right here (sent again when a pending
+// timer's signal took its place: safety::SendProbeSignalToSelf).
 std::atomic<int> g_sent{0};
 __attribute__((noinline)) void WorkOnSmallStack() {
   for (int i = 0; i < kSignalsOnSmallStack; ++i) {
     safety::BurnCpu(200'000);
-    if (safety::SendProfilingSignal(safety::Gettid(), /*tagged=*/true)) {
+    if (safety::SendProbeSignalToSelf()) {
       g_sent.fetch_add(1, std::memory_order_relaxed);
     }
   }
