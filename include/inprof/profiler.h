@@ -51,8 +51,6 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
-#include "absl/random/distributions.h"
-#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -66,6 +64,7 @@
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/log.h"
 #include "inprof/internal/profiler_control.h"
+#include "inprof/internal/profiler_base.h"
 #include "inprof/internal/profiler_core.h"
 #include "inprof/internal/provider_set.h"
 #include "inprof/internal/sample_record.h"
@@ -79,14 +78,24 @@
 
 namespace inprof {
 
+namespace internal {
+// A Profiler's providers, in a base constructed before ProfilerBase (whose
+// constructor needs the first provider's period).
+template <typename... Ps>
+struct ProviderHolder {
+  std::tuple<Ps...> providers_;
+};
+}  // namespace internal
+
 // A sampling profiler composed from components:
 //   U   an Unwinder (unwinder.h), e.g. FramePointerUnwinder;
 //   R   a SampleRing (spsc_ring.h), one per registered thread;
 //   Ps  one or more SampleProviders (sample_provider.h).
 template <Unwinder U, SampleRing R, SampleProvider... Ps>
   requires(sizeof...(Ps) >= 1 && sizeof...(Ps) < 256)
-class Profiler final : public internal::ProfilerControl,
-                       private internal::Registry::Owner {
+class Profiler final : private internal::ProviderHolder<Ps...>,
+                       public internal::ProfilerBase {
+  using internal::ProviderHolder<Ps...>::providers_;
   // Where each provider's values sit (internal/provider_set.h).
   using Set = internal::ProviderSet<Ps...>;
   static constexpr size_t kNumProviders = Set::kNumProviders;
@@ -122,59 +131,21 @@ class Profiler final : public internal::ProfilerControl,
   static_assert(kMaxRecordWords > kHeaderWords,
                 "ring records too small for a sample");
 
-  // A registered thread. Derives from the header the signal handler reads.
-  struct alignas(kCacheLine) Slot : internal::ThreadSlotHeader {
+  // A registered thread: the header the signal handler reads and the
+  // collector's state (internal::SlotBase), its providers' per-thread data
+  // and its ring.
+  struct alignas(kCacheLine) Slot : internal::SlotBase {
     std::tuple<typename Ps::ThreadData...> data;
     // Values of samples dropped because the ring was full, per sample type.
     std::array<std::atomic<int64_t>, kNumValues> dropped_values{};
-    int max_frames = static_cast<int>(kMaxFrames);
-    // Collector-owned (registry lock held).
-    std::string name;
-    // The newest stack and labels drained for the thread: where a blocked
-    // thread still is (wall time credits it without a signal).
-    std::vector<uint64_t> last_stack;
-    std::vector<uint64_t> last_labels;
-    // Per provider: the newest stack drained for it and its canonical
-    // labels. What the provider measured after that sample (TakeTail) is
-    // credited there: a thread's last moments were spent near it.
+    // Collector-owned (registry lock held). Per provider: the newest stack
+    // drained for it and its canonical labels. What the provider measured
+    // after that sample (TakeTail) is credited there: a thread's last
+    // moments were spent near it.
     std::array<std::vector<uint64_t>, kNumProviders> provider_last_stack;
     std::array<std::vector<uint64_t>, kNumProviders> provider_last_labels;
-    // The stack (and canonical labels, "blocked" among them) of the current
-    // blocking episode, from the sample taken when it began; empty when the
-    // thread is not known to be blocked.
-    std::vector<uint64_t> blocked_stack;
-    std::vector<uint64_t> blocked_labels;
-    // Samples taken of the thread by providers that SamplesRunningThreads
-    // (its handler writes, after the record's push; the ticker reads), the
-    // count at each ticking provider's last visit (ticker), and the newest
-    // such stack drained, with its canonical labels: a wall visit to a
-    // thread that ran throughout credits the interval there.
-    std::atomic<uint32_t> running_samples{0};
+    // running_samples at each ticking provider's last visit (ticker).
     std::array<uint32_t, kNumProviders> running_samples_at_visit{};
-    std::vector<uint64_t> running_stack;
-    std::vector<uint64_t> running_labels;
-    // blocked_stack came from a provisional walk (UnwindResult::provisional:
-    // frames may be missing), and whether this episode was sampled again
-    // for that reason (once at most: each time costs the thread an EINTR).
-    bool blocked_provisional = false;
-    bool blocked_resampled = false;
-    // The episode's first sample had no stack (SampleStackless): the rest
-    // of it goes to kSmallStackFrame.
-    bool blocked_stackless = false;
-    // The tables when that stack was drained: sampled again once they are
-    // ready and, if they were then, rebuilt since (a module built on demand).
-    bool blocked_tables_ready = false;
-    uint64_t blocked_tables_generation = 0;
-    uint32_t aggregate_thread = 0;
-    bool has_aggregate_thread = false;
-    // Its providers are being armed or disarmed outside the registry lock:
-    // the ticker leaves it alone meanwhile.
-    bool arm_in_flight = false;
-    // Where a copy of the thread's stack last failed to walk (ticker,
-    // registry lock; ReadBlockedStack): signalled there instead.
-    internal::SyscallSite unreadable_site;
-    uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0,
-             seen_small_stack = 0;
     R ring;
     // The ring its handler writes: `ring`, or in library mode one in the
     // agent's shared region (so that a process that dies loses nothing its
@@ -213,294 +184,24 @@ class Profiler final : public internal::ProfilerControl,
   // Validates `options`; an invalid option is logged and the profiler stays
   // disabled (Start() returns the error).
   explicit Profiler(Options options = Options::FromEnv())
-      : options_(std::move(options)),
-        core_(options_, SampleTypes(), PeriodType(), PeriodOf<0>(), Engine()) {
-    config_status_ = options_.Validate();
-    if (!config_status_.ok()) internal::Log(config_status_.message());
-    registry_->owner = this;
-    registry_->defers_retire.store(kDefersRetire, std::memory_order_release);
-    // A child forked while one of our threads holds these must find them
-    // free (internal/fork_guard.h).
-    internal::RegisterForkLock(&registry_->mutex, internal::kForkRankRegistry);
-    internal::RegisterForkLock(&core_.mutex(), internal::kForkRankAggregate);
-  }
+      : ProfilerBase(options, Shape{.sample_types = SampleTypes(),
+                                    .period_type = PeriodType(),
+                                    .period = PeriodOf<0>(options),
+                                    .engine = Engine(),
+                                    .arms_outside_lock = kArmsOutsideLock,
+                                    .defers_retire = kDefersRetire,
+                                    .has_ticker = kHasTicker,
+                                    .leaf_words = kLeafWords > 0,
+                                    .activity = &activity_,
+                                    .walks_without_tables = WalksWithoutTables()}) {}
 
-  ~Profiler() {
-    Stop().IgnoreError();
-    internal::UnregisterForkLock(&core_.mutex());
-    internal::UnregisterForkLock(&registry_->mutex);
-    std::lock_guard<std::mutex> lock(registry_->mutex);
-    // A thread that checked defers_retire before this queues its slot
-    // after: the slot is still in active_ below, and the queue is never
-    // read again.
-    registry_->defers_retire.store(false, std::memory_order_release);
-    ProcessRetiredLocked();
-    for (Slot* slot : active_) RetireLocked(slot, /*reusable=*/false);
-    active_.clear();
-    registry_->owner = nullptr;
-  }
+  ~Profiler() { Shutdown(); }
 
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
-  // Starts sampling every registered thread (and those that register
-  // later). OK and a no-op when disabled; an error status, never a crash,
-  // when another profiler runs, SIGPROF belongs to someone else, or the
-  // options are invalid.
-  absl::Status Start() override {
-    if (!options_.enabled) return absl::OkStatus();
-    if (!config_status_.ok()) return config_status_;
-    std::lock_guard<std::mutex> lock(registry_->mutex);
-    if (running_) return absl::OkStatus();
-    ProcessRetiredLocked();
-    if (start_pid_ != 0 && getpid() != start_pid_) {
-      // Its collector's and sinks' state belongs to the parent.
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this profiler was started in process ", start_pid_,
-          "; a forked child must construct its own Profiler to profile"));
-    }
-    if (!U::Supported()) {
-      internal::Log(absl::StrCat(U::kName,
-                                 " unwinding is not supported on this "
-                                 "architecture; profiling stays off"));
-      return absl::OkStatus();
-    }
-    // Library mode: the agent gets the samples (a local socket round trip;
-    // without an agent, profiling stays here unless INPROF_AGENT_FALLBACK=off).
-    // The last session's shared rings (drained, no handler runs) go back
-    // before its link does.
-    for (Slot* slot : active_) UseOwnRingLocked(slot);
-    if (absl::Status s = core_.ConnectAgent(ThreadRingLayout()); !s.ok()) return s;
-    for (Slot* slot : active_) UseSharedRingLocked(slot);
-    // No unwind tables are built here: the collector thread builds them
-    // first thing (Drain), so Start() returns in well under a millisecond.
-    if (absl::Status s = internal::InstallSignalHandler(); !s.ok()) return s;
-    if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
-    if (const std::string how = DescribeProviders(); !how.empty()) {
-      internal::Log(how);
-    }
-    // A new session per run: signals still queued from the previous run
-    // carry the old one in their tag and are ignored.
-    const uint64_t previous_session = session_;
-    SetSessionLocked(internal::NewSessionId());
-    if (absl::Status s = internal::ActivateSession(session_); !s.ok()) {
-      SetSessionLocked(previous_session);
-      return s;
-    }
-    running_ = true;
-    stopping_ = false;
-    start_pid_ = getpid();
-    signal_uid_ = getuid();
-    core_.BeginWindow();
-    for (Slot* slot : active_) {
-      // One that unregistered meanwhile is finished by the collector.
-      if (!slot->retiring.load(std::memory_order_acquire)) ArmLocked(slot);
-    }
-    core_.SetEngineDetail(DescribeProviders());
-    core_.StartCollector([this] { Drain(); }, [this] { return stats(); });
-    StartTicker();
-    return absl::OkStatus();
-  }
-
-  // Stops sampling, drains every ring and writes the profile to
-  // options().output. Idempotent. In a forked child it only forgets the
-  // parent's profiler (no file is written).
-  absl::Status Stop() override {
-    if (!running_) return absl::OkStatus();
-    if (getpid() != start_pid_) {
-      // A forked child: the registry lock is free (internal/fork_guard.h).
-      {
-        std::lock_guard<std::mutex> lock(registry_->mutex);
-        for (Slot* slot : active_) ForgetSlotLocked(slot);
-        active_.clear();
-        internal::DeactivateSession(session_);
-        running_ = false;
-      }
-      core_.AbandonCollector();
-      StopTicker();
-      return absl::OkStatus();
-    }
-    StopTicker();  // before taking the registry lock: Tick() takes it
-    {
-      std::unique_lock<std::mutex> lock(registry_->mutex);
-      if (!running_) return absl::OkStatus();
-      // Threads arming or disarming outside the lock finish first; none
-      // starts from now on.
-      stopping_ = true;
-      arms_done_.wait(lock, [this] { return arms_in_flight_ == 0; });
-      if (!running_) return absl::OkStatus();  // another Stop() was first
-      ProcessRetiredLocked();
-      for (Slot* slot : active_) DisarmLocked(slot);
-      internal::DeactivateSession(session_);
-      for (Slot* slot : active_) {
-        internal::WaitForHandler(*slot);
-        DrainSlotLocked(slot);  // the newest stacks, for the tails
-        TakeTailsLocked(slot);
-      }
-      running_ = false;
-      core_.SetEngineDetail(DescribeProviders());
-    }
-    core_.StopCollector();
-    DrainRings();  // no table is needed any more: sampling is off
-    absl::Status status = core_.Export(stats());
-    if (status.ok()) {
-      ++profiles_written_;
-    } else {
-      internal::Log(status.message());
-    }
-    return status;
-  }
-
-  // Registers the calling thread under `name`. Works before and after
-  // Start(). The returned handle unregisters on destruction.
-  [[nodiscard]] ThreadRegistration RegisterThread(absl::string_view name) {
-    if (!options_.enabled) return ThreadRegistration();
-    if (internal::CurrentThreadSlot() != nullptr &&
-        internal::CurrentThreadSlot()->session.load() != 0) {
-      return ThreadRegistration(absl::AlreadyExistsError(absl::StrCat(
-          "thread '", name, "' is already registered with a profiler")));
-    }
-    auto info = internal::DescribeCurrentThread();
-    if (!info.ok()) {
-      internal::Log(absl::StrCat("cannot register thread '", name,
-                                 "': ", info.status().message()));
-      return ThreadRegistration(info.status());
-    }
-    if (internal::UnblockProfilingSignalInThisThread()) {
-      threads_sigprof_unblocked_.fetch_add(1, std::memory_order_relaxed);
-      if (!sigprof_unblock_logged_.exchange(true)) {
-        internal::Log(absl::StrCat(
-            "thread '", name,
-            "' registered with SIGPROF blocked in its signal mask (often "
-            "inherited from the thread that created it); unblocked it, since "
-            "a thread that blocks SIGPROF cannot be sampled (said once; the "
-            "profile's comments count such threads)"));
-      }
-    }
-    Slot* slot = AcquireSlot();
-    slot->tid = info->tid;
-    slot->cpu_clock = info->cpu_clock;
-    slot->stack = info->stack;
-    slot->name = std::string(name);
-    slot->max_frames = options_.max_frames;
-    slot->has_aggregate_thread = false;
-    slot->label_count = 0;
-    slot->last_stack.clear();
-    slot->last_labels.clear();
-    for (auto& v : slot->provider_last_stack) v.clear();
-    for (auto& v : slot->provider_last_labels) v.clear();
-    slot->blocked_stack.clear();
-    slot->blocked_labels.clear();
-    slot->blocked_provisional = false;
-    slot->blocked_resampled = false;
-    slot->blocked_stackless = false;
-    slot->unreadable_site = internal::SyscallSite{};
-    slot->running_stack.clear();
-    slot->running_labels.clear();
-    slot->running_samples_at_visit.fill(
-        slot->running_samples.load(std::memory_order_relaxed));
-    slot->handler_exit_clock.store(-1, std::memory_order_relaxed);
-    slot->retiring.store(false, std::memory_order_relaxed);
-    slot->exit_cpu_ns.store(-1, std::memory_order_relaxed);
-    slot->exit_wall_ns.store(-1, std::memory_order_relaxed);
-    ++slot->generation;
-    std::unique_lock<std::mutex> lock(registry_->mutex);
-    // Many threads that ended while the lock was taken and are not finished
-    // yet (the collector does that every collect_period): their slots go
-    // back to the pool now, so that a program that keeps starting threads
-    // does not keep allocating new ones. Not for fewer: that work would be
-    // this thread's CPU before it is sampled.
-    if (registry_->retired_count.load(std::memory_order_relaxed) >= kRetiredForRegistration) {
-      ProcessRetiredLocked();
-    }
-    slot->session.store(session_, std::memory_order_release);
-    internal::SetCurrentThreadSlot(slot);
-    active_.push_back(slot);
-    ++threads_registered_;
-    if (running_ && !stopping_ && getpid() == start_pid_) {
-      UseSharedRingLocked(slot);
-      const uint64_t session = session_;
-      if constexpr (kArmsOutsideLock) {
-        // The engines' system calls (perf_event_open, fcntl) without the
-        // lock that every other registering thread, the collector and the
-        // ticker wait for.
-        BeginWorkOutsideLock(slot);
-        lock.unlock();
-        ArmProviders(slot, session);
-        lock.lock();
-        EndWorkOutsideLock(slot);
-      } else {
-        ArmProviders(slot, session);
-      }
-    }
-    const bool ticking = running_ && !stopping_;
-    lock.unlock();
-    if (ticking) WakeQuietTicker();
-    return ThreadRegistration(registry_, slot, info->tid);
-  }
-
-  // Renames the registered thread `tid` (a thread that called
-  // pthread_setname_np or prctl(PR_SET_NAME) after registering): its samples
-  // in the current window and later carry `name`. False when no registered
-  // thread has that id. Any thread; not for signal handlers.
-  bool SetThreadName(pid_t tid, absl::string_view name) {
-    std::lock_guard<std::mutex> lock(registry_->mutex);
-    for (Slot* slot : active_) {
-      // A retiring thread may be gone, and its id reused.
-      if (slot->tid != tid || slot->retiring.load(std::memory_order_acquire)) continue;
-      slot->name = std::string(name);
-      if (slot->has_aggregate_thread) {
-        std::lock_guard<std::mutex> agg_lock(core_.mutex());
-        core_.aggregator().SetThreadName(slot->aggregate_thread, name);
-      }
-      return true;
-    }
-    return false;
-  }
-
-  // An invalid option: logged at construction (ScopedProfiler).
-  bool StartErrorLogged(const absl::Status& start_error) const override {
-    return !config_status_.ok() && start_error == config_status_;
-  }
-
-  // True between a successful Start() and Stop().
-  bool running() const { return running_; }
-
-  // For tests: the lock that registration, the collector and the wall
-  // sampler take (a thread unregistering itself while it is held queues its
-  // slot instead of waiting).
-  std::mutex& registry_mutex_for_testing() { return registry_->mutex; }
-  const Options& options() const { return options_; }
-
-  // Where the live endpoint (options().http_addr) listens, e.g.
-  // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
-  // off, not started or could not listen (logged).
-  std::string http_address() const { return core_.http_address(); }
-
-  // Counters so far. Any thread.
-  ProfilerStats stats() const {
-    ProfilerStats s;
-    s.samples_taken = taken_.load(std::memory_order_relaxed);
-    s.samples_recorded = recorded_.load(std::memory_order_relaxed);
-    s.samples_dropped = dropped_.load(std::memory_order_relaxed);
-    s.stacks_truncated = truncated_.load(std::memory_order_relaxed);
-    s.samples_small_stack = small_stack_.load(std::memory_order_relaxed);
-    if constexpr (requires { U::WalksWithoutTables(); }) {
-      s.stacks_before_tables = U::WalksWithoutTables() - walks_without_tables_at_construction_;
-    }
-    s.blocked_episodes_resampled =
-        wall_episodes_resampled_.load(std::memory_order_relaxed);
-    s.wall_signals = wall_signals_.load(std::memory_order_relaxed);
-    s.wall_stacks_read = wall_stacks_read_.load(std::memory_order_relaxed);
-    s.wall_running_credits =
-        wall_running_credits_.load(std::memory_order_relaxed);
-    s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
-    s.wall_wakeups = wall_wakeups_.load(std::memory_order_relaxed);
-    s.threads_sigprof_unblocked =
-        threads_sigprof_unblocked_.load(std::memory_order_relaxed);
-    s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
-    return s;
-  }
+  // Start(), Stop(), RegisterThread(), SetThreadName(), stats() and the
+  // rest of the API: internal::ProfilerBase.
 
   // The pprof sample types, in value order.
   static std::vector<ValueType> SampleTypes() { return Set::SampleTypes(); }
@@ -511,18 +212,36 @@ class Profiler final : public internal::ProfilerControl,
  private:
   static ValueType PeriodType() { return Set::PeriodType(); }
   template <size_t I>
-  int64_t PeriodOf() {
-    // Configure before reading so the period reflects options_.
-    Options o = options_;
+  int64_t PeriodOf(const Options& options) {
+    // Configure before reading so the period reflects the options.
+    Options o = options;
     if (!std::get<I>(providers_).Configure(o).ok()) return 0;
     return static_cast<int64_t>(std::get<I>(providers_).Period());
   }
 
   // How providers that say so sample (CpuTimeProvider: its engine), for
   // the log and the profile's comments.
-  std::string DescribeProviders() const { return Set::Describe(providers_); }
+  std::string DescribeProviders() const override { return Set::Describe(providers_); }
 
-  absl::Status ConfigureProviders() { return Set::Configure(providers_, options_); }
+  absl::Status ConfigureProviders() override {
+    return Set::Configure(providers_, options_);
+  }
+
+  bool UnwinderSupported(std::string& why_not) const override {
+    if (U::Supported()) return true;
+    why_not = absl::StrCat(U::kName,
+                           " unwinding is not supported on this "
+                           "architecture; profiling stays off");
+    return false;
+  }
+
+  static constexpr uint64_t (*WalksWithoutTables())() {
+    if constexpr (requires { U::WalksWithoutTables(); }) {
+      return [] { return static_cast<uint64_t>(U::WalksWithoutTables()); };
+    } else {
+      return nullptr;
+    }
+  }
 
   // The signal handler's provider-specific part. Async-signal-safe.
   static void SampleThread(internal::ThreadSlotHeader* header,
@@ -808,12 +527,11 @@ class Profiler final : public internal::ProfilerControl,
   // overflow descriptor from the first: tests/core/sample_provider_test.cc).
   static constexpr bool kArmsOutsideLock = (ArmsConcurrently<Ps> && ...);
 
-  // Registry lock held.
-  void ArmLocked(Slot* slot) { ArmProviders(slot, session_); }
   // The registry lock held, or (kArmsOutsideLock) the slot marked by
   // BeginWorkOutsideLock.
-  void ArmProviders(Slot* slot, uint64_t session) {
-    ArmEach(slot, session, std::make_index_sequence<kNumProviders>{});
+  void ArmProviders(internal::SlotBase* slot, uint64_t session) override {
+    ArmEach(static_cast<Slot*>(slot), session,
+            std::make_index_sequence<kNumProviders>{});
   }
   template <size_t... I>
   void ArmEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
@@ -828,33 +546,18 @@ class Profiler final : public internal::ProfilerControl,
                                  "': ", s.message()));
     }
   }
-  // Registry lock held, or (kArmsOutsideLock) the slot marked by
-  // BeginWorkOutsideLock.
-  void DisarmLocked(Slot* slot) {
-    DisarmEach(slot, std::make_index_sequence<kNumProviders>{});
+  void DisarmLocked(internal::SlotBase* slot) override {
+    DisarmEach(static_cast<Slot*>(slot), std::make_index_sequence<kNumProviders>{});
   }
   template <size_t... I>
   void DisarmEach(Slot* slot, std::index_sequence<I...>) {
     (std::get<I>(providers_).DisarmThread(*slot, std::get<I>(slot->data)), ...);
   }
 
-  // Registry lock held. Marks the slot's arming or disarming as under way
-  // outside the lock: Stop() and the destructor wait for it to end, the
-  // ticker skips the slot.
-  void BeginWorkOutsideLock(Slot* slot) {
-    slot->arm_in_flight = true;
-    ++arms_in_flight_;
-  }
-  // Registry lock held again.
-  void EndWorkOutsideLock(Slot* slot) {
-    slot->arm_in_flight = false;
-    if (--arms_in_flight_ == 0) arms_done_.notify_all();
-  }
-
-  // Registry lock held; no handler can run for the slot. Credits what each
-  // provider measured since the thread's last sample to kTailFrame.
-  void TakeTailsLocked(Slot* slot) {
-    TakeTailsEach(slot, std::make_index_sequence<kNumProviders>{});
+  // What each provider measured since the thread's last sample: to its
+  // newest stack, or to kTailFrame.
+  void TakeTailsLocked(internal::SlotBase* slot) override {
+    TakeTailsEach(static_cast<Slot*>(slot), std::make_index_sequence<kNumProviders>{});
   }
   template <size_t... I>
   void TakeTailsEach(Slot* slot, std::index_sequence<I...>) {
@@ -889,23 +592,11 @@ class Profiler final : public internal::ProfilerControl,
     }
   }
 
-  static void EnsureAggregateThread(Slot* slot, SampleAggregator& agg) {
-    if (!slot->has_aggregate_thread) {
-      slot->aggregate_thread = agg.AddThread(slot->tid, slot->name);
-      slot->has_aggregate_thread = true;
-    }
-  }
-
-  // Registry lock held. Moves the slot's records into the aggregate.
-  void DrainSlotLocked(Slot* slot) {
-    std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    DrainSlotIntoLocked(slot, core_.aggregator());
-  }
-
   // Registry and aggregate locks held. Cheap for an idle thread (an empty
   // ring and unchanged counters): no atomic read-modify-write, no lookup.
   // Returns false when it stopped at its budget with records left.
-  bool DrainSlotIntoLocked(Slot* slot, SampleAggregator& agg) {
+  bool DrainSlotIntoLocked(internal::SlotBase* base, SampleAggregator& agg) override {
+    Slot* slot = static_cast<Slot*>(base);
     EnsureAggregateThread(slot, agg);
     // Not on the stack: a thread that unregisters drains its own ring, and
     // its 9 KiB frame (probed page by page) faulted in up to three fresh
@@ -1093,7 +784,7 @@ class Profiler final : public internal::ProfilerControl,
   // TicksThreads (wall time).
   static constexpr bool kHasTicker = (TicksThreads<Ps> || ...);
 
-  absl::Duration TickerPeriod() const {
+  absl::Duration TickerPeriod() const override {
     absl::Duration period = absl::InfiniteDuration();
     TickerPeriodEach(period, std::make_index_sequence<kNumProviders>{});
     return period;
@@ -1111,138 +802,10 @@ class Profiler final : public internal::ProfilerControl,
         ...);
   }
 
-  void StartTicker() {
-    if constexpr (kHasTicker) {
-      const absl::Duration period = TickerPeriod();
-      if (period == absl::InfiniteDuration()) return;
-      Ticker* t = ticker_.get();
-      {
-        std::lock_guard<std::mutex> lock(t->mutex);
-        t->stop = false;
-      }
-      t->thread = std::thread([this, t, period] {
-        pthread_setname_np(pthread_self(), "inprof-tick");
-        const auto step = absl::ToChronoNanoseconds(period);
-        // Intervals drawn uniformly from [0.5, 1.5] x `step`: visits at
-        // fixed intervals lock onto a program's own rhythm (measured: a
-        // thread sleeping 5 ms and spinning 5 ms was profiled 90-99.7%
-        // asleep at a fixed 10 ms); with random intervals each visit falls
-        // at a random phase of any rhythm. Uniform rather than exponential:
-        // each visit is worth its interval, and the intervals' spread adds
-        // to the profile's variance (exponential: twice a fixed interval's,
-        // this: 1.08x).
-        absl::BitGen gen;
-        auto jittered = [&gen](std::chrono::nanoseconds d) {
-          const double u = absl::Uniform<double>(gen, 0.5, 1.5);
-          return std::chrono::nanoseconds(
-              static_cast<int64_t>(static_cast<double>(d.count()) * u));
-        };
-        auto next = std::chrono::steady_clock::now() + jittered(step);
-        size_t batch = 1;
-        std::unique_lock<std::mutex> lock(t->mutex);
-        while (!t->stop) {
-          t->cv.wait_until(lock, next, [t] { return t->stop || t->replan; });
-          if (t->stop) break;
-          if (t->replan) {
-            // A thread registered while the ticker waited long: back to the
-            // base period, its first visit within one.
-            t->replan = false;
-            next = std::min(next, std::chrono::steady_clock::now() + jittered(step));
-            continue;
-          }
-          lock.unlock();
-          // steady_clock is CLOCK_MONOTONIC in libstdc++ and libc++ on
-          // Linux: the same clock as the visits' (NowNanos).
-          batch = Tick(batch, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  next.time_since_epoch())
-                                  .count());
-          lock.lock();
-          next += jittered(step * batch *
-                           tick_quiet_factor_.load(std::memory_order_relaxed));
-          const auto now = std::chrono::steady_clock::now();
-          // Fell behind: do not burst.
-          if (next < now) next = now + jittered(step);
-        }
-      });
-    }
-  }
-
-  void StopTicker() {
-    if (!ticker_->thread.joinable()) return;
-    if (getpid() != start_pid_) {
-      // A forked child has no ticker thread: detaching it throws, and
-      // destroying a condition variable it waited on can hang. Leak the
-      // parent's ticker state (a few dozen bytes) and start afresh.
-      (void)ticker_.release();
-      ticker_ = std::make_unique<Ticker>();
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(ticker_->mutex);
-      ticker_->stop = true;
-    }
-    ticker_->cv.notify_all();
-    ticker_->thread.join();
-  }
-
-  // Most ticks one wake-up may stand for. With many threads, a wake-up every
-  // period visiting ThreadsPerTick() threads costs mostly the wake-up itself;
-  // waking every k periods and visiting k times as many threads keeps each
-  // thread's revisit interval (and so the wall profile) the same. k is at
-  // most the number of ticks a full round of the threads takes, so with
-  // ThreadsPerTick() threads or fewer nothing changes.
-  static constexpr size_t kMaxTickBatch = 10;
-
-  // One wake-up of the ticker standing for `batch` ticks, meant for
-  // `scheduled_ns` (CLOCK_MONOTONIC; TickTime says why that matters);
-  // returns the batch for the next one.
-  size_t Tick(size_t batch, int64_t scheduled_ns) {
-    std::lock_guard<std::mutex> lock(registry_->mutex);
-    if (!running_) return 1;
-    wall_wakeups_.fetch_add(1, std::memory_order_relaxed);
-    const int64_t now = WallTimeProvider::NowNanos();
-    const TickTime when{now, std::min(scheduled_ns, now)};
-    size_t next = kMaxTickBatch;
+  // One wake-up of the ticker (internal::ProfilerBase::Tick): each ticking
+  // provider visits its next threads.
+  void TickProvidersLocked(TickTime when, size_t batch, size_t& next) override {
     TickEach(when, batch, next, std::make_index_sequence<kNumProviders>{});
-    // A whole round of steady visits (every thread followed, or blocked
-    // without having run): the next wake-up comes later, up to
-    // kMaxQuietFactor periods, and never so late that a thread's revisit
-    // interval grows past kMaxTickBatch periods (with many threads the
-    // batches already space the wake-ups); anything new brings the base
-    // period back.
-    const uint32_t factor = tick_quiet_factor_.load(std::memory_order_relaxed);
-    const uint32_t cap = static_cast<uint32_t>(
-        std::clamp<size_t>(kMaxTickBatch / next, 1, kMaxQuietFactor));
-    tick_quiet_factor_.store(
-        !active_.empty() && tick_steady_visits_ >= active_.size()
-            ? std::min<uint32_t>(factor * 2, cap)
-            : 1,
-        std::memory_order_relaxed);
-    return next;
-  }
-
-  // Most base periods the ticker waits between wake-ups while every thread
-  // is steady (see Tick). A followed thread's wall profile does not depend
-  // on its visits, a blocked thread's episode is credited whole whenever it
-  // is visited, and a thread that changes is found within this many
-  // periods (each visit still credits the interval to where the thread is
-  // then, at a time the program cannot predict: no bias, but a longer
-  // interval is a coarser sample). bench/overhead: the ticker's wake-ups
-  // were most of wall sampling's cost on busy threads.
-  static constexpr uint32_t kMaxQuietFactor = 8;
-
-  // After a thread registers: the ticker, if waiting long, is brought back
-  // to the base period (registry lock not held).
-  void WakeQuietTicker() {
-    if constexpr (kHasTicker) {
-      if (tick_quiet_factor_.load(std::memory_order_relaxed) <= 1) return;
-      tick_quiet_factor_.store(1, std::memory_order_relaxed);
-      {
-        std::lock_guard<std::mutex> lock(ticker_->mutex);
-        ticker_->replan = true;
-      }
-      ticker_->cv.notify_all();
-    }
   }
   template <size_t... I>
   void TickEach(TickTime when, size_t batch, size_t& next,
@@ -1263,7 +826,7 @@ class Profiler final : public internal::ProfilerControl,
       const size_t visits = std::min(n, batch * per_tick);
       size_t& cursor = tick_cursor_[I];
       for (size_t j = 0; j < visits; ++j) {
-        Slot* slot = active_[(cursor + j) % n];
+        Slot* slot = static_cast<Slot*>(active_[(cursor + j) % n]);
         if (slot->arm_in_flight) {  // being armed; visited next round
           tick_steady_visits_ = 0;
           continue;
@@ -1285,7 +848,7 @@ class Profiler final : public internal::ProfilerControl,
         // thread be signalled (and its blocking call interrupted) again.
         if (slot->blocked_stack.empty() && !slot->blocked_stackless &&
             provider.AwaitsEpisodeStack(std::get<I>(slot->data))) {
-          if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
+          RefreshLeafResolverLocked();
           DrainSlotLocked(slot);
         }
         int64_t values[kMaxValuesPerProvider] = {};
@@ -1316,7 +879,7 @@ class Profiler final : public internal::ProfilerControl,
           if (std::get<I>(slot->data).following ||
               slot->running_samples.load(std::memory_order_acquire) !=
                   slot->running_samples_at_visit[I]) {
-            if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
+            RefreshLeafResolverLocked();
             DrainSlotLocked(slot);
           }
         }
@@ -1563,7 +1126,7 @@ class Profiler final : public internal::ProfilerControl,
   void CreditRunning(Slot* slot, std::span<const int64_t> values) {
     std::lock_guard<std::mutex> agg_lock(core_.mutex());
     SampleAggregator& agg = core_.aggregator();
-    if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
+    RefreshLeafResolverLocked();
     DrainSlotIntoLocked(slot, agg);
     uint64_t labels[kMaxLabelWords + 2];
     const size_t label_words = CanonicalLabels(slot->running_labels, I, labels);
@@ -1583,45 +1146,6 @@ class Profiler final : public internal::ProfilerControl,
     wall_running_credits_.fetch_add(1, std::memory_order_relaxed);
   }
 
-  // The ticker's signal. Only the ticker sends it, and only in the process
-  // that started the profiler (a forked child has no ticker), so the pid
-  // and uid are those Start() saw: one system call per signal, not four
-  // (getpid twice and getuid are real system calls in glibc 2.36).
-  void SendProfilingSignal(const internal::ThreadSlotHeader& slot,
-                           int tag) const {
-    siginfo_t info;
-    std::memset(&info, 0, sizeof(info));
-    info.si_signo = internal::kProfilingSignal;
-    info.si_code = SI_QUEUE;
-    info.si_pid = start_pid_;
-    info.si_uid = signal_uid_;
-    info.si_value.sival_int = tag;
-    // rt_tgsigqueueinfo: the same delivery a timer's SIGEV_THREAD_ID gives,
-    // with our tag in si_value; ESRCH (thread gone) is harmless.
-    syscall(SYS_rt_tgsigqueueinfo, start_pid_, slot.tid,
-            internal::kProfilingSignal, &info);
-  }
-
-  // Registry lock held. When the leaf pc has no frame record of its own
-  // (its CFA is sp-based), the frame-pointer walk skipped its caller: insert
-  // the return address found on the stack. `out` must hold frames.size()+1.
-  std::span<const uint64_t> RepairLeaf(std::span<const uint64_t> frames,
-                                       std::span<const uint64_t> stack_words,
-                                       uint64_t* out) {
-    const int slot = leaf_resolver_.ReturnAddressSlot(frames[0]);
-    if (slot < 0 || static_cast<size_t>(slot) >= stack_words.size()) {
-      return frames;
-    }
-    const uint64_t caller = stack_words[static_cast<size_t>(slot)];
-    if (caller == 0 || (frames.size() > 1 && frames[1] == caller) ||
-        !leaf_resolver_.InModule(caller)) {
-      return frames;
-    }
-    out[0] = frames[0];
-    out[1] = caller;
-    std::copy(frames.begin() + 1, frames.end(), out + 2);
-    return std::span<const uint64_t>(out, frames.size() + 1);
-  }
 
   // Collector step: picks up modules loaded or unloaded since the last pass
   // (unwinders with per-module tables, built off the hot path and read by
@@ -1629,7 +1153,7 @@ class Profiler final : public internal::ProfilerControl,
   // first build takes tens of milliseconds and threads register meanwhile;
   // the rings are drained between two tables, and the build stops (to be
   // resumed) once the profiler is stopping.
-  void Drain() {
+  void Drain() override {
     if constexpr (requires(absl::FunctionRef<bool()> between) {
                     U::RefreshModules(between, true);
                   }) {
@@ -1640,138 +1164,25 @@ class Profiler final : public internal::ProfilerControl,
     DrainRings();
   }
 
-  // When no handler has run since the last pass (idle threads), the slots
-  // are not visited: with 1,000 registered threads that walk over their
-  // rings was most of the collector's CPU. Returns whether the profiler is
-  // still running.
-  bool DrainRings() {
-    std::lock_guard<std::mutex> lock(registry_->mutex);
-    ProcessRetiredLocked();
-    if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
-    // Read before draining: what is pushed meanwhile is drained next pass.
-    const uint64_t activity = activity_.load(std::memory_order_acquire);
-    if (activity != drained_activity_) {
-      drained_activity_ = activity;
-      std::lock_guard<std::mutex> agg_lock(core_.mutex());
-      SampleAggregator& agg = core_.aggregator();
-      for (Slot* slot : active_) {
-        // Records left behind: the next pass visits the rings again.
-        if (!DrainSlotIntoLocked(slot, agg)) drained_activity_ = ~uint64_t{0};
-      }
-    }
-    return running_;
-  }
-
-  // Registry::Owner. Registry lock held by the caller (`lock`).
-  void Unregister(internal::ThreadSlotHeader* header, bool on_owner_thread,
-                  std::unique_lock<std::mutex>& lock) override {
-    Slot* slot = static_cast<Slot*>(header);
-    if (!RemoveActiveLocked(slot)) return;
-    const bool same_process = start_pid_ == 0 || getpid() == start_pid_;
-    if (!same_process) {
-      ForgetSlotLocked(slot);  // a forked child
-      return;
-    }
-    if constexpr (kArmsOutsideLock) {
-      if (running_) {
-        // close() of a perf event is the costliest call here: without the
-        // lock. The slot is out of active_, so only Stop() (which waits for
-        // this) could otherwise touch it.
-        BeginWorkOutsideLock(slot);
-        lock.unlock();
-        DisarmLocked(slot);
-        lock.lock();
-        EndWorkOutsideLock(slot);
-      }
-    }
-    FinishUnregisterLocked(slot, on_owner_thread, same_process);
-  }
-
-  // Registry lock held: takes `slot` out of active_; false if it was not
-  // there (unregistered already).
-  bool RemoveActiveLocked(Slot* slot) {
-    auto it = std::find(active_.begin(), active_.end(), slot);
-    if (it == active_.end()) return false;
-    active_.erase(it);
-    return true;
-  }
-
-  // Registry lock held; `slot` is out of active_ (Unregister, or a slot its
-  // thread queued: ProcessRetiredLocked).
-  void FinishUnregisterLocked(Slot* slot, bool on_owner_thread, bool same_process) {
-    DisarmLocked(slot);  // a no-op once disarmed
-    // A handler cannot be running on this thread while we are here; on
-    // another thread it may be, so clear the session and wait it out.
-    slot->session.store(0, std::memory_order_seq_cst);
-    internal::WaitForHandler(*slot);
-    if (on_owner_thread && internal::CurrentThreadSlot() == slot) {
-      internal::SetCurrentThreadSlot(nullptr);
-    }
-    if (same_process) {
-      if constexpr (kLeafWords > 0) leaf_resolver_.Refresh();
-      DrainSlotLocked(slot);  // first: the tail goes to the newest stack
-      TakeTailsLocked(slot);
-      if (slot->has_aggregate_thread) {
-        // Its entry in the thread table is reused after the next export.
-        std::lock_guard<std::mutex> agg_lock(core_.mutex());
-        core_.aggregator().RemoveThread(slot->aggregate_thread);
-        slot->has_aggregate_thread = false;
-      }
-    }
-    // A slot unregistered from another thread may still be the owner's TLS
-    // slot: never reuse it, so that thread can never push into a new owner's
-    // ring.
-    RetireLocked(slot, /*reusable=*/on_owner_thread);
-  }
 
   // When every provider can be disarmed and its tail taken after the
   // thread is gone, threads unregister themselves without the registry
-  // lock (ThreadRegistration::Reset) and the profiler finishes that here.
+  // lock (ThreadRegistration::Reset) and the profiler finishes that later
+  // (internal::ProfilerBase::ProcessRetiredLocked).
   static constexpr bool kDefersRetire = (UnregistersLate<Ps> && ...);
-  // Queued unregistrations that a registering thread finishes first.
-  static constexpr uint32_t kRetiredForRegistration = 64;
 
-  // Registry lock held: finishes the unregistrations threads queued (their
-  // TLS pointer is cleared, so their slots go back to the pool). Called by
-  // the collector at each pass, by RegisterThread, Start, Stop and the
-  // destructor.
-  void ProcessRetiredLocked() {
-    if constexpr (kDefersRetire) {
-      internal::ThreadSlotHeader* next = registry_->TakeRetired();
-      if (next == nullptr) return;
-      const bool same_process = start_pid_ == 0 || getpid() == start_pid_;
-      while (next != nullptr) {
-        Slot* slot = static_cast<Slot*>(next);
-        next = next->next_retired;
-        // Not in active_: a forked child forgot it, or the destructor
-        // retired it already.
-        if (!RemoveActiveLocked(slot)) continue;
-        if (!same_process) {
-          ForgetSlotLocked(slot);
-          continue;
-        }
-        FinishUnregisterLocked(slot, /*on_owner_thread=*/true, same_process);
-      }
-    }
-  }
-
-  // Registry lock held, in a forked child of the process that started the
-  // profiler. The parent's timers, threads and collector do not exist here:
-  // forget the slot's per-provider state without deleting any timer (its id
-  // may now name one of the child's own), take no tail, never reuse it.
-  void ForgetSlotLocked(Slot* slot) {
-    slot->session.store(0, std::memory_order_seq_cst);
+  // In a forked child: no timer deleted (its id may now name one of the
+  // child's own); a shared ring is the parent's.
+  void ForgetProviderStateLocked(internal::SlotBase* base) override {
+    Slot* slot = static_cast<Slot*>(base);
     ResetProviderData(slot);
-    slot->active_ring = &slot->ring;  // a shared one is the parent's
-    if (internal::CurrentThreadSlot() == slot) {
-      internal::SetCurrentThreadSlot(nullptr);
-    }
+    slot->active_ring = &slot->ring;
   }
 
   // Library mode: the shape of the records and rings, for the agent to read
   // the rings of a process that died (internal/agent_stream.h); null when
   // the ring type is not an SpscRecordRing.
-  const internal::AgentThreadRingLayout* ThreadRingLayout() const {
+  const internal::AgentThreadRingLayout* ThreadRingLayout() const override {
     if constexpr (kIsSpscRecordRing<R>) {
       static const internal::AgentThreadRingLayout layout = [] {
         internal::AgentThreadRingLayout l;
@@ -1794,8 +1205,9 @@ class Profiler final : public internal::ProfilerControl,
   // Registry lock held; no handler can run for the slot (not armed yet, or
   // disarmed and waited for). Its ring becomes one in the agent's region
   // when there is an agent (its own ring is empty: drained or unused).
-  void UseSharedRingLocked(Slot* slot) {
+  void UseSharedRingLocked(internal::SlotBase* base) override {
     if constexpr (kIsSpscRecordRing<R>) {
+      Slot* slot = static_cast<Slot*>(base);
       if (slot->active_ring != &slot->ring) return;
       void* memory = core_.AcquireAgentThreadRing(slot->tid, slot->name);
       if (memory == nullptr) return;
@@ -1805,19 +1217,12 @@ class Profiler final : public internal::ProfilerControl,
   }
   // Registry lock held; the shared ring is drained and no handler can run
   // for the slot. Back to its own ring.
-  void UseOwnRingLocked(Slot* slot) {
+  void UseOwnRingLocked(internal::SlotBase* base) override {
+    Slot* slot = static_cast<Slot*>(base);
     if (slot->active_ring == &slot->ring) return;
     core_.ReleaseAgentThreadRing(slot->active_ring);
     slot->active_ring = &slot->ring;
     slot->seen_dropped = slot->ring.dropped();
-  }
-
-  // Registry lock held: the profiler and its registered slots take `session`.
-  void SetSessionLocked(uint64_t session) {
-    session_ = session;
-    for (Slot* slot : active_) {
-      slot->session.store(session_, std::memory_order_release);
-    }
   }
 
   // Each provider's per-thread state back to its initial value.
@@ -1827,12 +1232,13 @@ class Profiler final : public internal::ProfilerControl,
     new (&slot->data) Data();
   }
 
-  void RetireLocked(Slot* slot, bool reusable) {
-    DisarmLocked(slot);
-    slot->session.store(0, std::memory_order_seq_cst);
-    internal::WaitForHandler(*slot);
-    if (start_pid_ == 0 || getpid() == start_pid_) UseOwnRingLocked(slot);
-    if (reusable) ReleaseSlot(slot);
+  // Before a registration.
+  void ClearProviderHistory(internal::SlotBase* base) override {
+    Slot* slot = static_cast<Slot*>(base);
+    for (auto& v : slot->provider_last_stack) v.clear();
+    for (auto& v : slot->provider_last_labels) v.clear();
+    slot->running_samples_at_visit.fill(
+        slot->running_samples.load(std::memory_order_relaxed));
   }
 
   // Slots are pooled for the life of the process and never freed, so a
@@ -1849,7 +1255,7 @@ class Profiler final : public internal::ProfilerControl,
     }();
     return *pool;
   }
-  static Slot* AcquireSlot() {
+  internal::SlotBase* AcquireSlot() override {
     SlotPool& pool = Pool();
     {
       std::lock_guard<std::mutex> lock(pool.mutex);
@@ -1866,7 +1272,8 @@ class Profiler final : public internal::ProfilerControl,
     slot->before_retire = &TakeOwedSamples;
     return slot;
   }
-  static void ReleaseSlot(Slot* slot) {
+  void ReleaseSlot(internal::SlotBase* base) override {
+    Slot* slot = static_cast<Slot*>(base);
     // Reset per-registration state; the ring is empty after the drain.
     ResetProviderData(slot);
     slot->seen_taken = slot->samples_taken.load();
@@ -1878,25 +1285,9 @@ class Profiler final : public internal::ProfilerControl,
     pool.free.push_back(slot);
   }
 
-  Options options_;
-  absl::Status config_status_;
-  std::tuple<Ps...> providers_;
-  internal::ProfilerCore core_;
-  uint64_t session_ = internal::NewSessionId();  // registry lock; new per Start()
-  std::shared_ptr<internal::Registry> registry_ =
-      std::make_shared<internal::Registry>();
-  std::vector<Slot*> active_;  // registry lock
   // A record popped from a ring and its leaf-repaired copy (registry lock).
   std::unique_ptr<uint64_t[]> drain_scratch_ =
       std::make_unique_for_overwrite<uint64_t[]>(2 * kMaxRecordWords + 1);
-  std::atomic<bool> running_{false};  // written under the registry lock
-  // Stop() is waiting for arming outside the lock to end: no new one starts
-  // (registry lock).
-  bool stopping_ = false;
-  size_t arms_in_flight_ = 0;  // registry lock
-  std::condition_variable arms_done_;  // arms_in_flight_ fell to 0
-  pid_t start_pid_ = 0;
-  uid_t signal_uid_ = 0;  // getuid() at Start(): the ticker's signals' si_uid
 
   // Interned ids of the state label (wall samples).
   static constexpr std::array<bool, kNumProviders> state_label_provider_{
@@ -1908,48 +1299,14 @@ class Profiler final : public internal::ProfilerControl,
   const uint64_t blocked_value_ =
       internal::LabelTable::Global().Intern(WallTimeProvider::kBlocked);
   std::array<size_t, kNumProviders> tick_cursor_{};  // registry lock
-  // Steady visits in a row, and how many base periods the ticker waits
-  // (Tick).
-  size_t tick_steady_visits_ = 0;                    // registry lock
-  std::atomic<uint32_t> tick_quiet_factor_{1};
-  std::atomic<uint64_t> wall_wakeups_{0};
-  std::atomic<uint64_t> threads_sigprof_unblocked_{0};
-  std::atomic<bool> sigprof_unblock_logged_{false};
-  std::atomic<uint64_t> wall_running_credits_{0};
-  std::atomic<uint64_t> wall_signals_{0};
-  // Blocked threads' stacks read without a signal (ReadBlockedStack), and
-  // its buffers (ticker, registry lock); off once process_vm_readv failed
-  // other than for an unmapped stack.
-  std::atomic<uint64_t> wall_stacks_read_{0};
+  // ReadBlockedStack's buffers (ticker, registry lock); off once
+  // process_vm_readv failed other than for an unmapped stack.
   std::unique_ptr<uint64_t[]> stack_copy_;
   std::unique_ptr<uint64_t[]> read_record_;
   bool stack_reads_off_ = false;
-  std::atomic<uint64_t> wall_episodes_resampled_{0};
-  struct Ticker {
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool stop = false;
-    bool replan = false;  // WakeQuietTicker
-    std::thread thread;
-  };
-  std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();
-  internal::LeafFrameResolver leaf_resolver_;  // registry lock
   // Samples pushed by handlers of this profiler type (one profiler runs at a
-  // time; a second of the same type only causes extra passes), and the
-  // count the last full collector pass saw (registry lock).
+  // time; a second of the same type only causes extra passes).
   static inline std::atomic<uint64_t> activity_{0};
-  uint64_t drained_activity_ = ~uint64_t{0};
-  std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0},
-      small_stack_{0};
-  std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
-  // The unwinder's counter is process-wide; this profiler reports its own.
-  const uint64_t walks_without_tables_at_construction_ = [] {
-    if constexpr (requires { U::WalksWithoutTables(); }) {
-      return U::WalksWithoutTables();
-    } else {
-      return uint64_t{0};
-    }
-  }();
 };
 
 }  // namespace inprof

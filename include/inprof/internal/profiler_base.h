@@ -1,0 +1,314 @@
+// internal: not part of the public API (include inprof/profiler.h).
+//
+// The half of the Linux Profiler that does not depend on its components:
+// the registry of threads (RegisterThread, unregistration, the queue of
+// slots retired without the lock, the slot lifecycle), Start() and Stop(),
+// the collector's pass over the slots, the wall ticker's thread, and the
+// counters. Compiled once, in src/core/profiler_base.cc.
+//
+// Profiler<U, R, Ps...> (profiler.h) derives from ProfilerBase and supplies
+// what its types decide through the hooks below: arming and disarming its
+// providers, draining a slot's ring, its slot pool, the ticking providers'
+// visits. The signal handler stays in the template: it is the hot path,
+// and inlining the providers' OnSignal and the unwinder's walk into it is
+// what the template arguments are for.
+//
+// Locks: "registry lock" below is registry_->mutex; the aggregate lock is
+// core_.mutex(), always taken after it.
+#ifndef INPROF_INTERNAL_PROFILER_BASE_H_
+#define INPROF_INTERNAL_PROFILER_BASE_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "inprof/internal/agent_stream.h"
+#include "inprof/internal/leaf_frame_resolver.h"
+#include "inprof/internal/profiler_control.h"
+#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/signal_dispatch.h"
+#include "inprof/internal/thread_info.h"
+#include "inprof/options.h"
+#include "inprof/sample_aggregator.h"
+#include "inprof/wall_time_provider.h"
+
+namespace inprof::internal {
+
+// A registered thread: the header the signal handler reads, and the state
+// the collector and the ticker keep for it whatever the composition.
+// Profiler<>::Slot adds its providers' per-thread data and its ring.
+struct SlotBase : ThreadSlotHeader {
+  int max_frames = 512;
+  // Collector-owned (registry lock held).
+  std::string name;
+  // The newest stack and labels drained for the thread: where a blocked
+  // thread still is (wall time credits it without a signal).
+  std::vector<uint64_t> last_stack;
+  std::vector<uint64_t> last_labels;
+  // The stack (and canonical labels, "blocked" among them) of the current
+  // blocking episode, from the sample taken when it began; empty when the
+  // thread is not known to be blocked.
+  std::vector<uint64_t> blocked_stack;
+  std::vector<uint64_t> blocked_labels;
+  // Samples taken of the thread by providers that SamplesRunningThreads
+  // (its handler writes, after the record's push; the ticker reads), and
+  // the newest such stack drained, with its canonical labels: a wall visit
+  // to a thread that ran throughout credits the interval there.
+  std::atomic<uint32_t> running_samples{0};
+  std::vector<uint64_t> running_stack;
+  std::vector<uint64_t> running_labels;
+  // blocked_stack came from a provisional walk (UnwindResult::provisional:
+  // frames may be missing), and whether this episode was sampled again
+  // for that reason (once at most: each time costs the thread an EINTR).
+  bool blocked_provisional = false;
+  bool blocked_resampled = false;
+  // The episode's first sample had no stack (SampleStackless): the rest
+  // of it goes to kSmallStackFrame.
+  bool blocked_stackless = false;
+  // The tables when that stack was drained: sampled again once they are
+  // ready and, if they were then, rebuilt since (a module built on demand).
+  bool blocked_tables_ready = false;
+  uint64_t blocked_tables_generation = 0;
+  uint32_t aggregate_thread = 0;
+  bool has_aggregate_thread = false;
+  // Its providers are being armed or disarmed outside the registry lock:
+  // the ticker leaves it alone meanwhile.
+  bool arm_in_flight = false;
+  // Where a copy of the thread's stack last failed to walk (ticker,
+  // registry lock; Profiler<>::ReadBlockedStack): signalled there instead.
+  SyscallSite unreadable_site;
+  uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0,
+           seen_small_stack = 0;
+};
+
+class ProfilerBase : public ProfilerControl, private Registry::Owner {
+ public:
+  ProfilerBase(const ProfilerBase&) = delete;
+  ProfilerBase& operator=(const ProfilerBase&) = delete;
+
+  // Starts sampling every registered thread (and those that register
+  // later). OK and a no-op when disabled; an error status, never a crash,
+  // when another profiler runs, SIGPROF belongs to someone else, or the
+  // options are invalid.
+  absl::Status Start() override;
+
+  // Stops sampling, drains every ring and writes the profile to
+  // options().output. Idempotent. In a forked child it only forgets the
+  // parent's profiler (no file is written).
+  absl::Status Stop() override;
+
+  // Registers the calling thread under `name`. Works before and after
+  // Start(). The returned handle unregisters on destruction.
+  [[nodiscard]] ThreadRegistration RegisterThread(absl::string_view name);
+
+  // Renames the registered thread `tid` (a thread that called
+  // pthread_setname_np or prctl(PR_SET_NAME) after registering): its samples
+  // in the current window and later carry `name`. False when no registered
+  // thread has that id. Any thread; not for signal handlers.
+  bool SetThreadName(pid_t tid, absl::string_view name);
+
+  // An invalid option: logged at construction (ScopedProfiler).
+  bool StartErrorLogged(const absl::Status& start_error) const override {
+    return !config_status_.ok() && start_error == config_status_;
+  }
+
+  // True between a successful Start() and Stop().
+  bool running() const { return running_; }
+
+  // For tests: the lock that registration, the collector and the wall
+  // sampler take (a thread unregistering itself while it is held queues its
+  // slot instead of waiting).
+  std::mutex& registry_mutex_for_testing() { return registry_->mutex; }
+  const Options& options() const { return options_; }
+
+  // Where the live endpoint (options().http_addr) listens, e.g.
+  // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
+  // off, not started or could not listen (logged).
+  std::string http_address() const { return core_.http_address(); }
+
+  // Counters so far. Any thread.
+  ProfilerStats stats() const;
+
+ protected:
+  // What the composition's types decide, once, at construction.
+  struct Shape {
+    std::vector<ValueType> sample_types;
+    ValueType period_type;
+    int64_t period = 0;  // the first provider's
+    std::string engine;  // "unwinder=frame-pointer providers=cpu"
+    // Profiler<>::kArmsOutsideLock, kDefersRetire, kHasTicker.
+    bool arms_outside_lock = false;
+    bool defers_retire = false;
+    bool has_ticker = false;
+    // The unwinder copies leaf stack words (CopiesLeafStack): drains
+    // refresh the leaf resolver first.
+    bool leaf_words = false;
+    // Samples pushed by the composition's handlers (one profiler runs at a
+    // time; a second of the same type only causes extra passes).
+    const std::atomic<uint64_t>* activity = nullptr;
+    // The unwinder's walks before its tables were ready, process-wide
+    // (null: it has no tables).
+    uint64_t (*walks_without_tables)() = nullptr;
+  };
+  ProfilerBase(Options options, Shape shape);
+  // Does nothing that needs the composition: Profiler<>'s destructor
+  // calls Shutdown() first.
+  ~ProfilerBase();
+  // Stop(), then every registered slot retired. For the derived class's
+  // destructor, while its hooks still work.
+  void Shutdown();
+
+  // --- The composition's part (Profiler<U, R, Ps...>) ---------------------
+  // Whether its unwinder works on this machine; `why_not` names it.
+  virtual bool UnwinderSupported(std::string& why_not) const = 0;
+  virtual absl::Status ConfigureProviders() = 0;
+  // How providers that say so sample, for the log and the profile's
+  // comments (empty: nothing to say).
+  virtual std::string DescribeProviders() const = 0;
+  // Library mode: the shape of the records and rings, for the agent to
+  // read the rings of a process that died; null when it cannot.
+  virtual const AgentThreadRingLayout* ThreadRingLayout() const = 0;
+  // A slot from the composition's pool (never freed), and back to it.
+  virtual SlotBase* AcquireSlot() = 0;
+  virtual void ReleaseSlot(SlotBase* slot) = 0;
+  // Before a registration: the per-provider parts of the slot cleared.
+  virtual void ClearProviderHistory(SlotBase* slot) = 0;
+  // The registry lock held, or (arms_outside_lock) the slot marked by
+  // BeginWorkOutsideLock.
+  virtual void ArmProviders(SlotBase* slot, uint64_t session) = 0;
+  virtual void DisarmLocked(SlotBase* slot) = 0;
+  // Registry lock held; no handler can run for the slot. Credits what each
+  // provider measured since the thread's last sample.
+  virtual void TakeTailsLocked(SlotBase* slot) = 0;
+  // Registry and aggregate locks held: the slot's records into `agg`.
+  // Cheap for an idle thread. False when it stopped at its budget with
+  // records left.
+  virtual bool DrainSlotIntoLocked(SlotBase* slot, SampleAggregator& agg) = 0;
+  // Registry lock held; no handler can run for the slot. Its ring becomes
+  // one in the agent's region when there is an agent, and back.
+  virtual void UseSharedRingLocked(SlotBase* slot) = 0;
+  virtual void UseOwnRingLocked(SlotBase* slot) = 0;
+  // In a forked child: the slot's provider data back to its initial value
+  // and its own ring (a shared one is the parent's), no timer deleted.
+  virtual void ForgetProviderStateLocked(SlotBase* slot) = 0;
+  // Collector step (not under the registry lock): the unwinder's module
+  // tables, then DrainRings().
+  virtual void Drain() = 0;
+  // The ticker's period (InfiniteDuration: no ticking provider), and one
+  // wake-up's visits (registry lock held; `next` lowered to the batch the
+  // next wake-up may stand for).
+  virtual absl::Duration TickerPeriod() const = 0;
+  virtual void TickProvidersLocked(TickTime when, size_t batch, size_t& next) = 0;
+
+  // --- For the composition ----------------------------------------------
+  // Registry lock held. Moves the slot's records into the aggregate.
+  void DrainSlotLocked(SlotBase* slot);
+  // The rings of every registered thread into the aggregate, when a
+  // handler ran since the last pass. Returns whether the profiler is
+  // still running.
+  bool DrainRings();
+  static void EnsureAggregateThread(SlotBase* slot, SampleAggregator& agg);
+  // Registry lock held: the leaf resolver's view of the modules, before a
+  // drain (unwinders that copy leaf stack words).
+  void RefreshLeafResolverLocked() {
+    if (shape_.leaf_words) leaf_resolver_.Refresh();
+  }
+  // Registry lock held. When the leaf pc has no frame record of its own
+  // (its CFA is sp-based), the frame-pointer walk skipped its caller: insert
+  // the return address found on the stack. `out` must hold frames.size()+1.
+  std::span<const uint64_t> RepairLeaf(std::span<const uint64_t> frames,
+                                       std::span<const uint64_t> stack_words,
+                                       uint64_t* out);
+  // The ticker's signal to `slot`'s thread with `tag`.
+  void SendProfilingSignal(const ThreadSlotHeader& slot, int tag) const;
+
+  // Most ticks one wake-up of the ticker may stand for (Tick).
+  static constexpr size_t kMaxTickBatch = 10;
+
+  Options options_;
+  absl::Status config_status_;
+  ProfilerCore core_;
+  uint64_t session_ = NewSessionId();  // registry lock; new per Start()
+  std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
+  std::vector<SlotBase*> active_;  // registry lock
+  std::atomic<bool> running_{false};  // written under the registry lock
+  pid_t start_pid_ = 0;
+  // Steady visits in a row (registry lock): Tick widens the ticker's
+  // interval after a whole round of them.
+  size_t tick_steady_visits_ = 0;
+  std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0},
+      small_stack_{0};
+  std::atomic<uint64_t> wall_running_credits_{0};
+  std::atomic<uint64_t> wall_signals_{0};
+  // Blocked threads' stacks read without a signal (ReadBlockedStack).
+  std::atomic<uint64_t> wall_stacks_read_{0};
+  std::atomic<uint64_t> wall_episodes_resampled_{0};
+
+ private:
+  // Registry::Owner. Registry lock held by the caller (`lock`).
+  void Unregister(ThreadSlotHeader* header, bool on_owner_thread,
+                  std::unique_lock<std::mutex>& lock) override;
+  // Registry lock held: takes `slot` out of active_; false if it was not
+  // there (unregistered already).
+  bool RemoveActiveLocked(SlotBase* slot);
+  void FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
+                              bool same_process);
+  void ProcessRetiredLocked();
+  void ForgetSlotLocked(SlotBase* slot);
+  void SetSessionLocked(uint64_t session);
+  void RetireLocked(SlotBase* slot, bool reusable);
+  void BeginWorkOutsideLock(SlotBase* slot);
+  void EndWorkOutsideLock(SlotBase* slot);
+  void StartTicker();
+  void StopTicker();
+  size_t Tick(size_t batch, int64_t scheduled_ns);
+  void WakeQuietTicker();
+
+  // Queued unregistrations that a registering thread finishes first.
+  static constexpr uint32_t kRetiredForRegistration = 64;
+  // Most base periods the ticker waits between wake-ups while every thread
+  // is steady (Tick).
+  static constexpr uint32_t kMaxQuietFactor = 8;
+
+  const Shape shape_;
+  // Stop() is waiting for arming outside the lock to end: no new one starts
+  // (registry lock).
+  bool stopping_ = false;
+  size_t arms_in_flight_ = 0;  // registry lock
+  std::condition_variable arms_done_;  // arms_in_flight_ fell to 0
+  uid_t signal_uid_ = 0;  // getuid() at Start(): the ticker's signals' si_uid
+  std::atomic<uint32_t> tick_quiet_factor_{1};
+  std::atomic<uint64_t> wall_wakeups_{0};
+  std::atomic<uint64_t> threads_sigprof_unblocked_{0};
+  std::atomic<bool> sigprof_unblock_logged_{false};
+  struct Ticker {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool stop = false;
+    bool replan = false;  // WakeQuietTicker
+    std::thread thread;
+  };
+  std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();
+  LeafFrameResolver leaf_resolver_;  // registry lock
+  // The handlers' activity count the last full collector pass saw
+  // (registry lock).
+  uint64_t drained_activity_ = ~uint64_t{0};
+  std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
+  // The unwinder's counter is process-wide; this profiler reports its own.
+  const uint64_t walks_without_tables_at_construction_;
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_PROFILER_BASE_H_
