@@ -219,6 +219,9 @@ static_assert(SampleProvider<CpuTimeProvider>);
 static_assert(ReportsTail<CpuTimeProvider>);
 static_assert(TakesSwallowedSignals<CpuTimeProvider>);
 static_assert(OwesSamples<CpuTimeProvider>);
+static_assert(ArmsConcurrently<CpuTimeProvider>);
+static_assert(UnregistersLate<CpuTimeProvider>);
+static_assert(SamplesRunningThreads<CpuTimeProvider>);
 
 }  // namespace inprof
 

@@ -180,6 +180,11 @@ class DwarfUnwinder {
 
 static_assert(Unwinder<DwarfUnwinder>);
 static_assert(DeclaresStackUse<DwarfUnwinder>);
+// What the Profiler uses it for: a renamed member fails here, not by
+// quietly turning a capability off.
+static_assert(RefreshesModulesBetweenTables<DwarfUnwinder>);
+static_assert(BuildsTablesLazily<DwarfUnwinder>);
+static_assert(WalksStackCopies<DwarfUnwinder>);
 
 }  // namespace inprof
 

@@ -236,7 +236,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   }
 
   static constexpr uint64_t (*WalksWithoutTables())() {
-    if constexpr (requires { U::WalksWithoutTables(); }) {
+    if constexpr (BuildsTablesLazily<U>) {
       return [] { return static_cast<uint64_t>(U::WalksWithoutTables()); };
     } else {
       return nullptr;
@@ -498,7 +498,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     (
         [&] {
           using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (requires { P::SampledBlocked(std::get<I>(slot.data)); }) {
+          if constexpr (ReportsBlockedSamples<P>) {
             if (provider == I) blocked = P::SampledBlocked(std::get<I>(slot.data));
           }
         }(),
@@ -586,7 +586,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
         return;
       }
       const char* frame = kTailFrame;
-      if constexpr (requires { P::kTailFrame; }) frame = P::kTailFrame;
+      if constexpr (NamesTailFrame<P>) frame = P::kTailFrame;
       agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I],
                        std::span<const int64_t>(values, kValueCounts[I]));
     }
@@ -612,7 +612,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     // start/stop hammer hung 4 minutes). The rest waits for the next pass.
     bool drained_all = true;
     size_t budget = size_t{1} << 16;
-    if constexpr (requires { R::capacity_words(); }) budget = R::capacity_words();
+    if constexpr (SizedRing<R>) budget = R::capacity_words();
     while (size_t n = slot->active_ring->TryPop(std::span<uint64_t>(record, kMaxRecordWords))) {
       if (AddRecordLocked(slot, agg, record, n, repaired)) ++recorded;
       if (n >= budget) {
@@ -731,10 +731,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // Ticking providers that follow running threads (wall_time_provider.h):
   // a running sample drained for a followed thread carries its wall time.
   template <typename P>
-  static constexpr bool kFollows =
-      requires(typename P::ThreadData& data, std::span<int64_t> values) {
-        { P::FollowRunningSample(data, int64_t{}, values) } -> std::convertible_to<bool>;
-      };
+  static constexpr bool kFollows = FollowsRunningThreads<P>;
   static constexpr bool kHasFollower = (kFollows<Ps> || ...);
   static constexpr std::array<size_t, kNumProviders> kPeriodIndexes{
       Ps::kPeriodTypeIndex...};
@@ -931,14 +928,14 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
             slot->blocked_labels.clear();
             slot->blocked_provisional = false;
             slot->blocked_stackless = false;
-            if constexpr (requires { P::kSigwaitFrame; }) {
+            if constexpr (NamesSigwaitFrame<P>) {
               CreditSynthetic<I>(slot, v, P::kSigwaitFrame);
             } else {
               CreditSynthetic<I>(slot, v, kTailFrame);
             }
             break;
         }
-        if constexpr (requires { P::SteadyVisit(std::get<I>(slot->data)); }) {
+        if constexpr (ReportsSteadyVisits<P>) {
           if (P::SteadyVisit(std::get<I>(slot->data))) {
             ++tick_steady_visits_;
           } else {
@@ -963,15 +960,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
 #endif
   template <typename P>
   static constexpr bool kReadsBlockedStacks =
-      !kUnderTsan && kLeafWords == 0 &&
-      requires(P& p, typename P::ThreadData& data, std::span<int64_t> values) {
-        { P::EpisodeSite(data) } -> std::same_as<internal::SyscallSite>;
-        { P::LookClock(data) } -> std::convertible_to<int64_t>;
-        { p.TakeStackRead(data, values) } -> std::convertible_to<bool>;
-      } &&
-      requires(const U& u, std::span<const uint64_t> copy, std::span<uintptr_t> out) {
-        { u.UnwindCopy(uintptr_t{}, uintptr_t{}, copy, out) } -> std::same_as<UnwindResult>;
-      };
+      !kUnderTsan && kLeafWords == 0 && ReadsBlockedStacks<P> && WalksStackCopies<U>;
   // The most of a blocked thread's stack it copies (from its sp up): a
   // deeper stack is sampled by the signal.
   static constexpr size_t kStackReadBytes = 64 * 1024;
@@ -1079,14 +1068,14 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // Whether the unwinder's tables are complete (always, for unwinders
   // without tables).
   static bool UnwindTablesReady() {
-    if constexpr (requires { U::TablesReady(); }) {
+    if constexpr (BuildsTablesLazily<U>) {
       return U::TablesReady();
     } else {
       return true;
     }
   }
   static uint64_t UnwindTablesGeneration() {
-    if constexpr (requires { U::TablesGeneration(); }) {
+    if constexpr (BuildsTablesLazily<U>) {
       return U::TablesGeneration();
     } else {
       return 0;
@@ -1134,7 +1123,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       // Cannot happen (the count follows the push); credited to the
       // thread's tail frame rather than lost.
       const char* frame = kTailFrame;
-      if constexpr (requires { std::tuple_element_t<I, std::tuple<Ps...>>::kTailFrame; }) {
+      if constexpr (NamesTailFrame<std::tuple_element_t<I, std::tuple<Ps...>>>) {
         frame = std::tuple_element_t<I, std::tuple<Ps...>>::kTailFrame;
       }
       agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I], values);
@@ -1154,11 +1143,9 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // the rings are drained between two tables, and the build stops (to be
   // resumed) once the profiler is stopping.
   void Drain() override {
-    if constexpr (requires(absl::FunctionRef<bool()> between) {
-                    U::RefreshModules(between, true);
-                  }) {
+    if constexpr (RefreshesModulesBetweenTables<U>) {
       U::RefreshModules([this] { return DrainRings(); }, /*on_demand=*/true);
-    } else if constexpr (requires { U::RefreshModules(); }) {
+    } else if constexpr (RefreshesModules<U>) {
       U::RefreshModules();
     }
     DrainRings();
@@ -1291,7 +1278,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
 
   // Interned ids of the state label (wall samples).
   static constexpr std::array<bool, kNumProviders> state_label_provider_{
-      requires { Ps::kStateLabel; }...};
+      LabelsThreadState<Ps>...};
   const uint64_t state_key_ =
       internal::LabelTable::Global().Intern(WallTimeProvider::kStateLabel);
   const uint64_t running_value_ =

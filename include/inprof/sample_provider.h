@@ -171,9 +171,37 @@ concept OwesSamples = SampleProvider<P> &&
       { P::OwesSample(thread, data) } noexcept -> std::same_as<bool>;
     };
 
-// The frame that tail values are credited to.
+// The frame that tail values are credited to, unless the provider names
+// its own (NamesTailFrame).
 inline constexpr const char* kTailFrame =
     "[inprof: CPU since the thread's last sample]";
+
+// Optional: `static constexpr const char* P::kTailFrame`, the frame its
+// tails go to when the thread has no sample of it (WallTimeProvider: "wall
+// time since the thread's last sample").
+template <typename P>
+concept NamesTailFrame = SampleProvider<P> && requires {
+  { P::kTailFrame } -> std::convertible_to<const char*>;
+};
+
+// Optional: a provider that samples blocked threads too, and says which
+// samples are of a blocked thread: `static bool P::SampledBlocked(const
+// ThreadData&) noexcept`, called in the handler right after its OnSignal.
+// Such a sample begins a blocking episode: the rest of the episode is
+// credited to its stack without another signal (wall_time_provider.h).
+template <typename P>
+concept ReportsBlockedSamples =
+    SampleProvider<P> && requires(const typename P::ThreadData& data) {
+      { P::SampledBlocked(data) } -> std::convertible_to<bool>;
+    };
+
+// Optional: `static constexpr const char* P::kStateLabel`: the provider's
+// samples carry that label, "running" or "blocked" (WallTimeProvider:
+// "thread state"), in the profile.
+template <typename P>
+concept LabelsThreadState = SampleProvider<P> && requires {
+  { P::kStateLabel } -> std::convertible_to<const char*>;
+};
 
 }  // namespace inprof
 

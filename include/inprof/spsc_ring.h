@@ -268,11 +268,20 @@ concept SampleRing =
       { R::max_record_words() } -> std::convertible_to<size_t>;
     };
 
+// Optional: `R::capacity_words()`, the ring's size in words. The collector
+// pops at most that many a pass from one ring, so a thread whose handler
+// pushes as fast as it pops cannot hold the registry lock.
+template <typename R>
+concept SizedRing = SampleRing<R> && requires {
+  { R::capacity_words() } -> std::convertible_to<size_t>;
+};
+
 // 32 KiB of samples per thread: at the fastest CPU period (1 ms) a thread
 // makes 50 samples per 50 ms collection pass; at ~40 frames each that is
 // ~17 KiB, so the default leaves headroom for bursts.
 using DefaultSampleRing = SpscRecordRing<4096>;
 static_assert(SampleRing<DefaultSampleRing>);
+static_assert(SizedRing<DefaultSampleRing>);
 
 }  // namespace inprof
 

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <span>
 
+#include "absl/functional/function_ref.h"
+
 namespace inprof {
 
 // The part of the address space a thread's stack occupies: [lo, hi).
@@ -84,6 +86,50 @@ concept DeclaresStackUse = Unwinder<U> && requires {
   { U::kMaxStackBytes } -> std::convertible_to<size_t>;
 };
 inline constexpr size_t kUndeclaredUnwinderStackBytes = 16 * 1024;
+
+// Optional: an unwinder whose per-module tables are built off the hot path
+// (DwarfUnwinder). A Profiler calls U::RefreshModules() on its collector
+// thread before each drain, or, when U also has RefreshModules(
+// absl::FunctionRef<bool()> between_tables, bool on_demand), that one, with
+// a drain of the rings between two tables' builds (the first build takes
+// tens of milliseconds). Not async-signal-safe.
+template <typename U>
+concept RefreshesModules = Unwinder<U> && requires { U::RefreshModules(); };
+template <typename U>
+concept RefreshesModulesBetweenTables =
+    RefreshesModules<U> &&
+    requires(absl::FunctionRef<bool()> between_tables) {
+      U::RefreshModules(between_tables, true);
+    };
+
+// Optional: an unwinder that walks by frame pointers until its tables are
+// built, and says so. All async-signal-safe:
+//   (1) U::TablesReady() -> bool: every module loaded at the first build
+//       has its table;
+//   (2) U::TablesGeneration() -> uint64_t: changes at each published
+//       rebuild (0 before the first);
+//   (3) U::WalksWithoutTables() -> uint64_t: walks so far that took
+//       frame-pointer steps for want of a table (the profile's comments).
+// A blocked thread's stack walked before its tables existed is walked
+// again once they do (the wall sampler's resampled episodes).
+template <typename U>
+concept BuildsTablesLazily = Unwinder<U> && requires {
+  { U::TablesReady() } -> std::convertible_to<bool>;
+  { U::TablesGeneration() } -> std::convertible_to<uint64_t>;
+  { U::WalksWithoutTables() } -> std::convertible_to<uint64_t>;
+};
+
+// Optional: an unwinder that can walk a copy of a stack, from a pc and sp
+// and no other register (a thread blocked in a system call, its stack
+// copied by the wall sampler: no signal needed for its stack).
+//   u.UnwindCopy(uintptr_t pc, uintptr_t sp, std::span<const uint64_t>
+//   copy, std::span<uintptr_t> out) -> UnwindResult: reads only the copy.
+template <typename U>
+concept WalksStackCopies =
+    Unwinder<U> &&
+    requires(const U& u, std::span<const uint64_t> copy, std::span<uintptr_t> out) {
+      { u.UnwindCopy(uintptr_t{}, uintptr_t{}, copy, out) } -> std::same_as<UnwindResult>;
+    };
 
 }  // namespace inprof
 

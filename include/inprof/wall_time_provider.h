@@ -145,6 +145,52 @@ concept TicksThreads =
       { p.AwaitsEpisodeStack(data) } -> std::convertible_to<bool>;
     };
 
+// Optional, for a ticking provider:
+//
+// NamesSigwaitFrame: `static constexpr const char* P::kSigwaitFrame`, where
+// kCreditSigwait's values go (else kTailFrame).
+template <typename P>
+concept NamesSigwaitFrame = TicksThreads<P> && requires {
+  { P::kSigwaitFrame } -> std::convertible_to<const char*>;
+};
+
+// ReportsSteadyVisits: `static bool P::SteadyVisit(const ThreadData&)`,
+// after a visit: the thread is followed, or blocked without having run
+// since. A whole round of steady visits lets the ticker wake less often.
+template <typename P>
+concept ReportsSteadyVisits =
+    TicksThreads<P> && requires(const typename P::ThreadData& data) {
+      { P::SteadyVisit(data) } -> std::convertible_to<bool>;
+    };
+
+// FollowsRunningThreads: `static bool P::FollowRunningSample(ThreadData&,
+// int64_t cpu_ns, std::span<int64_t> values)`: a running sample (of a
+// provider that SamplesRunningThreads) drained for a thread the provider
+// follows carries its wall time; true when `values` are to be added to
+// that sample's stack.
+template <typename P>
+concept FollowsRunningThreads =
+    TicksThreads<P> &&
+    requires(typename P::ThreadData& data, std::span<int64_t> values) {
+      { P::FollowRunningSample(data, int64_t{}, values) } -> std::convertible_to<bool>;
+    };
+
+// ReadsBlockedStacks: the provider knows where a blocked thread waits, so
+// that the ticker can copy its stack instead of signalling it:
+//   (1) P::EpisodeSite(data) -> internal::SyscallSite, the pc and sp of its
+//       system call;
+//   (2) P::LookClock(data) -> int64_t, its CPU clock when the visit looked;
+//   (3) p.TakeStackRead(data, values) -> bool: the sample's values, when the
+//       copy was walked (false: signal it after all).
+template <typename P>
+concept ReadsBlockedStacks =
+    TicksThreads<P> &&
+    requires(P& p, typename P::ThreadData& data, std::span<int64_t> values) {
+      { P::EpisodeSite(data) } -> std::same_as<internal::SyscallSite>;
+      { P::LookClock(data) } -> std::convertible_to<int64_t>;
+      { p.TakeStackRead(data, values) } -> std::convertible_to<bool>;
+    };
+
 class WallTimeProvider {
  public:
   static constexpr const char* kName = "wall";
@@ -341,6 +387,18 @@ class WallTimeProvider {
 static_assert(SampleProvider<WallTimeProvider>);
 static_assert(ReportsTail<WallTimeProvider>);
 static_assert(TicksThreads<WallTimeProvider>);
+// What the Profiler uses it for: a renamed member fails here, not by
+// quietly turning a capability off.
+static_assert(TakesSwallowedSignals<WallTimeProvider>);
+static_assert(ArmsConcurrently<WallTimeProvider>);
+static_assert(UnregistersLate<WallTimeProvider>);
+static_assert(NamesTailFrame<WallTimeProvider>);
+static_assert(ReportsBlockedSamples<WallTimeProvider>);
+static_assert(LabelsThreadState<WallTimeProvider>);
+static_assert(NamesSigwaitFrame<WallTimeProvider>);
+static_assert(ReportsSteadyVisits<WallTimeProvider>);
+static_assert(FollowsRunningThreads<WallTimeProvider>);
+static_assert(ReadsBlockedStacks<WallTimeProvider>);
 
 }  // namespace inprof
 
