@@ -11,11 +11,13 @@
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "inprof/inprof.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/options.h"
+#include "inprof/sample_provider.h"
 
 namespace inprof {
 namespace {
@@ -99,11 +102,32 @@ void BM_Signal_RoundTrip(benchmark::State& state) {
 }
 BENCHMARK(BM_Signal_RoundTrip);
 
+// A provider that samples every signal sent with its tag. CpuTimeProvider
+// samples only where the thread's CPU crossed one of its sample points, so
+// signals sent with its tag record nothing (this benchmark reported "only 0
+// samples for 10 signals" until it used this).
+struct EverySignalProvider {
+  static constexpr const char* kName = "every-signal";
+  static constexpr std::array<SampleTypeSpec, 1> kSampleTypes{
+      {{"signals", "count"}}};
+  static constexpr size_t kPeriodTypeIndex = 0;
+  struct ThreadData {};
+  absl::Status Configure(const Options&) { return absl::OkStatus(); }
+  int64_t Period() const { return 1; }
+  absl::Status ArmThread(ThreadContext&, ThreadData&, int) { return absl::OkStatus(); }
+  void DisarmThread(ThreadContext&, ThreadData&) noexcept {}
+  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+                       std::span<int64_t> values) noexcept {
+    values[0] = 1;
+    return true;
+  }
+};
+static_assert(SampleProvider<EverySignalProvider>);
+
 // The sampling loop at the bottom of the recursion; every signal's walk
-// covers the whole recursion.
-__attribute__((noinline)) void SampleLoop(benchmark::State& state) {
-  // Provider 0 of DefaultProfiler: CpuTimeProvider.
-  SelfSignaler signaler(internal::MakeSignalTag(0));
+// covers the whole recursion. Signals carry provider `provider`'s tag.
+__attribute__((noinline)) void SampleLoop(benchmark::State& state, int provider) {
+  SelfSignaler signaler(internal::MakeSignalTag(provider));
   for (auto _ : state) {
     if (!signaler.Send(internal::kProfilingSignal)) {
       state.SkipWithError("rt_tgsigqueueinfo(SIGPROF) failed");
@@ -113,20 +137,22 @@ __attribute__((noinline)) void SampleLoop(benchmark::State& state) {
 }
 
 // The work after the call keeps it from becoming a tail call.
-__attribute__((noinline)) int Recurse(benchmark::State& state, int remaining) {
+__attribute__((noinline)) int Recurse(benchmark::State& state, int remaining,
+                                      int provider) {
   if (remaining == 0) {
-    SampleLoop(state);
+    SampleLoop(state, provider);
   } else {
-    Recurse(state, remaining - 1);
+    Recurse(state, remaining - 1, provider);
   }
   benchmark::DoNotOptimize(remaining);
   return remaining;
 }
 
-// One whole sample per iteration with profiler type P. Arg: extra stack depth
-// in frames under the sampled code.
+// One whole sample per iteration with profiler type P, whose provider
+// `provider` is an EverySignalProvider. Arg: extra stack depth in frames
+// under the sampled code.
 template <typename P>
-void WholeSample(benchmark::State& state) {
+void WholeSample(benchmark::State& state, int provider) {
   const int depth = static_cast<int>(state.range(0));
   Options options;
   options.enabled = true;
@@ -151,7 +177,7 @@ void WholeSample(benchmark::State& state) {
             .c_str());
     return;
   }
-  benchmark::DoNotOptimize(Recurse(state, depth));
+  benchmark::DoNotOptimize(Recurse(state, depth, provider));
   const absl::Status stopped = profiler.Stop();
   registration.Reset();
   unlink(options.output.c_str());
@@ -179,21 +205,25 @@ void WholeSample(benchmark::State& state) {
       static_cast<double>(stats.stacks_truncated) / n;
   state.SetItemsProcessed(static_cast<int64_t>(iterations));
 }
-// The recommended composition. Signals come far faster here than any timer
-// sends them (about one per 4 us against at most one per 1 ms of CPU), so
-// its 32 KiB ring fills between drains and deeper stacks see drops
+// The recommended composition, and a provider whose tag the signals carry:
+// the handler runs CpuTimeProvider's and WallTimeProvider's handler-side
+// folds as it does for a real sample. Signals come far faster here than any
+// timer sends them (about one per 4 us against at most one per 1 ms of
+// CPU), so its 32 KiB ring fills between drains and deeper stacks see drops
 // (dropped_per_signal); a dropped record skips the copy into the ring.
+using WholeSampleProfiler = Profiler<DefaultUnwinder, DefaultSampleRing, CpuTimeProvider,
+                                     WallTimeProvider, EverySignalProvider>;
 void BM_Profiler_WholeSample(benchmark::State& state) {
-  WholeSample<DefaultProfiler>(state);
+  WholeSample<WholeSampleProfiler>(state, /*provider=*/2);
 }
 BENCHMARK(BM_Profiler_WholeSample)->Arg(8)->Arg(32)->Arg(128);
 
 // The same with an 8 MiB ring (about 7,000 samples of 128 frames), so that
 // every sample pays for its push, as it does at real sampling rates.
-using LargeRingProfiler =
-    Profiler<FramePointerUnwinder, SpscRecordRing<1 << 20>, CpuTimeProvider>;
+using LargeRingProfiler = Profiler<FramePointerUnwinder, SpscRecordRing<1 << 20>,
+                                   CpuTimeProvider, EverySignalProvider>;
 void BM_Profiler_WholeSampleLargeRing(benchmark::State& state) {
-  WholeSample<LargeRingProfiler>(state);
+  WholeSample<LargeRingProfiler>(state, /*provider=*/1);
 }
 BENCHMARK(BM_Profiler_WholeSampleLargeRing)->Arg(8)->Arg(32)->Arg(128);
 
