@@ -88,17 +88,17 @@ concept DeclaresStackUse = Unwinder<U> && requires {
 inline constexpr size_t kUndeclaredUnwinderStackBytes = 16 * 1024;
 
 // Optional: an unwinder whose per-module tables are built off the hot path
-// (DwarfUnwinder). A Profiler calls U::RefreshModules() on its collector
-// thread before each drain, or, when U also has RefreshModules(
-// absl::FunctionRef<bool()> between_tables, bool on_demand), that one, with
-// a drain of the rings between two tables' builds (the first build takes
-// tens of milliseconds). Not async-signal-safe.
+// (DwarfUnwinder). A Profiler calls, on its collector thread before each
+// drain, U::RefreshModules(absl::FunctionRef<bool()> between_tables, bool
+// on_demand) when U has it, with a drain of the rings between two tables'
+// builds (the first build takes tens of milliseconds), else
+// U::RefreshModules(). Either may exist without the other. Not
+// async-signal-safe.
 template <typename U>
 concept RefreshesModules = Unwinder<U> && requires { U::RefreshModules(); };
 template <typename U>
 concept RefreshesModulesBetweenTables =
-    RefreshesModules<U> &&
-    requires(absl::FunctionRef<bool()> between_tables) {
+    Unwinder<U> && requires(absl::FunctionRef<bool()> between_tables) {
       U::RefreshModules(between_tables, true);
     };
 

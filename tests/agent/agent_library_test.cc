@@ -550,9 +550,13 @@ TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServ
   EXPECT_THAT(after.comments, HasSubstr("went away after"));
   EXPECT_THAT(after.comments, HasSubstr("of them it had not read are lost"));
   // The 600 ms spun after the process took over are all in the local
-  // profile, to within one period (10 ms): deterministic.
+  // profile, to within one period (10 ms): deterministic. The period's
+  // 60 sample points all fall in the spin; the last one's signal may be
+  // handled just after AgentSpinLong returned, so 59 x 10 ms is the least
+  // (a run under the whole suite's load measured exactly that; the bound
+  // was > and failed it).
   if (kFunctionSharesMeasurable) {
-    EXPECT_GT(after.cpu_by_function["AgentSpinLong"], 590'000'000) << err;
+    EXPECT_GE(after.cpu_by_function["AgentSpinLong"], 590'000'000) << err;
   }
 
   // A new agent at the same address serves the next process.

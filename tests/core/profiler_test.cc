@@ -618,6 +618,11 @@ struct SlowTablesUnwinder : FramePointerUnwinder {
     }
   }
 };
+// It has only the between-tables form: the Profiler must find that one
+// (a concept that also asked for RefreshModules() hid it once, and this
+// test waited 60 s for a build nobody drained).
+static_assert(RefreshesModulesBetweenTables<SlowTablesUnwinder>);
+static_assert(!RefreshesModules<SlowTablesUnwinder>);
 
 TEST(ProfilerTest, RingsAreDrainedWhileTablesAreBuiltAndStopEndsTheBuild) {
   using SlowTablesProfiler =
