@@ -53,7 +53,7 @@ case "${1:-}" in
   test)
     # The stages: the plain suite, then the suite under ASan+UBSan and TSan
     # (INPROF_SANITIZERS, default "asan tsan"; "" skips), each fuzzer for
-    # FUZZ_SECONDS (default 10; 0 skips), and the Windows suite under Wine
+    # FUZZ_SECONDS (default 5; 0 skips), and the Windows suite under Wine
     # (INPROF_WINDOWS=0 skips; Abseil and GoogleTest are cross-built once and
     # cached in build-windows/, rm -rf it to rebuild).
     #
@@ -70,7 +70,7 @@ case "${1:-}" in
     # from bash's `times`) are printed as a table at the end: README's
     # "Where the test command's time goes".
     sanitizers=${INPROF_SANITIZERS-asan tsan}
-    fuzz_seconds=${FUZZ_SECONDS:-10}
+    fuzz_seconds=${FUZZ_SECONDS:-5}
     windows=${INPROF_WINDOWS:-1}
     logs=$PWD/$build/test-logs
     rm -rf "$logs"

@@ -67,7 +67,12 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
   env=()
   case "$san" in
     asan)
-      opts=(-Db_sanitize=address,undefined)
+      # ASan's checks as calls into its runtime rather than inline code
+      # (call threshold 0): the same checks, 10-15% less to compile at -O0
+      # (report.cc 5.9 -> 5.3 s, symbolizer_dwfl.cc 6.6 -> 5.8 s), a little
+      # slower to run.
+      asan_param=--param=asan-instrumentation-with-call-threshold=0
+      opts=(-Db_sanitize=address,undefined "-Dcpp_args=$asan_param" "-Dc_args=$asan_param")
       # meson test sets ASAN_OPTIONS/UBSAN_OPTIONS to halt on the first error.
       env+=("LSAN_OPTIONS=suppressions=$PWD/tests/safety/safety_lsan.supp:print_suppressions=0")
       filter="-$windows"
