@@ -70,6 +70,7 @@
 #include "inprof/internal/sample_record.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
+#include "inprof/internal/wall_ticker.h"
 #include "inprof/options.h"
 #include "inprof/sample_provider.h"
 #include "inprof/spsc_ring.h"
@@ -178,8 +179,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       (internal::kUnderSanitizer ? 3 : internal::kUnoptimized ? 2 : 1);
   // Where a sample of a thread on a stack too small for the walk puts its
   // values (the profile's comments count them).
-  static constexpr const char* kSmallStackFrame =
-      "[inprof: on a small or foreign stack]";
+  static constexpr const char* kSmallStackFrame = internal::kSmallStackFrame;
 
   // Validates `options`; an invalid option is logged and the profiler stays
   // disabled (Start() returns the error).
@@ -809,143 +809,57 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                 std::index_sequence<I...>) {
     (TickOne<I>(when, batch, next), ...);
   }
-  // Registry lock held.
+  // Registry lock held: provider I's visits (internal::WallTicker), this
+  // profiler their host.
   template <size_t I>
   void TickOne(TickTime when, size_t batch, size_t& next) {
     using P = std::tuple_element_t<I, std::tuple<Ps...>>;
     if constexpr (TicksThreads<P>) {
-      P& provider = std::get<I>(providers_);
-      if (provider.TickPeriod() <= absl::ZeroDuration()) return;
-      const size_t n = active_.size();
-      const size_t per_tick = std::max<size_t>(1, provider.ThreadsPerTick());
-      next = std::min(next, std::clamp<size_t>(n / per_tick, 1, kMaxTickBatch));
-      if (n == 0) return;
-      const size_t visits = std::min(n, batch * per_tick);
-      size_t& cursor = tick_cursor_[I];
-      for (size_t j = 0; j < visits; ++j) {
-        Slot* slot = static_cast<Slot*>(active_[(cursor + j) % n]);
-        if (slot->arm_in_flight) {  // being armed; visited next round
-          tick_steady_visits_ = 0;
-          continue;
-        }
-        // A thread that unregistered itself may be gone, and its id reused:
-        // never visited again. One that unregisters during the visit waits
-        // for it to end (ThreadSlotHeader::retiring).
-        slot->visiting.store(true, std::memory_order_seq_cst);
-        if (slot->retiring.load(std::memory_order_seq_cst)) {
-          slot->visiting.store(false, std::memory_order_release);
-          continue;
-        }
-        struct EndVisit {
-          Slot* slot;
-          ~EndVisit() { slot->visiting.store(false, std::memory_order_release); }
-        } end_visit{slot};
-        // The sample that began a blocking episode may still be in the ring:
-        // without draining it the episode would look stackless and the
-        // thread be signalled (and its blocking call interrupted) again.
-        if (slot->blocked_stack.empty() && !slot->blocked_stackless &&
-            provider.AwaitsEpisodeStack(std::get<I>(slot->data))) {
-          RefreshLeafResolverLocked();
-          DrainSlotLocked(slot);
-        }
-        int64_t values[kMaxValuesPerProvider] = {};
-        std::span<int64_t> v(values, kValueCounts[I]);
-        // The rest of an episode is credited to the stack of its first
-        // sample, for as long as the thread waits there (a whole run, for a
-        // sleep loop). A stack walked before the tables it needed existed
-        // may miss frames (libc's, at start-up: one such stack got 10% of a
-        // test's wall time, credited to its caller's caller for 4 s): once
-        // the tables are ready, the episode is sampled again, once.
-        bool has_episode_stack =
-            !slot->blocked_stack.empty() || slot->blocked_stackless;
-        const bool resample =
-            has_episode_stack && slot->blocked_provisional &&
-            !slot->blocked_resampled && UnwindTablesReady() &&
-            (!slot->blocked_tables_ready ||
-             (UnwindTablesGeneration() & kWalkGenerationMask) !=
-                 slot->blocked_tables_generation);
-        if (resample) has_episode_stack = false;
-        // A running sample taken since this provider's last visit (its
-        // record may still be in the ring: drained if it is used).
-        bool has_running_sample = false;
-        if constexpr (kFollows<P>) {
-          // A followed thread's samples carry its wall time: drained first,
-          // so that the visit's balance counts those taken in its interval;
-          // and before the visit that may begin the following, so that
-          // those samples do not carry time the visit credits.
-          if (std::get<I>(slot->data).following ||
-              slot->running_samples.load(std::memory_order_acquire) !=
-                  slot->running_samples_at_visit[I]) {
-            RefreshLeafResolverLocked();
-            DrainSlotLocked(slot);
-          }
-        }
-        if constexpr (kHasRunningSampler) {
-          const uint32_t taken =
-              slot->running_samples.load(std::memory_order_acquire);
-          has_running_sample = taken != slot->running_samples_at_visit[I];
-          slot->running_samples_at_visit[I] = taken;
-        }
-        switch (provider.VisitThread(*slot, std::get<I>(slot->data), when,
-                                     has_episode_stack, has_running_sample,
-                                     v)) {
-          case TickDecision::kSkip:
-            break;
-          case TickDecision::kSignalBlocked:
-            // A new blocking episode (or the same one sampled again): its
-            // stack comes with this sample.
-            slot->blocked_stack.clear();
-            slot->blocked_labels.clear();
-            slot->blocked_provisional = false;
-            slot->blocked_stackless = false;
-            slot->blocked_resampled = resample;
-            if (resample) {
-              wall_episodes_resampled_.fetch_add(1, std::memory_order_relaxed);
-            }
-            if (ReadBlockedStack<I>(slot)) {
-              wall_stacks_read_.fetch_add(1, std::memory_order_relaxed);
-              break;
-            }
-            SendProfilingSignal(*slot, internal::MakeSignalTag(I, session_));
-            wall_signals_.fetch_add(1, std::memory_order_relaxed);
-            break;
-          case TickDecision::kSignal:
-            SendProfilingSignal(*slot, internal::MakeSignalTag(I, session_));
-            wall_signals_.fetch_add(1, std::memory_order_relaxed);
-            break;
-          case TickDecision::kCreditBlocked:
-            CreditBlocked<I>(slot, v);
-            break;
-          case TickDecision::kCreditRunning:
-            CreditRunning<I>(slot, v);
-            break;
-          case TickDecision::kFollowing:
-            break;
-          case TickDecision::kCreditSigwait:
-            // Not an episode with a stack: the next visit looks again
-            // rather than crediting an older episode's stack.
-            slot->blocked_stack.clear();
-            slot->blocked_labels.clear();
-            slot->blocked_provisional = false;
-            slot->blocked_stackless = false;
-            if constexpr (NamesSigwaitFrame<P>) {
-              CreditSynthetic<I>(slot, v, P::kSigwaitFrame);
-            } else {
-              CreditSynthetic<I>(slot, v, kTailFrame);
-            }
-            break;
-        }
-        if constexpr (ReportsSteadyVisits<P>) {
-          if (P::SteadyVisit(std::get<I>(slot->data))) {
-            ++tick_steady_visits_;
-          } else {
-            tick_steady_visits_ = 0;
-          }
-        }
-      }
-      cursor = (cursor + visits) % n;
+      TickerHost<I> host{this};
+      const internal::WallVisitCounts counts = std::get<I>(tickers_).VisitNext(
+          std::get<I>(providers_), host, std::span<internal::SlotBase* const>(active_),
+          when, batch, kMaxTickBatch, next, tick_steady_visits_);
+      wall_signals_.fetch_add(counts.signals, std::memory_order_relaxed);
+      wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);
+      wall_episodes_resampled_.fetch_add(counts.episodes_resampled,
+                                         std::memory_order_relaxed);
     }
   }
+
+  // What provider I's visits ask of the profiler (internal::WallTickerHost).
+  template <size_t I>
+  struct TickerHost {
+    static constexpr bool kCountsRunningSamples = kHasRunningSampler;
+    Profiler* self;
+
+    static Slot& Of(internal::SlotBase& slot) { return static_cast<Slot&>(slot); }
+    auto& Data(internal::SlotBase& slot) { return std::get<I>(Of(slot).data); }
+    uint32_t& RunningSamplesAtVisit(internal::SlotBase& slot) {
+      return Of(slot).running_samples_at_visit[I];
+    }
+    void DrainSlot(internal::SlotBase& slot) {
+      self->RefreshLeafResolverLocked();
+      self->DrainSlotLocked(&slot);
+    }
+    bool ReadBlockedStack(internal::SlotBase& slot) {
+      return self->template ReadBlockedStack<I>(&Of(slot));
+    }
+    void Signal(internal::SlotBase& slot) {
+      self->SendProfilingSignal(slot, internal::MakeSignalTag(I, self->session_));
+    }
+    void CreditBlocked(internal::SlotBase& slot, std::span<const int64_t> values) {
+      self->CreditBlockedLocked(&slot, kValueOffsets[I], values);
+    }
+    void CreditRunning(internal::SlotBase& slot, std::span<const int64_t> values) {
+      self->template CreditRunning<I>(&Of(slot), values);
+    }
+    void CreditSynthetic(internal::SlotBase& slot, std::span<const int64_t> values,
+                         const char* frame) {
+      self->CreditSyntheticLocked(&slot, kValueOffsets[I], values, frame);
+    }
+    bool TablesReady() { return UnwindTablesReady(); }
+    uint64_t TablesGeneration() { return UnwindTablesGeneration(); }
+  };
 
   // Whether a ticking provider's blocked threads can have their stacks read
   // without a signal: the provider says where the thread waits
@@ -1079,32 +993,6 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       return U::TablesGeneration();
     } else {
       return 0;
-    }
-  }
-
-  // Registry lock held. Values with no stack: added to `frame`.
-  template <size_t I>
-  void CreditSynthetic(Slot* slot, std::span<const int64_t> values,
-                       const char* frame) {
-    std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    SampleAggregator& agg = core_.aggregator();
-    EnsureAggregateThread(slot, agg);
-    agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I], values);
-  }
-
-  // Registry lock held. The thread is still in the blocking episode whose
-  // stack was sampled: add the values there (labelled blocked).
-  template <size_t I>
-  void CreditBlocked(Slot* slot, std::span<const int64_t> values) {
-    std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    SampleAggregator& agg = core_.aggregator();
-    EnsureAggregateThread(slot, agg);
-    if (slot->blocked_stackless) {
-      agg.AddSynthetic(slot->aggregate_thread, kSmallStackFrame,
-                       kValueOffsets[I], values);
-    } else {
-      agg.Add(slot->aggregate_thread, slot->blocked_stack, slot->blocked_labels,
-              kValueOffsets[I], values);
     }
   }
 
@@ -1285,7 +1173,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       internal::LabelTable::Global().Intern(WallTimeProvider::kRunning);
   const uint64_t blocked_value_ =
       internal::LabelTable::Global().Intern(WallTimeProvider::kBlocked);
-  std::array<size_t, kNumProviders> tick_cursor_{};  // registry lock
+  std::tuple<internal::WallTicker<Ps>...> tickers_;  // registry lock
   // ReadBlockedStack's buffers (ticker, registry lock); off once
   // process_vm_readv failed other than for an unmapped stack.
   std::unique_ptr<uint64_t[]> stack_copy_;

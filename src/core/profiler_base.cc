@@ -280,6 +280,28 @@ void ProfilerBase::EnsureAggregateThread(SlotBase* slot, SampleAggregator& agg) 
   }
 }
 
+void ProfilerBase::CreditSyntheticLocked(SlotBase* slot, size_t value_offset,
+                                         std::span<const int64_t> values,
+                                         const char* frame) {
+  std::lock_guard<std::mutex> agg_lock(core_.mutex());
+  SampleAggregator& agg = core_.aggregator();
+  EnsureAggregateThread(slot, agg);
+  agg.AddSynthetic(slot->aggregate_thread, frame, value_offset, values);
+}
+
+void ProfilerBase::CreditBlockedLocked(SlotBase* slot, size_t value_offset,
+                                       std::span<const int64_t> values) {
+  std::lock_guard<std::mutex> agg_lock(core_.mutex());
+  SampleAggregator& agg = core_.aggregator();
+  EnsureAggregateThread(slot, agg);
+  if (slot->blocked_stackless) {
+    agg.AddSynthetic(slot->aggregate_thread, kSmallStackFrame, value_offset, values);
+  } else {
+    agg.Add(slot->aggregate_thread, slot->blocked_stack, slot->blocked_labels,
+            value_offset, values);
+  }
+}
+
 void ProfilerBase::DrainSlotLocked(SlotBase* slot) {
   std::lock_guard<std::mutex> agg_lock(core_.mutex());
   DrainSlotIntoLocked(slot, core_.aggregator());

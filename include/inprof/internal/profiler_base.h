@@ -45,6 +45,10 @@
 
 namespace inprof::internal {
 
+// Where a sample of a thread on a stack too small for the walk puts its
+// values (the profile's comments count them); Profiler<>::kSmallStackFrame.
+inline constexpr const char* kSmallStackFrame = "[inprof: on a small or foreign stack]";
+
 // A registered thread: the header the signal handler reads, and the state
 // the collector and the ticker keep for it whatever the composition.
 // Profiler<>::Slot adds its providers' per-thread data and its ring.
@@ -219,6 +223,14 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // still running.
   bool DrainRings();
   static void EnsureAggregateThread(SlotBase* slot, SampleAggregator& agg);
+  // Registry lock held (the ticker's credits, internal::WallTicker): a
+  // provider's values, at `value_offset` of the sample, added to `frame`
+  // (no stack), or to the thread's current blocking episode's stack
+  // (labelled blocked; kSmallStackFrame when its first sample had none).
+  void CreditSyntheticLocked(SlotBase* slot, size_t value_offset,
+                             std::span<const int64_t> values, const char* frame);
+  void CreditBlockedLocked(SlotBase* slot, size_t value_offset,
+                           std::span<const int64_t> values);
   // Registry lock held: the leaf resolver's view of the modules, before a
   // drain (unwinders that copy leaf stack words).
   void RefreshLeafResolverLocked() {

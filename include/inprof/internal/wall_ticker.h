@@ -1,0 +1,234 @@
+// include/inprof/internal/wall_ticker.h: the ticker's visits to the threads
+// of one provider that TicksThreads (wall time).
+//
+// Defines: WallTickerHost (what a visit asks of the profiler) and
+// WallTicker<P> (which threads a wake-up visits, in what order, and what
+// each decision of the provider turns into).
+//
+// The ticker thread (ProfilerBase::Tick) wakes, and for each ticking
+// provider WallTicker::VisitNext visits the next threads round robin. A
+// visit asks the provider (P::VisitThread) what the interval since the
+// thread's last visit was, and does what it decides: nothing, a signal
+// (the handler records the sample), a blocked thread's stack read without a
+// signal (else a signal), or the interval's values credited to the stack
+// of the thread's blocking episode, of its newest running sample, or to a
+// frame of its own. The episode's state (SlotBase::blocked_*) is kept here;
+// the stacks, the aggregate and the signal are the host's.
+//
+// The host is the profiler (Profiler<U, R, Ps...>, through a small adapter
+// per provider); tests give a fake (tests/sampling/wall_ticker_test.cc).
+//
+// Thread-safety: VisitNext and every host call it makes run on the ticker
+// thread with the profiler's registry lock held; never in a signal handler.
+#ifndef INPROF_INTERNAL_WALL_TICKER_H_
+#define INPROF_INTERNAL_WALL_TICKER_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "inprof/internal/profiler_base.h"
+#include "inprof/internal/sample_record.h"
+#include "inprof/sample_provider.h"
+#include "inprof/wall_time_provider.h"
+
+namespace inprof::internal {
+
+// What a visit asks of the profiler, for one provider P. All under the
+// registry lock.
+//   h.Data(slot) -> P::ThreadData&: the provider's data for the thread.
+//   h.RunningSamplesAtVisit(slot) -> uint32_t&: the thread's running-sample
+//     count (SlotBase::running_samples) at this provider's last visit.
+//   H::kCountsRunningSamples: whether a provider of the composition
+//     SamplesRunningThreads (else running samples are never looked at).
+//   h.DrainSlot(slot): the thread's ring into the aggregate (its newest
+//     stacks into SlotBase::last/blocked/running_stack).
+//   h.ReadBlockedStack(slot) -> bool: the waiting thread's stack read and
+//     recorded without a signal; false when it could not be (then signalled).
+//   h.Signal(slot): the profiling signal with this provider's tag.
+//   h.CreditBlocked/CreditRunning(slot, values), h.CreditSynthetic(slot,
+//     values, frame): the interval's values added to the episode's stack,
+//     to the newest running sample's, or to `frame`.
+//   h.TablesReady(), h.TablesGeneration(): the unwinder's lazily built
+//     tables (always ready, generation 0, for unwinders without them).
+template <typename H, typename P>
+concept WallTickerHost =
+    requires(H& h, SlotBase& slot, std::span<const int64_t> values,
+             const char* frame) {
+      { h.Data(slot) } -> std::same_as<typename P::ThreadData&>;
+      { h.RunningSamplesAtVisit(slot) } -> std::same_as<uint32_t&>;
+      { H::kCountsRunningSamples } -> std::convertible_to<bool>;
+      h.DrainSlot(slot);
+      { h.ReadBlockedStack(slot) } -> std::same_as<bool>;
+      h.Signal(slot);
+      h.CreditBlocked(slot, values);
+      h.CreditRunning(slot, values);
+      h.CreditSynthetic(slot, values, frame);
+      { h.TablesReady() } -> std::same_as<bool>;
+      { h.TablesGeneration() } -> std::same_as<uint64_t>;
+    };
+
+// What one VisitNext did, for the profiler's counters.
+struct WallVisitCounts {
+  uint64_t visits = 0;
+  uint64_t signals = 0;
+  uint64_t stacks_read = 0;
+  uint64_t episodes_resampled = 0;
+};
+
+// One per provider of a composition (its cursor); VisitNext exists for
+// providers that TicksThreads.
+template <typename P>
+class WallTicker {
+ public:
+  // One wake-up standing for `batch` ticks: visits batch *
+  // P::ThreadsPerTick() threads of `threads` (each at most once), from
+  // where the last wake-up stopped. Lowers `next` to the batch the next
+  // wake-up may stand for (a full round of the threads in that many ticks,
+  // within [1, max_batch]). `steady_visits` counts steady visits in a row
+  // across providers (ReportsSteadyVisits; reset by any other).
+  template <typename H>
+    requires TicksThreads<P> && WallTickerHost<H, P>
+  WallVisitCounts VisitNext(P& provider, H& host, std::span<SlotBase* const> threads,
+                            TickTime when, size_t batch, size_t max_batch,
+                            size_t& next, size_t& steady_visits) {
+    WallVisitCounts counts;
+    if (provider.TickPeriod() <= absl::ZeroDuration()) return counts;
+    const size_t n = threads.size();
+    const size_t per_tick = std::max<size_t>(1, provider.ThreadsPerTick());
+    next = std::min(next, std::clamp<size_t>(n / per_tick, 1, max_batch));
+    if (n == 0) return counts;
+    const size_t visits = std::min(n, batch * per_tick);
+    for (size_t j = 0; j < visits; ++j) {
+      SlotBase& slot = *threads[(cursor_ + j) % n];
+      if (slot.arm_in_flight) {  // being armed; visited next round
+        steady_visits = 0;
+        continue;
+      }
+      // A thread that unregistered itself may be gone, and its id reused:
+      // never visited again. One that unregisters during the visit waits
+      // for it to end (ThreadSlotHeader::retiring).
+      slot.visiting.store(true, std::memory_order_seq_cst);
+      if (slot.retiring.load(std::memory_order_seq_cst)) {
+        slot.visiting.store(false, std::memory_order_release);
+        continue;
+      }
+      Visit(provider, host, slot, when, counts);
+      ++counts.visits;
+      if constexpr (ReportsSteadyVisits<P>) {
+        if (P::SteadyVisit(host.Data(slot))) {
+          ++steady_visits;
+        } else {
+          steady_visits = 0;
+        }
+      }
+      // Last: the thread may unregister (and its data change) from here.
+      slot.visiting.store(false, std::memory_order_release);
+    }
+    cursor_ = (cursor_ + visits) % n;
+    return counts;
+  }
+
+ private:
+  template <typename H>
+  void Visit(P& provider, H& host, SlotBase& slot, TickTime when,
+             WallVisitCounts& counts) {
+    typename P::ThreadData& data = host.Data(slot);
+    // The sample that began a blocking episode may still be in the ring:
+    // without draining it the episode would look stackless and the thread
+    // be signalled (and its blocking call interrupted) again.
+    if (slot.blocked_stack.empty() && !slot.blocked_stackless &&
+        provider.AwaitsEpisodeStack(data)) {
+      host.DrainSlot(slot);
+    }
+    constexpr size_t kValues = P::kSampleTypes.size();
+    int64_t values[kValues] = {};
+    std::span<int64_t> v(values, kValues);
+    // The rest of an episode is credited to the stack of its first sample,
+    // for as long as the thread waits there (a whole run, for a sleep
+    // loop). A stack walked before the tables it needed existed may miss
+    // frames (libc's, at start-up: one such stack got 10% of a test's wall
+    // time, credited to its caller's caller for 4 s): once the tables are
+    // ready, the episode is sampled again, once.
+    bool has_episode_stack = !slot.blocked_stack.empty() || slot.blocked_stackless;
+    const bool resample =
+        has_episode_stack && slot.blocked_provisional && !slot.blocked_resampled &&
+        host.TablesReady() &&
+        (!slot.blocked_tables_ready ||
+         (host.TablesGeneration() & RecordMeta::kGenerationMask) != slot.blocked_tables_generation);
+    if (resample) has_episode_stack = false;
+    // A running sample taken since this provider's last visit (its record
+    // may still be in the ring: drained if it is used).
+    bool has_running_sample = false;
+    if constexpr (FollowsRunningThreads<P>) {
+      // A followed thread's samples carry its wall time: drained first, so
+      // that the visit's balance counts those taken in its interval; and
+      // before the visit that may begin the following, so that those
+      // samples do not carry time the visit credits.
+      if (data.following || slot.running_samples.load(std::memory_order_acquire) !=
+                                host.RunningSamplesAtVisit(slot)) {
+        host.DrainSlot(slot);
+      }
+    }
+    if constexpr (H::kCountsRunningSamples) {
+      const uint32_t taken = slot.running_samples.load(std::memory_order_acquire);
+      uint32_t& at_visit = host.RunningSamplesAtVisit(slot);
+      has_running_sample = taken != at_visit;
+      at_visit = taken;
+    }
+    switch (provider.VisitThread(slot, data, when, has_episode_stack,
+                                 has_running_sample, v)) {
+      case TickDecision::kSkip:
+      case TickDecision::kFollowing:
+        break;
+      case TickDecision::kSignalBlocked:
+        // A new blocking episode (or the same one sampled again): its stack
+        // comes with this sample.
+        ForgetEpisode(slot);
+        slot.blocked_resampled = resample;
+        if (resample) ++counts.episodes_resampled;
+        if (host.ReadBlockedStack(slot)) {
+          ++counts.stacks_read;
+          break;
+        }
+        host.Signal(slot);
+        ++counts.signals;
+        break;
+      case TickDecision::kSignal:
+        host.Signal(slot);
+        ++counts.signals;
+        break;
+      case TickDecision::kCreditBlocked:
+        host.CreditBlocked(slot, v);
+        break;
+      case TickDecision::kCreditRunning:
+        host.CreditRunning(slot, v);
+        break;
+      case TickDecision::kCreditSigwait:
+        // Not an episode with a stack: the next visit looks again rather
+        // than crediting an older episode's stack.
+        ForgetEpisode(slot);
+        if constexpr (NamesSigwaitFrame<P>) {
+          host.CreditSynthetic(slot, v, P::kSigwaitFrame);
+        } else {
+          host.CreditSynthetic(slot, v, kTailFrame);
+        }
+        break;
+    }
+  }
+
+  static void ForgetEpisode(SlotBase& slot) {
+    slot.blocked_stack.clear();
+    slot.blocked_labels.clear();
+    slot.blocked_provisional = false;
+    slot.blocked_stackless = false;
+  }
+
+  size_t cursor_ = 0;  // where the next wake-up starts
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_WALL_TICKER_H_

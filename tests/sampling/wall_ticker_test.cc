@@ -1,0 +1,316 @@
+// The wall ticker's visits (internal::WallTicker) against a fake provider
+// and a fake profiler: which threads a wake-up visits, and what each of the
+// provider's decisions becomes. Deterministic: no clock, no signal, no
+// thread; the host records every call in order.
+#include "inprof/internal/wall_ticker.h"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace inprof {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+std::vector<std::string>* g_log = nullptr;
+
+// A ticking provider whose every visit's decision is set by the test.
+struct FakeProvider {
+  struct ThreadData {
+    int id = 0;
+    TickDecision decision = TickDecision::kSkip;
+    bool awaits_stack = false;
+    bool steady = false;
+    bool following = false;
+    // What the last visit was told.
+    bool saw_episode_stack = false;
+    bool saw_running_sample = false;
+  };
+  static constexpr const char* kName = "fake";
+  static constexpr std::array<SampleTypeSpec, 2> kSampleTypes{
+      {{"wall", "nanoseconds"}, {"wall_samples", "count"}}};
+  static constexpr size_t kPeriodTypeIndex = 0;
+  static constexpr const char* kSigwaitFrame = "[fake: in sigwait]";
+
+  absl::Status Configure(const Options&) { return absl::OkStatus(); }
+  int64_t Period() const { return 10'000'000; }
+  absl::Status ArmThread(ThreadContext&, ThreadData&, int) { return absl::OkStatus(); }
+  void DisarmThread(ThreadContext&, ThreadData&) noexcept {}
+  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+                       std::span<int64_t>) noexcept {
+    return false;
+  }
+  absl::Duration TickPeriod() const { return period; }
+  size_t ThreadsPerTick() const { return per_tick; }
+  TickDecision VisitThread(ThreadContext&, ThreadData& data, TickTime when,
+                           bool has_episode_stack, bool has_running_sample,
+                           std::span<int64_t> values) {
+    g_log->push_back(absl::StrCat("visit ", data.id, " at ", when.scheduled_ns));
+    data.saw_episode_stack = has_episode_stack;
+    data.saw_running_sample = has_running_sample;
+    values[0] = 7'000'000;
+    values[1] = 1;
+    return data.decision;
+  }
+  bool AwaitsEpisodeStack(const ThreadData& data) { return data.awaits_stack; }
+  static bool SteadyVisit(const ThreadData& data) { return data.steady; }
+  static bool FollowRunningSample(ThreadData&, int64_t, std::span<int64_t>) {
+    return false;
+  }
+
+  absl::Duration period = absl::Milliseconds(10);
+  size_t per_tick = 1;
+};
+static_assert(TicksThreads<FakeProvider>);
+static_assert(NamesSigwaitFrame<FakeProvider> && ReportsSteadyVisits<FakeProvider> &&
+              FollowsRunningThreads<FakeProvider>);
+
+struct FakeSlot : internal::SlotBase {
+  FakeProvider::ThreadData data;
+  uint32_t running_samples_at_visit = 0;
+};
+
+// The profiler's side: records each call as "what id [values]".
+struct FakeHost {
+  static constexpr bool kCountsRunningSamples = true;
+
+  static FakeSlot& Of(internal::SlotBase& slot) { return static_cast<FakeSlot&>(slot); }
+  static int Id(internal::SlotBase& slot) { return Of(slot).data.id; }
+  FakeProvider::ThreadData& Data(internal::SlotBase& slot) { return Of(slot).data; }
+  uint32_t& RunningSamplesAtVisit(internal::SlotBase& slot) {
+    return Of(slot).running_samples_at_visit;
+  }
+  void DrainSlot(internal::SlotBase& slot) { g_log->push_back(absl::StrCat("drain ", Id(slot))); }
+  bool ReadBlockedStack(internal::SlotBase& slot) {
+    g_log->push_back(absl::StrCat("read ", Id(slot), slot.blocked_stack.empty() ? "" : " (old stack kept)"));
+    return stacks_readable;
+  }
+  void Signal(internal::SlotBase& slot) { g_log->push_back(absl::StrCat("signal ", Id(slot))); }
+  void CreditBlocked(internal::SlotBase& slot, std::span<const int64_t> v) {
+    g_log->push_back(absl::StrCat("blocked ", Id(slot), " ", v[0], " ", v[1]));
+  }
+  void CreditRunning(internal::SlotBase& slot, std::span<const int64_t> v) {
+    g_log->push_back(absl::StrCat("running ", Id(slot), " ", v[0], " ", v[1]));
+  }
+  void CreditSynthetic(internal::SlotBase& slot, std::span<const int64_t> v,
+                       const char* frame) {
+    g_log->push_back(absl::StrCat("synthetic ", Id(slot), " ", frame, " ", v[0]));
+  }
+  bool TablesReady() { return tables_ready; }
+  uint64_t TablesGeneration() { return generation; }
+
+  bool stacks_readable = false;
+  bool tables_ready = true;
+  uint64_t generation = 0;
+};
+static_assert(internal::WallTickerHost<FakeHost, FakeProvider>);
+
+class WallTickerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { g_log = &log_; }
+  void TearDown() override { g_log = nullptr; }
+
+  void AddThreads(int n) {
+    for (int i = 0; i < n; ++i) {
+      auto slot = std::make_unique<FakeSlot>();
+      slot->data.id = static_cast<int>(slots_.size());
+      pointers_.push_back(slot.get());
+      slots_.push_back(std::move(slot));
+    }
+  }
+  FakeSlot& slot(int i) { return *slots_[i]; }
+
+  // One wake-up standing for `batch` ticks; returns the log it wrote.
+  std::vector<std::string> Wake(size_t batch = 1, int64_t at = 0) {
+    log_.clear();
+    next_ = 10;
+    counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(at), batch,
+                                /*max_batch=*/10, next_, steady_);
+    return log_;
+  }
+
+  std::vector<std::string> log_;
+  std::vector<std::unique_ptr<FakeSlot>> slots_;
+  std::vector<internal::SlotBase*> pointers_;
+  FakeProvider provider_;
+  FakeHost host_;
+  internal::WallTicker<FakeProvider> ticker_;
+  internal::WallVisitCounts counts_;
+  size_t next_ = 10;
+  size_t steady_ = 0;
+};
+
+TEST_F(WallTickerTest, WakeUpsVisitThreadsPerTickTimesBatchRoundRobin) {
+  AddThreads(5);
+  provider_.per_tick = 2;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "visit 1 at 0"));
+  EXPECT_EQ(counts_.visits, 2u);
+  // A full round of 5 threads at 2 a tick takes 2 ticks: the next wake-up
+  // may stand for 2.
+  EXPECT_EQ(next_, 2u);
+  EXPECT_THAT(Wake(1, 5), ElementsAre("visit 2 at 5", "visit 3 at 5"));
+  // Two ticks at once: 4 visits, from where it stopped, each thread once.
+  EXPECT_THAT(Wake(2, 9), ElementsAre("visit 4 at 9", "visit 0 at 9", "visit 1 at 9",
+                                      "visit 2 at 9"));
+  // More than a round: each thread once.
+  EXPECT_THAT(Wake(10), ElementsAre("visit 3 at 0", "visit 4 at 0", "visit 0 at 0",
+                                    "visit 1 at 0", "visit 2 at 0"));
+}
+
+TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {
+  EXPECT_THAT(Wake(), IsEmpty());
+  EXPECT_EQ(next_, 1u);
+  AddThreads(2);
+  provider_.period = absl::ZeroDuration();
+  EXPECT_THAT(Wake(), IsEmpty());
+  EXPECT_EQ(counts_.visits, 0u);
+}
+
+TEST_F(WallTickerTest, ThreadsBeingArmedOrRetiredAreLeftAlone) {
+  AddThreads(3);
+  provider_.per_tick = 3;
+  for (int i = 0; i < 3; ++i) slot(i).data.steady = true;
+  slot(0).arm_in_flight = true;
+  slot(1).retiring.store(true);
+  EXPECT_THAT(Wake(), ElementsAre("visit 2 at 0"));
+  EXPECT_FALSE(slot(1).visiting.load());
+  EXPECT_FALSE(slot(2).visiting.load());
+  // The thread being armed broke the run of steady visits; the visited
+  // one started a new run.
+  EXPECT_EQ(steady_, 1u);
+  slot(0).arm_in_flight = false;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "visit 2 at 0"));
+  EXPECT_EQ(steady_, 3u);
+  slot(2).data.steady = false;
+  Wake();
+  EXPECT_EQ(steady_, 0u);
+}
+
+TEST_F(WallTickerTest, ABlockedThreadsStackIsReadWithoutASignalWhenItCanBe) {
+  AddThreads(1);
+  slot(0).data.decision = TickDecision::kSignalBlocked;
+  slot(0).blocked_stack = {1, 2, 3};  // an older episode's
+  slot(0).blocked_provisional = true;
+  host_.tables_ready = false;
+  host_.stacks_readable = true;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "read 0"));
+  EXPECT_EQ(counts_.stacks_read, 1u);
+  EXPECT_EQ(counts_.signals, 0u);
+  // The new episode starts without the old one's stack.
+  EXPECT_FALSE(slot(0).blocked_provisional);
+  host_.stacks_readable = false;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "read 0", "signal 0"));
+  EXPECT_EQ(counts_.signals, 1u);
+  slot(0).data.decision = TickDecision::kSignal;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "signal 0"));
+}
+
+TEST_F(WallTickerTest, EachCreditGoesWhereTheProviderSays) {
+  AddThreads(4);
+  provider_.per_tick = 4;
+  slot(0).data.decision = TickDecision::kCreditBlocked;
+  slot(1).data.decision = TickDecision::kCreditRunning;
+  slot(2).data.decision = TickDecision::kCreditSigwait;
+  slot(2).blocked_stack = {9};
+  slot(3).data.decision = TickDecision::kFollowing;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "blocked 0 7000000 1",
+                                  "visit 1 at 0", "running 1 7000000 1",
+                                  "visit 2 at 0", "synthetic 2 [fake: in sigwait] 7000000",
+                                  "visit 3 at 0"));
+  // A sigwait is no episode with a stack: the next visit looks again.
+  EXPECT_THAT(slot(2).blocked_stack, IsEmpty());
+  EXPECT_EQ(counts_.signals + counts_.stacks_read, 0u);
+}
+
+TEST_F(WallTickerTest, TheEpisodesFirstSampleIsDrainedBeforeTheVisitThatNeedsIt) {
+  AddThreads(2);
+  provider_.per_tick = 2;
+  slot(0).data.awaits_stack = true;  // asked for, not yet drained
+  slot(1).data.awaits_stack = true;
+  slot(1).blocked_stack = {4, 5};  // already there
+  EXPECT_THAT(Wake(), ElementsAre("drain 0", "visit 0 at 0", "visit 1 at 0"));
+  EXPECT_FALSE(slot(0).data.saw_episode_stack);
+  EXPECT_TRUE(slot(1).data.saw_episode_stack);
+  // A stackless episode (its first sample had no stack) counts as one.
+  slot(0).blocked_stackless = true;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "visit 1 at 0"));
+  EXPECT_TRUE(slot(0).data.saw_episode_stack);
+}
+
+TEST_F(WallTickerTest, AProvisionalEpisodeStackIsSampledAgainOnceWhenTheTablesAreReady) {
+  AddThreads(1);
+  FakeSlot& s = slot(0);
+  s.blocked_stack = {1, 2};
+  s.blocked_provisional = true;
+  s.blocked_tables_ready = false;
+  s.data.decision = TickDecision::kCreditBlocked;
+  // Tables not ready: the provisional stack is all there is.
+  host_.tables_ready = false;
+  Wake();
+  EXPECT_TRUE(s.data.saw_episode_stack);
+  // Ready: the provider is told there is no episode stack, and the new
+  // sample is counted as a resample.
+  host_.tables_ready = true;
+  s.data.decision = TickDecision::kSignalBlocked;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "read 0", "signal 0"));
+  EXPECT_FALSE(s.data.saw_episode_stack);
+  EXPECT_EQ(counts_.episodes_resampled, 1u);
+  EXPECT_TRUE(s.blocked_resampled);
+  // Its sample is provisional again (drained meanwhile): not a second time.
+  s.blocked_stack = {1, 2, 3};
+  s.blocked_provisional = true;
+  Wake();
+  EXPECT_TRUE(s.data.saw_episode_stack);
+  EXPECT_EQ(counts_.episodes_resampled, 0u);
+}
+
+TEST_F(WallTickerTest, AStackWalkedWithReadyTablesIsSampledAgainWhenTheyAreRebuilt) {
+  AddThreads(1);
+  FakeSlot& s = slot(0);
+  s.blocked_stack = {1, 2};
+  s.blocked_provisional = true;
+  s.blocked_tables_ready = true;
+  s.blocked_tables_generation = 3;
+  s.data.decision = TickDecision::kCreditBlocked;
+  host_.generation = 3;
+  Wake();
+  EXPECT_TRUE(s.data.saw_episode_stack);
+  // Only the generation bits a record keeps count.
+  host_.generation = 3 + (internal::RecordMeta::kGenerationMask + 1);
+  Wake();
+  EXPECT_TRUE(s.data.saw_episode_stack);
+  host_.generation = 4;
+  Wake();
+  EXPECT_FALSE(s.data.saw_episode_stack);
+}
+
+TEST_F(WallTickerTest, RunningSamplesSinceTheProvidersLastVisitAreReportedOnce) {
+  AddThreads(1);
+  FakeSlot& s = slot(0);
+  Wake();
+  EXPECT_FALSE(s.data.saw_running_sample);
+  s.running_samples.store(2);
+  // A followed thread's ring is drained before the visit (its samples
+  // carry its wall time), and when running samples came meanwhile.
+  EXPECT_THAT(Wake(), ElementsAre("drain 0", "visit 0 at 0"));
+  EXPECT_TRUE(s.data.saw_running_sample);
+  EXPECT_EQ(s.running_samples_at_visit, 2u);
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0"));
+  EXPECT_FALSE(s.data.saw_running_sample);
+  s.data.following = true;
+  EXPECT_THAT(Wake(), ElementsAre("drain 0", "visit 0 at 0"));
+}
+
+}  // namespace
+}  // namespace inprof
