@@ -58,13 +58,17 @@ case "${1:-}" in
     # cached in build-windows/, rm -rf it to rebuild).
     #
     # Tests mostly wait (sleeps, serial timing tests) while builds compute:
-    # once the plain build is done, the later stages' builds run one after
-    # another in the background, at a lower priority (nice 5: a test that
-    # computes gets three quarters of a core it shares with a build; a lower
-    # one could starve the builds on a machine busy with other work), while
-    # the suites run in the foreground, each as soon as its build is ready.
-    # The suites pass beside two busy loops, so a build beside them is no
-    # harm.
+    # once the plain build is done, the later stages' builds run in the
+    # background, in two chains at lower priorities, while the suites run
+    # in the foreground, each as soon as its build is ready. The sanitizer
+    # builds (ASan, then TSan) run at nice 5: a test that computes gets
+    # three quarters of a core it shares with one (a lower priority could
+    # starve them on a machine busy with other work). The fuzzers' and the
+    # Windows builds run beside them at nice 10: they are needed last, and
+    # take the CPU the others leave (the fuzzers' links and Abseil's CMake
+    # steps use one core, the Wine prefix's creation less): one chain left
+    # ~8% of two cores idle. The suites pass beside two busy loops, so the
+    # builds beside them are no harm.
     #
     # Each stage's wall time and the CPU its processes used (user + system,
     # from bash's `times`) are printed as a table at the end: README's
@@ -131,27 +135,31 @@ case "${1:-}" in
       printf '%s\n' "${table[@]}"
       exit 1
     fi
+    # background NICE NAME COMMAND...: runs it with its times in $logs/NAME.done.
+    background() {
+      local niceness=$1 name=$2 start=$SECONDS cpu cpu0 rc=0
+      shift 2
+      cpu_now "$logs/.times-$niceness"
+      cpu0=$cpu
+      nice -n "$niceness" "$@" >"$logs/$name.log" 2>&1 || rc=$?
+      cpu_now "$logs/.times-$niceness"
+      echo "$rc $((SECONDS - start)) $((cpu - cpu0))" >"$logs/$name.done"
+    }
     (
-      background() {  # background NAME COMMAND...
-        local name=$1 start=$SECONDS cpu cpu0 rc=0
-        shift
-        cpu_now "$logs/.background-times"
-        cpu0=$cpu
-        nice -n 5 "$@" >"$logs/$name.log" 2>&1 || rc=$?
-        cpu_now "$logs/.background-times"
-        echo "$rc $((SECONDS - start)) $((cpu - cpu0))" >"$logs/$name.done"
-      }
       for san in $sanitizers; do
-        background "$san: build" env INPROF_SANITIZERS="$san" INPROF_SANITIZER_STEP=build \
+        background 5 "$san: build" env INPROF_SANITIZERS="$san" INPROF_SANITIZER_STEP=build \
           bash scripts/sanitizers.sh "$build"
       done
-      [ "$fuzz_seconds" = 0 ] || background "fuzzers: build" env FUZZ_STEP=build bash fuzz/run.sh "$build-fuzz"
-      [ "$windows" = 0 ] || background "windows: build" bash scripts/windows.sh build
     ) &
-    builder=$!
+    builders=($!)
+    (
+      [ "$fuzz_seconds" = 0 ] || background 10 "fuzzers: build" env FUZZ_STEP=build bash fuzz/run.sh "$build-fuzz"
+      [ "$windows" = 0 ] || background 10 "windows: build" bash scripts/windows.sh build
+    ) &
+    builders+=($!)
     # || true: under set -e a failing kill (the builder is done) in the EXIT
     # trap made the command exit 1 after every stage passed.
-    trap 'kill $builder 2>/dev/null || true' EXIT
+    trap 'kill "${builders[@]}" 2>/dev/null || true' EXIT
     status=0
     stage "plain: tests" meson test -C "$build" --print-errorlogs || status=1
     for san in $sanitizers; do
@@ -176,7 +184,7 @@ case "${1:-}" in
         status=1
       fi
     fi
-    wait "$builder" 2>/dev/null || true
+    wait "${builders[@]}" 2>/dev/null || true
     echo
     echo "quickstart: where the time went (logs in $logs)"
     printf '%s\n' "${table[@]}"
