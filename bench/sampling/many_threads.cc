@@ -1,0 +1,188 @@
+// Wall and CPU time of many registered threads, measured (issue "every
+// second on a real stack"): THREADS threads register and nap 200 ms at a
+// time, one more spins for SECONDS, under DefaultProfiler with the defaults
+// (INPROF_* variables apply). Prints one line:
+//
+//   RESULT many_threads threads=N seconds=S
+//     wall_real=share of the profile's wall time on real stacks (not on the
+//       "[inprof: ...]" pseudo-frames)
+//     wall_tail=share on "[inprof: wall time since the thread's last sample]"
+//     busy_wall=the spinning thread's wall time on its own stack (Spin), in
+//       seconds, and busy_wall_share of its lifetime
+//     cpu_real=share of the profile's CPU on real stacks
+//     ticker_cpu_ms=the wall sampler's own CPU ("inprof-tick"), and
+//       ticker_core_pct its share of one core over the run
+//     process_cpu_s, rss_kib_per_thread (peak RSS over the threads)
+//
+//   build/bench/many_threads 10000 3          (nap 200 ms at a time)
+//   build/bench/many_threads 10000 3 wait     (wait on a condition variable
+//                                             throughout: their clocks stand)
+//   INPROF_WALL_THREADS_PER_TICK=5 build/bench/many_threads 1000 3
+#include <dirent.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+
+namespace {
+
+int64_t Now(clockid_t clock) {
+  timespec ts;
+  clock_gettime(clock, &ts);
+  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+}
+
+__attribute__((noinline)) uint64_t Spin(int64_t ns) {
+  const int64_t end = Now(CLOCK_MONOTONIC) + ns;
+  uint64_t x = 1;
+  while (Now(CLOCK_MONOTONIC) < end) {
+    for (int i = 0; i < 1000; ++i) x = x * 2862933555777941757ULL + 3037000493ULL;
+  }
+  return x;
+}
+
+__attribute__((noinline)) void NapLoop(const std::atomic<bool>& stop) {
+  const timespec nap{0, 200'000'000};
+  while (!stop.load(std::memory_order_relaxed)) nanosleep(&nap, nullptr);
+}
+
+std::mutex g_mu;
+std::condition_variable g_cv;
+
+__attribute__((noinline)) void WaitLoop(const std::atomic<bool>& stop) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  g_cv.wait(lock, [&] { return stop.load(); });
+}
+
+// CPU of this process's thread named `name` (/proc/self/task/*/comm), ms.
+double ThreadCpuMsNamed(const char* name) {
+  double total = 0;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  const double tick_ms = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string base = std::string("/proc/self/task/") + e->d_name;
+    std::string comm;
+    std::getline(std::ifstream(base + "/comm"), comm);
+    if (comm != name) continue;
+    std::string stat;
+    std::getline(std::ifstream(base + "/stat"), stat);
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+    double utime = 0, stime = 0;
+    // Fields after "(comm) ": state is 0, utime 11, stime 12.
+    if (f.size() > 12 && absl::SimpleAtod(f[11], &utime) && absl::SimpleAtod(f[12], &stime)) {
+      total += (utime + stime) * tick_ms;
+    }
+  }
+  closedir(dir);
+  return total;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1000;
+  const double seconds = argc > 2 ? std::atof(argv[2]) : 3.0;
+  const bool wait = argc > 3 && std::string(argv[3]) == "wait";
+  const std::string output = "/tmp/inprof_many_threads_" + std::to_string(getpid()) + ".pb.gz";
+  inprof::Options options = inprof::Options::FromEnv();
+  options.output = output;
+  inprof::DefaultProfiler profiler(options);
+  std::atomic<bool> stop{false};
+  std::atomic<int> registered{0};
+  std::vector<std::thread> nappers;
+  nappers.reserve(threads);
+  double ticker_ms = 0;
+  int64_t run_ns = 0;
+  {
+    inprof::ScopedProfiler running(profiler);
+    for (int i = 0; i < threads; ++i) {
+      nappers.emplace_back([&] {
+        auto registration = profiler.RegisterThread("napper");
+        registered.fetch_add(1);
+        if (wait) {
+          WaitLoop(stop);
+        } else {
+          NapLoop(stop);
+        }
+      });
+    }
+    while (registered.load() < threads) usleep(1000);
+    const int64_t start = Now(CLOCK_MONOTONIC);
+    std::thread busy([&] {
+      auto registration = profiler.RegisterThread("busy");
+      Spin(static_cast<int64_t>(seconds * 1e9));
+    });
+    busy.join();
+    run_ns = Now(CLOCK_MONOTONIC) - start;
+    ticker_ms = ThreadCpuMsNamed("inprof-tick");
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      stop = true;
+    }
+    g_cv.notify_all();
+    for (auto& t : nappers) t.join();
+  }
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  const double cpu_s = usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+                       (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+  absl::StatusOr<inprof::DecodedProfile> profile = inprof::ReadPprofFile(output);
+  std::remove(output.c_str());
+  if (!profile.ok()) {
+    std::fprintf(stderr, "many_threads: cannot read %s: %s\n", output.c_str(),
+                 std::string(profile.status().message()).c_str());
+    return 1;
+  }
+  const int wall = profile->ValueIndex("wall-time");
+  const int cpu = profile->ValueIndex("cpu-time");
+  int64_t wall_total = 0, wall_pseudo = 0, wall_tail = 0, busy_wall = 0;
+  int64_t cpu_total = 0, cpu_pseudo = 0;
+  for (const auto& s : profile->samples) {
+    const bool pseudo = !s.stack.empty() && absl::StartsWith(s.stack[0], "[inprof:");
+    bool in_spin = false;
+    for (const std::string& f : s.stack) in_spin |= absl::StrContains(f, "Spin");
+    if (wall >= 0) {
+      wall_total += s.values[wall];
+      if (pseudo) wall_pseudo += s.values[wall];
+      if (pseudo && absl::StrContains(s.stack[0], "wall time since")) wall_tail += s.values[wall];
+      if (in_spin) busy_wall += s.values[wall];
+    }
+    if (cpu >= 0) {
+      cpu_total += s.values[cpu];
+      if (pseudo) cpu_pseudo += s.values[cpu];
+    }
+  }
+  auto share = [](int64_t part, int64_t total) {
+    return total > 0 ? static_cast<double>(part) / static_cast<double>(total) : 0.0;
+  };
+  std::printf(
+      "RESULT many_threads threads=%d %s seconds=%.1f wall_real=%.3f wall_tail=%.3f "
+      "wall_total_s=%.0f busy_wall=%.2f busy_wall_share=%.3f cpu_real=%.3f "
+      "ticker_cpu_ms=%.0f ticker_core_pct=%.2f process_cpu_s=%.2f "
+      "rss_kib_per_thread=%.1f\n",
+      threads, wait ? "wait" : "nap", seconds, 1 - share(wall_pseudo, wall_total), share(wall_tail, wall_total),
+      wall_total / 1e9, busy_wall / 1e9, share(busy_wall, run_ns),
+      1 - share(cpu_pseudo, cpu_total), ticker_ms, 100.0 * ticker_ms / (run_ns / 1e6),
+      cpu_s, threads > 0 ? static_cast<double>(usage.ru_maxrss) / threads : 0.0);
+  return 0;
+}
