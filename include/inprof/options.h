@@ -150,9 +150,11 @@ struct Options {
   // named from their symbol tables; their debug files are compressed, and
   // reading libc's cost ~80 ms of CPU and ~20 MiB at the first export.
   bool system_debug_info = false;
-  // Wall time: every `wall_period` up to `wall_threads_per_tick` registered
-  // threads (round-robin) are credited with the wall time since their last
-  // wall sample, running or blocked. Zero disables wall sampling.
+  // Wall time: every `wall_period` at least `wall_threads_per_tick`
+  // registered threads (round-robin; more with many threads, so that a
+  // round takes 2 s at most: internal::WallTicker) are credited with the
+  // wall time since their last wall sample, running or blocked. Zero
+  // disables wall sampling.
   absl::Duration wall_period = absl::Milliseconds(10);
   int wall_threads_per_tick = 5;  // the dd-win-prof seed's default
   // Length of each profile window: every export_period a profile covering

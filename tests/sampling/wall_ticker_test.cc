@@ -4,6 +4,7 @@
 // thread; the host records every call in order.
 #include "inprof/internal/wall_ticker.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -166,6 +167,31 @@ TEST_F(WallTickerTest, WakeUpsVisitThreadsPerTickTimesBatchRoundRobin) {
   // More than a round: each thread once.
   EXPECT_THAT(Wake(10), ElementsAre("visit 3 at 0", "visit 4 at 0", "visit 0 at 0",
                                     "visit 1 at 0", "visit 2 at 0"));
+}
+
+TEST_F(WallTickerTest, VisitsGrowWithTheThreadCountSoThatARoundTakesTwoSecondsAtMost) {
+  using Ticker = internal::WallTicker<FakeProvider>;
+  constexpr int64_t kPeriod = 10'000'000;  // 10 ms
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 100, kPeriod), 5u);      // 2 s a round at 5
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 1'000, kPeriod), 5u);    // exactly 2 s
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 1'001, kPeriod), 6u);
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 10'000, kPeriod), 50u);
+  EXPECT_EQ(Ticker::VisitsPerTick(0, 0, kPeriod), 1u);
+  EXPECT_EQ(Ticker::VisitsPerTick(1, 4'000, 2 * kPeriod), 40u);
+  AddThreads(1'001);
+  provider_.per_tick = 5;
+  EXPECT_EQ(Wake().size(), 6u);
+  EXPECT_EQ(counts_.visits, 6u);
+  // A round takes 167 ticks: the next wake-up may stand for the most.
+  EXPECT_EQ(next_, 10u);
+  // 167 more wake-ups (x 6 >= 1,001) visit every thread.
+  std::vector<int> seen(1'001, 0);
+  for (int i = 0; i < 167; ++i) {
+    for (const std::string& line : Wake()) {
+      ++seen[std::stoi(line.substr(6))];
+    }
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 0);
 }
 
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {

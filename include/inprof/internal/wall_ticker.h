@@ -83,9 +83,26 @@ struct WallVisitCounts {
 template <typename P>
 class WallTicker {
  public:
-  // One wake-up standing for `batch` ticks: visits batch *
-  // P::ThreadsPerTick() threads of `threads` (each at most once), from
-  // where the last wake-up stopped. Lowers `next` to the batch the next
+  // The longest a round of the threads takes: past P::ThreadsPerTick() a
+  // tick, the visits grow with the thread count so that each thread is
+  // visited at least this often (10,000 threads at a 10 ms period: 50 a
+  // tick). Between two visits a thread's wall time is owed to it; what is
+  // owed when a profile is cut goes to the tail frame.
+  static constexpr int64_t kMaxRoundNs = 2'000'000'000;
+
+  // Visits a tick for `threads` threads at tick period `period_ns`.
+  static size_t VisitsPerTick(size_t configured, size_t threads, int64_t period_ns) {
+    const size_t floor = std::max<size_t>(1, configured);
+    if (period_ns <= 0) return floor;
+    const uint64_t needed =
+        (static_cast<uint64_t>(threads) * static_cast<uint64_t>(period_ns) + kMaxRoundNs - 1) /
+        kMaxRoundNs;
+    return std::max<size_t>(floor, static_cast<size_t>(needed));
+  }
+
+  // One wake-up standing for `batch` ticks: visits batch * VisitsPerTick
+  // threads of `threads` (each at most once), from where the last wake-up
+  // stopped. Lowers `next` to the batch the next
   // wake-up may stand for (a full round of the threads in that many ticks,
   // within [1, max_batch]). `steady_visits` counts steady visits in a row
   // across providers (ReportsSteadyVisits; reset by any other).
@@ -97,7 +114,8 @@ class WallTicker {
     WallVisitCounts counts;
     if (provider.TickPeriod() <= absl::ZeroDuration()) return counts;
     const size_t n = threads.size();
-    const size_t per_tick = std::max<size_t>(1, provider.ThreadsPerTick());
+    const size_t per_tick = VisitsPerTick(provider.ThreadsPerTick(), n,
+                                          absl::ToInt64Nanoseconds(provider.TickPeriod()));
     next = std::min(next, std::clamp<size_t>(n / per_tick, 1, max_batch));
     if (n == 0) return counts;
     const size_t visits = std::min(n, batch * per_tick);
