@@ -59,16 +59,17 @@ case "${1:-}" in
     #
     # Tests mostly wait (sleeps, serial timing tests) while builds compute:
     # once the plain build is done, the later stages' builds run in the
-    # background, in two chains at lower priorities, while the suites run
-    # in the foreground, each as soon as its build is ready. The sanitizer
-    # builds (ASan, then TSan) run at nice 5: a test that computes gets
-    # three quarters of a core it shares with one (a lower priority could
-    # starve them on a machine busy with other work). The fuzzers' and the
-    # Windows builds run beside them at nice 10: they are needed last, and
+    # background, in two chains, while the suites run in the foreground,
+    # each as soon as its build is ready: the sanitizer builds (ASan, then
+    # TSan), and beside them the fuzzers' and the Windows builds, which
     # take the CPU the others leave (the fuzzers' links and Abseil's CMake
     # steps use one core, the Wine prefix's creation less): one chain left
-    # ~8% of two cores idle. The suites pass beside two busy loops, so the
-    # builds beside them are no harm.
+    # ~8% of two cores idle. Both at nice 5: a test that computes gets three
+    # quarters of a core it shares with one build. Not lower: beside other
+    # work at nice 0 (a busy CI machine, or two busy loops) a build at nice
+    # 10 gets a tenth of a core, and the fuzzers' build took 813 s instead
+    # of 90. The suites pass beside two busy loops, so the builds beside
+    # them are no harm.
     #
     # Each stage's wall time and the CPU its processes used (user + system,
     # from bash's `times`) are printed as a table at the end: README's
@@ -139,10 +140,10 @@ case "${1:-}" in
     background() {
       local niceness=$1 name=$2 start=$SECONDS cpu cpu0 rc=0
       shift 2
-      cpu_now "$logs/.times-$niceness"
+      cpu_now "$logs/.times-$name"
       cpu0=$cpu
       nice -n "$niceness" "$@" >"$logs/$name.log" 2>&1 || rc=$?
-      cpu_now "$logs/.times-$niceness"
+      cpu_now "$logs/.times-$name"
       echo "$rc $((SECONDS - start)) $((cpu - cpu0))" >"$logs/$name.done"
     }
     (
@@ -153,8 +154,8 @@ case "${1:-}" in
     ) &
     builders=($!)
     (
-      [ "$fuzz_seconds" = 0 ] || background 10 "fuzzers: build" env FUZZ_STEP=build bash fuzz/run.sh "$build-fuzz"
-      [ "$windows" = 0 ] || background 10 "windows: build" bash scripts/windows.sh build
+      [ "$fuzz_seconds" = 0 ] || background 5 "fuzzers: build" env FUZZ_STEP=build bash fuzz/run.sh "$build-fuzz"
+      [ "$windows" = 0 ] || background 5 "windows: build" bash scripts/windows.sh build
     ) &
     builders+=($!)
     # || true: under set -e a failing kill (the builder is done) in the EXIT
