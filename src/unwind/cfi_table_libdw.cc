@@ -8,6 +8,7 @@
 // FDE's program from its start, which made libdw alone cost 25 ms of CPU
 // for a 600 KB executable. Runs off the hot path (the collector thread).
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/dwarf_registers.h"
 #include "inprof/internal/elf_notes.h"
 
 #include <dwarf.h>
@@ -36,11 +37,6 @@ namespace inprof::internal {
 CfiGlobalState g_cfi_state;
 
 namespace {
-
-// DWARF register numbers (System V AMD64 psABI, figure 3.36).
-constexpr uint64_t kDwarfFp = 6;
-constexpr uint64_t kDwarfSp = 7;
-constexpr uint64_t kDwarfRa = 16;
 
 // Bounds on the work one module may cause: a corrupt FDE claiming
 // gigabytes must not turn into billions of probes.

@@ -9,19 +9,17 @@
 
 #include <cstdlib>
 
+#include "inprof/internal/dwarf_registers.h"
+
 namespace inprof::internal {
 namespace {
 
-// DWARF register numbers (System V AMD64 psABI, figure 3.36).
+// x86-64 only (its DWARF register numbers: dwarf_registers.h). AArch64
+// keeps a leaf's return address in x30, not on the stack; the handler would
+// have to record lr instead. Not done yet.
 #if defined(__x86_64__)
-constexpr int kDwarfSp = 7;
-constexpr int kDwarfFp = 6;
 constexpr bool kSupported = true;
 #else
-// AArch64 keeps a leaf's return address in x30, not on the stack; the
-// handler would have to record lr instead. Not done yet.
-constexpr int kDwarfSp = -1;
-constexpr int kDwarfFp = -1;
 constexpr bool kSupported = false;
 #endif
 
@@ -152,7 +150,7 @@ int LeafFrameResolver::ReturnAddressSlot(uint64_t pc) {
           offset <= static_cast<int64_t>(8 * kStackWords)) {
         slot = static_cast<int>(offset / 8 - 1);
       }
-      (void)kDwarfFp;  // an rbp-based CFA means a frame record: slot -1
+      // An rbp-based CFA (kDwarfFp) means a frame record: slot -1.
       free(frame);
     }
   }
