@@ -163,28 +163,40 @@ case "${1:-}" in
     trap 'kill "${builders[@]}" 2>/dev/null || true' EXIT
     status=0
     stage "plain: tests" meson test -C "$build" --print-errorlogs || status=1
-    for san in $sanitizers; do
-      if await "$san: build"; then
-        stage "$san: tests" env INPROF_SANITIZERS="$san" INPROF_SANITIZER_STEP=test \
-          bash scripts/sanitizers.sh "$build" || status=1
-      else
+    # The later suites in the order their builds finish, so that a suite
+    # whose build is done runs while the others still build rather than
+    # after a suite still waiting for its own: what is left when the last
+    # build ends is its suite alone.
+    pending=()
+    for san in $sanitizers; do pending+=("$san"); done
+    [ "$fuzz_seconds" = 0 ] || pending+=(fuzzers)
+    [ "$windows" = 0 ] || pending+=(windows)
+    while ((${#pending[@]})); do
+      next=""
+      while [ -z "$next" ]; do
+        for p in "${pending[@]}"; do
+          if [ -f "$logs/$p: build.done" ]; then next=$p; break; fi
+        done
+        [ -n "$next" ] || sleep 1
+      done
+      rest=()
+      for p in "${pending[@]}"; do [ "$p" = "$next" ] || rest+=("$p"); done
+      pending=("${rest[@]}")
+      if ! await "$next: build"; then
         status=1
+        continue
       fi
+      case $next in
+        fuzzers)
+          stage "fuzzers: run" env FUZZ_STEP=run FUZZ_SECONDS="$fuzz_seconds" \
+            bash fuzz/run.sh "$build-fuzz" || status=1 ;;
+        windows)
+          stage "windows: tests" bash scripts/windows.sh test || status=1 ;;
+        *)
+          stage "$next: tests" env INPROF_SANITIZERS="$next" INPROF_SANITIZER_STEP=test \
+            bash scripts/sanitizers.sh "$build" || status=1 ;;
+      esac
     done
-    if [ "$fuzz_seconds" != 0 ]; then
-      if await "fuzzers: build"; then
-        stage "fuzzers: run" env FUZZ_STEP=run FUZZ_SECONDS="$fuzz_seconds" bash fuzz/run.sh "$build-fuzz" || status=1
-      else
-        status=1
-      fi
-    fi
-    if [ "$windows" != 0 ]; then
-      if await "windows: build"; then
-        stage "windows: tests" bash scripts/windows.sh test || status=1
-      else
-        status=1
-      fi
-    fi
     wait "${builders[@]}" 2>/dev/null || true
     echo
     echo "quickstart: where the time went (logs in $logs)"
