@@ -146,7 +146,7 @@ BENCHMARK(BM_WallTimeProvider_LookAtBlockedThread)
     ->Unit(benchmark::kMicrosecond);
 
 // What the wall sampler adds to a visit to learn where a waiting thread
-// waits without signalling it (profiler.h: ReadBlockedStack): a copy of its
+// waits without signalling it (profiler_collector.h: ReadBlockedStack): a copy of its
 // stack from where it waits up (process_vm_readv; the visit's look at
 // /proc/self/task/TID/syscall gave sp and pc, measured above), the walk of
 // the copy, and the thread's CPU clock read again to check it did not run. The signal it replaces costs the thread a

@@ -983,7 +983,7 @@ TEST(WallTimeProviderTest, WaitersWallTotalsMatchTheirLifetimesWhileTheSamplerIs
   }
 }
 
-// A blocked thread's stack is read from a copy of it (profiler.h:
+// A blocked thread's stack is read from a copy of it (profiler_collector.h:
 // ReadBlockedStack), not sampled by a signal that wakes it: the profile
 // holds its waiting stack, with its labels and the blocked state, and the
 // sampler counts a stack read. Driven by the profiler, so the walk meets the

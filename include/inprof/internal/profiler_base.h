@@ -6,10 +6,11 @@
 // the collector's pass over the slots, the wall ticker's thread, and the
 // counters. Compiled once, in src/core/profiler_base.cc.
 //
-// Profiler<U, R, Ps...> (profiler.h) derives from ProfilerBase and supplies
-// what its types decide through the hooks below: arming and disarming its
-// providers, draining a slot's ring, its slot pool, the ticking providers'
-// visits. The signal handler stays in the template: it is the hot path,
+// Profiler<U, R, Ps...> (profiler.h) derives from ProfilerBase, through
+// ProfilerCollector (profiler_collector.h), and supplies what its types
+// decide through the hooks below: arming and disarming its providers,
+// draining a slot's ring, its slot pool, the ticking providers' visits. The
+// signal handler (sample_handler.h) stays a template: it is the hot path,
 // and inlining the providers' OnSignal and the unwinder's walk into it is
 // what the template arguments are for.
 //
@@ -51,7 +52,8 @@ inline constexpr const char* kSmallStackFrame = "[inprof: on a small or foreign 
 
 // A registered thread: the header the signal handler reads, and the state
 // the collector and the ticker keep for it whatever the composition.
-// Profiler<>::Slot adds its providers' per-thread data and its ring.
+// ProfilerLayout<>::Slot (profiler_layout.h) adds its providers' per-thread
+// data and its ring.
 struct SlotBase : ThreadSlotHeader {
   int max_frames = 512;
   // Collector-owned (registry lock held).
@@ -89,8 +91,8 @@ struct SlotBase : ThreadSlotHeader {
   // Its providers are being armed or disarmed outside the registry lock:
   // the ticker leaves it alone meanwhile.
   bool arm_in_flight = false;
-  // Where a copy of the thread's stack last failed to walk (ticker,
-  // registry lock; Profiler<>::ReadBlockedStack): signalled there instead.
+  // Where a copy of the thread's stack last failed to walk (ticker, registry
+  // lock; ProfilerCollector<>::ReadBlockedStack): signalled there instead.
   SyscallSite unreadable_site;
   uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0,
            seen_small_stack = 0;

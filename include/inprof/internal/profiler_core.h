@@ -87,7 +87,7 @@ class DebugServer;
      taken of such a thread, so RegisterThread unblocked it. */               \
   X(threads_sigprof_unblocked, true, "threads registered with SIGPROF blocked") \
   /* Blocked threads whose episode's stack the wall sampler read from a copy  \
-     of their stack instead of signalling them (profiler.h:                   \
+     of their stack instead of signalling them (profiler_collector.h:         \
      ReadBlockedStack). */                                                    \
   X(wall_stacks_read, true, "blocked stacks read without a signal")          \
   /* Samples of a thread that was on a stack too small for the handler's      \

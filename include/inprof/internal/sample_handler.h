@@ -1,0 +1,337 @@
+// internal: not part of the public API (include inprof/profiler.h).
+//
+// The signal handler's half of Profiler<U, R, Ps...>: on the sampled
+// thread, it asks the provider the signal is for for the sample's values,
+// walks the interrupted stack with U and pushes one record (sample_record.h)
+// into the thread's ring -- and one more for each other provider whose
+// signal this one swallowed. A thread on a stack too small for the walk
+// gets records without a stack (SampleStackless). The collector's half
+// (profiler_collector.h) reads the records back.
+//
+// ProfilerBase installs SampleThread, SampleStackless and TakeOwedSamples
+// in each slot (ThreadSlotHeader); the process-wide handler
+// (signal_dispatch.h) calls them. Everything here is async-signal-safe:
+// no allocation, no lock, nothing but the slot, the ring and the stack.
+#ifndef INPROF_INTERNAL_SAMPLE_HANDLER_H_
+#define INPROF_INTERNAL_SAMPLE_HANDLER_H_
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <tuple>
+#include <utility>
+
+#include "inprof/internal/profiler_layout.h"
+#include "inprof/internal/sample_record.h"
+#include "inprof/internal/signal_dispatch.h"
+#include "inprof/internal/thread_info.h"
+#include "inprof/sample_provider.h"
+#include "inprof/unwinder.h"
+
+namespace inprof::internal {
+
+template <Unwinder U, SampleRing R, SampleProvider... Ps>
+class SampleHandler {
+  using L = ProfilerLayout<U, R, Ps...>;
+  using Slot = typename L::Slot;
+  static constexpr size_t kNumProviders = L::kNumProviders;
+  static constexpr auto kValueCounts = L::kValueCounts;
+  static constexpr auto kValueOffsets = L::kValueOffsets;
+  static constexpr size_t kMaxValuesPerProvider = L::kMaxValuesPerProvider;
+  static constexpr auto kSamplesRunning = L::kSamplesRunning;
+  static constexpr size_t kLeafWords = L::kLeafWords;
+  static constexpr size_t kMaxRecordWords = L::kMaxRecordWords;
+  static constexpr uint64_t kWalkGenerationMask = L::kWalkGenerationMask;
+  static bool UnwindTablesReady() { return L::UnwindTablesReady(); }
+  static uint64_t UnwindTablesGeneration() { return L::UnwindTablesGeneration(); }
+
+ public:
+  // Samples pushed by handlers of this profiler type (one profiler runs at a
+  // time; a second of the same type only causes extra passes): the
+  // collector skips its pass over the slots while it is unchanged.
+  static inline std::atomic<uint64_t> activity{0};
+
+  // A sample of the thread the signal interrupted, its stack walked.
+  static void SampleThread(ThreadSlotHeader* header,
+                           siginfo_t* info, void* ucontext, int tag) noexcept {
+    Slot* slot = static_cast<Slot*>(header);
+    size_t provider;
+    int64_t values[kMaxValuesPerProvider];
+    if (!TakeValues(*slot, *info, tag, provider, values)) return;
+    const size_t nvalues = kValueCounts[provider];
+    uint64_t record[kMaxRecordWords];
+    // The thread's labels: written only by this thread, so a plain copy
+    // after a signal fence sees a consistent set.
+    std::atomic_signal_fence(std::memory_order_acquire);
+    uint32_t nlabels = slot->label_count;
+    if (nlabels > ThreadSlotHeader::kMaxLabels) nlabels = 0;
+    const size_t label_at = 1 + nvalues + kLeafWords;
+    for (size_t i = 0; i < 2 * nlabels; ++i) {
+      record[label_at + i] = slot->label_words[i];
+    }
+    const size_t header_words = label_at + 2 * nlabels;
+    const size_t frame_room = kMaxRecordWords - header_words;
+    const size_t max_frames =
+        static_cast<size_t>(slot->max_frames) < frame_room
+            ? static_cast<size_t>(slot->max_frames)
+            : frame_room;
+    const bool sampled_blocked = SampledBlockedAt(
+        provider, *slot, std::make_index_sequence<kNumProviders>{});
+    // Read before the walk, so that tables published during it count as
+    // newer (the safe side: the episode is then sampled again).
+    RecordMeta meta;
+    if (sampled_blocked) {
+      meta.tables_ready = UnwindTablesReady();
+      meta.generation = static_cast<uint32_t>(UnwindTablesGeneration() & kWalkGenerationMask);
+    }
+    U unwinder;
+    if constexpr (kLeafWords > 0) {
+      unwinder.CopyLeafStack(
+          ucontext, slot->stack,
+          std::span<uint64_t>(record + 1 + nvalues, kLeafWords));
+    }
+    const UnwindResult unwound = unwinder.Unwind(
+        ucontext, slot->stack,
+        std::span<uintptr_t>(
+            reinterpret_cast<uintptr_t*>(record + header_words), max_frames));
+    static_assert(sizeof(uintptr_t) == sizeof(uint64_t));
+    // Which tables a provisional stack of a blocking episode was walked
+    // with: the collector may drain it after newer tables are published,
+    // and decides from this whether to sample the episode again.
+    if (!(sampled_blocked && unwound.provisional)) {
+      meta.tables_ready = false;
+      meta.generation = 0;
+    }
+    meta.provider = static_cast<uint8_t>(provider);
+    meta.truncated = unwound.truncated;
+    meta.blocked = sampled_blocked;
+    meta.provisional = unwound.provisional;
+    meta.leaf_words = kLeafWords > 0;
+    meta.label_count = static_cast<uint8_t>(nlabels);
+    meta.depth = static_cast<uint16_t>(unwound.depth);
+    record[0] = meta.Encode();
+    for (size_t i = 0; i < nvalues; ++i) {
+      record[1 + i] = static_cast<uint64_t>(values[i]);
+    }
+    slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
+    if (unwound.truncated) {
+      slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (!slot->active_ring->TryPush(
+            std::span<const uint64_t>(record, header_words + unwound.depth))) {
+      // Keep the values so totals stay true; the ring counted the drop.
+      const size_t offset = kValueOffsets[provider];
+      for (size_t i = 0; i < nvalues; ++i) {
+        slot->dropped_values[offset + i].fetch_add(values[i],
+                                                   std::memory_order_relaxed);
+      }
+    } else if (kSamplesRunning[provider] && info->si_code != SI_KERNEL) {
+      // A stack of the thread running, now in its ring (ITIMER_PROF's
+      // process-wide signal, SI_KERNEL, may land on a thread that is not
+      // the one running: not counted). Only this thread writes the count.
+      slot->running_samples.store(
+          slot->running_samples.load(std::memory_order_relaxed) + 1,
+          std::memory_order_release);
+    }
+    // A signal another provider sent that this one swallowed: the same
+    // stack, recorded again for it.
+    TakeSwallowedEach(provider, *slot, record, nvalues, nlabels, unwound,
+                      std::make_index_sequence<kNumProviders>{});
+    HandlerDone(*slot);
+  }
+
+  // The signal handler's part for a thread whose stack cannot take
+  // SampleThread (ThreadSlotHeader::sample_stackless): the provider's
+  // values, and those of signals it swallowed, as records without a stack.
+  // Its frame is a few words. Async-signal-safe.
+  static void SampleStackless(ThreadSlotHeader* header,
+                              siginfo_t* info, void*, int tag) noexcept {
+    Slot* slot = static_cast<Slot*>(header);
+    size_t provider;
+    int64_t values[kMaxValuesPerProvider];
+    if (!TakeValues(*slot, *info, tag, provider, values)) return;
+    const bool blocked = SampledBlockedAt(
+        provider, *slot, std::make_index_sequence<kNumProviders>{});
+    PushStackless(*slot, provider, values, blocked);
+    TakeSwallowedStacklessEach(provider, *slot,
+                               std::make_index_sequence<kNumProviders>{});
+    HandlerDone(*slot);
+  }
+  // On the owning thread as it unregisters (ThreadSlotHeader::
+  // before_retire): each provider that OwesSamples and owes one now gets
+  // its signal, handled before the call returns (a signal a thread sends
+  // itself is delivered as the system call returns).
+  static void TakeOwedSamples(ThreadSlotHeader* header) noexcept {
+    Slot* slot = static_cast<Slot*>(header);
+    const uint64_t session = slot->session.load(std::memory_order_acquire);
+    if (session == 0 || session != ActiveSession()) return;
+    TakeOwedEach(*slot, session, std::make_index_sequence<kNumProviders>{});
+  }
+ private:
+  // What both handler parts begin with: the provider the signal is for
+  // (`tag`) and the values it measured; false when there is no sample.
+  static bool TakeValues(Slot& slot, const siginfo_t& info, int tag,
+                         size_t& provider, int64_t* values) noexcept {
+    provider = static_cast<size_t>(tag & 0xff);
+    return provider < kNumProviders &&
+           OnSignalAt(provider, slot, info,
+                      std::make_index_sequence<kNumProviders>{}, values);
+  }
+  // ... and end with, after the records' push.
+  static void HandlerDone(Slot& slot) noexcept {
+    // After the push: a collector that sees this count sees the record.
+    activity.fetch_add(1, std::memory_order_release);
+    slot.handler_exit_clock.store(ThreadCpuNanos(slot.cpu_clock),
+                                  std::memory_order_relaxed);
+  }
+
+  static void PushStackless(Slot& slot, size_t provider, const int64_t* values,
+                            bool blocked) noexcept {
+    const size_t nvalues = kValueCounts[provider];
+    uint64_t record[1 + kMaxValuesPerProvider];
+    RecordMeta meta;
+    meta.provider = static_cast<uint8_t>(provider);
+    meta.stackless = true;
+    meta.blocked = blocked;
+    record[0] = meta.Encode();
+    for (size_t i = 0; i < nvalues; ++i) {
+      record[1 + i] = static_cast<uint64_t>(values[i]);
+    }
+    slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
+    if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, 1 + nvalues))) {
+      for (size_t i = 0; i < nvalues; ++i) {
+        slot.dropped_values[kValueOffsets[provider] + i].fetch_add(
+            values[i], std::memory_order_relaxed);
+      }
+    }
+  }
+  template <size_t... I>
+  static void TakeSwallowedStacklessEach(size_t provider, Slot& slot,
+                                         std::index_sequence<I...>) noexcept {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (TakesSwallowedSignals<P>) {
+            if (provider == I) return;
+            int64_t values[kMaxValuesPerProvider];
+            if (P::TakeSwallowed(slot, std::get<I>(slot.data),
+                                 std::span<int64_t>(values, kValueCounts[I]))) {
+              PushStackless(slot, I, values, /*blocked=*/false);
+            }
+          }
+        }(),
+        ...);
+  }
+
+  template <size_t... I>
+  static void TakeOwedEach(Slot& slot, uint64_t session,
+                           std::index_sequence<I...>) noexcept {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (OwesSamples<P>) {
+            if (P::OwesSample(slot, std::get<I>(slot.data))) {
+              SignalThisThread(MakeSignalTag(I, session));
+            }
+          }
+        }(),
+        ...);
+  }
+
+  // In the handler, after `provider`'s record was pushed from `record`:
+  // each other provider that had a signal outstanding for the thread
+  // (TakesSwallowedSignals) gets a record of the same stack. The record is
+  // rewritten in place: its values, and the words after them moved to
+  // where its header ends for that provider.
+  template <size_t... I>
+  static void TakeSwallowedEach(size_t provider, Slot& slot, uint64_t* record,
+                                size_t nvalues, size_t nlabels,
+                                const UnwindResult& unwound,
+                                std::index_sequence<I...>) noexcept {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (TakesSwallowedSignals<P>) {
+            if (provider == I) return;
+            int64_t values[kMaxValuesPerProvider];
+            if (!P::TakeSwallowed(slot, std::get<I>(slot.data),
+                                  std::span<int64_t>(values, kValueCounts[I]))) {
+              return;
+            }
+            const size_t new_header =
+                1 + kValueCounts[I] + kLeafWords + 2 * nlabels;
+            size_t depth = unwound.depth;
+            bool truncated = unwound.truncated;
+            if (new_header + depth > kMaxRecordWords) {
+              depth = kMaxRecordWords - new_header;
+              truncated = true;
+            }
+            // Leaf words, labels and frames, moved as one block.
+            const size_t from = 1 + nvalues, to = 1 + kValueCounts[I];
+            const size_t words = kLeafWords + 2 * nlabels + depth;
+            if (to < from) {
+              for (size_t w = 0; w < words; ++w) record[to + w] = record[from + w];
+            } else if (to > from) {
+              for (size_t w = words; w-- > 0;) record[to + w] = record[from + w];
+            }
+            RecordMeta meta;
+            meta.provider = static_cast<uint8_t>(I);
+            meta.truncated = truncated;
+            meta.leaf_words = kLeafWords > 0;
+            meta.label_count = static_cast<uint8_t>(nlabels);
+            meta.depth = static_cast<uint16_t>(depth);
+            record[0] = meta.Encode();
+            for (size_t i = 0; i < kValueCounts[I]; ++i) {
+              record[1 + i] = static_cast<uint64_t>(values[i]);
+            }
+            slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
+            if (truncated) slot.samples_truncated.fetch_add(1, std::memory_order_relaxed);
+            if (!slot.active_ring->TryPush(
+                    std::span<const uint64_t>(record, new_header + depth))) {
+              for (size_t i = 0; i < kValueCounts[I]; ++i) {
+                slot.dropped_values[kValueOffsets[I] + i].fetch_add(
+                    values[i], std::memory_order_relaxed);
+              }
+            }
+            nvalues = kValueCounts[I];
+          }
+        }(),
+        ...);
+  }
+
+  // Providers that say whether their sample is of a blocked thread.
+  template <size_t... I>
+  static bool SampledBlockedAt(size_t provider, Slot& slot,
+                               std::index_sequence<I...>) noexcept {
+    bool blocked = false;
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (ReportsBlockedSamples<P>) {
+            if (provider == I) blocked = P::SampledBlocked(std::get<I>(slot.data));
+          }
+        }(),
+        ...);
+    return blocked;
+  }
+  template <size_t... I>
+  static bool OnSignalAt(size_t provider, Slot& slot, const siginfo_t& info,
+                         std::index_sequence<I...>, int64_t* values) noexcept {
+    bool sampled = false;
+    ((provider == I
+          ? (sampled = std::tuple_element_t<I, std::tuple<Ps...>>::OnSignal(
+                 slot, std::get<I>(slot.data), info,
+                 std::span<int64_t>(values, kValueCounts[I])),
+             true)
+          : false) ||
+     ...);
+    return sampled;
+  }
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_SAMPLE_HANDLER_H_
