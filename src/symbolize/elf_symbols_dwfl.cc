@@ -1,0 +1,807 @@
+// src/symbolize/elf_symbols_dwfl.cc: see elf_symbols_dwfl.h.
+#include "src/symbolize/elf_symbols_dwfl.h"
+
+#include <cxxabi.h>
+#include <dwarf.h>
+#include <gelf.h>
+#include <libelf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "inprof/internal/owned_fd.h"
+
+namespace inprof::internal {
+
+std::string HexBytes(const unsigned char* bytes, size_t size) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(size * 2);
+  for (size_t i = 0; i < size; ++i) {
+    out.push_back(kHex[bytes[i] >> 4]);
+    out.push_back(kHex[bytes[i] & 0xf]);
+  }
+  return out;
+}
+
+absl::Status CannotRead(const std::string& path, absl::string_view reason) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot read symbols of ", path, ": ", reason));
+}
+
+namespace {
+
+// Demangles an Itanium C++ ABI name; returns the input when it is not one.
+std::string Demangle(const char* mangled) {
+  if (mangled == nullptr) return "";
+  if (mangled[0] != '_' || mangled[1] != 'Z') return mangled;
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  if (status != 0 || demangled == nullptr) {
+    std::free(demangled);
+    return mangled;
+  }
+  std::string result(demangled);
+  std::free(demangled);
+  return result;
+}
+
+std::string DwflError() {
+  const char* msg = dwfl_errmsg(-1);
+  return msg != nullptr ? msg : "unknown libdwfl error";
+}
+
+// Checks that the ELF headers, program headers, section headers and section
+// contents all lie inside the file. libelf maps what it is given; a
+// truncated file otherwise shows up later as missing symbols, or not at all.
+absl::Status CheckElfFits(int fd, const std::string& path) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    return CannotRead(path, absl::StrCat("fstat: ", std::strerror(errno)));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  if (elf == nullptr) {
+    return CannotRead(path,
+                      absl::StrCat("not an ELF file (", elf_errmsg(-1), ")"));
+  }
+  absl::Status status;
+  auto fits = [size](uint64_t offset, uint64_t length) {
+    return offset <= size && length <= size - offset;
+  };
+  GElf_Ehdr ehdr;
+  size_t shnum = 0;
+  if (elf_kind(elf) != ELF_K_ELF) {
+    status = CannotRead(path, "not an ELF file (bad magic)");
+  } else if (gelf_getehdr(elf, &ehdr) == nullptr) {
+    status =
+        CannotRead(path, absl::StrCat("bad ELF header (", elf_errmsg(-1), ")"));
+  } else if (!fits(ehdr.e_phoff, uint64_t{ehdr.e_phnum} * ehdr.e_phentsize)) {
+    status = CannotRead(
+        path, absl::StrFormat("truncated or corrupt: program headers at "
+                              "offset %u exceed the file size %u",
+                              ehdr.e_phoff, size));
+  } else if (ehdr.e_shoff != 0 &&
+             !fits(ehdr.e_shoff, uint64_t{std::max<uint16_t>(ehdr.e_shnum, 1)} *
+                                     ehdr.e_shentsize)) {
+    // Checked on the raw header: libelf quietly reports no sections when the
+    // table lies beyond the end of the file.
+    status = CannotRead(
+        path, absl::StrFormat("truncated or corrupt: %u section headers at "
+                              "offset %u exceed the file size %u",
+                              ehdr.e_shnum, ehdr.e_shoff, size));
+  } else if (elf_getshdrnum(elf, &shnum) != 0) {
+    status = CannotRead(
+        path, absl::StrCat("bad section header count (", elf_errmsg(-1), ")"));
+  } else if (shnum > 0 &&
+             !fits(ehdr.e_shoff, uint64_t{shnum} * ehdr.e_shentsize)) {
+    status = CannotRead(
+        path, absl::StrFormat("truncated or corrupt: %u section headers at "
+                              "offset %u exceed the file size %u",
+                              shnum, ehdr.e_shoff, size));
+  } else {
+    for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn != nullptr;
+         scn = elf_nextscn(elf, scn)) {
+      GElf_Shdr shdr;
+      if (gelf_getshdr(scn, &shdr) == nullptr) {
+        status = CannotRead(
+            path, absl::StrCat("bad section header (", elf_errmsg(-1), ")"));
+        break;
+      }
+      if (shdr.sh_type != SHT_NOBITS && !fits(shdr.sh_offset, shdr.sh_size)) {
+        status = CannotRead(
+            path, absl::StrFormat("truncated or corrupt: section %u ends at "
+                                  "offset %u beyond the file size %u",
+                                  elf_ndxscn(scn),
+                                  shdr.sh_offset + shdr.sh_size, size));
+        break;
+      }
+    }
+  }
+  elf_end(elf);
+  return status;
+}
+
+// Name of a subprogram or inlined-subroutine DIE: the demangled linkage name
+// when there is one (qualified, with parameters, like the symbol table's),
+// else DW_AT_name. Follows DW_AT_abstract_origin and DW_AT_specification.
+void DieName(Dwarf_Die* die, std::string* function, std::string* system_name) {
+  Dwarf_Attribute attr;
+  const char* linkage = nullptr;
+  if (dwarf_attr_integrate(die, DW_AT_linkage_name, &attr) != nullptr ||
+      dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr) != nullptr) {
+    linkage = dwarf_formstring(&attr);
+  }
+  if (linkage != nullptr) {
+    *function = Demangle(linkage);
+    *system_name = linkage;
+    return;
+  }
+  const char* name = nullptr;
+  if (dwarf_attr_integrate(die, DW_AT_name, &attr) != nullptr) {
+    name = dwarf_formstring(&attr);
+  }
+  *function = name != nullptr ? name : "";
+  *system_name = *function;
+}
+
+// DW_AT_call_file / DW_AT_call_line of an inlined-subroutine DIE.
+// `lines`: the unit's line table as our reader read it (its file table is
+// the one DW_AT_call_file indexes), or null to ask libdw, whose
+// dwarf_getsrcfiles decodes the unit's whole line program for it.
+void CallSite(Dwarf_Die* inlined, const internal::LineTable* lines,
+              std::string* file, int64_t* line) {
+  file->clear();
+  *line = 0;
+  Dwarf_Attribute attr;
+  Dwarf_Word value = 0;
+  if (dwarf_attr(inlined, DW_AT_call_line, &attr) != nullptr &&
+      dwarf_formudata(&attr, &value) == 0 &&
+      value <= static_cast<Dwarf_Word>(std::numeric_limits<int64_t>::max())) {
+    *line = static_cast<int64_t>(value);
+  }
+  if (dwarf_attr(inlined, DW_AT_call_file, &attr) == nullptr ||
+      dwarf_formudata(&attr, &value) != 0) {
+    return;
+  }
+  if (lines != nullptr) {
+    if (const std::string* name = lines->File(value); name != nullptr) {
+      *file = *name;
+    }
+    return;
+  }
+  Dwarf_Die cu;
+  if (dwarf_diecu(inlined, &cu, nullptr, nullptr) == nullptr) return;
+  Dwarf_Files* files = nullptr;
+  size_t nfiles = 0;
+  if (dwarf_getsrcfiles(&cu, &files, &nfiles) != 0 || value >= nfiles) return;
+  const char* name = dwarf_filesrc(files, value, nullptr, nullptr);
+  if (name != nullptr) *file = name;
+}
+
+}  // namespace
+
+// The module's symbols (.symtab, else .dynsym, plus a MiniDebugInfo table)
+// sorted by address, for the symbol "closest" to an address as
+// dwfl_module_addrinfo() defines it: the nearest symbol at or below it whose
+// st_size covers it, global binding preferred; failing that, the nearest
+// sizeless one (assembly labels) in the same section that no sized symbol
+// overlaps. dwfl_module_addrinfo() scans the whole table on each call (tens
+// of microseconds per address in a large program).
+class SymbolTable {
+ public:
+  explicit SymbolTable(Dwfl_Module* mod) : mod_(mod) {
+    const int count = dwfl_module_getsymtab(mod);
+    symtab_count_ = count > 0 ? count : 0;
+    // Room for every symbol at once: a large table grown by doubling costs
+    // its copies and fresh pages each time (on the export's critical path).
+    if (count > 0) entries_.reserve(static_cast<size_t>(count) + 64);
+    for (int i = 0; i < count; ++i) {
+      GElf_Sym sym;
+      GElf_Addr value = 0;
+      GElf_Word shndx = 0;
+      Elf* elf = nullptr;
+      Dwarf_Addr bias = 0;
+      const char* name =
+          dwfl_module_getsym_info(mod, i, &sym, &value, &shndx, &elf, &bias);
+      const int type = GELF_ST_TYPE(sym.st_info);
+      if (name == nullptr || name[0] == '\0' || sym.st_shndx == SHN_UNDEF ||
+          type == STT_SECTION || type == STT_FILE || type == STT_TLS) {
+        continue;
+      }
+      Entry e;
+      e.start = value;
+      e.size = Clamp32(sym.st_size);
+      if (e.size != 0) {
+        e.extent = e.size;
+      } else if (const uint64_t end =
+                     SectionEnd(elf, shndx, value, sym.st_value);
+                 end > value) {
+        e.extent = Clamp32(end - value);
+      }
+      e.type = static_cast<uint8_t>(type);
+      e.binding = static_cast<uint8_t>(BindingRank(GELF_ST_BIND(sym.st_info)));
+      e.order = static_cast<uint32_t>(i);
+      entries_.push_back(e);
+    }
+    AddPltEntries(mod);
+    std::sort(entries_.begin(), entries_.end(),
+              [](const Entry& a, const Entry& b) {
+                return a.start != b.start ? a.start < b.start
+                                          : a.order < b.order;
+              });
+    // reach_[i]: the furthest any symbol in entries_[0..i] extends (sizeless
+    // ones count as their own address), for stopping backward scans.
+    reach_.resize(entries_.size());
+    uint64_t reach = 0;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      reach = std::max(reach, entries_[i].start + entries_[i].size);
+      reach_[i] = reach;
+    }
+  }
+
+  // The symbol's name and type (STT_*), or nullptr.
+  const char* Find(uint64_t addr, int* type) const {
+    auto it = std::upper_bound(
+        entries_.begin(), entries_.end(), addr,
+        [](uint64_t a, const Entry& e) { return a < e.start; });
+    if (it == entries_.begin()) return nullptr;
+    const size_t last = static_cast<size_t>(it - entries_.begin()) - 1;
+    // Any symbol at or below addr ending past a sizeless one hides it.
+    const uint64_t min_label = reach_[last];
+    const Entry* sized = nullptr;
+    const Entry* sizeless = nullptr;
+    for (size_t i = last + 1; i-- > 0;) {
+      if (reach_[i] <= addr) break;  // nothing at or before i reaches addr
+      const Entry& e = entries_[i];
+      if (sized != nullptr && e.start < sized->start) break;
+      if (e.size != 0 && addr - e.start < e.size) {
+        if (sized == nullptr || Better(e, *sized)) sized = &e;
+      }
+    }
+    if (sized == nullptr) {
+      for (size_t i = last + 1; i-- > 0;) {
+        const Entry& e = entries_[i];
+        if (e.start < min_label) break;
+        if (sizeless != nullptr && e.start < sizeless->start) break;
+        if (e.size == 0 && addr - e.start < e.extent &&
+            (sizeless == nullptr || e.binding > sizeless->binding ||
+             (e.binding == sizeless->binding && e.order < sizeless->order))) {
+          sizeless = &e;
+        }
+      }
+    }
+    const Entry* best = sized != nullptr ? sized : sizeless;
+    if (best == nullptr) return nullptr;
+    *type = best->type;
+    return NameOf(*best);
+  }
+
+ private:
+  // 24 bytes: a system library's table holds 10,000 of them (libc with its
+  // debug file), built at the last export of every short run, where the
+  // fresh pages and the sort cost more than reading the symbols. The name
+  // is read back from the module's table for the one symbol a lookup
+  // returns.
+  struct Entry {
+    uint64_t start = 0;
+    uint32_t size = 0;    // st_size; 0: a sizeless label
+    uint32_t extent = 0;  // sized: size; sizeless: to its section's end
+    uint32_t order = 0;   // index in the module's table; PLT stubs after it
+    uint8_t type = 0;     // STT_*
+    uint8_t binding = 0;  // higher is preferred
+  };
+  static_assert(sizeof(Entry) == 24);
+
+  static uint32_t Clamp32(uint64_t v) {
+    return v > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(v);
+  }
+
+  // libelf's string for a symbol of the table (stable while the module is
+  // open), or the PLT stub's own name.
+  const char* NameOf(const Entry& e) const {
+    if (e.order >= symtab_count_) {
+      return plt_names_[e.order - symtab_count_].c_str();
+    }
+    GElf_Sym sym;
+    GElf_Addr value = 0;
+    GElf_Word shndx = 0;
+    Elf* elf = nullptr;
+    Dwarf_Addr bias = 0;
+    return dwfl_module_getsym_info(mod_, static_cast<int>(e.order), &sym,
+                                   &value, &shndx, &elf, &bias);
+  }
+
+  // PLT stubs have no symbols of their own; name them "<function>@plt" as
+  // objdump and perf do. Entry i of .rela.plt (a JUMP_SLOT relocation naming
+  // a .dynsym symbol) is the stub at .plt.sec + 16 i when the object has
+  // that section (IBT builds), else .plt + 16 (i + 1) (.plt's first entry
+  // calls the resolver). Lazily bound or not, the stubs are where they are.
+  void AddPltEntries(Dwfl_Module* mod) {
+    Dwarf_Addr bias = 0;
+    Elf* elf = dwfl_module_getelf(mod, &bias);
+    if (elf == nullptr) return;
+    size_t shstrndx = 0;
+    if (elf_getshdrstrndx(elf, &shstrndx) != 0) return;
+    Elf_Scn* rela = nullptr;
+    GElf_Shdr rela_hdr{}, plt_hdr{}, plt_sec_hdr{};
+    bool have_plt = false, have_plt_sec = false;
+    for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn != nullptr;
+         scn = elf_nextscn(elf, scn)) {
+      GElf_Shdr hdr;
+      if (gelf_getshdr(scn, &hdr) == nullptr) continue;
+      const char* name = elf_strptr(elf, shstrndx, hdr.sh_name);
+      if (name == nullptr) continue;
+      if (std::strcmp(name, ".rela.plt") == 0 && hdr.sh_type == SHT_RELA) {
+        rela = scn;
+        rela_hdr = hdr;
+      } else if (std::strcmp(name, ".plt") == 0) {
+        plt_hdr = hdr;
+        have_plt = true;
+      } else if (std::strcmp(name, ".plt.sec") == 0) {
+        plt_sec_hdr = hdr;
+        have_plt_sec = true;
+      }
+    }
+    if (rela == nullptr || (!have_plt && !have_plt_sec)) return;
+    Elf_Scn* dynsym = elf_getscn(elf, rela_hdr.sh_link);
+    GElf_Shdr dynsym_hdr;
+    Elf_Data* rela_data = elf_getdata(rela, nullptr);
+    Elf_Data* sym_data = dynsym != nullptr ? elf_getdata(dynsym, nullptr) : nullptr;
+    if (rela_data == nullptr || sym_data == nullptr ||
+        gelf_getshdr(dynsym, &dynsym_hdr) == nullptr ||
+        rela_hdr.sh_entsize == 0) {
+      return;
+    }
+    constexpr uint64_t kStub = 16;
+    const uint64_t base =
+        have_plt_sec ? plt_sec_hdr.sh_addr : plt_hdr.sh_addr + kStub;
+    const uint64_t limit = have_plt_sec ? plt_sec_hdr.sh_addr + plt_sec_hdr.sh_size
+                                        : plt_hdr.sh_addr + plt_hdr.sh_size;
+    const size_t n = rela_hdr.sh_size / rela_hdr.sh_entsize;
+    for (size_t i = 0; i < n; ++i) {
+      GElf_Rela r;
+      if (gelf_getrela(rela_data, static_cast<int>(i), &r) == nullptr) break;
+      const uint64_t start = base + kStub * i;
+      if (start + kStub > limit) break;
+      if (GELF_R_TYPE(r.r_info) != R_X86_64_JUMP_SLOT) continue;
+      GElf_Sym sym;
+      if (gelf_getsym(sym_data, static_cast<int>(GELF_R_SYM(r.r_info)), &sym) ==
+          nullptr) {
+        continue;
+      }
+      const char* name = elf_strptr(elf, dynsym_hdr.sh_link, sym.st_name);
+      if (name == nullptr || name[0] == '\0') continue;
+      Entry e;
+      e.start = start + bias;
+      e.size = kStub;
+      e.extent = kStub;
+      e.type = STT_FUNC;
+      e.binding = static_cast<uint8_t>(BindingRank(STB_LOCAL));
+      e.order = symtab_count_ + static_cast<uint32_t>(plt_names_.size());
+      plt_names_.push_back(absl::StrCat(name, "@plt"));
+      entries_.push_back(e);
+    }
+  }
+
+  static int BindingRank(int bind) {
+    switch (bind) {
+      case STB_GLOBAL:
+        return 3;
+      case STB_WEAK:
+        return 2;
+      case STB_LOCAL:
+        return 1;
+      default:
+        return 0;
+    }
+  }
+
+  // Between two sized symbols at the same address that both cover it: the
+  // global one, then the smaller, then the first in the table.
+  static bool Better(const Entry& a, const Entry& b) {
+    if (a.binding != b.binding) return a.binding > b.binding;
+    if (a.size != b.size) return a.size < b.size;
+    return a.order < b.order;
+  }
+
+  // End of the section holding a sizeless symbol, in the symbol's adjusted
+  // address space; absolute symbols cover only their own address.
+  static uint64_t SectionEnd(Elf* elf, GElf_Word shndx, uint64_t value,
+                             uint64_t st_value) {
+    if (shndx == SHN_UNDEF || shndx >= SHN_LORESERVE || elf == nullptr) {
+      return value + 1;
+    }
+    GElf_Shdr shdr;
+    Elf_Scn* scn = elf_getscn(elf, shndx);
+    if (scn == nullptr || gelf_getshdr(scn, &shdr) == nullptr ||
+        st_value < shdr.sh_addr) {
+      return value + 1;
+    }
+    return value + (shdr.sh_addr + shdr.sh_size - st_value);
+  }
+
+  Dwfl_Module* mod_;
+  uint32_t symtab_count_ = 0;
+  std::vector<std::string> plt_names_;  // "<function>@plt", by order
+  std::vector<Entry> entries_;  // by address, then table order
+  std::vector<uint64_t> reach_;
+};
+
+// The functions (DW_TAG_subprogram) and inlined instances
+// (DW_TAG_inlined_subroutine) of one compilation unit that have code, with
+// their address ranges and nesting. dwarf_getscopes() walks the tree on
+// every call, which costs milliseconds per address in the CUs of
+// template-heavy C++ (measured with bench/symbolizer_benchmark: 3-4 ms per
+// address before this index). The index is built in two steps: the CU's
+// functions (one walk of the CU's top levels, not of their bodies), then a
+// function's inside (its inlined instances and blocks) the first time an
+// address falls in it: an export that names a few addresses in a large CU
+// reads the few functions it needs (the last export of a short run spent
+// 4 ms reading every function body of one CU).
+class CuScopes {
+ public:
+  explicit CuScopes(Dwarf_Die* cu) {
+    Collect(cu, -1, 0, &ranges_, /*expand=*/false);
+    SortRanges(&ranges_);
+  }
+
+  // Appends the chain at DWARF address `pc`: inlined instances innermost
+  // first, then the enclosing function. Empty when no function covers pc.
+  void Chain(uint64_t pc, std::vector<Dwarf_Die>* chain) {
+    int node = Innermost(ranges_, pc);
+    if (node >= 0 && !nodes_[node].inlined) {
+      if (!nodes_[node].expanded) Expand(node);
+      const int inner = Innermost(inner_[nodes_[node].inner], pc);
+      if (inner >= 0) node = inner;
+    }
+    for (int n = node; n >= 0; n = nodes_[n].parent) {
+      chain->push_back(nodes_[n].die);
+      if (!nodes_[n].inlined) break;
+    }
+  }
+
+ private:
+  struct Node {
+    Dwarf_Die die;
+    int parent;        // index into nodes_; -1: none
+    bool inlined;      // DW_TAG_inlined_subroutine, else a subprogram
+    bool expanded;     // its inside is indexed (in inner_[inner])
+    size_t inner;
+    size_t first_range;  // [first_range, end_range) in node_ranges_
+    size_t end_range;
+  };
+  struct Range {
+    uint64_t low;
+    uint64_t high;  // exclusive
+    int node;
+  };
+
+  // Deeper nesting only comes from corrupt DWARF; stop before the stack
+  // does.
+  static constexpr int kMaxDepth = 256;
+
+  static void SortRanges(std::vector<Range>* ranges) {
+    std::sort(ranges->begin(), ranges->end(),
+              [](const Range& a, const Range& b) {
+                return a.low != b.low ? a.low < b.low : a.node < b.node;
+              });
+  }
+
+  bool Covers(int node, uint64_t pc) const {
+    for (size_t i = nodes_[node].first_range; i < nodes_[node].end_range;
+         ++i) {
+      if (node_ranges_[i].low <= pc && pc < node_ranges_[i].high) return true;
+    }
+    return false;
+  }
+
+  // The innermost node of `ranges` (sorted) covering pc, or -1. Ranges nest
+  // (a scope's code lies inside its parent's), so it is the last range
+  // starting at or before pc or one of that range's ancestors.
+  int Innermost(const std::vector<Range>& ranges, uint64_t pc) const {
+    auto it = std::upper_bound(
+        ranges.begin(), ranges.end(), pc,
+        [](uint64_t a, const Range& r) { return a < r.low; });
+    // A few ranges back, in case a sibling's range begins inside a scope
+    // split into several ranges.
+    for (int tries = 0; tries < 8 && it != ranges.begin(); ++tries) {
+      --it;
+      for (int n = it->node; n >= 0; n = nodes_[n].parent) {
+        if (Covers(n, pc)) return n;
+      }
+    }
+    return -1;
+  }
+
+  // Indexes the inside of function `node`.
+  void Expand(int node) {
+    std::vector<Range> inner;
+    Dwarf_Die die = nodes_[node].die;  // nodes_ grows below
+    Collect(&die, node, 1, &inner, /*expand=*/true);
+    SortRanges(&inner);
+    nodes_[node].expanded = true;
+    nodes_[node].inner = inner_.size();
+    inner_.push_back(std::move(inner));
+  }
+
+  // Adds the scopes under `parent_die` to nodes_ and their ranges to
+  // *ranges; without `expand`, a function's inside is left for Expand().
+  void Collect(Dwarf_Die* parent_die, int parent, int depth,
+               std::vector<Range>* ranges, bool expand) {
+    if (depth > kMaxDepth) return;
+    Dwarf_Die child;
+    if (dwarf_child(parent_die, &child) != 0) return;
+    do {
+      const int tag = dwarf_tag(&child);
+      int node = parent;
+      switch (tag) {
+        case DW_TAG_subprogram:
+        case DW_TAG_inlined_subroutine: {
+          const size_t first = node_ranges_.size();
+          Dwarf_Addr base = 0, start = 0, end = 0;
+          ptrdiff_t offset = 0;
+          while ((offset = dwarf_ranges(&child, offset, &base, &start, &end)) >
+                 0) {
+            if (start < end) {
+              node_ranges_.push_back(
+                  {start, end, static_cast<int>(nodes_.size())});
+            }
+          }
+          // Declarations and abstract instances have no code of their own
+          // and nothing concrete inside.
+          if (node_ranges_.size() == first) continue;
+          node = static_cast<int>(nodes_.size());
+          nodes_.push_back({child, parent, tag == DW_TAG_inlined_subroutine,
+                            expand, 0, first, node_ranges_.size()});
+          ranges->insert(ranges->end(), node_ranges_.begin() + first,
+                         node_ranges_.end());
+          if (!expand) continue;  // its inside: on first use
+          break;
+        }
+        case DW_TAG_lexical_block:
+        case DW_TAG_namespace:
+        case DW_TAG_module:
+        case DW_TAG_class_type:
+        case DW_TAG_structure_type:
+        case DW_TAG_union_type:
+        case DW_TAG_try_block:
+        case DW_TAG_catch_block:
+          break;  // may hold functions: look inside
+        default:
+          continue;  // types, variables, parameters: no code inside
+      }
+      Collect(&child, node, depth + 1, ranges, expand);
+    } while (dwarf_siblingof(&child, &child) == 0);
+  }
+
+  std::vector<Node> nodes_;
+  std::vector<Range> node_ranges_;  // grouped by node
+  std::vector<Range> ranges_;       // the CU's functions', sorted by low
+  std::vector<std::vector<Range>> inner_;  // an expanded function's inside
+};
+
+absl::StatusOr<std::unique_ptr<ElfSymbols>> ElfSymbols::Open(
+    int fd, const std::string& path, const std::string& expected_build_id,
+    const Dwfl_Callbacks* callbacks) {
+  absl::Status fits = CheckElfFits(fd, path);
+  if (!fits.ok()) {
+    close(fd);
+    return fits;
+  }
+  Dwfl* dwfl = dwfl_begin(callbacks);
+  if (dwfl == nullptr) {
+    close(fd);
+    return CannotRead(path, DwflError());
+  }
+  auto symbols = std::unique_ptr<ElfSymbols>(new ElfSymbols(dwfl));
+  SessionFiles& files = symbols->files_;
+  files.debuginfo_path = callbacks->debuginfo_path;
+  dwfl_report_begin(dwfl);
+  Dwfl_Module* mod = dwfl_report_elf(dwfl, path.c_str(), path.c_str(), fd,
+                                     /*base=*/0, /*add_p_vaddr=*/true);
+  if (mod == nullptr) {
+    close(fd);  // consumed only on success
+    return CannotRead(path, DwflError());
+  }
+  // libdwfl holds `fd` from here on: detached now if it can be (see
+  // SessionFiles), else tracked.
+  Dwarf_Addr main_bias = 0;
+  files.main_elf = dwfl_module_getelf(mod, &main_bias);
+  const internal::FdIdentity identity = internal::IdentifyFd(fd);
+  if (!Detach(files.main_elf, fd, identity, files)) {
+    files.held.push_back({fd, identity, /*debug=*/false});
+  }
+  if (dwfl_report_end(dwfl, nullptr, nullptr) != 0) {
+    return CannotRead(path, DwflError());
+  }
+  void** userdata = nullptr;
+  dwfl_module_info(mod, &userdata, nullptr, nullptr, nullptr, nullptr,
+                   nullptr, nullptr);
+  if (userdata != nullptr) *userdata = &files;
+  symbols->mod_ = mod;
+  if (!expected_build_id.empty()) {
+    const unsigned char* bits = nullptr;
+    GElf_Addr vaddr = 0;
+    const int len = dwfl_module_build_id(mod, &bits, &vaddr);
+    if (len > 0) {
+      std::string on_disk = HexBytes(bits, static_cast<size_t>(len));
+      if (on_disk != expected_build_id) {
+        return CannotRead(
+            path,
+            absl::StrCat("build-id on disk ", on_disk,
+                         " differs from the loaded one ", expected_build_id,
+                         " (file replaced after loading)"));
+      }
+    }
+  }
+  return symbols;
+}
+
+ElfSymbols::~ElfSymbols() {
+  // dwfl_end() closes the descriptors libdwfl still holds: only if each
+  // is still inprof's (see SessionFiles).
+  for (const SessionFiles::Held& held : files_.held) {
+    if (!internal::IsStillOurs(held.fd, held.identity)) {
+      internal::NoteDescriptorTaken(
+          held.fd, "a module file libdwfl holds; its session is left "
+                   "allocated rather than let libdwfl close that number");
+      return;
+    }
+  }
+  dwfl_end(dwfl_);
+  for (Elf* elf : files_.detached) elf_end(elf);
+  if (files_.alt != nullptr) dwarf_end(files_.alt);
+  if (files_.alt_elf != nullptr) elf_end(files_.alt_elf);
+}
+
+std::vector<SourceFrame> ElfSymbols::Lookup(uint64_t addr, Caps* caps) {
+  std::vector<SourceFrame> frames;
+
+  // Out-of-line function: the symbol table (.symtab covers static
+  // functions; .dynsym when stripped).
+  std::string sym_function, sym_system;
+  {
+    if (symbols_ == nullptr) {
+      symbols_ = std::make_unique<SymbolTable>(mod_);
+      // A debug file libdwfl opened for its .symtab: that table's Elf.
+      if (!files_.held.empty()) {
+        GElf_Sym sym;
+        GElf_Addr value = 0;
+        GElf_Word shndx = 0;
+        Elf* elf = nullptr;
+        Dwarf_Addr bias = 0;
+        if (dwfl_module_getsymtab(mod_) > 0 &&
+            dwfl_module_getsym_info(mod_, 0, &sym, &value, &shndx, &elf,
+                                    &bias) != nullptr) {
+          SettleDebugFile(files_, elf);
+        }
+      }
+    }
+    int type = STT_NOTYPE;
+    const char* name = symbols_->Find(addr, &type);
+    // Code symbols only: data, section and version symbols (such as the
+    // vDSO's "LINUX_2.6" at offset 0) would misname the address.
+    if (name != nullptr && name[0] != '\0' &&
+        (type == STT_FUNC || type == STT_GNU_IFUNC || type == STT_NOTYPE)) {
+      sym_system = name;
+      sym_function = Demangle(name);
+    }
+  }
+
+  Dwarf_Addr cu_bias = 0;
+  Dwarf_Die* const cu =
+      use_debug_info_ ? dwfl_module_addrdie(mod_, addr, &cu_bias) : nullptr;
+  // A debug file libdwfl opened for its DWARF (loaded by now): its Elf.
+  if (use_debug_info_ && !files_.held.empty()) {
+    Dwarf_Addr dw_bias = 0;
+    if (Dwarf* dw = dwfl_module_getdwarf(mod_, &dw_bias); dw != nullptr) {
+      SettleDebugFile(files_, dwarf_getelf(dw));
+    }
+  }
+
+  const internal::LineTable* const lines =
+      cu != nullptr ? LinesOf(cu) : nullptr;
+
+  // Innermost file:line from the unit's line table.
+  std::string line_file;
+  int64_t line_number = 0;
+  if (cu != nullptr) {
+    if (lines != nullptr) {
+      const std::string* file = nullptr;
+      int lineno = 0;
+      if (lines->Find(addr - cu_bias, &file, &lineno)) {
+        if (file != nullptr) line_file = *file;
+        line_number = lineno > 0 ? lineno : 0;
+      }
+    } else if (Dwfl_Line* line = dwfl_module_getsrc(mod_, addr);
+               line != nullptr) {
+      int lineno = 0;
+      const char* file =
+          dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
+      if (file != nullptr) line_file = file;
+      line_number = lineno > 0 ? lineno : 0;
+    }
+  }
+
+  // Chain of inlined subroutines and the enclosing subprogram, innermost
+  // first, from the CU's scope index.
+  std::vector<Dwarf_Die> chain;
+  const bool have_dwarf = cu != nullptr;
+  if (cu != nullptr) ScopesOf(cu).Chain(addr - cu_bias, &chain);
+
+  if (chain.empty()) {
+    if (!sym_function.empty() || !line_file.empty()) {
+      frames.push_back({.function = sym_function,
+                        .system_name = sym_system,
+                        .file = line_file,
+                        .line = line_number});
+    }
+  } else {
+    std::string file = line_file;
+    int64_t line = line_number;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      SourceFrame frame;
+      const bool outermost =
+          i + 1 == chain.size() && dwarf_tag(&chain[i]) == DW_TAG_subprogram;
+      if (outermost && !sym_function.empty()) {
+        frame.function = sym_function;
+        frame.system_name = sym_system;
+      } else {
+        DieName(&chain[i], &frame.function, &frame.system_name);
+      }
+      frame.file = file;
+      frame.line = line;
+      frames.push_back(std::move(frame));
+      if (dwarf_tag(&chain[i]) == DW_TAG_inlined_subroutine) {
+        CallSite(&chain[i], lines, &file, &line);
+      }
+    }
+    // No enclosing subprogram DIE (unusual DWARF): the symbol is the caller.
+    if (dwarf_tag(&chain.back()) == DW_TAG_inlined_subroutine) {
+      frames.push_back({.function = sym_function,
+                        .system_name = sym_system,
+                        .file = file,
+                        .line = line});
+    }
+  }
+
+  for (const SourceFrame& f : frames) {
+    if (!f.function.empty()) caps->has_functions = true;
+    if (!f.file.empty()) caps->has_filenames = true;
+    if (f.line > 0) caps->has_line_numbers = true;
+  }
+  // Debug info was read, so the inline chain (possibly of length one) is
+  // complete for this address.
+  if (have_dwarf) caps->has_inline_frames = true;
+  return frames;
+}
+
+ElfSymbols::ElfSymbols(Dwfl* dwfl) : dwfl_(dwfl) {}
+
+CuScopes& ElfSymbols::ScopesOf(Dwarf_Die* cu) {
+  std::unique_ptr<CuScopes>& slot = cu_scopes_[dwarf_dieoffset(cu)];
+  if (slot == nullptr) slot = std::make_unique<CuScopes>(cu);
+  return *slot;
+}
+
+const internal::LineTable* ElfSymbols::LinesOf(Dwarf_Die* cu) {
+  auto [it, inserted] = line_tables_.try_emplace(dwarf_dieoffset(cu));
+  if (inserted) {
+    absl::StatusOr<internal::LineTable> table = internal::LineTable::ReadUnit(cu);
+    if (table.ok()) {
+      it->second = std::make_unique<internal::LineTable>(*std::move(table));
+    }
+  }
+  return it->second.get();
+}
+
+}  // namespace inprof::internal
