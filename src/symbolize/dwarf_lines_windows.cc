@@ -15,61 +15,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "inprof/internal/byte_cursor.h"
+#include "inprof/internal/dwarf_constants.h"
 
 namespace inprof::internal {
 namespace {
 
 using Cursor = internal::ByteCursor;
-
-// The DWARF 5 standard's constants (section 7) that the unit reader below
-// uses: mingw-w64 has no <dwarf.h>.
-enum : uint64_t {
-  kAtStmtList = 0x10,
-  kAtCompDir = 0x1b,
-  kFormAddr = 0x01,
-  kFormBlock2 = 0x03,
-  kFormBlock4 = 0x04,
-  kFormData2 = 0x05,
-  kFormData4 = 0x06,
-  kFormData8 = 0x07,
-  kFormString = 0x08,
-  kFormBlock = 0x09,
-  kFormBlock1 = 0x0a,
-  kFormData1 = 0x0b,
-  kFormFlag = 0x0c,
-  kFormSdata = 0x0d,
-  kFormStrp = 0x0e,
-  kFormUdata = 0x0f,
-  kFormRefAddr = 0x10,
-  kFormRef1 = 0x11,
-  kFormRef2 = 0x12,
-  kFormRef4 = 0x13,
-  kFormRef8 = 0x14,
-  kFormRefUdata = 0x15,
-  kFormIndirect = 0x16,
-  kFormSecOffset = 0x17,
-  kFormExprloc = 0x18,
-  kFormFlagPresent = 0x19,
-  kFormStrx = 0x1a,
-  kFormAddrx = 0x1b,
-  kFormRefSup4 = 0x1c,
-  kFormStrpSup = 0x1d,
-  kFormData16 = 0x1e,
-  kFormLineStrp = 0x1f,
-  kFormRefSig8 = 0x20,
-  kFormImplicitConst = 0x21,
-  kFormLoclistx = 0x22,
-  kFormRnglistx = 0x23,
-  kFormRefSup8 = 0x24,
-  kFormStrx1 = 0x25,
-  kFormStrx4 = 0x28,
-  kFormAddrx1 = 0x29,
-  kFormAddrx4 = 0x2c,
-  kFormGnuAddrIndex = 0x1f01,
-  kFormGnuStrIndex = 0x1f02,
-  kFormGnuRefAlt = 0x1f20,
-  kFormGnuStrpAlt = 0x1f21,
-};
 
 // Moves `c` past an attribute value of `form`; false for a form it does not
 // know or a value running past the cursor's end.
@@ -77,70 +28,70 @@ bool SkipForm(Cursor& c, uint64_t form, unsigned offset_size,
               unsigned address_size, unsigned version, int depth = 0) {
   uint64_t n = 0;
   switch (form) {
-    case kFormFlagPresent:
-    case kFormImplicitConst:
+    case dwarf::kFormFlagPresent:
+    case dwarf::kFormImplicitConst:
       return true;
-    case kFormData1:
-    case kFormRef1:
-    case kFormFlag:
+    case dwarf::kFormData1:
+    case dwarf::kFormRef1:
+    case dwarf::kFormFlag:
       return c.Skip(1);
-    case kFormData2:
-    case kFormRef2:
+    case dwarf::kFormData2:
+    case dwarf::kFormRef2:
       return c.Skip(2);
-    case kFormData4:
-    case kFormRef4:
-    case kFormRefSup4:
+    case dwarf::kFormData4:
+    case dwarf::kFormRef4:
+    case dwarf::kFormRefSup4:
       return c.Skip(4);
-    case kFormData8:
-    case kFormRef8:
-    case kFormRefSig8:
-    case kFormRefSup8:
+    case dwarf::kFormData8:
+    case dwarf::kFormRef8:
+    case dwarf::kFormRefSig8:
+    case dwarf::kFormRefSup8:
       return c.Skip(8);
-    case kFormData16:
+    case dwarf::kFormData16:
       return c.Skip(16);
-    case kFormAddr:
+    case dwarf::kFormAddr:
       return c.Skip(address_size);
-    case kFormRefAddr:
+    case dwarf::kFormRefAddr:
       return c.Skip(version <= 2 ? address_size : offset_size);
-    case kFormStrp:
-    case kFormLineStrp:
-    case kFormSecOffset:
-    case kFormStrpSup:
-    case kFormGnuRefAlt:
-    case kFormGnuStrpAlt:
+    case dwarf::kFormStrp:
+    case dwarf::kFormLineStrp:
+    case dwarf::kFormSecOffset:
+    case dwarf::kFormStrpSup:
+    case dwarf::kFormGnuRefAlt:
+    case dwarf::kFormGnuStrpAlt:
       return c.Skip(offset_size);
-    case kFormSdata:
-    case kFormUdata:
-    case kFormRefUdata:
-    case kFormStrx:
-    case kFormAddrx:
-    case kFormLoclistx:
-    case kFormRnglistx:
-    case kFormGnuAddrIndex:
-    case kFormGnuStrIndex:
+    case dwarf::kFormSdata:
+    case dwarf::kFormUdata:
+    case dwarf::kFormRefUdata:
+    case dwarf::kFormStrx:
+    case dwarf::kFormAddrx:
+    case dwarf::kFormLoclistx:
+    case dwarf::kFormRnglistx:
+    case dwarf::kFormGnuAddrIndex:
+    case dwarf::kFormGnuStrIndex:
       return c.SkipLeb();
-    case kFormString: {
+    case dwarf::kFormString: {
       const char* ignored;
       return c.CString(&ignored);
     }
-    case kFormBlock1:
+    case dwarf::kFormBlock1:
       return c.Fixed(1, &n) && c.Skip(n);
-    case kFormBlock2:
+    case dwarf::kFormBlock2:
       return c.Fixed(2, &n) && c.Skip(n);
-    case kFormBlock4:
+    case dwarf::kFormBlock4:
       return c.Fixed(4, &n) && c.Skip(n);
-    case kFormBlock:
-    case kFormExprloc:
+    case dwarf::kFormBlock:
+    case dwarf::kFormExprloc:
       return c.Uleb(&n) && c.Skip(n);
-    case kFormIndirect:
+    case dwarf::kFormIndirect:
       return depth < 4 && c.Uleb(&n) &&
              SkipForm(c, n, offset_size, address_size, version, depth + 1);
     default:
-      if (form >= kFormStrx1 && form <= kFormStrx4) {
-        return c.Skip(form - kFormStrx1 + 1);
+      if (form >= dwarf::kFormStrx1 && form <= dwarf::kFormStrx4) {
+        return c.Skip(form - dwarf::kFormStrx1 + 1);
       }
-      if (form >= kFormAddrx1 && form <= kFormAddrx4) {
-        return c.Skip(form - kFormAddrx1 + 1);
+      if (form >= dwarf::kFormAddrx1 && form <= dwarf::kFormAddrx4) {
+        return c.Skip(form - dwarf::kFormAddrx1 + 1);
       }
       return false;
   }
@@ -431,7 +382,7 @@ bool DwarfLines::ReadUnitHead(const std::vector<uint8_t>& bytes, uint64_t left,
     while (true) {
       if (!a.Uleb(&name) || !a.Uleb(&form)) return true;
       if (name == 0 && form == 0) break;
-      if (form == kFormImplicitConst && !a.SkipLeb()) return true;
+      if (form == dwarf::kFormImplicitConst && !a.SkipLeb()) return true;
     }
   }
   // Its attributes, up to DW_AT_stmt_list and DW_AT_comp_dir. A value
@@ -448,24 +399,25 @@ bool DwarfLines::ReadUnitHead(const std::vector<uint8_t>& bytes, uint64_t left,
       out->complete = true;
       break;
     }
-    if (form == kFormImplicitConst && !a.SkipLeb()) break;
-    if (name == kAtStmtList &&
-        (form == kFormSecOffset || form == kFormData4 || form == kFormData8)) {
-      const size_t n = form == kFormSecOffset ? offset_size
-                       : form == kFormData4   ? 4
+    if (form == dwarf::kFormImplicitConst && !a.SkipLeb()) break;
+    if (name == dwarf::kAtStmtList &&
+        (form == dwarf::kFormSecOffset || form == dwarf::kFormData4 ||
+         form == dwarf::kFormData8)) {
+      const size_t n = form == dwarf::kFormSecOffset ? offset_size
+                       : form == dwarf::kFormData4   ? 4
                                               : 8;
       if (!c.Fixed(n, &out->stmt_list)) break;
       out->has_stmt_list = true;
-    } else if (name == kAtCompDir &&
-               (form == kFormString || form == kFormStrp ||
-                form == kFormLineStrp)) {
+    } else if (name == dwarf::kAtCompDir &&
+               (form == dwarf::kFormString || form == dwarf::kFormStrp ||
+                form == dwarf::kFormLineStrp)) {
       const char* dir = nullptr;
       uint64_t at = 0;
-      if (form == kFormString) {
+      if (form == dwarf::kFormString) {
         if (!c.CString(&dir)) break;
       } else {
         if (!c.Fixed(offset_size, &at)) break;
-        dir = internal::StringAt(form == kFormStrp ? debug_str : debug_line_str, at);
+        dir = internal::StringAt(form == dwarf::kFormStrp ? debug_str : debug_line_str, at);
       }
       if (dir != nullptr) out->lines.comp_dir = dir;
       has_comp_dir = true;

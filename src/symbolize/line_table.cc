@@ -8,48 +8,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/byte_cursor.h"
+#include "inprof/internal/dwarf_constants.h"
 
 namespace inprof::internal {
 namespace {
-
-// The DWARF 5 standard's constants this reader uses (section 7): spelled
-// out rather than taken from elfutils' <dwarf.h>, which the Windows build
-// (mingw-w64) does not have.
-enum : uint32_t {
-  DW_FORM_data2 = 0x05,
-  DW_FORM_data4 = 0x06,
-  DW_FORM_data8 = 0x07,
-  DW_FORM_string = 0x08,
-  DW_FORM_block = 0x09,
-  DW_FORM_data1 = 0x0b,
-  DW_FORM_strp = 0x0e,
-  DW_FORM_udata = 0x0f,
-  DW_FORM_data16 = 0x1e,
-  DW_FORM_line_strp = 0x1f,
-};
-enum : uint32_t { DW_LNCT_path = 0x1, DW_LNCT_directory_index = 0x2 };
-enum : uint32_t {
-  DW_LNS_copy = 1,
-  DW_LNS_advance_pc = 2,
-  DW_LNS_advance_line = 3,
-  DW_LNS_set_file = 4,
-  DW_LNS_set_column = 5,
-  DW_LNS_negate_stmt = 6,
-  DW_LNS_set_basic_block = 7,
-  DW_LNS_const_add_pc = 8,
-  DW_LNS_fixed_advance_pc = 9,
-  DW_LNS_set_prologue_end = 10,
-  DW_LNS_set_epilogue_begin = 11,
-  DW_LNS_set_isa = 12,
-};
-enum : uint32_t {
-  DW_LNE_end_sequence = 1,
-  DW_LNE_set_address = 2,
-  DW_LNE_define_file = 3,
-  DW_LNE_set_discriminator = 4,
-  DW_LNE_NVIDIA_inlined_call = 144,  // vendor extensions libdw reads
-  DW_LNE_NVIDIA_set_function_name = 145,
-};
 
 absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(".debug_line: ", what));
@@ -61,8 +23,8 @@ absl::Status Unsupported(absl::string_view what) {
 
 using Cursor = ByteCursor;
 
-// One DWARF 5 directory or file entry field: its string (DW_LNCT_path) or
-// number (DW_LNCT_directory_index), and the cursor moved past it. Forms
+// One DWARF 5 directory or file entry field: its string (dwarf::kLnctPath) or
+// number (dwarf::kLnctDirectoryIndex), and the cursor moved past it. Forms
 // this reader does not know are Unimplemented (libdw reads them).
 struct FieldValue {
   const char* string = nullptr;
@@ -74,40 +36,40 @@ absl::Status ReadField(Cursor& c, uint64_t form, unsigned offset_size,
                        const LineSections& sections, FieldValue* value) {
   uint64_t v = 0;
   switch (form) {
-    case DW_FORM_string:
+    case dwarf::kFormString:
       if (!c.CString(&value->string)) return Invalid("unterminated string");
       return absl::OkStatus();
-    case DW_FORM_line_strp:
-    case DW_FORM_strp: {
+    case dwarf::kFormLineStrp:
+    case dwarf::kFormStrp: {
       if (!c.Fixed(offset_size, &v)) return Invalid("truncated string offset");
       value->string = StringAt(
-          form == DW_FORM_strp ? sections.debug_str : sections.debug_line_str, v);
+          form == dwarf::kFormStrp ? sections.debug_str : sections.debug_line_str, v);
       if (value->string == nullptr) return Unsupported("string offset");
       return absl::OkStatus();
     }
-    case DW_FORM_udata:
+    case dwarf::kFormUdata:
       if (!c.Uleb(&v)) return Invalid("truncated number");
       value->has_number = true;
       value->number = v;
       return absl::OkStatus();
-    case DW_FORM_data1:
-    case DW_FORM_data2:
-    case DW_FORM_data4:
-    case DW_FORM_data8: {
-      const size_t n = form == DW_FORM_data1   ? 1
-                       : form == DW_FORM_data2 ? 2
-                       : form == DW_FORM_data4 ? 4
-                                               : 8;
+    case dwarf::kFormData1:
+    case dwarf::kFormData2:
+    case dwarf::kFormData4:
+    case dwarf::kFormData8: {
+      const size_t n = form == dwarf::kFormData1   ? 1
+                       : form == dwarf::kFormData2 ? 2
+                       : form == dwarf::kFormData4 ? 4
+                                                   : 8;
       if (!c.Fixed(n, &v)) return Invalid("truncated number");
       value->has_number = true;
       value->number = v;
       return absl::OkStatus();
     }
-    case DW_FORM_data16:
+    case dwarf::kFormData16:
       if (c.left() < 16) return Invalid("truncated data16");
       c.p += 16;
       return absl::OkStatus();
-    case DW_FORM_block:
+    case dwarf::kFormBlock:
       if (!c.Uleb(&v) || v > c.left()) return Invalid("truncated block");
       c.p += v;
       return absl::OkStatus();
@@ -123,9 +85,9 @@ std::string JoinPath(const char* dir, const char* name) {
   return absl::StrCat(dir, "/", name);
 }
 
-// A DWARF 2-4 file entry (the header's file table, DW_LNE_define_file):
+// A DWARF 2-4 file entry (the header's file table, dwarf::kLneDefineFile):
 // name, directory index, modification time, length. libdw reads the
-// index as 64 bits in the table and as 32 in DW_LNE_define_file.
+// index as 64 bits in the table and as 32 in dwarf::kLneDefineFile.
 absl::Status ReadFileEntry(Cursor& c, const std::vector<const char*>& dirs,
                            bool index_as_32_bits, std::string* path) {
   const char* name = nullptr;
@@ -240,8 +202,8 @@ absl::StatusOr<LineTable> LineTable::Read(const LineSections& sections,
       for (uint64_t i = 0; i < nforms; ++i) {
         uint64_t type = 0, form = 0;
         if (!c.Uleb(&type) || !c.Uleb(&form)) return Invalid("truncated entry format");
-        if (type == DW_LNCT_path) path_field = static_cast<int>(i);
-        if (files && type == DW_LNCT_directory_index) dir_field = static_cast<int>(i);
+        if (type == dwarf::kLnctPath) path_field = static_cast<int>(i);
+        if (files && type == dwarf::kLnctDirectoryIndex) dir_field = static_cast<int>(i);
         format.emplace_back(type, form);
       }
       if (nforms > 0 && (path_field < 0 || (files && dir_field < 0))) {
@@ -338,33 +300,33 @@ absl::StatusOr<LineTable> LineTable::Read(const LineSections& sections,
       if (c.left() < ext_len) return Invalid("truncated extended opcode");
       const unsigned sub = *c.p++;
       switch (sub) {
-        case DW_LNE_end_sequence:
+        case dwarf::kLneEndSequence:
           if (!add_row(true)) return Invalid("row out of range");
           state = initial;
           break;
-        case DW_LNE_set_address:
+        case dwarf::kLneSetAddress:
           state.op_index = 0;
           if (address_size != 4 && address_size != 8) {
             return Unsupported("address size");
           }
           if (!c.Fixed(address_size, &state.address)) return Invalid("truncated address");
           break;
-        case DW_LNE_define_file: {
+        case dwarf::kLneDefineFile: {
           std::string path;
           absl::Status s = ReadFileEntry(c, dirs, /*index_as_32_bits=*/true, &path);
           if (!s.ok()) return s;
           table.files_.push_back(std::move(path));
           break;
         }
-        case DW_LNE_set_discriminator:
+        case dwarf::kLneSetDiscriminator:
           if (!opcode_length(sub, &len) || len != 1) return Invalid("opcode length");
           if (!c.Uleb(&u)) return Invalid("truncated operand");
           state.discriminator = static_cast<uint32_t>(u);
           break;
-        case DW_LNE_NVIDIA_inlined_call:
+        case dwarf::kLneNvidiaInlinedCall:
           if (!c.Uleb(&u) || !c.Uleb(&u)) return Invalid("truncated operand");
           break;
-        case DW_LNE_NVIDIA_set_function_name:
+        case dwarf::kLneNvidiaSetFunctionName:
           if (!c.Uleb(&u)) return Invalid("truncated operand");
           break;
         default:
@@ -375,53 +337,53 @@ absl::StatusOr<LineTable> LineTable::Read(const LineSections& sections,
           c.p += ext_len - 1;
           break;
       }
-    } else if (opcode <= DW_LNS_set_isa) {
+    } else if (opcode <= dwarf::kLnsSetIsa) {
       if (!opcode_length(opcode, &len)) return Invalid("opcode length");
       const uint8_t want =
-          (opcode == DW_LNS_advance_pc || opcode == DW_LNS_advance_line ||
-           opcode == DW_LNS_set_file || opcode == DW_LNS_set_column ||
-           opcode == DW_LNS_fixed_advance_pc || opcode == DW_LNS_set_isa)
+          (opcode == dwarf::kLnsAdvancePc || opcode == dwarf::kLnsAdvanceLine ||
+           opcode == dwarf::kLnsSetFile || opcode == dwarf::kLnsSetColumn ||
+           opcode == dwarf::kLnsFixedAdvancePc || opcode == dwarf::kLnsSetIsa)
               ? 1
               : 0;
       if (len != want) return Invalid("opcode length");
       switch (opcode) {
-        case DW_LNS_copy:
+        case dwarf::kLnsCopy:
           if (!add_row(false)) return Invalid("row out of range");
           state.discriminator = 0;
           break;
-        case DW_LNS_advance_pc:
+        case dwarf::kLnsAdvancePc:
           if (!c.Uleb(&u)) return Invalid("truncated operand");
           advance_pc(static_cast<uint32_t>(u));
           break;
-        case DW_LNS_advance_line:
+        case dwarf::kLnsAdvanceLine:
           if (!c.Sleb(&sv)) return Invalid("truncated operand");
           state.line += static_cast<int32_t>(sv);
           break;
-        case DW_LNS_set_file:
+        case dwarf::kLnsSetFile:
           if (!c.Uleb(&u)) return Invalid("truncated operand");
           state.file = static_cast<uint32_t>(u);
           break;
-        case DW_LNS_set_column:
+        case dwarf::kLnsSetColumn:
           if (!c.Uleb(&u)) return Invalid("truncated operand");
           state.column = static_cast<uint32_t>(u);
           break;
-        case DW_LNS_negate_stmt:
+        case dwarf::kLnsNegateStmt:
           state.is_stmt = static_cast<uint8_t>(1 - state.is_stmt);
           break;
-        case DW_LNS_set_basic_block:
-        case DW_LNS_set_prologue_end:
-        case DW_LNS_set_epilogue_begin:
+        case dwarf::kLnsSetBasicBlock:
+        case dwarf::kLnsSetPrologueEnd:
+        case dwarf::kLnsSetEpilogueBegin:
           break;
-        case DW_LNS_const_add_pc:
+        case dwarf::kLnsConstAddPc:
           if (line_range == 0) return Invalid("line range 0");
           advance_pc(static_cast<uint32_t>((255 - opcode_base) / line_range));
           break;
-        case DW_LNS_fixed_advance_pc:
+        case dwarf::kLnsFixedAdvancePc:
           if (!c.Fixed(2, &u)) return Invalid("truncated operand");
           state.address += u;
           state.op_index = 0;
           break;
-        case DW_LNS_set_isa:
+        case dwarf::kLnsSetIsa:
           if (!c.Uleb(&u)) return Invalid("truncated operand");
           state.isa = static_cast<uint32_t>(u);
           break;
