@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -309,40 +310,37 @@ absl::Status PeImage::ParseHeaders(const std::string& name) {
   if (!ReadRaw(optional, &magic, sizeof magic)) {
     return truncated("the optional header", optional);
   }
+  // What is read of the optional header is the same in PE32 and PE32+
+  // (IMAGE_OPTIONAL_HEADER32/64); its offsets and ImageBase's width differ.
   size_t directories_offset = 0;
+  auto read_optional = [&](auto header_type) -> absl::Status {
+    using H = typename decltype(header_type)::type;
+    H h{};
+    directories_offset = offsetof(H, DataDirectory);
+    if (header.SizeOfOptionalHeader < directories_offset) {
+      return CannotRead(name, "corrupt PE header (optional header too small)");
+    }
+    if (!ReadRaw(optional, &h, directories_offset)) {
+      return truncated("the optional header", optional);
+    }
+    image_base_ = h.ImageBase;
+    checksum_ = h.CheckSum;
+    size_of_image_ = h.SizeOfImage;
+    size_of_headers_ = h.SizeOfHeaders;
+    directory_count_ = h.NumberOfRvaAndSizes;
+    return absl::OkStatus();
+  };
+  absl::Status optional_read;
   if (magic == IMAGE_NT_OPTIONAL_HDR64_MAGIC) {
-    IMAGE_OPTIONAL_HEADER64 h{};
-    directories_offset = offsetof(IMAGE_OPTIONAL_HEADER64, DataDirectory);
-    if (header.SizeOfOptionalHeader < directories_offset) {
-      return CannotRead(name, "corrupt PE header (optional header too small)");
-    }
-    if (!ReadRaw(optional, &h, directories_offset)) {
-      return truncated("the optional header", optional);
-    }
-    image_base_ = h.ImageBase;
-    checksum_ = h.CheckSum;
-    size_of_image_ = h.SizeOfImage;
-    size_of_headers_ = h.SizeOfHeaders;
-    directory_count_ = h.NumberOfRvaAndSizes;
+    optional_read = read_optional(std::type_identity<IMAGE_OPTIONAL_HEADER64>{});
   } else if (magic == IMAGE_NT_OPTIONAL_HDR32_MAGIC) {
-    IMAGE_OPTIONAL_HEADER32 h{};
-    directories_offset = offsetof(IMAGE_OPTIONAL_HEADER32, DataDirectory);
-    if (header.SizeOfOptionalHeader < directories_offset) {
-      return CannotRead(name, "corrupt PE header (optional header too small)");
-    }
-    if (!ReadRaw(optional, &h, directories_offset)) {
-      return truncated("the optional header", optional);
-    }
-    image_base_ = h.ImageBase;
-    checksum_ = h.CheckSum;
-    size_of_image_ = h.SizeOfImage;
-    size_of_headers_ = h.SizeOfHeaders;
-    directory_count_ = h.NumberOfRvaAndSizes;
+    optional_read = read_optional(std::type_identity<IMAGE_OPTIONAL_HEADER32>{});
   } else {
     return CannotRead(
         name, absl::StrFormat("not a PE image (optional header magic %#x)",
                               magic));
   }
+  if (!optional_read.ok()) return optional_read;
   if (size_of_image_ == 0) {
     return CannotRead(name, "corrupt PE header (SizeOfImage is 0)");
   }
