@@ -297,11 +297,7 @@ std::vector<BlockingCall> MakeCalls(const std::string& dir) {
 
 constexpr absl::Duration kCpuPeriod = absl::Milliseconds(1);
 
-int64_t ThreadCpuNs() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-}
+using ::inprof::testing::ThreadCpuNow;
 
 struct Census {
   int eintr = 0;
@@ -337,11 +333,11 @@ Census RunCensus(BlockingCall& call, DefaultProfiler* profiler, bool inject) {
     tid = safety::Gettid();
     for (int r = 0; r < kRounds; ++r) {
       while (round_started.load() != r) std::this_thread::yield();
-      const int64_t cpu0 = ThreadCpuNs();
+      const int64_t cpu0 = ThreadCpuNow();
       const int before = t_signals;
       eintr += call.block();
       const int got = t_signals - before;
-      const int64_t cpu = ThreadCpuNs() - cpu0;
+      const int64_t cpu = ThreadCpuNow() - cpu0;
       received += got;
       // Per call: one signal per period of its own CPU, one for a period
       // boundary its CPU crosses, and one the kernel adds when the period

@@ -417,15 +417,10 @@ TEST_F(DatadogUploaderTest, ProfilerUploadsEachWindowToTheAgent) {
     // 10 ms period however little of a core a loaded machine gives it.
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    auto cpu_ns = [] {
-      timespec ts;
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-      return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
-    };
-    const int64_t cpu0 = cpu_ns();
+    const int64_t cpu0 = ::inprof::testing::ThreadCpuNow();
     volatile uint64_t x = 0;
     while (((*receiver)->requests().size() < 2 ||
-            cpu_ns() - cpu0 < 300'000'000) &&
+            ::inprof::testing::ThreadCpuNow() - cpu0 < 300'000'000) &&
            std::chrono::steady_clock::now() < deadline) {
       for (int i = 0; i < 1'000'000; ++i) x = x + 1;
     }
