@@ -139,7 +139,7 @@ struct Options {
   // How often the collector drains the threads' rings (dd-win-prof: 60 ms;
   // 50 ms keeps a 32 KiB ring from filling at the 1 ms period).
   absl::Duration collect_period = absl::Milliseconds(50);
-  // Deepest stack recorded (the seed's limit).
+  // Deepest stack recorded; a deeper one is truncated (and counted).
   int max_frames = 512;
   // False: the profile carries addresses and mappings with build-ids only,
   // for symbolizing later (go tool pprof with the binaries at hand).

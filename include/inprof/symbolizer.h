@@ -128,7 +128,7 @@ class Symbolizer {
   };
   ModuleCapabilities Capabilities(int module) const;
 
-  // A symbolizer of another process's addresses (the agent's, issue 16):
+  // A symbolizer of another process's addresses (the agent's, in library mode):
   // its modules come from /proc/PID/maps, each file opened as the process
   // mapped it (/proc/PID/map_files/; by path only when its device and
   // inode match), and kept open: Refresh() picks up what the process maps

@@ -164,7 +164,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   // A thread whose CPU clock advanced by nearly all the wall time since the
   // last look ran throughout and is running now, or stopped microseconds
   // ago: signalled as running without asking the kernel. Reading
-  // /proc/PID/task/TID/stat costs ~60 us on this project's VM, 40% of a
+  // /proc/PID/task/TID/stat costs ~60 us on a 2-core VM, 40% of a
   // visit to a running thread (bench/overhead cpu-1: the ticker's CPU).
   // Real time since that look, not the credited interval: the ticker's
   // lateness would otherwise count as the thread's.

@@ -1,4 +1,4 @@
-// Library mode end to end (issue 16): programs that link inprof
+// Library mode end to end: programs that link inprof
 // (tests/agent/agent_workload.cc) forward their samples to an agent, which
 // writes one profile per process; read back with go tool pprof. And the
 // faults: a process that dies, an agent that is killed and restarted, no

@@ -206,7 +206,7 @@ std::string FastDir() {
 
 TEST(SafetyLifecycleTest, StartStopHammerWithSignalsInFlight) {
   // Each Stop() writes a profile (~1 ms on tmpfs without symbolization);
-  // 2,000 cycles in CI, the 10,000 of issue 7 with INPROF_SAFETY_FULL=1.
+  // 2,000 cycles in CI, 10,000 with INPROF_SAFETY_FULL=1.
   const int cycles = static_cast<int>(safety::Scaled(2'000, 10'000));
   safety::Watchdog watchdog(absl::Minutes(safety::FullRun() ? 15 : 4),
                             "start/stop hammer");

@@ -6,7 +6,7 @@
 //     threads send them SIGPROF, tagged as inprof's and untagged: no crash.
 //
 // Counts: the churn runs 20,000 threads in CI (5,000 under a sanitizer) and
-// the 100,000 of issue 7 with INPROF_SAFETY_FULL=1 (see safety_util.h); the
+// 100,000 with INPROF_SAFETY_FULL=1 (see safety_util.h); the
 // births and deaths under signals 10,000 (2,500 under ASan, 625 under TSan),
 // 100,000 with INPROF_SAFETY_FULL=1.
 #include <malloc.h>

@@ -1,5 +1,5 @@
 // tests/safety/safety_util.h: helpers shared by the reliability and safety suite
-// (tests/safety/safety_*_test.cc, issue 7 "never break the host").
+// (tests/safety/safety_*_test.cc: never break the host).
 //
 // Defines: CPU burners, a way to send the profiling signal to one thread the
 // way inprof's timers do (tagged) or the way kill(1) does (untagged), counters
@@ -76,7 +76,7 @@ inline constexpr bool kTsan = false;
 #endif
 inline constexpr bool kSanitized = kAsan || kTsan;
 
-// True when INPROF_SAFETY_FULL=1: run the full counts of issue 7.
+// True when INPROF_SAFETY_FULL=1: run the full counts (up to 10x CI's).
 inline bool FullRun() {
   const char* v = std::getenv("INPROF_SAFETY_FULL");
   return v != nullptr && std::strcmp(v, "1") == 0;

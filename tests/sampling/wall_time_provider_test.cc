@@ -596,7 +596,7 @@ TEST(WallTimeProviderTest, OneLookTellsWhetherAThreadRunsAndWhereItWaits) {
 
 // The sampler keeps a thread's .../syscall open between looks (a pread()
 // at offset 0 has the kernel write it afresh: ~2.4 us against ~9 us for
-// open, read and close on this project's VM), within its budget, and
+// open, read and close on a 2-core VM), within its budget, and
 // closes it when the thread is disarmed. Through the kept file a look
 // still sees the thread as it is now: waiting, then running, then gone.
 TEST(WallTimeProviderTest, AKeptFileLooksAtTheThreadAsItIsNow) {

@@ -503,7 +503,7 @@ __attribute__((constructor)) void RemoteChildMain() {
   _exit(0);
 }
 
-// The agent's view (issue 16): addresses of another process, read from its
+// The agent's view (library mode): addresses of another process, read from its
 // /proc/PID/maps, with the library it loaded replaced on disk before the
 // symbolizer looked, and still after the process exited.
 TEST(SymbolizerTest, AnotherProcessIsSymbolizedFromItsMapsAlsoAfterItExited) {

@@ -1,6 +1,6 @@
 // internal: not part of the public API.
 //
-// Library mode's process side (issue 16): a profiled process connected to
+// Library mode's process side: a profiled process connected to
 // `inprof agent`. Start() connects (agent_protocol.h: Hello, Welcome with a
 // memfd), maps the region and from then on the collector's aggregate
 // forwards every sample, thread and label string into the region's ring

@@ -1,7 +1,7 @@
 // internal: not part of the public API.
 //
 // /proc/PID/maps, parsed: what another process has mapped, for
-// symbolizing its addresses from outside it (the agent, issue 16).
+// symbolizing its addresses from outside it (the agent, in library mode).
 //
 // Example:
 //   auto maps = internal::ReadProcessMaps(pid);

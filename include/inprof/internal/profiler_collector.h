@@ -75,7 +75,7 @@ class ProfilerCollector : public ProfilerBase {
     EnsureAggregateThread(slot, agg);
     // Not on the stack: a thread that unregisters drains its own ring, and
     // its 9 KiB frame (probed page by page) faulted in up to three fresh
-    // stack pages, ~28 us a thread on this project's VM (bench/overhead
+    // stack pages, ~28 us a thread on a 2-core VM (bench/overhead
     // idle-1000). The registry lock serializes every drain.
     uint64_t* record = drain_scratch_.get();
     // Room for one inserted caller frame.

@@ -141,7 +141,7 @@ class ThreadRegistration {
 #else
     // On its own thread, a registration that finds the registry lock taken
     // does not wait for it: a pool of 1,000 threads ending at once queued
-    // behind it, ~70 us of CPU a thread on this project's VM (bench/core
+    // behind it, ~70 us of CPU a thread on a 2-core VM (bench/core
     // BM_Profiler_RegistrationBurst). It queues its slot and the collector
     // finishes the unregistration. Uncontended, it unregisters at once, so
     // its slot is reused by the next thread that registers. (Its TLS

@@ -49,7 +49,7 @@ SyscallSite ThreadSyscallSite(pid_t tid) noexcept;
 // task in TASK_RUNNING (running or runnable: what 'R' in .../stat means)
 // and the system call's site otherwise. The wall sampler used to read
 // .../stat and then .../syscall for a blocked thread, ~10 us of CPU each
-// on this project's VM. `state` is 'R', 'S' (not running: sleeping, in
+// on a 2-core VM. `state` is 'R', 'S' (not running: sleeping, in
 // I/O, stopped; `site` says where) or 0 (the thread is gone). The calling
 // thread is always 'R'. Where .../syscall cannot be read (a kernel without
 // it), the state comes from .../stat and the site is unknown.
@@ -60,7 +60,7 @@ struct ThreadLook {
 ThreadLook LookAtThread(pid_t tid) noexcept;
 // The same through a descriptor of the thread's .../syscall kept between
 // looks: each pread() at offset 0 makes the kernel write it afresh, ~2.4 us
-// of CPU on this project's VM against ~9 us for open, read and close (the
+// of CPU on a 2-core VM against ~9 us for open, read and close (the
 // path walk through /proc/self is most of it). When `*kept` is empty and
 // `keep` is true, the file this look opens stays open there for the next
 // (the caller closes it); a kept file that cannot be read any more is a

@@ -101,7 +101,7 @@ class Profiler final : public internal::ProfilerControl,
   static constexpr std::array<size_t, kNumProviders> kValueOffsets = Set::kValueOffsets;
   static constexpr size_t kNumValues = Set::kNumValues;
   static constexpr size_t kMaxValuesPerProvider = Set::kMaxValuesPerProvider;
-  static constexpr size_t kMaxFrames = 512;  // the seed's limit
+  static constexpr size_t kMaxFrames = 512;  // deeper stacks are truncated
   static constexpr size_t kMaxLabels = internal::ThreadSlotHeader::kMaxLabels;
   static constexpr size_t kMaxLabelWords = 2 * kMaxLabels;
   static constexpr size_t kHeaderWords = 1 + kMaxValuesPerProvider + kMaxLabelWords;

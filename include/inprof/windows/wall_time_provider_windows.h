@@ -1,8 +1,8 @@
 // inprof/windows/wall_time_provider_windows.h: WallTimeProvider on Windows.
 //
 // Every wall_period the sampler visits up to wall_threads_per_tick
-// registered threads, round-robin, running or not (the seed's "wall time
-// provider: don't filter out not running threads"), and credits each with
+// registered threads, round-robin, running or not (wall time counts a
+// thread that waits as much as one that runs), and credits each with
 // the wall time since its previous visit. A thread that ran since then is
 // suspended and its stack taken ("thread state" = running); one that did
 // not run is where it was: its last stack is credited without suspending
