@@ -2,8 +2,10 @@
 //
 // A bounds-checked little-endian reader over [p, end), for the DWARF the
 // symbolizers read themselves (line_table.cc; on Windows also the units'
-// headers and PE files, symbolizer_dbghelp_windows.cc). Every read checks
-// the bounds and returns false instead of reading past them.
+// headers and PE files, symbolizer_dbghelp_windows.cc) and the call-frame
+// information the CFI table builder interprets itself
+// (src/unwind/cfi_interpreter.h). Every read checks the bounds and returns
+// false instead of reading past them.
 //
 // Thread-safety: a plain value.
 //
