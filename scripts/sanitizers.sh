@@ -94,7 +94,7 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
       # with Debian's libprotobuf (built without TSan) and crashes in
       # Map::find, inside the test's helper, not in inprof. profiler_e2e
       # is all accuracy (the reason above).
-      skip=(report options pprof_writer symbolizer symbolization_e2e safety_bounded_input
+      skip=(report options byte_cursor pprof_writer symbolizer symbolization_e2e safety_bounded_input
             agent_protocol sample_aggregator datadog_uploader profiler_e2e)
       ;;
     *)

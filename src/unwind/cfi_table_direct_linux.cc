@@ -80,7 +80,9 @@ bool ParseCie(const uint8_t* cie, const uint8_t* end, CieInfo* info,
               const uint8_t** insn_end) noexcept {
   if (end - cie < 9) return false;
   const uint32_t length = LoadU32(cie);
-  if (length == 0 || length == 0xffffffff ||
+  // At least the CIE id and the version byte: a shorter length would put
+  // the CIE's end before the augmentation string read below.
+  if (length < 5 || length == 0xffffffff ||
       length > static_cast<uint64_t>(end - cie) - 4) {
     return false;
   }

@@ -27,7 +27,9 @@ struct ByteCursor {
   const uint8_t* p;
   const uint8_t* end;
 
-  size_t left() const { return static_cast<size_t>(end - p); }
+  // 0 for a cursor whose start is past its end (a length field that lied):
+  // every read then fails instead of taking end - p as a huge count.
+  size_t left() const { return p < end ? static_cast<size_t>(end - p) : 0; }
 
   bool Skip(uint64_t n) {
     if (n > left()) return false;
