@@ -26,6 +26,7 @@
 #include "inprof/cpu_time_provider.h"
 #include "inprof/frame_pointer_unwinder.h"
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/cfi_walk.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/options.h"
 #include "inprof/profiler.h"

@@ -43,6 +43,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/cfi_walk.h"
 #include "inprof/internal/machine_context.h"
 #include "inprof/unwinder.h"
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "inprof/internal/cfi_walk.h"
 
 namespace inprof::internal {
 

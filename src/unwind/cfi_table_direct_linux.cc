@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "inprof/internal/byte_cursor.h"
+#include "inprof/internal/cfi_walk.h"
 #include "inprof/internal/dwarf_registers.h"
 #include "inprof/internal/elf_notes.h"
 #include "src/unwind/cfi_interpreter.h"

@@ -33,6 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/cfi_walk.h"
 #include "inprof/internal/elf_notes.h"
 #include "inprof/internal/fork_guard.h"
 

@@ -39,6 +39,7 @@
 #include "inprof/pprof_reader.h"
 #include "inprof/inprof.h"
 #include "inprof/internal/cfi_table.h"
+#include "inprof/internal/cfi_walk.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/unwinder.h"
 #include "util/test_util.h"
