@@ -15,7 +15,6 @@
 // exported (preload.map), so a program that links inprof itself never binds
 // to this copy.
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -45,6 +44,7 @@
 #include "inprof/internal/log.h"
 #include "inprof/sink.h"
 #include "src/run/auto_profiler.h"
+#include "src/run/run_report.h"
 
 namespace inprof {
 namespace {
@@ -71,69 +71,9 @@ struct InprofScope {
   ~InprofScope() { t_inprof = saved; }
 };
 
-std::string CurrentProcessName() {
-  char buf[64] = {};
-  int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "?";
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  while (!s.empty() && s.back() == '\n') s.pop_back();
-  return s;
-}
-
-// Appends "FIRST\tPID\tCOMM[\tDETAIL]\n" to INPROF_RUN_REPORT (`report`;
-// nothing when empty): FIRST is a profile's path, or "started" (this
-// process began sampling), "off" (it could not; DETAIL says why) or
-// "failed" (writing its profile failed, DETAIL, logged already), so that
-// `inprof run` can say which processes ended without writing one.
-void AppendToReport(const std::string& report, absl::string_view first,
-                    absl::string_view detail = {}) {
-  if (report.empty()) return;
-  std::string line = absl::StrCat(first, "\t", getpid(), "\t", CurrentProcessName());
-  if (!detail.empty()) {
-    std::string flat(detail);
-    for (char& c : flat) {
-      if (c == '\n' || c == '\t') c = ' ';
-    }
-    absl::StrAppend(&line, "\t", flat);
-  }
-  line.push_back('\n');
-  // O_NOFOLLOW: a link put in the report's place is not appended through.
-  int fd = open(report.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
-  if (fd >= 0) {
-    // One write(2) with O_APPEND: lines of concurrent processes never mix.
-    ssize_t n = write(fd, line.data(), line.size());
-    (void)n;
-    close(fd);
-  }
-}
-
-// Appends each written profile to INPROF_RUN_REPORT and writes the file
-// like FileSink.
-// The output pattern is set at each Start() (the gperftools API names a file
-// per run); the exporter's thread reads it under the sink's own lock.
-class ReportingFileSink final : public ProfileSink {
- public:
-  explicit ReportingFileSink(std::string report) : report_(std::move(report)) {}
-  absl::string_view name() const override { return "file"; }
-  void SetPattern(const std::string& pattern) {
-    std::lock_guard<std::mutex> lock(mu_);
-    file_ = std::make_unique<FileSink>(pattern);
-  }
-  absl::Status Consume(std::shared_ptr<const ExportedProfile> p) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (file_ == nullptr) return absl::OkStatus();
-    absl::Status s = file_->Consume(p);
-    if (s.ok()) AppendToReport(report_, file_->last_path());
-    return s;
-  }
-
- private:
-  std::mutex mu_;
-  std::unique_ptr<FileSink> file_;
-  std::string report_;
-};
+// The run report (INPROF_RUN_REPORT): src/run/run_report.h.
+using run::AppendToReport;
+using run::ReportingFileSink;
 
 struct State {
   // Held while the profiler starts or stops (Start, Stop at exit, on an end
