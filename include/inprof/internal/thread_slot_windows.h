@@ -3,7 +3,9 @@
 // The Windows counterpart of signal_dispatch.h's ThreadSlotHeader: what the
 // sampler thread and ScopedLabels (labels.h) see of a registered thread.
 // There is no signal handler on Windows: the sampler thread suspends the
-// thread and reads this while it is suspended (profiler_windows.h).
+// thread and reads this while it is suspended
+// (profiler_sampler_windows.h). Below it, the calls the registry makes on
+// the OS thread (thread_info_windows.cc).
 //
 // Thread-safety: `session` is atomic; the label fields are written only by
 // the owning thread, in an order that makes any suspended state consistent
@@ -14,7 +16,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "inprof/unwinder.h"
 
 namespace inprof::internal {
@@ -53,6 +57,19 @@ uint64_t NewSessionId() noexcept;
 
 // GetCurrentThreadId().
 uint32_t CurrentTid() noexcept;
+
+// What RegisterThread learns of the calling thread.
+struct CurrentThreadInfo {
+  uint32_t tid = 0;
+  void* handle = nullptr;  // OpenThread: suspend, get context, query
+  StackBounds stack;       // GetCurrentThreadStackLimits
+};
+// Describes (and opens) the calling thread; the error names the call that
+// failed.
+absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread();
+void CloseThreadHandle(void* handle) noexcept;
+// The thread's description (SetThreadDescription), empty if none.
+std::string ThreadDescription(void* handle);
 
 }  // namespace inprof::internal
 

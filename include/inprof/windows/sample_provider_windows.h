@@ -6,7 +6,8 @@
 // the thread is sampled and with which values, from the thread's CPU
 // counters, read without stopping it. The sampler then suspends the
 // threads that providers asked for, once each whatever the number of
-// providers, copies their stacks and resumes them (profiler_windows.h).
+// providers, copies their stacks and resumes them
+// (internal/profiler_sampler_windows.h).
 // Requirements (1)-(5) are those of the Linux concept (sample_provider.h).
 //
 // Thread-safety: every call runs on the profiler's control paths (Start,

@@ -1,6 +1,5 @@
-// The Windows registry's view of a thread (thread_slot_windows.h,
-// profiler_windows.h): its id, a handle to suspend and time it, its stack,
-// its description.
+// The Windows registry's view of a thread (thread_slot_windows.h): its id,
+// a handle to suspend and time it, its stack, its description.
 #include <windows.h>
 
 #include <atomic>
@@ -10,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/platform.h"
 #include "inprof/internal/thread_slot_windows.h"
-#include "inprof/windows/profiler_windows.h"
 
 namespace inprof::internal {
 namespace {

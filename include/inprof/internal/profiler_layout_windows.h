@@ -1,0 +1,101 @@
+// internal: not part of the public API (include inprof/profiler.h).
+//
+// The Windows counterpart of profiler_layout.h: what a Windows
+// Profiler<U, R, Ps...>'s components fix at compile time, shared by its
+// three parts: where each provider's values sit in a sample record, how
+// long a record may be, and the registered thread's slot.
+//
+//   ProfilerLayout<U, R, Ps...>     this header
+//   ProfilerCollector<U, R, Ps...>  profiler_collector_windows.h: the
+//                                   profiler's state and the collector's
+//                                   half, which reads the rings into the
+//                                   aggregate
+//   ProfilerSampler<U, R, Ps...>    profiler_sampler_windows.h: the sampler
+//                                   thread, which suspends the picked
+//                                   threads and writes records into their
+//                                   rings
+//   Profiler<U, R, Ps...>           windows/profiler_windows.h: the API,
+//                                   over the two
+//
+// A Windows sample record is internal/sample_record.h's, without leaf
+// words: [meta][values...][label words...][frames...], its meta using the
+// two bits only the sampler writes (same_stack, unsuspended).
+#ifndef INPROF_INTERNAL_PROFILER_LAYOUT_WINDOWS_H_
+#define INPROF_INTERNAL_PROFILER_LAYOUT_WINDOWS_H_
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "inprof/internal/provider_set.h"
+#include "inprof/internal/thread_slot_windows.h"
+#include "inprof/spsc_ring.h"
+#include "inprof/unwinder.h"
+#include "inprof/windows/sample_provider_windows.h"
+
+namespace inprof::internal {
+
+template <Unwinder U, SampleRing R, SampleProvider... Ps>
+struct ProfilerLayout {
+  // Where each provider's values sit (internal/provider_set.h).
+  using Set = internal::ProviderSet<Ps...>;
+  static constexpr size_t kNumProviders = Set::kNumProviders;
+  static constexpr std::array<size_t, kNumProviders> kValueCounts = Set::kValueCounts;
+  static constexpr std::array<size_t, kNumProviders> kValueOffsets = Set::kValueOffsets;
+  static constexpr size_t kNumValues = Set::kNumValues;
+  static constexpr size_t kMaxValuesPerProvider = Set::kMaxValuesPerProvider;
+  static constexpr size_t kMaxFrames = 512;  // deeper stacks are truncated
+  static constexpr size_t kMaxLabels = internal::ThreadSlotHeader::kMaxLabels;
+  static constexpr size_t kMaxLabelWords = 2 * kMaxLabels;
+  static constexpr size_t kHeaderWords = 1 + kMaxValuesPerProvider + kMaxLabelWords;
+  static constexpr size_t kMaxRecordWords =
+      kHeaderWords + kMaxFrames < R::max_record_words() ? kHeaderWords + kMaxFrames
+                                                        : R::max_record_words();
+  static_assert(kMaxRecordWords > kHeaderWords, "ring records too small for a sample");
+
+  // A registered thread: the header the sampler reads while it is
+  // suspended, the sampler's and the collector's state, its providers'
+  // per-thread data and its ring.
+  struct Slot : internal::ThreadSlotHeader {
+    std::tuple<typename Ps::ThreadData...> data;
+    std::string name;
+    bool name_from_os = false;  // registered without a name: its description
+    int max_frames = static_cast<int>(kMaxFrames);
+    R ring;
+    // Sampler-owned (registry lock held).
+    bool has_stack = false;       // a stack was pushed since registration
+    ThreadTimes tick_times;       // read once per tick
+    int64_t tick_times_at = -1;
+    // Per provider: its last visit took a sample (CPU: the thread ran).
+    std::array<bool, kNumProviders> busy{};
+    // A tick picked the thread and its sample is not recorded yet (the
+    // sampler takes the registry lock again to push it), and the
+    // providers' state before that tick's visits: a thread that
+    // unregisters meanwhile gets that state back before its tails are
+    // taken, so the picked values go to its tail instead of being lost
+    // with the sample the sampler then drops.
+    bool pick_in_flight = false;
+    std::tuple<typename Ps::ThreadData...> data_before_pick;
+    // Values of samples dropped because the ring was full (sampler adds,
+    // collector takes).
+    std::array<std::atomic<int64_t>, kNumValues> dropped_values{};
+    std::atomic<uint64_t> samples_taken{0};
+    std::atomic<uint64_t> samples_truncated{0};
+    std::atomic<uint64_t> samples_unsuspended{0};
+    // Collector-owned (registry lock held).
+    std::vector<uint64_t> last_stack;
+    std::array<std::vector<uint64_t>, kNumProviders> provider_last_stack;
+    std::array<std::vector<uint64_t>, kNumProviders> provider_last_labels;
+    uint32_t aggregate_thread = 0;
+    bool has_aggregate_thread = false;
+    uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0, seen_unsuspended = 0;
+  };
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_PROFILER_LAYOUT_WINDOWS_H_
