@@ -54,8 +54,6 @@
 #include <dbghelp.h>
 #include <psapi.h>
 
-#include <cxxabi.h>
-
 #include <algorithm>
 #include <csignal>
 #include <cstddef>
@@ -74,7 +72,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -87,6 +84,7 @@
 #include "absl/synchronization/mutex.h"
 #include "inprof/internal/log.h"
 #include "src/symbolize/dbghelp_guard_windows.h"
+#include "src/symbolize/dbghelp_lookup_windows.h"
 #include "src/symbolize/dwarf_lines_windows.h"
 #include "src/symbolize/pe_image_windows.h"
 #include "src/symbolize/win32_text_windows.h"
@@ -97,362 +95,26 @@ namespace {
 using Caps = Symbolizer::ModuleCapabilities;
 using internal::CannotRead;
 using internal::DbgHelpLock;
-using internal::GetInlineApi;
-using internal::Guarded;
-using internal::InlineApi;
-using internal::Outcome;
+using internal::DbgHelpSession;
+using internal::FileHandle;
+using internal::LoadModule;
+using internal::ModuleView;
+using internal::NoSearchPath;
+using internal::OpenForReading;
 using internal::g_dbghelp_mu;
 using internal::DwarfLines;
 using internal::NameTable;
 using internal::Narrow;
 using internal::PeImage;
+using internal::Resolve;
 using internal::Widen;
 using internal::WinError;
-
-// --- Strings ---------------------------------------------------------------
-
-// Demangles an Itanium C++ ABI name (mingw-w64's); returns the input when it
-// is not one.
-std::string Demangle(const std::string& name) {
-  if (name.size() < 2 || name[0] != '_' || name[1] != 'Z') return name;
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
-  if (status != 0 || demangled == nullptr) {
-    std::free(demangled);
-    return name;
-  }
-  std::string result(demangled);
-  std::free(demangled);
-  return result;
-}
-
-// The readable name of a symbol as an object file spells it: Itanium names
-// demangled, MSVC-decorated ones ("?...") undecorated. Holds the DbgHelp
-// lock for UnDecorateSymbolNameW.
-std::string FunctionName(const std::string& raw)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-  if (raw.empty() || raw[0] != '?') return Demangle(raw);
-  std::wstring wide;
-  if (!Widen(raw, &wide)) return raw;
-  wchar_t buf[4096];
-  const wchar_t* decorated = wide.c_str();
-  DWORD n = 0;
-  const Outcome outcome = Guarded([&] {
-    n = UnDecorateSymbolNameW(
-        decorated, buf, static_cast<DWORD>(std::size(buf)),
-        UNDNAME_NO_MS_KEYWORDS | UNDNAME_NO_FUNCTION_RETURNS |
-            UNDNAME_NO_ALLOCATION_MODEL | UNDNAME_NO_ALLOCATION_LANGUAGE |
-            UNDNAME_NO_ACCESS_SPECIFIERS | UNDNAME_NO_MEMBER_TYPE |
-            UNDNAME_NO_THROW_SIGNATURES);
-    return n > 0;
-  });
-  return outcome == Outcome::kOk ? Narrow(buf, wcsnlen(buf, n)) : raw;
-}
 
 // One line on stderr ("inprof: ..."); callers warn once per module.
 void Warn(const absl::Status& status) {
   std::string line(status.message());
   std::replace(line.begin(), line.end(), '\n', ' ');
   internal::Log(line);
-}
-
-// --- DbgHelp lookups -------------------------------------------------------
-
-// One DbgHelp session: SymInitializeW under a handle value of its own (the
-// address of a byte it owns, which no real handle equals), without invading
-// the process: modules are loaded explicitly. Every call goes through
-// Call(), which marks the session poisoned when DbgHelp faults.
-class DbgHelpSession {
- public:
-  DbgHelpSession() = default;
-  DbgHelpSession(const DbgHelpSession&) = delete;
-  DbgHelpSession& operator=(const DbgHelpSession&) = delete;
-  // The owner calls End() (under the lock) before it goes.
-  ~DbgHelpSession() = default;
-
-  HANDLE handle() const { return reinterpret_cast<HANDLE>(token_.get()); }
-  bool started() const { return started_; }
-  // Whether DbgHelp faulted in a call of this session.
-  bool poisoned() const { return poisoned_; }
-  // Whether calls may be made.
-  bool usable() const { return started_ && !poisoned_; }
-
-  // `search_path`: null for DbgHelp's default.
-  absl::Status Start(const std::wstring* search_path)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-    if (started_) return absl::OkStatus();
-    const HANDLE h = handle();
-    const wchar_t* path = search_path != nullptr ? search_path->c_str() : nullptr;
-    const Outcome outcome =
-        Guarded([&] { return SymInitializeW(h, path, FALSE) != FALSE; });
-    if (outcome != Outcome::kOk) {
-      return absl::InternalError(absl::StrCat(
-          "DbgHelp: SymInitializeW: ", outcome == Outcome::kFaulted
-                                           ? "faulted"
-                                           : WinError(GetLastError())));
-    }
-    started_ = true;
-    return absl::OkStatus();
-  }
-
-  // Runs `call` (a lambda returning bool, see Guarded) unless the session
-  // is not usable; a fault poisons the session.
-  template <typename F>
-  bool Call(F&& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-    if (!usable()) return false;
-    const Outcome outcome = Guarded(call);
-    if (outcome == Outcome::kFaulted) poisoned_ = true;
-    return outcome == Outcome::kOk;
-  }
-
-  // SymCleanup, except for a poisoned session, which is left as it is.
-  void End() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-    const HANDLE h = handle();
-    Call([&] { return SymCleanup(h) != FALSE; });
-    if (poisoned_) {
-      // DbgHelp may still hold the handle value: keep the byte.
-      static_cast<void>(token_.release());
-    }
-    started_ = false;
-  }
-
- private:
-  std::unique_ptr<char> token_ = std::make_unique<char>();
-  bool started_ = false;
-  bool poisoned_ = false;
-};
-
-// An open file, closed on destruction.
-class FileHandle {
- public:
-  FileHandle() = default;
-  explicit FileHandle(HANDLE h) : h_(h) {}
-  FileHandle(FileHandle&& other) noexcept
-      : h_(std::exchange(other.h_, INVALID_HANDLE_VALUE)) {}
-  FileHandle& operator=(FileHandle&& other) noexcept {
-    if (this != &other) {
-      Close();
-      h_ = std::exchange(other.h_, INVALID_HANDLE_VALUE);
-    }
-    return *this;
-  }
-  ~FileHandle() { Close(); }
-  HANDLE get() const { return h_; }
-  bool valid() const { return h_ != INVALID_HANDLE_VALUE; }
-
- private:
-  void Close() {
-    if (valid()) CloseHandle(h_);
-    h_ = INVALID_HANDLE_VALUE;
-  }
-  HANDLE h_ = INVALID_HANDLE_VALUE;
-};
-
-FileHandle OpenForReading(const std::wstring& path) {
-  return FileHandle(CreateFileW(
-      path.c_str(), GENERIC_READ,
-      FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-      OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, nullptr));
-}
-
-// The search path of sessions holding images whose CodeView record names no
-// PDB: empty, so that no directory is searched (see LoadModule).
-const std::wstring& NoSearchPath() {
-  static const std::wstring empty;
-  return empty;
-}
-
-// Loads the image at `path` into `session` at [base, base + size).
-//
-// Wine 8's DbgHelp looks for the PDB that an RSDS record names in the
-// image's directory and in the search path, taking every file whose name
-// ends with that name as a candidate. An empty name (what mingw-w64's ld
-// --build-id writes) matches every file, and reading a file that is not a
-// PDB frees uninitialized pointers (pdb_fetch_file_info), corrupting the
-// heap. So an `unnamed_pdb` image goes to DbgHelp as an open file (kept in
-// *file while loaded) under its bare name, leaving no directory to search,
-// into a session whose search path is NoSearchPath().
-absl::Status LoadModule(DbgHelpSession& session, const std::wstring& path,
-                        bool unnamed_pdb, uint64_t base, uint32_t size,
-                        FileHandle* file)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-  std::wstring image_name = path;
-  if (unnamed_pdb) {
-    *file = OpenForReading(path);
-    if (!file->valid()) {
-      return absl::FailedPreconditionError(WinError(GetLastError()));
-    }
-    const size_t slash = path.find_last_of(L"\\/");
-    if (slash != std::wstring::npos) image_name = path.substr(slash + 1);
-  }
-  const HANDLE h = session.handle();
-  const HANDLE image_file = unnamed_pdb ? file->get() : nullptr;
-  const wchar_t* name = image_name.c_str();
-  DWORD error = ERROR_SUCCESS;
-  const bool loaded = session.Call([&] {
-    SetLastError(ERROR_SUCCESS);
-    const DWORD64 b = SymLoadModuleExW(h, image_file, name, nullptr, base,
-                                       size, nullptr, 0);
-    error = GetLastError();
-    // 0 with ERROR_SUCCESS: DbgHelp had it already.
-    return b != 0 || error == ERROR_SUCCESS;
-  });
-  if (!loaded) {
-    *file = FileHandle();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "DbgHelp: SymLoadModuleExW: ",
-        session.poisoned() ? "faulted" : WinError(error)));
-  }
-  return absl::OkStatus();
-}
-
-// SymFromAddrW (or, with `inline_context`, SymFromInlineContextW).
-bool SymbolAt(DbgHelpSession& session, uint64_t address,
-              const DWORD* inline_context, std::string* raw)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-  struct {
-    SYMBOL_INFOW info;
-    WCHAR more[MAX_SYM_NAME];
-  } buf;
-  std::memset(&buf, 0, sizeof buf);
-  buf.info.SizeOfStruct = sizeof(SYMBOL_INFOW);
-  buf.info.MaxNameLen = MAX_SYM_NAME;
-  const HANDLE h = session.handle();
-  const InlineApi& api = GetInlineApi();
-  const bool ok = session.Call([&] {
-    DWORD64 displacement = 0;
-    return (inline_context != nullptr
-                ? api.from_inline_context(h, address, *inline_context,
-                                          &displacement, &buf.info)
-                : SymFromAddrW(h, address, &displacement, &buf.info)) != FALSE;
-  });
-  if (!ok) return false;
-  const size_t len = std::min<size_t>(buf.info.NameLen, MAX_SYM_NAME);
-  *raw = Narrow(buf.info.Name, wcsnlen(buf.info.Name, len));
-  return !raw->empty();
-}
-
-// SymGetLineFromAddrW64 (or SymGetLineFromInlineContextW).
-bool LineAt(DbgHelpSession& session, uint64_t module_base, uint64_t address,
-            const DWORD* inline_context, std::string* file, int64_t* line)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-  IMAGEHLP_LINEW64 info;
-  std::memset(&info, 0, sizeof info);
-  info.SizeOfStruct = sizeof info;
-  const HANDLE h = session.handle();
-  const InlineApi& api = GetInlineApi();
-  const bool ok = session.Call([&] {
-    DWORD displacement = 0;
-    return (inline_context != nullptr
-                ? api.line_from_inline_context(h, address, *inline_context,
-                                               module_base, &displacement,
-                                               &info)
-                : SymGetLineFromAddrW64(h, address, &displacement, &info)) !=
-           FALSE;
-  });
-  if (!ok) return false;
-  *file = info.FileName != nullptr
-              ? Narrow(info.FileName, wcsnlen(info.FileName, 32768))
-              : "";
-  *line = info.LineNumber;
-  return true;
-}
-
-void SetName(const std::string& raw, SourceFrame* frame)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-  frame->system_name = raw;
-  frame->function = FunctionName(raw);
-}
-
-// What one lookup needs of a module.
-struct ModuleView {
-  DbgHelpSession* session = nullptr;  // null: DbgHelp did not load it
-  uint64_t base = 0;                  // where DbgHelp has it
-  bool use_debug_info = true;
-  // Its export and COFF symbol tables (read on first use).
-  absl::FunctionRef<const NameTable*()> fallback_names;
-  // Its DWARF line tables; null when it has none (or its debug info is not
-  // to be used).
-  const DwarfLines* dwarf = nullptr;
-};
-
-// The file and line of `address` in the module's DWARF line tables.
-bool DwarfLineAt(const ModuleView& m, uint64_t address, std::string* file,
-                 int64_t* line) {
-  return m.dwarf != nullptr &&
-         m.dwarf->Find(address - m.base + m.dwarf->image_base(), file, line);
-}
-
-// Frames at `address`, innermost first; records in `caps` what was found.
-std::vector<SourceFrame> Resolve(const ModuleView& m, uint64_t address,
-                                 Caps* caps)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_dbghelp_mu) {
-  std::vector<SourceFrame> frames;
-  const InlineApi& api = GetInlineApi();
-  DbgHelpSession* const s = m.session;
-  if (s != nullptr && m.use_debug_info && api.ok()) {
-    // The depth of inlined calls at the address; each inline context names
-    // one, innermost first, with its own line. The function they are
-    // inlined into follows, with the line of the outermost call (which
-    // SymGetLineFromAddrW64 gives on Windows, and nothing on Wine).
-    const HANDLE h = s->handle();
-    DWORD depth = 0;
-    DWORD context = 0;
-    DWORD frame_index = 0;
-    if (s->Call([&] {
-          depth = api.include_inline_trace(h, address);
-          return depth > 0;
-        }) &&
-        depth < 256 && s->Call([&] {
-          return api.query_inline_trace(h, address, 0, address, address,
-                                        &context, &frame_index) != FALSE;
-        })) {
-      for (DWORD i = 0; i < depth; ++i) {
-        const DWORD c = context + i;
-        SourceFrame frame;
-        std::string raw;
-        if (SymbolAt(*s, address, &c, &raw)) SetName(raw, &frame);
-        LineAt(*s, m.base, address, &c, &frame.file, &frame.line);
-        frames.push_back(std::move(frame));
-      }
-      caps->has_inline_frames = true;
-      // The line table's row at the address is the innermost frame's: where
-      // a module has DWARF, its own reader gives it (Wine's DbgHelp takes
-      // the first of several rows at one address, not the last).
-      std::string file;
-      int64_t line = 0;
-      if (DwarfLineAt(m, address, &file, &line)) {
-        frames.front().file = std::move(file);
-        frames.front().line = line;
-      }
-    }
-  }
-  SourceFrame outer;
-  std::string raw;
-  if (s != nullptr && SymbolAt(*s, address, nullptr, &raw)) {
-    SetName(raw, &outer);
-  } else if (const NameTable* names = m.fallback_names(); names != nullptr) {
-    if (const std::string* name = names->Find(address - m.base);
-        name != nullptr) {
-      SetName(*name, &outer);
-    }
-  }
-  // With inlined frames, the outer frame's line is that of the outermost
-  // call (DbgHelp's, where it knows it); without, the row's.
-  if (!(frames.empty() &&
-        DwarfLineAt(m, address, &outer.file, &outer.line)) &&
-      s != nullptr && m.use_debug_info) {
-    LineAt(*s, m.base, address, nullptr, &outer.file, &outer.line);
-  }
-  if (!frames.empty() || !outer.function.empty() || !outer.file.empty()) {
-    frames.push_back(std::move(outer));
-  }
-  for (const SourceFrame& f : frames) {
-    if (!f.function.empty()) caps->has_functions = true;
-    if (!f.file.empty()) caps->has_filenames = true;
-    if (f.line > 0) caps->has_line_numbers = true;
-  }
-  return frames;
 }
 
 size_t EntryBytes(const SymbolizedAddress& entry) {
