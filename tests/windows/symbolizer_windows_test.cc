@@ -5,10 +5,9 @@
 // its cap, DLLs loaded and unloaded between Refresh() calls, and
 // SymbolizeFile on this program's file and on missing, garbage and
 // truncated files (an error naming the file, never a crash). File and line
-// from the symbolizer's own .debug_line reader: in the libraries this large
-// program links (DWARF 4 and 5 units), where DbgHelp reads no DWARF, in a
-// copy of this program mapped at another address than its ImageBase, and
-// with corrupt line programs (those lines lost, once reported, no crash).
+// from the symbolizer's own .debug_line reader: the program's second source,
+// symbolizer_windows_lines_test.cc; what the two share:
+// symbolizer_windows_test_util.h.
 #include "inprof/symbolizer.h"
 
 #include <windows.h>
@@ -16,7 +15,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -25,15 +23,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "inprof/internal/line_table.h"
-#include "inprof/internal/log.h"
+#include "symbolizer_windows_test_util.h"
 
 // A function without debug info (top-level asm has none), as a library
 // built without -g has them: only the COFF symbol table names it.
@@ -50,12 +44,7 @@ _ZN6inprof11NoDebugInfoEi:
 namespace inprof {
 int NoDebugInfo(int x);
 
-namespace {
-
-using ::testing::EndsWith;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::Not;
+namespace symbolizer_test {
 
 // --- Code whose symbols the tests look up -----------------------------------
 
@@ -75,11 +64,6 @@ __attribute__((noinline)) uintptr_t CapturePc() {
   asm volatile("" : "+r"(pc));
   return pc;
 }
-
-struct CallSite {
-  uintptr_t pc;
-  int line;
-};
 
 // The call of CapturePc() and the __LINE__ next to it share a line, and the
 // statement before it has code of its own: Wine's DbgHelp keeps only the
@@ -128,63 +112,18 @@ int Widget::Method(int x) {
 }
 }  // namespace testns
 
+namespace {
+
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
 // --- Helpers -------------------------------------------------------------------
-
-std::string Narrow(const std::wstring& w) {
-  if (w.empty()) return "";
-  const int n = WideCharToMultiByte(CP_UTF8, 0, w.data(), static_cast<int>(w.size()),
-                                    nullptr, 0, nullptr, nullptr);
-  std::string s(static_cast<size_t>(n), '\0');
-  WideCharToMultiByte(CP_UTF8, 0, w.data(), static_cast<int>(w.size()), s.data(), n,
-                      nullptr, nullptr);
-  return s;
-}
-
-std::wstring Widen(const std::string& s) {
-  if (s.empty()) return L"";
-  const int n = MultiByteToWideChar(CP_UTF8, 0, s.data(), static_cast<int>(s.size()),
-                                    nullptr, 0);
-  std::wstring w(static_cast<size_t>(n), L'\0');
-  MultiByteToWideChar(CP_UTF8, 0, s.data(), static_cast<int>(s.size()), w.data(), n);
-  return w;
-}
-
-std::string ExePath() {
-  wchar_t buf[4096];
-  const DWORD n = GetModuleFileNameW(nullptr, buf, 4096);
-  return Narrow(std::wstring(buf, n));
-}
 
 std::string BaseNameLower(const std::string& path) {
   const size_t slash = path.find_last_of("\\/");
   return absl::AsciiStrToLower(slash == std::string::npos ? path : path.substr(slash + 1));
-}
-
-uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
-template <typename F>
-uint64_t FunctionAddr(F* f) {
-  return reinterpret_cast<uint64_t>(reinterpret_cast<void*>(f));
-}
-
-// The address of a non-virtual member function (where a pointer to it
-// starts in the Itanium C++ ABI, GCC's on Windows too).
-template <typename M>
-uint64_t MemberAddr(M member) {
-  uint64_t address = 0;
-  static_assert(sizeof member >= sizeof address);
-  std::memcpy(&address, &member, sizeof address);
-  return address;
-}
-
-// This program's base address, and `address` of it as its file lays it out
-// (at its ImageBase: ASLR may have put it elsewhere).
-uint64_t ExeBase() { return Addr(GetModuleHandleW(nullptr)); }
-uint64_t FileAddress(uint64_t address) {
-  const auto* base = reinterpret_cast<const unsigned char*>(GetModuleHandleW(nullptr));
-  const auto* nt = reinterpret_cast<const IMAGE_NT_HEADERS64*>(
-      base + reinterpret_cast<const IMAGE_DOS_HEADER*>(base)->e_lfanew);
-  return nt->OptionalHeader.ImageBase + (address - Addr(base));
 }
 
 uint64_t ExportAddr(const wchar_t* module, const char* name) {
@@ -221,56 +160,6 @@ std::string OwnBuildId() {
     return id;
   }
   return "";
-}
-
-// A directory of its own under the temporary directory, removed with its
-// files at the end.
-class TempDir {
- public:
-  TempDir() {
-    wchar_t buf[MAX_PATH + 1];
-    const DWORD n = GetTempPathW(MAX_PATH + 1, buf);
-    // One of its own per instance: a file that DbgHelp faulted on stays
-    // mapped (see SymbolizeFileSurvivesCorruptDebugInfo), so it can be
-    // neither deleted nor rewritten.
-    static int instances = 0;
-    path_ = absl::StrCat(Narrow(std::wstring(buf, n)), "inprof_symbolizer_test_",
-                         GetCurrentProcessId(), "_", ++instances);
-    CreateDirectoryW(Widen(path_).c_str(), nullptr);
-  }
-  ~TempDir() {
-    for (const std::string& f : files_) DeleteFileW(Widen(f).c_str());
-    RemoveDirectoryW(Widen(path_).c_str());
-  }
-  std::string Write(const std::string& name, const std::string& bytes) {
-    const std::string file = absl::StrCat(path_, "\\", name);
-    HANDLE h = CreateFileW(Widen(file).c_str(), GENERIC_WRITE, 0, nullptr, CREATE_ALWAYS,
-                           FILE_ATTRIBUTE_NORMAL, nullptr);
-    EXPECT_NE(h, INVALID_HANDLE_VALUE) << file;
-    DWORD written = 0;
-    WriteFile(h, bytes.data(), static_cast<DWORD>(bytes.size()), &written, nullptr);
-    CloseHandle(h);
-    EXPECT_EQ(written, bytes.size());
-    files_.push_back(file);
-    return file;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  std::vector<std::string> files_;
-};
-
-std::string ReadFileBytes(const std::string& path) {
-  HANDLE h = CreateFileW(Widen(path).c_str(), GENERIC_READ, FILE_SHARE_READ, nullptr,
-                         OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, nullptr);
-  if (h == INVALID_HANDLE_VALUE) return "";
-  std::string bytes;
-  char buf[1 << 16];
-  DWORD n = 0;
-  while (ReadFile(h, buf, sizeof buf, &n, nullptr) && n > 0) bytes.append(buf, n);
-  CloseHandle(h);
-  return bytes;
 }
 
 int ModuleNamed(const Symbolizer& s, const std::string& base_name) {
@@ -596,25 +485,6 @@ TEST(SymbolizerWindowsTest, SymbolizeFileFailsNamingBadFiles) {
   EXPECT_FALSE(Symbolizer::SymbolizeFile(std::string("bad\xff.exe"), {1}).ok());
 }
 
-// The offset in a PE file of the header of its section named `name` (long
-// names, "/N", through the COFF string table); 0 when there is none.
-size_t SectionHeaderOffset(const std::string& file, const std::string& name) {
-  const auto* dos = reinterpret_cast<const IMAGE_DOS_HEADER*>(file.data());
-  const size_t file_header = dos->e_lfanew + 4;
-  const auto* header = reinterpret_cast<const IMAGE_FILE_HEADER*>(file.data() + file_header);
-  const size_t table = file_header + sizeof(IMAGE_FILE_HEADER) + header->SizeOfOptionalHeader;
-  const char* strings =
-      file.data() + header->PointerToSymbolTable + 18 * size_t{header->NumberOfSymbols};
-  for (int i = 0; i < header->NumberOfSections; ++i) {
-    const size_t offset = table + i * sizeof(IMAGE_SECTION_HEADER);
-    const char* raw = file.data() + offset;  // Name comes first
-    std::string n(raw, strnlen(raw, IMAGE_SIZEOF_SHORT_NAME));
-    if (!n.empty() && n[0] == '/') n = strings + std::stoul(n.substr(1));
-    if (n == name) return offset;
-  }
-  return 0;
-}
-
 TEST(SymbolizerWindowsTest, SymbolizeFileSurvivesCorruptDebugInfo) {
   // Sound headers, nonsense DWARF: .debug_abbrev moved to the end of the
   // file, all continuation bytes up to a page end, so that Wine's DWARF
@@ -655,250 +525,6 @@ TEST(SymbolizerWindowsTest, SymbolizeFileSurvivesCorruptDebugInfo) {
   EXPECT_TRUE(own.ok()) << own.status();
 }
 
-// --- File and line from .debug_line ------------------------------------------------
-
-TEST(SymbolizerWindowsTest, FunctionsOfTheLinkedLibrariesHaveFileAndLine) {
-  // This program links libinprof.a, Abseil and GoogleTest, and mingw-w64's
-  // runtime: DWARF 4 units (the project's, -gdwarf-4) and DWARF 5 ones
-  // (Debian's mingw-w64 libraries), too much for Wine's DbgHelp in larger
-  // programs. The symbolizer reads .debug_line itself.
-  Symbolizer s;
-  const SymbolizedAddress& find = s.Lookup(MemberAddr(&internal::LineTable::Find), false);
-  ASSERT_THAT(find.frames, Not(IsEmpty()));
-  EXPECT_THAT(find.frames.back().function, HasSubstr("LineTable::Find"));
-  EXPECT_THAT(find.frames.back().file, EndsWith("line_table.cc"));
-  EXPECT_GT(find.frames.back().line, 0);
-  // A DWARF 5 unit of mingw-w64's runtime (libmingwex).
-  unsigned long long (*strtoull_function)(const char*, char**, int) = &strtoull;
-  const SymbolizedAddress& crt = s.Lookup(FunctionAddr(strtoull_function), false);
-  ASSERT_THAT(crt.frames, Not(IsEmpty()));
-  EXPECT_THAT(crt.frames.back().function, HasSubstr("strtoull"));
-  EXPECT_THAT(crt.frames.back().file, EndsWith(".c"));
-  EXPECT_GT(crt.frames.back().line, 0);
-  // The line table's size is part of the cache's.
-  EXPECT_GT(s.cached_bytes(), size_t{100} << 10);
-}
-
-TEST(SymbolizerWindowsTest, OfRowsSharingAnAddressTheLastGivesTheLine) {
-  const CallSite site = CallerAfterARowWithoutCode();
-  Symbolizer s;
-  const SymbolizedAddress& loc = s.Lookup(site.pc, /*is_return_address=*/true);
-  ASSERT_THAT(loc.frames, Not(IsEmpty()));
-  EXPECT_THAT(loc.frames.back().function, HasSubstr("CallerAfterARowWithoutCode"));
-  EXPECT_THAT(loc.frames.back().file, EndsWith("symbolizer_windows_test.cc"));
-  EXPECT_EQ(loc.frames.back().line, site.line);
-}
-
-// Every compilation unit's abbreviation offset in `exe` (this program's
-// bytes) set far past .debug_abbrev: Wine's DbgHelp, which checks that
-// offset, then reads no DWARF at all; .debug_line is intact.
-std::string WithoutDwarfForDbgHelp(std::string exe) {
-  const size_t header = SectionHeaderOffset(exe, ".debug_info");
-  EXPECT_NE(header, 0u);
-  if (header == 0) return exe;
-  IMAGE_SECTION_HEADER info;
-  std::memcpy(&info, exe.data() + header, sizeof info);
-  const uint32_t far_away = 0x7ffffff0;
-  for (size_t offset = 0; offset + 12 <= info.Misc.VirtualSize;) {
-    char* unit = exe.data() + info.PointerToRawData + offset;
-    uint32_t length;
-    uint16_t version;
-    std::memcpy(&length, unit, 4);
-    std::memcpy(&version, unit + 4, 2);
-    if (length == 0 || length >= 0xfffffff0) break;
-    std::memcpy(unit + (version >= 5 ? 8 : 6), &far_away, 4);
-    offset += 4 + size_t{length};
-  }
-  return exe;
-}
-
-TEST(SymbolizerWindowsTest, SymbolizeFileHasLinesWhereDbgHelpReadsNoDwarf) {
-  TempDir dir;
-  const std::string path =
-      dir.Write("no_dwarf_for_dbghelp.exe", WithoutDwarfForDbgHelp(ReadFileBytes(ExePath())));
-  const CallSite site = CallerOfCapturePc();
-  auto frames = Symbolizer::SymbolizeFile(
-      path, {FileAddress(FunctionAddr(&KnownFunction)), FileAddress(site.pc - 1),
-             FileAddress(MemberAddr(&internal::LineTable::Find))});
-  ASSERT_TRUE(frames.ok()) << frames.status();
-  ASSERT_EQ(frames->size(), 3u);
-  for (const std::vector<SourceFrame>& f : *frames) ASSERT_THAT(f, Not(IsEmpty()));
-  // Named from the COFF symbol table (with parameters, unlike DbgHelp).
-  EXPECT_THAT((*frames)[0].back().function, HasSubstr("KnownFunction(int)"));
-  EXPECT_THAT((*frames)[0].back().file, EndsWith("symbolizer_windows_test.cc"));
-  EXPECT_EQ((*frames)[0].back().line, g_known_function_line);
-  EXPECT_THAT((*frames)[1].back().function, HasSubstr("CallerOfCapturePc"));
-  EXPECT_EQ((*frames)[1].back().line, site.line);
-  EXPECT_THAT((*frames)[2].back().file, EndsWith("line_table.cc"));
-  EXPECT_GT((*frames)[2].back().line, 0);
-}
-
-// A copy of this program's file, mapped as a DLL (no references resolved,
-// no code run). This program occupies its ImageBase: the copy is relocated.
-class MappedCopy {
- public:
-  MappedCopy(TempDir& dir, const std::string& name, const std::string& bytes)
-      : path_(dir.Write(name, bytes)) {
-    module_ = LoadLibraryExW(Widen(path_).c_str(), nullptr, DONT_RESOLVE_DLL_REFERENCES);
-  }
-  ~MappedCopy() {
-    if (module_ != nullptr) FreeLibrary(module_);
-  }
-  MappedCopy(const MappedCopy&) = delete;
-  MappedCopy& operator=(const MappedCopy&) = delete;
-
-  bool ok() const { return module_ != nullptr; }
-  const std::string& path() const { return path_; }
-  uint64_t base() const { return Addr(module_); }
-  // Where `address` of this program is in the copy.
-  uint64_t Translate(uint64_t address) const { return base() + (address - ExeBase()); }
-
- private:
-  std::string path_;
-  HMODULE module_ = nullptr;
-};
-
-TEST(SymbolizerWindowsTest, RelocatedModuleWithoutDwarfForDbgHelpHasLines) {
-  TempDir dir;
-  MappedCopy copy(dir, "relocated.dll", WithoutDwarfForDbgHelp(ReadFileBytes(ExePath())));
-  ASSERT_TRUE(copy.ok()) << "LoadLibraryExW: error " << GetLastError();
-  ASSERT_NE(copy.base(), ExeBase());
-  Symbolizer s;
-  const SymbolizedAddress& loc = s.Lookup(copy.Translate(FunctionAddr(&KnownFunction)), false);
-  ASSERT_GE(loc.module, 0);
-  EXPECT_EQ(s.modules()[loc.module].start, copy.base());
-  ASSERT_THAT(loc.frames, Not(IsEmpty()));
-  EXPECT_THAT(loc.frames.back().function, HasSubstr("KnownFunction"));
-  EXPECT_THAT(loc.frames.back().file, EndsWith("symbolizer_windows_test.cc"));
-  EXPECT_EQ(loc.frames.back().line, g_known_function_line);
-  const CallSite site = CallerOfCapturePc();
-  const SymbolizedAddress& call = s.Lookup(copy.Translate(site.pc), /*is_return_address=*/true);
-  ASSERT_THAT(call.frames, Not(IsEmpty()));
-  EXPECT_THAT(call.frames.back().function, HasSubstr("CallerOfCapturePc"));
-  EXPECT_EQ(call.frames.back().line, site.line);
-  EXPECT_TRUE(s.Capabilities(loc.module).has_line_numbers);
-}
-
-// Lines logged meanwhile (inprof's diagnostics).
-class CapturedLog {
- public:
-  CapturedLog() {
-    lines().clear();
-    internal::SetLogSinkForTesting([](absl::string_view line) {
-      lines().emplace_back(line);
-    });
-  }
-  ~CapturedLog() { internal::SetLogSinkForTesting(nullptr); }
-  CapturedLog(const CapturedLog&) = delete;
-  CapturedLog& operator=(const CapturedLog&) = delete;
-
-  // Those naming `path` and containing `text`.
-  static int Count(const std::string& path, const std::string& text) {
-    return static_cast<int>(std::count_if(lines().begin(), lines().end(), [&](const std::string& l) {
-      return absl::StrContains(l, path) && absl::StrContains(l, text);
-    }));
-  }
-  static std::vector<std::string>& lines() {
-    static std::vector<std::string> captured;
-    return captured;
-  }
-};
-
-// The offset in `exe` of its .debug_line's contents and their size.
-std::pair<size_t, size_t> DebugLine(const std::string& exe) {
-  const size_t header = SectionHeaderOffset(exe, ".debug_line");
-  EXPECT_NE(header, 0u);
-  if (header == 0) return {0, 0};
-  IMAGE_SECTION_HEADER section;
-  std::memcpy(&section, exe.data() + header, sizeof section);
-  return {section.PointerToRawData, section.Misc.VirtualSize};
-}
-
-TEST(SymbolizerWindowsTest, ACorruptLineProgramCostsItsOwnLinesOnly) {
-  // The first line program (the C runtime's startup code) claims DWARF
-  // version 99: refused, reported once, the others read.
-  std::string bytes = ReadFileBytes(ExePath());
-  const auto [offset, size] = DebugLine(bytes);
-  ASSERT_GT(size, 6u);
-  bytes[offset + 4] = 99;
-  bytes[offset + 5] = 0;
-  TempDir dir;
-  MappedCopy copy(dir, "corrupt_line.dll", bytes);
-  ASSERT_TRUE(copy.ok()) << "LoadLibraryExW: error " << GetLastError();
-  CapturedLog log;
-  Symbolizer s;
-  const SymbolizedAddress& loc = s.Lookup(copy.Translate(FunctionAddr(&KnownFunction)), false);
-  ASSERT_THAT(loc.frames, Not(IsEmpty()));
-  EXPECT_THAT(loc.frames.back().function, HasSubstr("KnownFunction"));
-  EXPECT_THAT(loc.frames.back().file, EndsWith("symbolizer_windows_test.cc"));
-  EXPECT_EQ(loc.frames.back().line, g_known_function_line);
-  s.Lookup(copy.Translate(FunctionAddr(&CapturePc)), false);
-  s.set_max_cached_bytes(1);
-  s.Refresh();  // over the cap: the tables are read again
-  s.Lookup(copy.Translate(FunctionAddr(&KnownFunction)), false);
-  EXPECT_EQ(CapturedLog::Count(copy.path(), "version 99"), 1) << absl::StrJoin(CapturedLog::lines(), "\n");
-  for (const std::string& line : CapturedLog::lines()) {
-    EXPECT_THAT(std::string(absl::StripSuffix(line, "\n")), Not(HasSubstr("\n")));
-  }
-}
-
-TEST(SymbolizerWindowsTest, LineProgramsPastTheSectionEnd) {
-  // A line program whose length runs past the section's end: it and those
-  // after it are lost, reported once; names stay.
-  std::string bytes = ReadFileBytes(ExePath());
-  const auto [offset, size] = DebugLine(bytes);
-  ASSERT_GT(size, 4u);
-  const uint32_t huge = 0x7fffffff;
-  std::memcpy(bytes.data() + offset, &huge, 4);
-  TempDir dir;
-  MappedCopy copy(dir, "line_past_end.dll", bytes);
-  ASSERT_TRUE(copy.ok()) << "LoadLibraryExW: error " << GetLastError();
-  CapturedLog log;
-  Symbolizer s;
-  for (int i = 0; i < 2; ++i) {
-    const SymbolizedAddress& loc =
-        s.Lookup(copy.Translate(FunctionAddr(&KnownFunction)) + i, false);
-    ASSERT_THAT(loc.frames, Not(IsEmpty()));
-    EXPECT_THAT(loc.frames.back().function, HasSubstr("KnownFunction"));
-  }
-  EXPECT_EQ(CapturedLog::Count(copy.path(), "runs past the section"), 1)
-      << absl::StrJoin(CapturedLog::lines(), "\n");
-}
-
-TEST(SymbolizerWindowsTest, SymbolizeFileSurvivesRandomlyCorruptLinePrograms) {
-  const std::string exe = ReadFileBytes(ExePath());
-  const auto [offset, size] = DebugLine(exe);
-  ASSERT_GT(size, 0u);
-  const CallSite site = CallerOfCapturePc();
-  const std::vector<uint64_t> addresses = {FileAddress(FunctionAddr(&KnownFunction)),
-                                           FileAddress(site.pc - 1),
-                                           FileAddress(MemberAddr(&internal::LineTable::Find))};
-  std::mt19937 random(20240502);
-  TempDir dir;
-  CapturedLog log;  // quiet
-  for (int round = 0; round < 6; ++round) {
-    std::string bytes = exe;
-    // Bytes changed at random; in odd rounds, a run of them.
-    if (round % 2 == 0) {
-      for (int i = 0; i < 200; ++i) bytes[offset + random() % size] = static_cast<char>(random());
-    } else {
-      const size_t start = random() % size;
-      for (size_t i = start; i < std::min(size, start + 4096); ++i) {
-        bytes[offset + i] = static_cast<char>(random());
-      }
-    }
-    const std::string path = dir.Write(absl::StrCat("random_line_", round, ".exe"), bytes);
-    auto frames = Symbolizer::SymbolizeFile(path, addresses);
-    if (!frames.ok()) {  // DbgHelp faulted on them
-      EXPECT_THAT(frames.status().message(), HasSubstr(path));
-      continue;
-    }
-    ASSERT_EQ(frames->size(), addresses.size());
-    ASSERT_THAT((*frames)[0], Not(IsEmpty()));
-    EXPECT_THAT((*frames)[0].back().function, HasSubstr("KnownFunction"));
-  }
-}
-
 TEST(SymbolizerWindowsTest, ForProcessIsUnimplemented) {
   auto s = Symbolizer::ForProcess(static_cast<pid_t>(GetCurrentProcessId()));
   ASSERT_FALSE(s.ok());
@@ -921,4 +547,5 @@ TEST(SymbolizerWindowsTest, SeveralSymbolizersCoexist) {
 }
 
 }  // namespace
+}  // namespace symbolizer_test
 }  // namespace inprof
