@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -699,7 +700,7 @@ std::vector<SourceFrame> ElfSymbols::Lookup(uint64_t addr, Caps* caps) {
 
   Dwarf_Addr cu_bias = 0;
   Dwarf_Die* const cu =
-      use_debug_info_ ? dwfl_module_addrdie(mod_, addr, &cu_bias) : nullptr;
+      use_debug_info_ ? FindUnit(addr, &cu_bias) : nullptr;
   // A debug file libdwfl opened for its DWARF (loaded by now): its Elf.
   if (use_debug_info_ && !files_.held.empty()) {
     Dwarf_Addr dw_bias = 0;
@@ -722,13 +723,14 @@ std::vector<SourceFrame> ElfSymbols::Lookup(uint64_t addr, Caps* caps) {
         if (file != nullptr) line_file = *file;
         line_number = lineno > 0 ? lineno : 0;
       }
-    } else if (Dwfl_Line* line = dwfl_module_getsrc(mod_, addr);
+    } else if (Dwarf_Line* line = dwarf_getsrc_die(cu, addr - cu_bias);
                line != nullptr) {
+      // libdw's own reading of the unit found (dwfl_module_getsrc would
+      // look the unit up again through .debug_aranges).
       int lineno = 0;
-      const char* file =
-          dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
+      const char* file = dwarf_linesrc(line, nullptr, nullptr);
       if (file != nullptr) line_file = file;
-      line_number = lineno > 0 ? lineno : 0;
+      if (dwarf_lineno(line, &lineno) == 0 && lineno > 0) line_number = lineno;
     }
   }
 
@@ -786,6 +788,39 @@ std::vector<SourceFrame> ElfSymbols::Lookup(uint64_t addr, Caps* caps) {
 }
 
 ElfSymbols::ElfSymbols(Dwfl* dwfl) : dwfl_(dwfl) {}
+
+Dwarf_Die* ElfSymbols::FindUnit(Dwarf_Addr addr, Dwarf_Addr* bias) {
+  if (Dwarf_Die* cu = dwfl_module_addrdie(mod_, addr, bias); cu != nullptr) {
+    return cu;
+  }
+  if (!unit_ranges_read_) {
+    unit_ranges_read_ = true;
+    Dwarf_Addr unit_bias = 0;
+    for (Dwarf_Die* cu = dwfl_module_nextcu(mod_, nullptr, &unit_bias);
+         cu != nullptr; cu = dwfl_module_nextcu(mod_, cu, &unit_bias)) {
+      Dwarf_Addr base = 0, start = 0, end = 0;
+      for (ptrdiff_t next = dwarf_ranges(cu, 0, &base, &start, &end); next > 0;
+           next = dwarf_ranges(cu, next, &base, &start, &end)) {
+        if (start < end) {
+          unit_ranges_.push_back({start + unit_bias, end + unit_bias, cu, unit_bias});
+        }
+      }
+    }
+    std::sort(unit_ranges_.begin(), unit_ranges_.end(),
+              [](const UnitRange& a, const UnitRange& b) { return a.start < b.start; });
+  }
+  // The last range starting at or below `addr`. Units' ranges do not
+  // overlap in a linked object; where they would, this may miss, as
+  // libdw's own lookup then does.
+  auto after = std::upper_bound(
+      unit_ranges_.begin(), unit_ranges_.end(), addr,
+      [](Dwarf_Addr a, const UnitRange& r) { return a < r.start; });
+  if (after == unit_ranges_.begin()) return nullptr;
+  const UnitRange& range = *std::prev(after);
+  if (addr >= range.end) return nullptr;
+  *bias = range.bias;
+  return range.cu;
+}
 
 CuScopes& ElfSymbols::ScopesOf(Dwarf_Die* cu) {
   std::unique_ptr<CuScopes>& slot = cu_scopes_[dwarf_dieoffset(cu)];

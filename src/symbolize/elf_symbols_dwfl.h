@@ -74,6 +74,15 @@ class ElfSymbols {
   // The scope index of `cu`, built on first use.
   CuScopes& ScopesOf(Dwarf_Die* cu);
 
+  // The compilation unit whose address ranges hold `addr` (a Dwfl address),
+  // with its bias; null when none does. libdw answers from .debug_aranges,
+  // which clang does not write by default (and a GCC program that links
+  // clang-built objects has it for its own units only): libdw 0.188 then
+  // finds no unit for any address. On libdw's first miss the units'
+  // ranges (DW_AT_low_pc/high_pc or DW_AT_ranges) are read once into
+  // cu_ranges_ and searched from then on.
+  Dwarf_Die* FindUnit(Dwarf_Addr addr, Dwarf_Addr* bias);
+
   // The line table of `cu`, read on first use by our own reader; null
   // where that reader declined the unit (libdw's dwfl_module_getsrc then
   // answers).
@@ -87,6 +96,15 @@ class ElfSymbols {
       line_tables_;
   // By CU DIE offset. Dwarf_Dies stay valid while dwfl_ lives.
   absl::flat_hash_map<Dwarf_Off, std::unique_ptr<CuScopes>> cu_scopes_;
+  // Every unit's address ranges, by start (Dwfl addresses); see FindUnit.
+  struct UnitRange {
+    Dwarf_Addr start;
+    Dwarf_Addr end;  // exclusive
+    Dwarf_Die* cu;
+    Dwarf_Addr bias;
+  };
+  std::vector<UnitRange> unit_ranges_;
+  bool unit_ranges_read_ = false;
 };
 
 }  // namespace inprof::internal

@@ -160,6 +160,29 @@ class SeparateDebugInfoTest : public ::testing::Test {
   std::string dir_;
 };
 
+// The same scratch directory and checks for a library whose units libdw
+// cannot find by itself.
+using UnitLookupTest = SeparateDebugInfoTest;
+
+// clang writes no .debug_aranges by default (and a GCC program that links
+// clang-built objects has it for its own units only); libdw 0.188 then
+// finds no unit for any address, so neither file, line nor inline frames.
+// The units' own address ranges must serve: here the test library with
+// its .debug_aranges removed.
+TEST_F(UnitLookupTest, NamesFileLineAndInlineFramesWithoutDebugAranges) {
+  const std::string copy = dir_ + "/libnoaranges.so";
+  ASSERT_TRUE(Run(absl::StrCat("cp ", Q(lib_path_), " ", Q(copy), " && ",
+                               Q(ToolPath("INPROF_OBJCOPY", "objcopy")),
+                               " --remove-section=.debug_aranges ", Q(copy)))
+                  .ok());
+  Symbolizer symbolizer;
+  LoadedLib lib(copy);
+  ASSERT_TRUE(lib.ok()) << dlerror();
+  symbolizer.Refresh();
+  ASSERT_GE(ModuleIndexOf(symbolizer, copy), 0);
+  ExpectNamesStaticHelper(symbolizer, lib);
+}
+
 TEST_F(SeparateDebugInfoTest, FindsDebugFileNamedByDebuglinkInDotDebugDir) {
   const std::string stripped = dir_ + "/libsplit.so";
   ASSERT_TRUE(Split(stripped, dir_ + "/.debug/libsplit.so.debug").ok());
