@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
+#include "inprof/internal/sanitizers.h"
 #include "src/agent/agent_server.h"
 #include "tests/util/test_util.h"
 
@@ -88,7 +89,7 @@ bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 // reason scripts/sanitizers.sh leaves ProfilerE2eTest out there). The
 // threads' totals are still right and are checked; the per-function shares
 // are checked in every other build.
-#if defined(__SANITIZE_THREAD__)
+#if defined(INPROF_TSAN)
 constexpr bool kFunctionSharesMeasurable = false;
 #else
 constexpr bool kFunctionSharesMeasurable = true;

@@ -40,26 +40,17 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/sanitizers.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "util/test_util.h"
 
-// Which sanitizer, if any, this translation unit is built with (GCC spells
-// it __SANITIZE_*__, Clang __has_feature).
-#if defined(__SANITIZE_ADDRESS__)
+// Which sanitizer, if any, this translation unit is built with
+// (inprof/internal/sanitizers.h).
+#if defined(INPROF_ASAN)
 #define INPROF_SAFETY_ASAN 1
 #endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(INPROF_TSAN)
 #define INPROF_SAFETY_TSAN 1
-#endif
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#undef INPROF_SAFETY_ASAN
-#define INPROF_SAFETY_ASAN 1
-#endif
-#if __has_feature(thread_sanitizer)
-#undef INPROF_SAFETY_TSAN
-#define INPROF_SAFETY_TSAN 1
-#endif
 #endif
 
 namespace inprof::safety {

@@ -33,6 +33,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/sanitizers.h"
 #include "inprof/pprof_reader.h"
 #include "util/stat_bounds.h"
 #include "util/test_util.h"
@@ -117,7 +118,7 @@ __attribute__((noinline)) uint64_t SpinIterations(uint64_t n) {
 // (the class test spins on many threads at once).
 thread_local volatile uint64_t benchmark_sink;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(INPROF_ASAN) || defined(INPROF_TSAN)
 constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;

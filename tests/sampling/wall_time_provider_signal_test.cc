@@ -37,6 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/sanitizers.h"
 #include "inprof/pprof_reader.h"
 #include "sampling/wall_time_provider_test_util.h"
 #include "util/test_util.h"
@@ -221,7 +222,7 @@ TEST(WallTimeProviderTest, WaitersWallTotalsMatchTheirLifetimesWhileTheSamplerIs
 // sampler counts a stack read. Driven by the profiler, so the walk meets the
 // test's frames built with frame pointers as well as libc's without.
 TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(INPROF_TSAN)
   GTEST_SKIP() << "stacks are read only without ThreadSanitizer (profiler.h)";
 #endif
   Options options = WallOptions("wall_read");
@@ -246,7 +247,7 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   close(fds[0]);
   close(fds[1]);
   ASSERT_TRUE(profiler.Stop().ok());
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(INPROF_ASAN)
   // read() goes through AddressSanitizer's interceptor, whose frame makes
   // the copy's walk ambiguous (DwarfUnwinderTest.
   // WalksACopyOfAThreadWaitingInASystemCall): the thread is signalled, and
@@ -346,7 +347,7 @@ int StackReadsForbiddenChild() {
 }
 
 TEST(WallTimeProviderTest, WithoutProcessVmReadvWaitingThreadsAreSignalled) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(INPROF_TSAN)
   GTEST_SKIP() << "stacks are read only without ThreadSanitizer (profiler.h)";
 #endif
   GTEST_FLAG_SET(death_test_style, "threadsafe");

@@ -32,6 +32,7 @@
 #include "inprof/inprof.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/cfi_walk.h"
+#include "inprof/internal/sanitizers.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/unwinder.h"
 #include "unwind/dwarf_unwinder_test_util.h"
@@ -721,7 +722,7 @@ TEST(DwarfUnwinderTest, WalksACopyOfAThreadWaitingInASystemCall) {
   if (!r.truncated) {
     EXPECT_EQ(copied, handler) << Joined(names);
   }
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(INPROF_ASAN)
   // read() goes through AddressSanitizer's interceptor, which keeps its
   // caller's (frame, pc) below its own frame record: two candidates for the
   // record, so the walk stops rather than guess (the wall sampler signals).
@@ -730,7 +731,7 @@ TEST(DwarfUnwinderTest, WalksACopyOfAThreadWaitingInASystemCall) {
   EXPECT_FALSE(r.truncated) << Joined(names);
   EXPECT_FALSE(copied.empty()) << Joined(names);
 #endif
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !defined(INPROF_ASAN) && !defined(INPROF_TSAN)
   // Without an interceptor: the same frames from the first return address.
   // The handler's pc is the `syscall` instruction (the kernel moved it back
   // to restart the call), /proc's the one after it (2 bytes on x86-64).

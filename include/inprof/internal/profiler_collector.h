@@ -36,6 +36,7 @@
 #include "inprof/internal/profiler_layout.h"
 #include "inprof/internal/provider_set.h"
 #include "inprof/internal/sample_record.h"
+#include "inprof/internal/sanitizers.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/sample_aggregator.h"
 #include "inprof/sample_provider.h"
@@ -255,10 +256,11 @@ class ProfilerCollector : public ProfilerBase {
   // Whether a ticking provider's blocked threads can have their stacks read
   // without a signal: the provider says where the thread waits
   // (EpisodeSite, LookClock, TakeStackRead) and the unwinder walks copies
-  // of stacks. Not under ThreadSanitizer: the thread's label words, which
-  // only that thread writes (the handler reads them on it), are read from
-  // the ticker while the thread waits, which it would report as a race.
-#if defined(__SANITIZE_THREAD__)
+  // of stacks. Not under ThreadSanitizer: what the ticker reads of a
+  // waiting thread (its slot, its stack) is kept only when the thread's CPU
+  // clock shows it did not run meanwhile, a synchronisation TSan cannot
+  // see.
+#if defined(INPROF_TSAN)
   static constexpr bool kUnderTsan = true;
 #else
   static constexpr bool kUnderTsan = false;

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "inprof/internal/sanitizers.h"
 #include "inprof/unwinder.h"
 
 namespace inprof::internal {
@@ -29,14 +30,8 @@ inline constexpr int kProfilingSignal = SIGPROF;
 
 // Built with AddressSanitizer or ThreadSanitizer, whose instrumentation
 // enlarges stack frames (the handler's stack bound, profiler.h).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(INPROF_ASAN) || defined(INPROF_TSAN)
 inline constexpr bool kUnderSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool kUnderSanitizer = true;
-#else
-inline constexpr bool kUnderSanitizer = false;
-#endif
 #else
 inline constexpr bool kUnderSanitizer = false;
 #endif
