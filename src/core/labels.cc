@@ -28,14 +28,19 @@ ScopedLabels::ScopedLabels(std::initializer_list<Label> labels) {
     } else {
       value = table.Intern(label.str);
     }
-    slot->label_words[2 * end_] = key;
-    slot->label_words[2 * end_ + 1] = value;
+    // Relaxed atomic stores (plain moves on x86): the wall ticker reads a
+    // waiting thread's labels from another thread (ProfilerCollector::
+    // ReadBlockedStack, relaxed loads, kept only when the thread's CPU
+    // clock shows it did not run meanwhile); plain stores made that a
+    // data race (clang's TSan reports it).
+    __atomic_store_n(&slot->label_words[2 * end_], key, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->label_words[2 * end_ + 1], value, __ATOMIC_RELAXED);
     ++end_;
   }
   // Entries first, then the count the handler reads (same thread: a signal
   // fence is the whole synchronisation needed).
   std::atomic_signal_fence(std::memory_order_release);
-  slot->label_count = end_;
+  __atomic_store_n(&slot->label_count, end_, __ATOMIC_RELAXED);
   std::atomic_signal_fence(std::memory_order_release);
 }
 
@@ -46,7 +51,7 @@ ScopedLabels::~ScopedLabels() {
     return;  // the registration ended inside the scope: nothing to undo
   }
   std::atomic_signal_fence(std::memory_order_release);
-  slot_->label_count = begin_;
+  __atomic_store_n(&slot_->label_count, begin_, __ATOMIC_RELAXED);
   std::atomic_signal_fence(std::memory_order_release);
 }
 
