@@ -370,8 +370,14 @@ TEST(WallTimeProviderTest, RunningThreadsAreLabelledRunning) {
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
   auto by_state = profile->ByLabel("thread state", profile->ValueIndex("wall-time"));
-  EXPECT_GT(by_state["running"], 0);
-  EXPECT_GE(by_state["running"], 4 * by_state["blocked"]);
+  // Both read before comparing: operator[] inserts a missing key, and an
+  // insertion that grows the map frees the slot an earlier reference
+  // points into (clang's ASan caught the one-line form reading freed
+  // memory).
+  const int64_t running = by_state["running"];
+  const int64_t blocked = by_state["blocked"];
+  EXPECT_GT(running, 0);
+  EXPECT_GE(running, 4 * blocked);
 }
 
 // SIGPROF is not a queued signal: one sent while another is pending is
