@@ -54,13 +54,13 @@ libs="$(pkg-config --libs $absl zlib libdw) -lpthread -ldl"
 
 # name -> sources besides the target itself
 declare -A sources=(
-  [options_fuzzer]="src/core/options.cc src/core/log.cc src/serve/debug_endpoint.cc src/agent/agent_protocol.cc"
+  [options_fuzzer]="src/base/options.cc src/base/log.cc src/base/addresses.cc"
   [pprof_reader_fuzzer]="src/export/pprof_reader.cc"
-  [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/symbolize/debug_files_dwfl.cc src/symbolize/elf_symbols_dwfl.cc src/symbolize/process_scan_linux.cc src/symbolize/line_table.cc src/symbolize/line_table_libdw.cc src/symbolize/process_maps_linux.cc src/core/log.cc src/core/platform_linux.cc src/core/owned_fd_linux.cc"
-  [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/symbolize/debug_files_dwfl.cc src/symbolize/elf_symbols_dwfl.cc src/symbolize/process_scan_linux.cc src/symbolize/line_table.cc src/symbolize/line_table_libdw.cc src/symbolize/process_maps_linux.cc src/core/log.cc src/core/owned_fd_linux.cc src/core/platform_linux.cc"
-  [cfi_table_fuzzer]="src/unwind/cfi_table.cc src/unwind/cfi_table_libdw.cc src/unwind/cfi_table_direct_linux.cc src/unwind/cfi_interpreter.cc src/core/log.cc"
-  [debug_endpoint_fuzzer]="src/serve/debug_endpoint.cc"
-  [agent_protocol_fuzzer]="src/agent/agent_protocol.cc"
+  [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/symbolize/debug_files_dwfl.cc src/symbolize/elf_symbols_dwfl.cc src/symbolize/process_scan_linux.cc src/symbolize/line_table.cc src/symbolize/line_table_libdw.cc src/symbolize/process_maps_linux.cc src/base/log.cc src/base/platform_linux.cc src/base/owned_fd_linux.cc"
+  [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/symbolize/debug_files_dwfl.cc src/symbolize/elf_symbols_dwfl.cc src/symbolize/process_scan_linux.cc src/symbolize/line_table.cc src/symbolize/line_table_libdw.cc src/symbolize/process_maps_linux.cc src/base/log.cc src/base/owned_fd_linux.cc src/base/platform_linux.cc"
+  [cfi_table_fuzzer]="src/unwind/cfi_table.cc src/unwind/cfi_table_libdw.cc src/unwind/cfi_table_direct_linux.cc src/unwind/cfi_interpreter.cc src/base/log.cc"
+  [debug_endpoint_fuzzer]="src/serve/debug_endpoint.cc src/base/addresses.cc"
+  [agent_protocol_fuzzer]="src/agent/agent_protocol.cc src/base/addresses.cc"
   [agent_stream_fuzzer]="src/agent/agent_stream.cc"
 )
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/sink.h"
 #include "inprof/symbolizer.h"
 
@@ -66,20 +66,20 @@ void ExportWindow(benchmark::State& state, bool symbolize) {
   options.symbolize = symbolize;
   options.export_period = absl::ZeroDuration();
   options.sinks = {sink};
-  internal::ProfilerCore core(
+  internal::Pipeline core(
       options, {{"cpu-samples", "count"}, {"cpu-time", "nanoseconds"}},
       {"cpu-time", "nanoseconds"}, 10'000'000, "bench");
   const std::vector<uint64_t> code = CodeAddresses(2000);
   std::vector<uint32_t> threads;
   {
-    std::lock_guard<std::mutex> lock(core.mutex());
-    threads = AddThreads(core.aggregator());
+    internal::Pipeline::Ingesting ingest = core.Ingest();
+    threads = AddThreads(ingest.aggregator());
   }
   for (auto _ : state) {
     state.PauseTiming();
     {
-      std::lock_guard<std::mutex> lock(core.mutex());
-      Fill(core.aggregator(), threads, code, stacks);
+      internal::Pipeline::Ingesting ingest = core.Ingest();
+      Fill(ingest.aggregator(), threads, code, stacks);
     }
     state.ResumeTiming();
     benchmark::DoNotOptimize(core.Export(ProfilerStats()));

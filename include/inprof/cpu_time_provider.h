@@ -20,7 +20,7 @@
 //           and again when the program changes its limit); threads beyond
 //           that budget use the timer engine. A descriptor the program
 //           closed (and maybe reused) is never disabled or closed by inprof
-//           (internal/owned_fd.h).
+//           (base/owned_fd.h).
 //   timer   a POSIX timer on the thread's CPU clock (pthread_getcpuclockid)
 //           signalling that thread (SIGEV_THREAD_ID). The kernel checks CPU
 //           timers at scheduler ticks, so periods below a tick (4 ms at
@@ -83,7 +83,7 @@
 
 #include "absl/random/random.h"
 #include "absl/status/status.h"
-#include "inprof/internal/owned_fd.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/sample_provider.h"
 
 namespace inprof {

@@ -81,7 +81,7 @@ using FramePointerProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,
                                       CpuTimeProvider, WallTimeProvider>;
 
 // Both compositions are compiled once, in the library
-// (src/core/profiler_instance_dwarf.cc and _frame_pointer.cc): a program's
+// (src/profiler/profiler_instance_dwarf.cc and _frame_pointer.cc): a program's
 // sources that use them instantiate nothing of Profiler's out of their own (11% of a test
 // source under ASan, docs/test_command.md). Other compositions are
 // instantiated where they are used, as templates are.

@@ -58,12 +58,13 @@
 #include "inprof/cpu_time_provider.h"
 #include "inprof/frame_pointer_unwinder.h"
 #include "inprof/internal/agent_stream.h"
-#include "inprof/internal/fork_guard.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/fork_guard.h"
+#include "inprof/base/log.h"
 #include "inprof/internal/profiler_base.h"
 #include "inprof/internal/profiler_collector.h"
 #include "inprof/internal/profiler_control.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/composition.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_layout.h"
 #include "inprof/internal/provider_set.h"
 #include "inprof/internal/sample_handler.h"
@@ -114,7 +115,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   static constexpr size_t kLeafWords = Layout::kLeafWords;
   // The base's state and services this part uses.
   using typename Base::Shape;
-  using Base::options_, Base::core_, Base::session_, Base::active_,
+  using Base::options_, Base::pipeline_, Base::composition_, Base::session_, Base::active_,
       Base::tick_steady_visits_, Base::kMaxTickBatch, Base::wall_signals_,
       Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::Shutdown,
       Base::DrainRings, Base::DrainSlotLocked, Base::RefreshLeafResolverLocked,
@@ -199,7 +200,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // them outside the registry lock; Start() and Stop() do it under the lock.
   // All or none, so that providers are always armed in their order (a
   // second perf-engine provider on the same thread takes the slot's
-  // overflow descriptor from the first: tests/core/sample_provider_test.cc).
+  // overflow descriptor from the first: tests/profiler/sample_provider_test.cc).
   static constexpr bool kArmsOutsideLock = (ArmsConcurrently<Ps> && ...);
 
   // The registry lock held, or (kArmsOutsideLock) the slot marked by
@@ -247,8 +248,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       if (!std::get<I>(providers_).TakeTail(*slot, std::get<I>(slot->data), v)) {
         return;
       }
-      std::lock_guard<std::mutex> agg_lock(core_.mutex());
-      SampleAggregator& agg = core_.aggregator();
+      internal::Pipeline::Ingesting ingest = pipeline_.Ingest();
+      SampleAggregator& agg = ingest.aggregator();
       EnsureAggregateThread(slot, agg);
       const std::vector<uint64_t>& last = slot->provider_last_stack[I];
       if (!last.empty()) {
@@ -410,7 +411,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     if constexpr (kIsSpscRecordRing<R>) {
       Slot* slot = static_cast<Slot*>(base);
       if (slot->active_ring != &slot->ring) return;
-      void* memory = core_.AcquireAgentThreadRing(slot->tid, slot->name);
+      void* memory = composition_.AcquireAgentThreadRing(slot->tid, slot->name);
       if (memory == nullptr) return;
       slot->active_ring = new (memory) R;  // default-init: its words untouched
       slot->seen_dropped = 0;
@@ -421,7 +422,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   void UseOwnRingLocked(internal::SlotBase* base) override {
     Slot* slot = static_cast<Slot*>(base);
     if (slot->active_ring == &slot->ring) return;
-    core_.ReleaseAgentThreadRing(slot->active_ring);
+    composition_.ReleaseAgentThreadRing(slot->active_ring);
     slot->active_ring = &slot->ring;
     slot->seen_dropped = slot->ring.dropped();
   }

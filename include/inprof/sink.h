@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "inprof/base/platform.h"
 
 namespace inprof {
 
@@ -76,20 +77,8 @@ class ProfileSink {
 std::string ExpandOutputPattern(absl::string_view pattern, pid_t pid,
                                 absl::Time start);
 
-// Writes `bytes` to `path`: inprof's one writer of output files (profiles,
-// the report commands' pages). A new or regular file is written through a
-// temporary file in the same directory (created with O_CREAT|O_EXCL|
-// O_NOFOLLOW, mode 0644, an unguessable name; removed on failure) that then
-// replaces `path` (rename(2); MoveFileEx on Windows), so a reader sees the
-// old file or the new one, never a partial one. An existing FIFO or
-// character device (/dev/null) is written into as what it is, never
-// replaced: opened without blocking (a FIFO nobody reads is an error), and
-// given up when its reader takes nothing for 10 s. A symbolic link, a
-// directory, a block device or a socket at `path` is refused: nothing is
-// written, and neither it nor what a link points to is touched. Errors name
-// the path in one line.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view bytes);
+// WriteFileAtomically(path, bytes): base/platform.h.
+
 
 // Writes each profile to ExpandOutputPattern(pattern, getpid(), start):
 // without %t each window replaces the previous file; with %t a run leaves a

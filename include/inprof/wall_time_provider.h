@@ -82,7 +82,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "inprof/internal/owned_fd.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/sample_provider.h"
 

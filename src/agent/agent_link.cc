@@ -77,7 +77,7 @@ absl::StatusOr<std::string> SpawnAgent(const Options& options, int timeout_ms) {
     return absl::InternalError(absl::StrCat("INPROF_AGENT=spawn: pipe: ", std::strerror(errno)));
   }
   // posix_spawn, not fork(): Start() holds locks that inprof's fork
-  // handlers take (internal/fork_guard.h), and posix_spawn runs no fork
+  // handlers take (base/fork_guard.h), and posix_spawn runs no fork
   // handlers. The tool daemonizes itself (--daemonize): the child here
   // exits at once, and the agent is never this process's child to reap.
   posix_spawn_file_actions_t actions;

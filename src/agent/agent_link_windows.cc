@@ -14,10 +14,6 @@ absl::Status NotOnWindows() {
 
 }  // namespace
 
-absl::StatusOr<AgentSocketAddress> ParseAgentSocketAddress(absl::string_view /*value*/) {
-  return NotOnWindows();
-}
-
 AgentSocketAddress NewAgentSocketAddress() { return AgentSocketAddress(); }
 
 absl::StatusOr<std::string> SpawnAgent(const Options& /*options*/, int /*timeout_ms*/) {

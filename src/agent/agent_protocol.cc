@@ -246,19 +246,6 @@ absl::StatusOr<AgentMessage> DecodeAgentMessage(absl::string_view bytes) {
       absl::StrCat("agent message: unknown type ", type));
 }
 
-absl::StatusOr<AgentSocketAddress> ParseAgentSocketAddress(absl::string_view value) {
-  AgentSocketAddress address;
-  address.abstract = !value.empty() && value.front() == '@';
-  address.name = std::string(address.abstract ? value.substr(1) : value);
-  if (address.name.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        "agent socket: the name contains a NUL byte");
-  }
-  socklen_t length = 0;
-  if (auto sa = ToSockaddr(address, length); !sa.ok()) return sa.status();
-  return address;
-}
-
 AgentSocketAddress NewAgentSocketAddress() {
   std::random_device rd;
   AgentSocketAddress address;

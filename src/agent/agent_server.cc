@@ -17,7 +17,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
+#include "inprof/internal/endpoint_attachment.h"
 #include "inprof/symbolizer.h"
 #include "src/agent/agent_session.h"
 
@@ -123,7 +124,7 @@ void AgentServer::StartEndpoint() {
         }
         return out;
       },
-      &internal::ProfilerCore::RenderFlamegraph,
+      &internal::RenderFlamegraphPage,
       absl::StrCat("inprof agent (pid ", getpid(), ")"));
   absl::StatusOr<std::unique_ptr<internal::DebugServer>> server =
       internal::DebugServer::Start(*address, endpoint_.get());

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "inprof/internal/label_table.h"
+#include "inprof/internal/sinks_from_options.h"
 #include "inprof/symbolizer.h"
 #include "inprof/wall_time_provider.h"
 
@@ -84,7 +85,7 @@ AgentSession::AgentSession(const Options& options,
 
 AgentSession::~AgentSession() {
   Finish().IgnoreError();
-  core_.reset();
+  pipeline_.reset();
   if (region_ != nullptr) munmap(region_, region_bytes_);
   if (region_fd_ >= 0) close(region_fd_);
 }
@@ -100,18 +101,18 @@ uint64_t AgentSession::samples_read() const {
 }
 
 absl::StatusOr<std::string> AgentSession::Capture(absl::Duration duration) {
-  internal::ProfilerCore* core = nullptr;
+  internal::Pipeline* pipeline = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!finished_) core = core_.get();
+    if (!finished_) pipeline = pipeline_.get();
   }
-  // The core lives as long as the session; Finish() stops its collector,
+  // The pipeline lives as long as the session; Finish() stops its collector,
   // which ends a capture in progress (Unavailable) and waits for it.
-  if (core == nullptr) {
+  if (pipeline == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "process ", pid_, " has not described its profile yet, or has ended"));
   }
-  return core->Capture(duration);
+  return pipeline->Capture(duration);
 }
 
 uint64_t AgentSession::samples_from_thread_rings() const {
@@ -121,7 +122,7 @@ uint64_t AgentSession::samples_from_thread_rings() const {
 
 uint64_t AgentSession::windows_exported() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return core_ == nullptr ? 0 : core_->windows_exported();
+  return pipeline_ == nullptr ? 0 : pipeline_->windows_exported();
 }
 
 bool AgentSession::ended_cleanly() const {
@@ -145,7 +146,7 @@ void AgentSession::Drain() {
       error_ = std::string(op.status().message());
       break;
     }
-    if (core_ == nullptr && !std::holds_alternative<internal::AgentDescribe>(*op)) {
+    if (pipeline_ == nullptr && !std::holds_alternative<internal::AgentDescribe>(*op)) {
       error_ = "the first record must describe the profile";
       break;
     }
@@ -176,24 +177,25 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
   pid_key_ = table.Intern("pid") | internal::kNumericLabel;
   program_key_ = table.Intern("program");
   program_value_ = table.Intern(hello_.program);
-  core_ = std::make_unique<internal::ProfilerCore>(
+  pipeline_ = std::make_unique<internal::Pipeline>(
       options_, d.sample_types, d.period_type, d.period, d.engine);
-  core_->UseSymbolizer(std::move(symbolizer_));
+  pipeline_->SetSinkFactory([options = options_] { return internal::MakeSinks(options); });
+  pipeline_->UseSymbolizer(std::move(symbolizer_));
   std::vector<std::string> tags;
   for (const auto& [key, value] : hello_.tags) tags.push_back(absl::StrCat(key, "=", value));
   note_ = absl::StrCat("process pid=", pid_, " program=", hello_.program,
                        tags.empty() ? "" : " tags ", absl::StrJoin(tags, ","),
                        "; profiled through inprof agent (pid ", getpid(), ")");
-  core_->SetProcessNote(note_);
-  core_->BeginWindow();
-  core_->StartCollector([this] { Drain(); }, [this] { return stats_; });
+  pipeline_->SetProcessNote(note_);
+  pipeline_->BeginWindow();
+  pipeline_->StartCollector([this] { Drain(); }, [this] { return stats_; });
 }
 
-uint32_t AgentSession::Thread(uint32_t index) {
+uint32_t AgentSession::Thread(SampleAggregator& agg, uint32_t index) {
   auto it = threads_.find(index);
   if (it != threads_.end()) return it->second;
   // A record about a thread whose announcement was lost (a full ring).
-  const uint32_t ours = core_->aggregator().AddThread(0, "[thread not announced]");
+  const uint32_t ours = agg.AddThread(0, "[thread not announced]");
   threads_.emplace(index, ours);
   return ours;
 }
@@ -209,7 +211,7 @@ uint64_t AgentSession::LabelId(uint64_t host_id) {
 void AgentSession::Apply(const internal::AgentOp& op) {
   using namespace internal;  // NOLINT: the record types
   if (const auto* d = std::get_if<AgentDescribe>(&op)) {
-    if (core_ != nullptr) {
+    if (pipeline_ != nullptr) {
       error_ = "a second describe record";
       return;
     }
@@ -223,22 +225,22 @@ void AgentSession::Apply(const internal::AgentOp& op) {
     return;
   }
   if (const auto* e = std::get_if<AgentEngine>(&op)) {
-    core_->SetEngineDetail(e->detail);
+    pipeline_->SetEngineDetail(e->detail);
     return;
   }
   if (std::holds_alternative<AgentEnd>(op)) {
     ended_ = true;
     return;
   }
-  std::lock_guard<std::mutex> lock(core_->mutex());
-  SampleAggregator& agg = core_->aggregator();
+  internal::Pipeline::Ingesting ingest = pipeline_->Ingest();
+  SampleAggregator& agg = ingest.aggregator();
   if (const auto* s = std::get_if<AgentSample>(&op)) {
     // Canonical there already (one per key, the state label included); the
     // process's own labels are added.
     TranslateLabels(s->labels, /*state_label=*/false, /*blocked=*/false);
-    agg.Add(Thread(s->thread), s->frames, labels_, s->value_offset, s->values);
+    agg.Add(Thread(agg, s->thread), s->frames, labels_, s->value_offset, s->values);
   } else if (const auto* y = std::get_if<AgentSynthetic>(&op)) {
-    agg.AddSynthetic(Thread(y->thread), y->frame, y->value_offset, y->values);
+    agg.AddSynthetic(Thread(agg, y->thread), y->frame, y->value_offset, y->values);
   } else if (const auto* t = std::get_if<AgentThreadAdd>(&op)) {
     if (auto it = threads_.find(t->index); it != threads_.end()) {
       agg.RemoveThread(it->second);
@@ -248,7 +250,7 @@ void AgentSession::Apply(const internal::AgentOp& op) {
     threads_.emplace(t->index, ours);
     tids_[t->tid] = ours;
   } else if (const auto* n = std::get_if<AgentThreadName>(&op)) {
-    agg.SetThreadName(Thread(n->index), n->name);
+    agg.SetThreadName(Thread(agg, n->index), n->name);
   } else if (const auto* r = std::get_if<AgentThreadRemove>(&op)) {
     if (auto it = threads_.find(r->index); it != threads_.end()) {
       agg.RemoveThread(it->second);
@@ -303,17 +305,18 @@ void AgentSession::TranslateLabels(std::span<const uint64_t> words,
   }
 }
 
-uint32_t AgentSession::ThreadByTid(int64_t tid, std::string_view name) {
+uint32_t AgentSession::ThreadByTid(SampleAggregator& agg, int64_t tid,
+                                   std::string_view name) {
   if (auto it = tids_.find(tid); it != tids_.end()) return it->second;
   // Registered after the process's last collector pass.
   const uint32_t ours =
-      core_->aggregator().AddThread(tid, absl::string_view(name.data(), name.size()));
+      agg.AddThread(tid, absl::string_view(name.data(), name.size()));
   tids_.emplace(tid, ours);
   return ours;
 }
 
 void AgentSession::ReadThreadRings() {
-  if (region_fd_ < 0 || core_ == nullptr) return;
+  if (region_fd_ < 0 || pipeline_ == nullptr) return;
   struct stat st;
   const uint64_t offset = internal::AgentThreadAreaOffset(region_bytes_);
   if (fstat(region_fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) <= offset) {
@@ -335,14 +338,14 @@ void AgentSession::ReadThreadRings() {
   }
   internal::AgentThreadAreaSummary summary;
   {
-    std::lock_guard<std::mutex> lock(core_->mutex());
-    SampleAggregator& agg = core_->aggregator();
+    internal::Pipeline::Ingesting ingest = pipeline_->Ingest();
+    SampleAggregator& agg = ingest.aggregator();
     std::vector<int64_t> values;
     summary = internal::ReadAgentThreadArea(
         area, bytes, [&](const internal::AgentLeftoverSample& s) {
           TranslateLabels(s.labels, s.state_label, s.blocked);
           values.assign(s.values.begin(), s.values.end());
-          agg.Add(ThreadByTid(s.tid, s.thread_name), s.frames, labels_,
+          agg.Add(ThreadByTid(agg, s.tid, s.thread_name), s.frames, labels_,
                   s.value_offset, values);
         });
   }
@@ -358,7 +361,7 @@ void AgentSession::ReadThreadRings() {
     }
   }
   if (summary.samples > 0 || summary.skipped > 0) {
-    core_->SetProcessNote(absl::StrCat(
+    pipeline_->SetProcessNote(absl::StrCat(
         note_, "; ended without stopping its profiler: ", summary.samples,
         " samples read from its threads' rings afterwards",
         summary.skipped > 0 ? absl::StrCat(", ", summary.skipped, " unreadable")
@@ -376,19 +379,20 @@ absl::Status AgentSession::Finish() {
     // collector never drained what its handlers wrote last.
     if (!ended_ && error_.empty()) ReadThreadRings();
   }
-  if (core_ == nullptr) return absl::OkStatus();
-  core_->StopCollector();  // its drain calls return at once now
+  if (pipeline_ == nullptr) return absl::OkStatus();
+  pipeline_->StopCollector();  // its drain calls return at once now
   ProfilerStats last;
   {
-    std::lock_guard<std::mutex> lock(core_->mutex());
+    // stats_ is written and read (the stats function) under its lock.
+    internal::Pipeline::Ingesting ingest = pipeline_->Ingest();
     last = stats_;
   }
-  absl::Status status = core_->Export(last);
+  absl::Status status = pipeline_->Export(last);
   const LogFunction& log = status.ok() ? log_summary_ : log_;
   if (log) {
     std::lock_guard<std::mutex> lock(mu_);
     log(absl::StrCat("agent: pid ", pid_, " (", hello_.program, "): ",
-                      samples_read_, " samples, ", core_->windows_exported(),
+                      samples_read_, " samples, ", pipeline_->windows_exported(),
                       " profiles", options_.write_output
                                        ? absl::StrCat(" (", options_.output, ")")
                                        : std::string(),

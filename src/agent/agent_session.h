@@ -2,7 +2,7 @@
 //
 // What `inprof agent` keeps for one profiled process (one connection): the
 // process's shared region, read as an AgentRingReader, and -- from the
-// process's Describe record on -- a ProfilerCore of the agent's own, with
+// process's Describe record on -- a pipeline (internal/pipeline.h) of the agent's own, with
 // the agent's sinks (INPROF_OUTPUT with %p naming the profiled process,
 // Datadog, Pyroscope), a symbolizer of the process made while it was alive
 // (Symbolizer::ForProcess: its maps and mapped files, kept open so that it
@@ -14,7 +14,7 @@
 // trusted: a record that does not decode stops the reading of that
 // process's ring (logged once); what was read stays and is exported.
 //
-// Thread-safety: Drain() from any thread (the server's loop, the core's
+// Thread-safety: Drain() from any thread (the server's loop, the pipeline's
 // collector and exporter); Finish() once, after the connection ended.
 #ifndef INPROF_SRC_AGENT_AGENT_SESSION_H_
 #define INPROF_SRC_AGENT_AGENT_SESSION_H_
@@ -34,7 +34,7 @@
 #include "absl/status/status.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/options.h"
 
 namespace inprof {
@@ -89,7 +89,8 @@ class AgentSession {
 
  private:
   void Apply(const internal::AgentOp& op);  // mu_ held
-  uint32_t Thread(uint32_t index);           // mu_ and the core's lock held
+  // mu_ and the pipeline's lock held (Pipeline::Ingest: `agg`).
+  uint32_t Thread(SampleAggregator& agg, uint32_t index);
   uint64_t LabelId(uint64_t host_id);        // mu_ held
   void StartCore(const internal::AgentDescribe& describe);  // mu_ held
   // The process's label words as ours, one per key (the innermost wins),
@@ -97,7 +98,7 @@ class AgentSession {
   void TranslateLabels(std::span<const uint64_t> words, bool state_label,
                        bool blocked);
   void ReadThreadRings();  // mu_ held; the process is gone
-  uint32_t ThreadByTid(int64_t tid, std::string_view name);  // mu_, core lock
+  uint32_t ThreadByTid(SampleAggregator& agg, int64_t tid, std::string_view name);
 
   Options options_;
   internal::AgentHello hello_;
@@ -124,8 +125,8 @@ class AgentSession {
   std::vector<uint64_t> labels_;   // scratch
   // Every sample's labels pid (numeric) and program (label-table ids).
   uint64_t pid_key_ = 0, program_key_ = 0, program_value_ = 0;
-  ProfilerStats stats_;  // the process's newest counters (core lock)
-  std::unique_ptr<internal::ProfilerCore> core_;
+  ProfilerStats stats_;  // the process's newest counters (the pipeline's lock)
+  std::unique_ptr<internal::Pipeline> pipeline_;
 };
 
 // `pattern` with each %p replaced by `pid` (other % sequences are kept for

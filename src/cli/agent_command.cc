@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "inprof/internal/agent_protocol.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/options.h"
 #include "src/agent/agent_server.h"
 #include "src/cli/command.h"

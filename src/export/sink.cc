@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "inprof/internal/platform.h"
+#include "inprof/base/platform.h"
 
 namespace inprof {
 

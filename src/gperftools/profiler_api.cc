@@ -28,9 +28,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/options.h"
-#include "src/gperftools/gperftools_env.h"
+#include "src/run/gperftools_env.h"
 #include "src/run/auto_profiler.h"
 #include "gperftools/profiler.h"
 

@@ -40,8 +40,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/fork_guard.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/fork_guard.h"
+#include "inprof/base/log.h"
 #include "inprof/sink.h"
 #include "src/run/auto_profiler.h"
 #include "src/run/run_report.h"
@@ -101,7 +101,7 @@ struct State {
   std::atomic<uint64_t> finishes{0};
   // pthread_t of the threads registered here -> their ids, so that
   // pthread_setname_np(other, ...) finds the thread. A leaf lock, held
-  // across fork() (internal/fork_guard.h).
+  // across fork() (base/fork_guard.h).
   std::mutex tids_mu;
   absl::flat_hash_map<pthread_t, pid_t> tids;
 };

@@ -26,9 +26,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/options.h"
-#include "src/gperftools/gperftools_env.h"
+#include "src/run/gperftools_env.h"
 #include "src/run/auto_profiler.h"
 
 namespace inprof {

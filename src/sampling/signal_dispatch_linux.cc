@@ -1,6 +1,6 @@
 #include "inprof/internal/signal_dispatch.h"
 
-#include "inprof/internal/fork_guard.h"
+#include "inprof/base/fork_guard.h"
 #include "inprof/internal/thread_info.h"
 
 #include <errno.h>
@@ -31,7 +31,7 @@ std::atomic<uint64_t> g_inactive{0};
 std::atomic<uint64_t> g_foreign{0};
 std::mutex g_install_mutex;
 bool g_installed = false;
-// At static initialisation, when no lock is held (internal/fork_guard.h).
+// At static initialisation, when no lock is held (base/fork_guard.h).
 [[maybe_unused]] const bool g_install_mutex_fork_safe =
     (RegisterForkLock(&g_install_mutex, kForkRankGlobal), true);
 

@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "inprof/internal/owned_fd.h"
+#include "inprof/base/owned_fd.h"
 
 namespace inprof::internal {
 

@@ -41,9 +41,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/internal/debug_endpoint.h"
-#include "inprof/internal/log.h"
-#include "inprof/internal/owned_fd.h"
-#include "inprof/internal/platform.h"
+#include "inprof/base/log.h"
+#include "inprof/base/owned_fd.h"
+#include "inprof/base/platform.h"
 
 namespace inprof::internal {
 namespace {

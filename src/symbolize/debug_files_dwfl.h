@@ -26,7 +26,7 @@
 
 #include <vector>
 
-#include "inprof/internal/owned_fd.h"
+#include "inprof/base/owned_fd.h"
 
 namespace inprof::internal {
 

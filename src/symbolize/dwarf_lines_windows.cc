@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "inprof/internal/byte_cursor.h"
-#include "inprof/internal/dwarf_constants.h"
+#include "inprof/base/byte_cursor.h"
+#include "inprof/base/dwarf_constants.h"
 
 namespace inprof::internal {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "inprof/internal/owned_fd.h"
+#include "inprof/base/owned_fd.h"
 
 namespace inprof::internal {
 

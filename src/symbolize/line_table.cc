@@ -7,8 +7,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "inprof/internal/byte_cursor.h"
-#include "inprof/internal/dwarf_constants.h"
+#include "inprof/base/byte_cursor.h"
+#include "inprof/base/dwarf_constants.h"
 
 namespace inprof::internal {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "inprof/internal/elf_notes.h"
+#include "inprof/base/elf_notes.h"
 #include "src/symbolize/elf_symbols_dwfl.h"
 
 namespace inprof::internal {

@@ -82,7 +82,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "src/symbolize/dbghelp_guard_windows.h"
 #include "src/symbolize/dbghelp_lookup_windows.h"
 #include "src/symbolize/dwarf_lines_windows.h"

@@ -38,7 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/internal/process_maps.h"
 #include "src/symbolize/debug_files_dwfl.h"
 #include "src/symbolize/elf_symbols_dwfl.h"

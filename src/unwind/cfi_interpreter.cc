@@ -10,7 +10,7 @@
 #include <span>
 #include <utility>
 
-#include "inprof/internal/byte_cursor.h"
+#include "inprof/base/byte_cursor.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/dwarf_registers.h"
 

@@ -3,7 +3,7 @@
 // FDE and leaves to libdw what it does not model) and by the lookups of
 // pending tables (cfi_table_direct_linux.cc, which run it in a signal
 // handler). It reads its bytes through a ByteCursor
-// (internal/byte_cursor.h).
+// (base/byte_cursor.h).
 //
 // Defines: the bounds and rule-field checks both users apply; CfiLeb,
 // CfiUleb, CfiSleb and ReadFixed (CFI's numbers); CieInfo, ReadEncoded and
@@ -24,7 +24,7 @@
 #include <iterator>
 #include <limits>
 
-#include "inprof/internal/byte_cursor.h"
+#include "inprof/base/byte_cursor.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/dwarf_registers.h"
 

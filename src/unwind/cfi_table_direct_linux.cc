@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "inprof/internal/byte_cursor.h"
+#include "inprof/base/byte_cursor.h"
 #include "inprof/internal/cfi_walk.h"
 #include "inprof/internal/dwarf_registers.h"
-#include "inprof/internal/elf_notes.h"
+#include "inprof/base/elf_notes.h"
 #include "src/unwind/cfi_interpreter.h"
 
 namespace inprof::internal {

@@ -34,8 +34,8 @@
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/cfi_walk.h"
-#include "inprof/internal/elf_notes.h"
-#include "inprof/internal/fork_guard.h"
+#include "inprof/base/elf_notes.h"
+#include "inprof/base/fork_guard.h"
 
 namespace inprof {
 namespace {
@@ -101,7 +101,7 @@ State& GlobalState() {
 }
 
 // Created at static initialisation, so that its lock joins the fork guard
-// while no lock is held (internal/fork_guard.h).
+// while no lock is held (base/fork_guard.h).
 [[maybe_unused]] const bool g_state_created = (GlobalState(), true);
 
 void ReadLoaderCounters(unsigned long long* adds, unsigned long long* subs) {

@@ -10,9 +10,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "inprof/internal/log.h"
-#include "inprof/internal/platform.h"
-#include "inprof/internal/profiler_thread.h"
+#include "inprof/base/log.h"
+#include "inprof/base/platform.h"
+#include "inprof/base/profiler_thread.h"
 
 namespace inprof::internal {
 namespace {
@@ -131,7 +131,7 @@ absl::Status Uploader::Flush(absl::Time deadline) {
 }
 
 void Uploader::Abandon() {
-  // Leaked, never destroyed or detached (see ProfilerCore::AbandonCollector).
+  // Leaked, never destroyed or detached (see Pipeline::AbandonCollector).
   (void)shared_.release();
 }
 

@@ -32,7 +32,7 @@
 #include "gtest/gtest.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 #include "src/agent/agent_server.h"
 #include "tests/util/test_util.h"
 
@@ -188,7 +188,7 @@ class AgentLibraryTest : public ::testing::Test {
 };
 
 // Each measured thread's CPU against its profiled CPU: the bound of the
-// in-process test (tests/core/profiler_e2e_test.cc, PerThreadCpuMatches...).
+// in-process test (tests/profiler/profiler_e2e_test.cc, PerThreadCpuMatches...).
 void ExpectThreadsMatch(const Profile& p, const std::map<std::string, int64_t>& measured,
                         const std::string& what) {
   for (const char* name : {"light", "heavy"}) {

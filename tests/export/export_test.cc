@@ -28,7 +28,8 @@
 #include "gtest/gtest.h"
 #include "upload/http_receiver.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/composition.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/pprof_reader.h"
 #include "util/test_util.h"
 
@@ -105,7 +106,7 @@ CommentCounts ParseCounts(const DecodedProfile& p) {
 // A deterministic producer drained like the profiler's rings: sample i has
 // values {1, i}, so a window that holds samples [a, b) holds count b - a and
 // sum a + ... + (b - 1). Adding goes through a staging buffer and the drain
-// callback, under core.mutex(), as the Profiler template does.
+// callback, under the pipeline's lock, as the Profiler template does.
 struct WindowTotals {
   int64_t produced = 0;
   std::vector<int64_t> counts, sums;
@@ -126,15 +127,15 @@ WindowTotals RunSyntheticProducer(absl::Duration export_period, int64_t samples,
   options.export_period = export_period;
   options.collect_period = absl::Milliseconds(5);
   options.sinks = {sink};
-  internal::ProfilerCore core(options, {{"samples", "count"}, {"index", "count"}},
+  internal::Pipeline core(options, {{"samples", "count"}, {"index", "count"}},
                               {"samples", "count"}, 1, "test");
   std::mutex staging_mutex;
   std::vector<int64_t> staging;
-  uint64_t drained = 0;  // core.mutex()
+  uint64_t drained = 0;  // the pipeline's lock
   uint32_t thread = 0;
   {
-    std::lock_guard<std::mutex> lock(core.mutex());
-    thread = core.aggregator().AddThread(1, "producer");
+    internal::Pipeline::Ingesting ingest = core.Ingest();
+    thread = ingest.aggregator().AddThread(1, "producer");
   }
   // The collector and the exporter both drain, as in the profiler; like
   // its DrainRings (registry lock held while adding), a batch is taken and
@@ -147,18 +148,18 @@ WindowTotals RunSyntheticProducer(absl::Duration export_period, int64_t samples,
     std::lock_guard<std::mutex> staging_lock(staging_mutex);
     std::vector<int64_t> batch;
     batch.swap(staging);
-    std::lock_guard<std::mutex> lock(core.mutex());
+    internal::Pipeline::Ingesting ingest = core.Ingest();
     for (int64_t i : batch) {
       const uint64_t frame = 0x1000 + 16 * static_cast<uint64_t>(i % 97);
       const int64_t values[] = {1, i};
-      core.aggregator().Add(thread, std::span<const uint64_t>(&frame, 1), 0,
+      ingest.aggregator().Add(thread, std::span<const uint64_t>(&frame, 1), 0,
                             values);
       ++drained;
     }
   };
   core.BeginWindow();
   core.StartCollector(drain, [&] {
-    ProfilerStats s;  // called with core.mutex() held
+    ProfilerStats s;  // called with the pipeline's lock held
     s.samples_taken = s.samples_recorded = drained;
     return s;
   });
@@ -538,9 +539,11 @@ TEST(ExportTest, ForkedChildForgetsThreadsAndExitsCleanly) {
   options.write_output = false;
   options.export_period = absl::Milliseconds(100);
   options.pyroscope.url = (*receiver)->url();
-  auto core = std::make_unique<internal::ProfilerCore>(
+  auto core = std::make_unique<internal::Pipeline>(
       options, std::vector<ValueType>{{"samples", "count"}},
       ValueType{"samples", "count"}, 1, "test");
+  // The Pyroscope sink, as a profiler composes it.
+  internal::Composition composition(*core);
   core->BeginWindow();
   core->StartCollector([] {});
   // Collector, exporter and upload threads are all up, waiting on their

@@ -42,7 +42,7 @@
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
 #include "inprof/internal/agent_protocol.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "safety/safety_util.h"
 #include "src/agent/agent_server.h"
 #include "util/test_util.h"

@@ -202,7 +202,7 @@ TEST_F(SafetyForkTest, ForkedChildGetsNoTimersNoSamplesAndWritesNothing) {
 // unregister their inherited thread, register a new one and stop the
 // inherited profiler; a child that hangs on a lock held at fork time by a
 // thread that does not exist in it is killed by its alarm and counted.
-// Regression: before internal/fork_guard.h, ~13% of the children hung in
+// Regression: before base/fork_guard.h, ~13% of the children hung in
 // ThreadRegistration::Reset() on the registry lock.
 TEST_F(SafetyForkTest, ChildForkedWhileCollectorRunsCanStop) {
   if (safety::kAsan) {
@@ -210,7 +210,7 @@ TEST_F(SafetyForkTest, ChildForkedWhileCollectorRunsCanStop) {
     // fork(): a child forked while a burner or the collector is inside
     // malloc hangs in its first allocation (a clean-clone ASan run: 1 of 75
     // children hung; the plain build's 300 never do, and every lock of
-    // inprof's is in internal/fork_guard.h). LLVM 18 added the atfork
+    // inprof's is in base/fork_guard.h). LLVM 18 added the atfork
     // handlers (llvm-project PR 75290). The plain build runs this test.
     GTEST_SKIP() << "this libasan does not lock its allocator across fork()";
   }

@@ -40,12 +40,12 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "util/test_util.h"
 
 // Which sanitizer, if any, this translation unit is built with
-// (inprof/internal/sanitizers.h).
+// (inprof/base/sanitizers.h).
 #if defined(INPROF_ASAN)
 #define INPROF_SAFETY_ASAN 1
 #endif

@@ -33,7 +33,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 #include "inprof/pprof_reader.h"
 #include "util/stat_bounds.h"
 #include "util/test_util.h"

@@ -37,7 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 #include "inprof/pprof_reader.h"
 #include "sampling/wall_time_provider_test_util.h"
 #include "util/test_util.h"

@@ -30,8 +30,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/log.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/base/log.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/pprof_reader.h"
 #include "util/test_util.h"
 
@@ -364,7 +364,7 @@ TEST(DebugEndpointTest, OneCaptureAtATimeOthersGet429) {
 }
 
 // ---------------------------------------------------------------------------
-// The capture is a window of its own (ProfilerCore, synthetic samples)
+// The capture is a window of its own (the pipeline, synthetic samples)
 
 TEST(DebugCaptureTest, CaptureHoldsAContiguousRangeAndExportsStayWhole) {
   // Sample i has values {1, i}: a window holding samples [a, a + n) has
@@ -392,15 +392,15 @@ TEST(DebugCaptureTest, CaptureHoldsAContiguousRangeAndExportsStayWhole) {
   options.export_period = absl::Milliseconds(100);
   options.collect_period = absl::Milliseconds(5);
   options.sinks = {std::make_shared<Sink>(&sink_mutex, &exported)};
-  internal::ProfilerCore core(options, {{"samples", "count"}, {"index", "count"}},
+  internal::Pipeline core(options, {{"samples", "count"}, {"index", "count"}},
                               {"samples", "count"}, 1, "test");
   std::mutex staging_mutex;
   std::vector<int64_t> staging;
-  uint64_t drained = 0;  // core.mutex()
+  uint64_t drained = 0;  // the pipeline's lock
   uint32_t thread = 0;
   {
-    std::lock_guard<std::mutex> lock(core.mutex());
-    thread = core.aggregator().AddThread(1, "producer");
+    internal::Pipeline::Ingesting ingest = core.Ingest();
+    thread = ingest.aggregator().AddThread(1, "producer");
   }
   // The collector, the exporter and the capture's end all drain, as they do
   // in the profiler; like its DrainRings (registry lock held while adding),
@@ -413,11 +413,11 @@ TEST(DebugCaptureTest, CaptureHoldsAContiguousRangeAndExportsStayWhole) {
     std::lock_guard<std::mutex> staging_lock(staging_mutex);
     std::vector<int64_t> batch;
     batch.swap(staging);
-    std::lock_guard<std::mutex> lock(core.mutex());
+    internal::Pipeline::Ingesting ingest = core.Ingest();
     for (int64_t i : batch) {
       const uint64_t frame = 0x1000 + 16 * static_cast<uint64_t>(i % 97);
       const int64_t values[] = {1, i};
-      core.aggregator().Add(thread, std::span<const uint64_t>(&frame, 1), 0,
+      ingest.aggregator().Add(thread, std::span<const uint64_t>(&frame, 1), 0,
                             values);
       ++drained;
     }
@@ -494,7 +494,7 @@ TEST(DebugCaptureTest, StoppingCutsACaptureShort) {
   options.write_output = false;
   options.symbolize = false;
   options.export_period = absl::ZeroDuration();
-  internal::ProfilerCore core(options, {{"samples", "count"}},
+  internal::Pipeline core(options, {{"samples", "count"}},
                               {"samples", "count"}, 1, "test");
   EXPECT_EQ(core.Capture(absl::Seconds(1)).status().code(),
             absl::StatusCode::kUnavailable);  // not started

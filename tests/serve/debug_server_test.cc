@@ -34,7 +34,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/pprof_reader.h"
 #include "util/test_util.h"
 

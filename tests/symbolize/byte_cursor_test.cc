@@ -1,7 +1,7 @@
 // The bounds-checked reader the DWARF and CFI parsers share
-// (include/inprof/internal/byte_cursor.h): every read stays inside [p, end),
+// (include/inprof/base/byte_cursor.h): every read stays inside [p, end),
 // including when a corrupt length has already put p past end.
-#include "inprof/internal/byte_cursor.h"
+#include "inprof/base/byte_cursor.h"
 
 #include <cstdint>
 #include <vector>

@@ -11,7 +11,7 @@
 // not about the callers above it: with frame-pointer unwinding, the caller of
 // a leaf that keeps no frame record can be missing from a stack.
 #include "inprof/inprof.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 
 #include <dlfcn.h>
 #include <time.h>

@@ -33,7 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "inprof/internal/elf_notes.h"
+#include "inprof/base/elf_notes.h"
 #include "inprof/internal/process_maps.h"
 #include "inprof/internal/line_table.h"
 #include "symbolize/symbolizer_test_util.h"

@@ -1,7 +1,7 @@
 // The DWARF unwinder: the walk on synthetic stacks (internal/cfi_walk.h), on
 // real stacks and on copies of them, and how it tracks loaded modules. The
 // executable's other sources: tests/unwind/cfi_table_test.cc (the tables) and
-// tests/core/dwarf_profiler_test.cc (DwarfProfiler end to end).
+// tests/profiler/dwarf_profiler_test.cc (DwarfProfiler end to end).
 #include "inprof/dwarf_unwinder.h"
 
 #include <dlfcn.h>
@@ -32,7 +32,7 @@
 #include "inprof/inprof.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/cfi_walk.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/unwinder.h"
 #include "unwind/dwarf_unwinder_test_util.h"

@@ -1,6 +1,6 @@
 // tests/unwind/dwarf_unwinder_test_util.h: helpers shared by the sources of
 // dwarf_unwinder_test (tests/unwind/cfi_table_test.cc, dwarf_unwinder_test.cc
-// and tests/core/dwarf_profiler_test.cc): private copies of the frameless
+// and tests/profiler/dwarf_profiler_test.cc): private copies of the frameless
 // test library, rules for synthetic tables, and what DwarfUnwinder::Stats()
 // says of a module.
 //

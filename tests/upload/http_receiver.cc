@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/pprof_writer.h"
 #include "inprof/symbolizer.h"
 

@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "upload/http_receiver.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/pprof_reader.h"
 #include "util/test_util.h"
 

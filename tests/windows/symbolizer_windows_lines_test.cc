@@ -24,7 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/internal/line_table.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "symbolizer_windows_test_util.h"
 
 namespace inprof::symbolizer_test {

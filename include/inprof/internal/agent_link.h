@@ -28,7 +28,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "inprof/internal/owned_fd.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
 #include "inprof/options.h"

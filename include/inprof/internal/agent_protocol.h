@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "inprof/base/addresses.h"
 
 namespace inprof::internal {
 
@@ -85,16 +86,7 @@ std::string EncodeAgentMessage(const AgentMessage& message);
 // naming both versions (the header's layout is the same in every version).
 absl::StatusOr<AgentMessage> DecodeAgentMessage(absl::string_view bytes);
 
-// Where the agent listens: "@NAME" is Linux's abstract namespace (no file;
-// ddprof's default), anything else a filesystem path. The error names the
-// value. Accepted: a path of 1-107 bytes, or an abstract name of 1-106
-// bytes after its '@'; no NUL byte.
-struct AgentSocketAddress {
-  std::string name;  // without the '@'
-  bool abstract = true;
-  std::string ToString() const { return abstract ? "@" + name : name; }
-};
-absl::StatusOr<AgentSocketAddress> ParseAgentSocketAddress(absl::string_view value);
+// AgentSocketAddress and ParseAgentSocketAddress: base/addresses.h.
 // A fresh abstract address for this user: "@inprof-agent-UID-PID-RANDOM".
 AgentSocketAddress NewAgentSocketAddress();
 

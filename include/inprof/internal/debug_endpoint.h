@@ -34,24 +34,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "inprof/base/addresses.h"
 
 namespace inprof::internal {
-
-// Where the endpoint listens.
-struct ListenAddress {
-  std::string host;  // numeric: "127.0.0.1", "::1", "0.0.0.0", "::"
-  int port = 0;      // 0: any free port (the bound one is logged)
-  bool ipv6 = false;
-};
-
-// INPROF_HTTP_ADDR: "PORT", ":PORT", "HOST:PORT" or "[V6]:PORT", where HOST
-// is an IPv4 address, "localhost" or (bracketed) an IPv6 address. Without a
-// host the endpoint is on 127.0.0.1 only: other interfaces must be named.
-// The error names the value and the accepted form.
-absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view value);
-
-// "127.0.0.1:6060", "[::1]:6060".
-std::string FormatListenAddress(const ListenAddress& address);
 
 // Whether a request naming `host` in its Host header ("127.0.0.1:6060",
 // "localhost", "[::1]:6060") is answered by an endpoint listening on

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -45,6 +46,13 @@ class LabelTable {
 //   key word:   interned key id | kNumericLabel if the value is a number
 //   value word: interned string id, or the number
 inline constexpr uint64_t kNumericLabel = uint64_t{1} << 32;
+
+// Canonical label words for the aggregate: one entry per key (the innermost
+// scope wins: later pairs of `words` replace earlier ones), plus
+// (`state_key`, `state_value`) when `with_state`, sorted by key. Returns the
+// number of words written to `out`, which has room for words.size() + 2.
+size_t CanonicalLabelWords(std::span<const uint64_t> words, bool with_state,
+                           uint64_t state_key, uint64_t state_value, uint64_t* out);
 
 }  // namespace inprof::internal
 

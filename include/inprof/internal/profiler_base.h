@@ -4,7 +4,7 @@
 // the registry of threads (RegisterThread, unregistration, the queue of
 // slots retired without the lock, the slot lifecycle), Start() and Stop(),
 // the collector's pass over the slots, the wall ticker's thread, and the
-// counters. Compiled once, in src/core/profiler_base.cc.
+// counters. Compiled once, in src/profiler/profiler_base.cc.
 //
 // Profiler<U, R, Ps...> (profiler.h) derives from ProfilerBase, through
 // ProfilerCollector (profiler_collector.h), and supplies what its types
@@ -15,7 +15,7 @@
 // what the template arguments are for.
 //
 // Locks: "registry lock" below is registry_->mutex; the aggregate lock is
-// core_.mutex(), always taken after it.
+// the pipeline's (Pipeline::Ingest), always taken after it.
 #ifndef INPROF_INTERNAL_PROFILER_BASE_H_
 #define INPROF_INTERNAL_PROFILER_BASE_H_
 
@@ -37,7 +37,8 @@
 #include "inprof/internal/agent_stream.h"
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/profiler_control.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/composition.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/options.h"
@@ -141,7 +142,7 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // Where the live endpoint (options().http_addr) listens, e.g.
   // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
   // off, not started or could not listen (logged).
-  std::string http_address() const { return core_.http_address(); }
+  std::string http_address() const { return composition_.http_address(); }
 
   // Counters so far. Any thread.
   ProfilerStats stats() const;
@@ -252,7 +253,10 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
 
   Options options_;
   absl::Status config_status_;
-  ProfilerCore core_;
+  Pipeline pipeline_;
+  // What options_ attaches to the pipeline (its sinks, the agent link, the
+  // live endpoint); after pipeline_, which it refers to.
+  Composition composition_{pipeline_};
   uint64_t session_ = NewSessionId();  // registry lock; new per Start()
   std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
   std::vector<SlotBase*> active_;  // registry lock

@@ -31,12 +31,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/label_table.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #include "inprof/internal/profiler_base.h"
 #include "inprof/internal/profiler_layout.h"
 #include "inprof/internal/provider_set.h"
 #include "inprof/internal/sample_record.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/sample_aggregator.h"
 #include "inprof/sample_provider.h"
@@ -363,8 +363,8 @@ class ProfilerCollector : public ProfilerBase {
         record[1 + i] = static_cast<uint64_t>(values[i]);
       }
       slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
-      std::lock_guard<std::mutex> agg_lock(core_.mutex());
-      if (AddRecordLocked(slot, core_.aggregator(), record,
+      Pipeline::Ingesting ingest = pipeline_.Ingest();
+      if (AddRecordLocked(slot, ingest.aggregator(), record,
                           header_words + unwound.depth, record + kMaxRecordWords)) {
         recorded_.fetch_add(1, std::memory_order_relaxed);
       }
@@ -377,8 +377,8 @@ class ProfilerCollector : public ProfilerBase {
   // sample's stack, labelled running (drains the ring, where it may be).
   template <size_t I>
   void CreditRunning(Slot* slot, std::span<const int64_t> values) {
-    std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    SampleAggregator& agg = core_.aggregator();
+    Pipeline::Ingesting ingest = pipeline_.Ingest();
+    SampleAggregator& agg = ingest.aggregator();
     RefreshLeafResolverLocked();
     DrainSlotIntoLocked(slot, agg);
     uint64_t labels[kMaxLabelWords + 2];

@@ -1,7 +1,7 @@
 // internal: not part of the public API (include inprof/profiler.h).
 //
 // The Windows profiler's state and its collector's half: the options, the
-// providers, the pipeline (ProfilerCore), the registry and its slots, and
+// providers, the pipeline (internal/pipeline.h), the registry and its slots, and
 // what reads the records the sampler thread (profiler_sampler_windows.h)
 // pushed, with the registry and aggregate locks held. It drains a slot's
 // ring into the aggregate (DrainSlotIntoLocked: each record decoded, its
@@ -34,7 +34,8 @@
 
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/profiler_control.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/composition.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_layout_windows.h"
 #include "inprof/internal/provider_set.h"
 #include "inprof/internal/sample_record.h"
@@ -64,7 +65,7 @@ class ProfilerCollector {
   // Takes `options` as given: Profiler validates them.
   explicit ProfilerCollector(Options options)
       : options_(std::move(options)),
-        core_(options_, Set::SampleTypes(), Set::PeriodType(), PeriodOf<0>(),
+        pipeline_(options_, Set::SampleTypes(), Set::PeriodType(), PeriodOf<0>(),
               Set::Engine(U::kName)) {}
 
   // Provider I's period as the options configure it (the pipeline's: the
@@ -97,8 +98,8 @@ class ProfilerCollector {
       if (!std::get<I>(providers_).TakeTail(*slot, std::get<I>(slot->data), times, now, v)) {
         return;
       }
-      std::lock_guard<std::mutex> agg_lock(core_.mutex());
-      SampleAggregator& agg = core_.aggregator();
+      Pipeline::Ingesting ingest = pipeline_.Ingest();
+      SampleAggregator& agg = ingest.aggregator();
       EnsureAggregateThread(slot, agg);
       const std::vector<uint64_t>& last = slot->provider_last_stack[I];
       if (!last.empty()) {
@@ -107,7 +108,7 @@ class ProfilerCollector {
         return;
       }
       const char* frame = kTailFrame;
-      if constexpr (requires { P::kTailFrame; }) frame = P::kTailFrame;
+      if constexpr (NamesTailFrame<P>) frame = P::kTailFrame;
       agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I],
                        std::span<const int64_t>(values, kValueCounts[I]));
     }
@@ -123,8 +124,8 @@ class ProfilerCollector {
   // ---- The collector ------------------------------------------------------
 
   void DrainSlotLocked(Slot* slot) {
-    std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    DrainSlotIntoLocked(slot, core_.aggregator());
+    Pipeline::Ingesting ingest = pipeline_.Ingest();
+    DrainSlotIntoLocked(slot, ingest.aggregator());
   }
 
   // Registry and aggregate locks held.
@@ -221,8 +222,8 @@ class ProfilerCollector {
   // again the names of threads named by their description.
   bool DrainRings() {
     std::lock_guard<std::mutex> lock(registry_->mutex);
-    std::lock_guard<std::mutex> agg_lock(core_.mutex());
-    SampleAggregator& agg = core_.aggregator();
+    Pipeline::Ingesting ingest = pipeline_.Ingest();
+    SampleAggregator& agg = ingest.aggregator();
     const int64_t now = internal::MonotonicNanos();
     const bool rename = now - names_read_at_ >= kNameRefreshNs;
     if (rename) names_read_at_ = now;
@@ -284,7 +285,10 @@ class ProfilerCollector {
 
   Options options_;
   std::tuple<Ps...> providers_;
-  internal::ProfilerCore core_;
+  internal::Pipeline pipeline_;
+  // What options_ attaches to the pipeline (its sinks, the live endpoint);
+  // after pipeline_, which it refers to.
+  internal::Composition composition_{pipeline_};
   uint64_t session_ = 0;  // registry lock; new per Start()
   std::shared_ptr<internal::Registry> registry_ = std::make_shared<internal::Registry>();
   std::vector<Slot*> active_;  // registry lock

@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "inprof/internal/log.h"
+#include "inprof/base/log.h"
 #if defined(_WIN32)
 #include "inprof/internal/thread_slot_windows.h"
 #else

@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "inprof/internal/platform.h"
+#include "inprof/base/platform.h"
 #include "inprof/internal/profiler_collector_windows.h"
 #include "inprof/internal/profiler_layout_windows.h"
-#include "inprof/internal/profiler_thread.h"
+#include "inprof/base/profiler_thread.h"
 #include "inprof/internal/sample_record.h"
 #include "inprof/internal/thread_slot_windows.h"
 #include "inprof/internal/thread_snapshot_windows.h"
@@ -191,7 +191,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
     if (n == 0) return;
     size_t budget = std::max<size_t>(1, provider.ThreadsPerTick());
     size_t idle_visits = n;
-    if constexpr (requires { provider.IdleVisitsPerTick(); }) {
+    if constexpr (SparesIdleThreads<P>) {
       idle_visits = std::max<size_t>(1, provider.IdleVisitsPerTick());
     }
     const bool busy_first = idle_visits < n;

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "inprof/internal/label_table.h"
 #include "inprof/options.h"
 #include "inprof/profile_data.h"
 
@@ -112,12 +113,7 @@ struct ProviderSet {
   }
 };
 
-// Canonical label words for the aggregate: one entry per key (the innermost
-// scope wins: later pairs of `words` replace earlier ones), plus
-// (`state_key`, `state_value`) when `with_state`, sorted by key. Returns the
-// number of words written to `out`, which has room for words.size() + 2.
-size_t CanonicalLabelWords(std::span<const uint64_t> words, bool with_state,
-                           uint64_t state_key, uint64_t state_value, uint64_t* out);
+// CanonicalLabelWords: label_table.h.
 
 }  // namespace inprof::internal
 

@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "inprof/internal/sanitizers.h"
+#include "inprof/base/sanitizers.h"
 #include "inprof/unwinder.h"
 
 namespace inprof::internal {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "inprof/internal/platform.h"  // ProgramName, HostName
+#include "inprof/base/platform.h"  // ProgramName, HostName
 
 namespace inprof::internal {
 

@@ -81,6 +81,7 @@ class CpuTimeProvider {
 };
 static_assert(SampleProvider<CpuTimeProvider>);
 static_assert(ReportsTail<CpuTimeProvider>);
+static_assert(SparesIdleThreads<CpuTimeProvider>);
 
 }  // namespace inprof
 

@@ -13,7 +13,7 @@
 // thread runs again (the Unwinder, OsUnwinder by default) and one record
 // per provider goes into the thread's ring. The collector thread drains
 // the rings into the aggregate, the exporter symbolizes (DbgHelp) and
-// writes pprof, exactly as on Linux (internal/profiler_core.h).
+// writes pprof, exactly as on Linux (internal/pipeline.h).
 //
 // Its parts: internal::ProfilerLayout (profiler_layout_windows.h: the
 // record's shape and the slot), internal::ProfilerCollector
@@ -50,11 +50,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "inprof/internal/log.h"
-#include "inprof/internal/platform.h"
+#include "inprof/base/log.h"
+#include "inprof/base/platform.h"
 #include "inprof/internal/profiler_collector_windows.h"
 #include "inprof/internal/profiler_control.h"
-#include "inprof/internal/profiler_core.h"
+#include "inprof/internal/composition.h"
+#include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_layout_windows.h"
 #include "inprof/internal/profiler_sampler_windows.h"
 #include "inprof/internal/thread_slot_windows.h"
@@ -85,7 +86,7 @@ class Profiler final : public internal::ProfilerControl,
   using Slot = typename Layout::Slot;
   static constexpr size_t kNumProviders = Layout::kNumProviders;
   // The state and services of the parts this one uses.
-  using Base::options_, Base::providers_, Base::core_, Base::session_, Base::registry_,
+  using Base::options_, Base::providers_, Base::pipeline_, Base::composition_, Base::session_, Base::registry_,
       Base::active_, Base::running_, Base::taken_, Base::recorded_, Base::dropped_,
       Base::truncated_, Base::unsuspended_, Base::pending_, Base::snapshotter_,
       Base::StartSampler, Base::StopSampler, Base::DrainRings, Base::DrainSlotLocked,
@@ -102,7 +103,7 @@ class Profiler final : public internal::ProfilerControl,
     config_status_ = options_.Validate();
     if (!config_status_.ok()) internal::Log(config_status_.message());
     registry_->owner = this;
-    core_.set_describe_unwind_tables(false);
+    pipeline_.set_describe_unwind_tables(false);
     // Looks GetThreadDescription up now: that takes the loader lock, which
     // must never be taken under the registry lock (a thread registering
     // from DllMain holds the loader lock and waits for the registry lock).
@@ -133,7 +134,7 @@ class Profiler final : public internal::ProfilerControl,
                                            "profiling stays off"));
       return absl::OkStatus();
     }
-    if (absl::Status s = core_.ConnectAgent(); !s.ok()) return s;
+    if (absl::Status s = composition_.ConnectAgent(); !s.ok()) return s;
     if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
     if (!ClaimProcess(this)) {
       return absl::FailedPreconditionError(
@@ -149,12 +150,12 @@ class Profiler final : public internal::ProfilerControl,
                providers_);
     pending_.reserve(pending);
     running_ = true;
-    core_.BeginWindow();
+    pipeline_.BeginWindow();
     const int64_t now = internal::MonotonicNanos();
     for (Slot* slot : active_) ArmLocked(slot, now);
-    core_.SetEngineDetail(DescribeProviders());
+    pipeline_.SetEngineDetail(DescribeProviders());
     internal::Log(DescribeProviders());
-    core_.StartCollector([this] { DrainRings(); }, [this] { return stats(); });
+    pipeline_.StartCollector([this] { DrainRings(); }, [this] { return stats(); });
     StartSampler();
     return absl::OkStatus();
   }
@@ -171,15 +172,15 @@ class Profiler final : public internal::ProfilerControl,
       for (Slot* slot : active_) {
         DrainSlotLocked(slot);  // the newest stacks, for the tails
         TakeTailsLocked(slot, now);
-        std::lock_guard<std::mutex> agg_lock(core_.mutex());
-        RefreshNameLocked(slot, core_.aggregator());
+        internal::Pipeline::Ingesting ingest = pipeline_.Ingest();
+        RefreshNameLocked(slot, ingest.aggregator());
       }
       running_ = false;
       ClaimProcess(nullptr);
     }
-    core_.StopCollector();
+    pipeline_.StopCollector();
     DrainRings();
-    absl::Status status = core_.Export(stats());
+    absl::Status status = pipeline_.Export(stats());
     if (status.ok()) {
       ++profiles_written_;
     } else {
@@ -243,8 +244,8 @@ class Profiler final : public internal::ProfilerControl,
       slot->name = std::string(name);
       slot->name_from_os = false;
       if (slot->has_aggregate_thread) {
-        std::lock_guard<std::mutex> agg_lock(core_.mutex());
-        core_.aggregator().SetThreadName(slot->aggregate_thread, name);
+        internal::Pipeline::Ingesting ingest = pipeline_.Ingest();
+        ingest.aggregator().SetThreadName(slot->aggregate_thread, name);
       }
       return true;
     }
@@ -260,7 +261,7 @@ class Profiler final : public internal::ProfilerControl,
   bool running() const { return running_; }
   const Options& options() const { return options_; }
   // Always empty: the live endpoint is not part of the Windows build.
-  std::string http_address() const { return core_.http_address(); }
+  std::string http_address() const { return composition_.http_address(); }
 
   // Counters so far. Any thread.
   ProfilerStats stats() const {
@@ -344,9 +345,9 @@ class Profiler final : public internal::ProfilerControl,
       DrainSlotLocked(slot);
     }
     if (slot->has_aggregate_thread) {
-      std::lock_guard<std::mutex> agg_lock(core_.mutex());
-      RefreshNameLocked(slot, core_.aggregator());  // its name at the end
-      core_.aggregator().RemoveThread(slot->aggregate_thread);
+      internal::Pipeline::Ingesting ingest = pipeline_.Ingest();
+      RefreshNameLocked(slot, ingest.aggregator());  // its name at the end
+      ingest.aggregator().RemoveThread(slot->aggregate_thread);
       slot->has_aggregate_thread = false;
     }
     RetireLocked(slot, /*reusable=*/on_owner_thread);

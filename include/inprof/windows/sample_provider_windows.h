@@ -125,6 +125,23 @@ concept LabelsThreadState = SampleProvider<P> &&
       { P::SampledBlocked(data) } -> std::same_as<bool>;
     };
 
+// Optional: the frame a provider's tail values are credited to when the
+// thread has no stack yet, instead of kTailFrame below: `static constexpr
+// const char* kTailFrame`.
+template <typename P>
+concept NamesTailFrame = SampleProvider<P> && requires {
+  { P::kTailFrame } -> std::convertible_to<const char*>;
+};
+
+// Optional: p.IdleVisitsPerTick() -> size_t: the sampler visits the
+// threads the provider's last visit found running first, every tick, then
+// at most this many of the others (each visit reads a thread's clocks, a
+// system call); without it every thread is visited.
+template <typename P>
+concept SparesIdleThreads = SampleProvider<P> && requires(const P& cp) {
+  { cp.IdleVisitsPerTick() } -> std::convertible_to<size_t>;
+};
+
 // The frame that tail values are credited to when the thread has no stack
 // yet.
 inline constexpr const char* kTailFrame =

@@ -71,6 +71,7 @@ class WallTimeProvider {
 static_assert(SampleProvider<WallTimeProvider>);
 static_assert(ReportsTail<WallTimeProvider>);
 static_assert(LabelsThreadState<WallTimeProvider>);
+static_assert(NamesTailFrame<WallTimeProvider>);
 
 }  // namespace inprof
 

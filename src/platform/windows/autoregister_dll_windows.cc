@@ -18,7 +18,7 @@
 // import it.
 //
 // inprof's own threads (sampler, collector, exporter) start at one address
-// of inprof's (internal/profiler_thread.h) and are never registered, so
+// of inprof's (base/profiler_thread.h) and are never registered, so
 // never sampled.
 //
 // What runs under the loader lock (DllMain) never waits for another
@@ -33,9 +33,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "inprof/inprof.h"
-#include "inprof/internal/log.h"
-#include "inprof/internal/platform.h"
-#include "inprof/internal/profiler_thread.h"
+#include "inprof/base/log.h"
+#include "inprof/base/platform.h"
+#include "inprof/base/profiler_thread.h"
 
 namespace {
 

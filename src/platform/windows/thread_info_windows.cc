@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "inprof/internal/platform.h"
+#include "inprof/base/platform.h"
 #include "inprof/internal/thread_slot_windows.h"
 
 namespace inprof::internal {

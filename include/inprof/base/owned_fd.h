@@ -1,0 +1,164 @@
+// internal: not part of the public API.
+//
+// Descriptors inprof keeps from one call to the next (a thread's perf event,
+// a kept /proc file, the agent's socket), and how many it may keep (Linux).
+//
+// The program owns the descriptor table: a daemon closes everything it
+// inherited at start (close_range(3, ~0U, 0), closefrom), inprof's
+// descriptors included, and its next open() takes the lowest free number,
+// often one inprof still thinks it holds. A number is therefore only a
+// hint: inprof uses or closes a descriptor it keeps only after checking that
+// the number still refers to the object it opened (OwnedFd::Verified,
+// CloseIfOurs). It keeps them above the numbers the program's open() takes
+// first (MoveAboveProgramRange), so that a closed one is rarely reused, and
+// it keeps at most a share of what the program may still open, re-counted
+// when the program changes its RLIMIT_NOFILE (DescriptorBudget). What no
+// check covers: a program closing descriptors it does not own on one
+// thread at the moment inprof opens, reads and closes one on another (a
+// window of microseconds).
+//
+// Thread-safety: OwnedFd is a value (one owner at a time); DescriptorBudget
+// is thread-safe. Only IsStillOurs is async-signal-safe.
+//
+// Example:
+//   internal::OwnedFd file =
+//       internal::OwnedFd::Adopt(open(path, O_RDONLY | O_CLOEXEC));
+//   ...
+//   if (const int fd = file.Verified(); fd >= 0) pread(fd, buf, n, 0);
+//   file.Reset();  // closes it only if it is still inprof's
+#ifndef INPROF_BASE_OWNED_FD_H_
+#define INPROF_BASE_OWNED_FD_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace inprof::internal {
+
+// What a descriptor referred to when inprof opened it: the file (device and
+// inode: sockets, pipes and memfds have inodes of their own), and for a perf
+// event (all share one anonymous inode) the kernel's id of the event.
+struct FdIdentity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  mode_t type = 0;  // S_IFMT bits
+  uint64_t perf_id = 0;
+  bool valid = false;
+};
+
+// The identity of `fd` now; `perf_event`: also its PERF_EVENT_IOC_ID.
+FdIdentity IdentifyFd(int fd, bool perf_event = false) noexcept;
+
+// Whether `fd` still refers to `identity` (false for a closed number).
+// Async-signal-safe (fstat, ioctl).
+bool IsStillOurs(int fd, const FdIdentity& identity) noexcept;
+
+// Closes `fd` if it still refers to `identity`; otherwise leaves the number
+// alone (the program closed inprof's descriptor and may have reused the
+// number) and counts it (ForeignDescriptors). Returns whether it closed.
+bool CloseIfOurs(int fd, const FdIdentity& identity) noexcept;
+
+// Counts a descriptor inprof found taken from it (`what` it was) and says
+// so once in the log.
+void NoteDescriptorTaken(int fd, const char* what) noexcept;
+
+// Descriptors inprof found closed or reused by the program since the
+// process started.
+uint64_t ForeignDescriptors() noexcept;
+
+// `fd`, moved to a close-on-exec number at or above the floor the program's
+// open() reaches last (half the RLIMIT_NOFILE soft limit, at most 1024):
+// its own open() calls take the lowest free numbers, so a number of inprof's
+// that the program closed is rarely reused. Returns `fd` itself when it
+// cannot be moved (no number free there), close-on-exec; -1 stays -1.
+int MoveAboveProgramRange(int fd) noexcept;
+
+// Descriptors this process may still open under its RLIMIT_NOFILE soft
+// limit (counted in /proc/self/fd; an unlimited one counts as 2^20), or -1
+// when that cannot be told. Not for handlers.
+int64_t FreeFileDescriptors() noexcept;
+
+// A descriptor inprof opened and keeps, with its identity. Move-only.
+class OwnedFd {
+ public:
+  OwnedFd() = default;
+  // Takes `fd` (-1: an empty OwnedFd), moved above the program's range.
+  static OwnedFd Adopt(int fd) noexcept;
+  ~OwnedFd() { Reset(); }
+  OwnedFd(OwnedFd&& other) noexcept
+      : fd_(other.fd_), identity_(other.identity_) {
+    other.fd_ = -1;
+  }
+  OwnedFd& operator=(OwnedFd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = other.fd_;
+      identity_ = other.identity_;
+      other.fd_ = -1;
+    }
+    return *this;
+  }
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+
+  bool valid() const { return fd_ >= 0; }
+  // The number, unchecked: for comparisons only, never to use or close.
+  int number() const { return fd_; }
+  // The number if it still refers to what inprof opened; otherwise -1, and
+  // the descriptor is forgotten without being closed (counted).
+  int Verified() noexcept;
+  // Closes it if it is still inprof's, and forgets it either way.
+  void Reset() noexcept;
+
+ private:
+  int fd_ = -1;
+  FdIdentity identity_;
+};
+
+// How many descriptors a component may keep open: a share (numerator /
+// denominator, at most `cap`) of those the program may still open plus those
+// the component holds. Counted at Configure and again whenever the program
+// has changed its RLIMIT_NOFILE soft limit since (TryTake reads it: one
+// getrlimit), so that a program that lowers its limit after Start() keeps
+// what it could open.
+class DescriptorBudget {
+ public:
+  // `what` names the component in the log ("the perf engine").
+  void Configure(int64_t numerator, int64_t denominator, int cap,
+                 const char* what, const char* fallback);
+  // Reserves one descriptor; false when the component holds its share
+  // already (the first refusal is logged, once per Configure).
+  bool TryTake();
+  // Returns one that TryTake reserved.
+  void Give() noexcept { held_.fetch_sub(1, std::memory_order_relaxed); }
+  // The share now (changes with the limit).
+  int limit() const { return limit_.load(std::memory_order_relaxed); }
+  int held() const { return held_.load(std::memory_order_relaxed); }
+  // Reservations refused since Configure.
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  // "" or, once something was refused, what inprof held back, e.g. "held
+  // back: at most 3 descriptors under RLIMIT_NOFILE=16, 9 times".
+  std::string Describe() const;
+
+ private:
+  void Recount(uint64_t soft_limit);
+
+  int64_t numerator_ = 0;
+  int64_t denominator_ = 1;
+  int cap_ = 0;
+  const char* what_ = "";
+  const char* fallback_ = "";
+  std::mutex recount_mutex_;
+  std::atomic<uint64_t> soft_limit_{0};
+  std::atomic<int> limit_{0};
+  std::atomic<int> held_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<bool> said_{false};
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_BASE_OWNED_FD_H_

@@ -1,0 +1,71 @@
+// internal: not part of the public API.
+//
+// Library mode's attachment to the pipeline (internal/pipeline.h): on each
+// Start the profiler connects to `inprof agent` (INPROF_AGENT_SOCKET, or an
+// agent of its own with INPROF_AGENT=spawn), and from then on the
+// pipeline's aggregate forwards to the agent (internal/agent_link.h): no
+// window is cut, symbolized or uploaded in the process. After each drain
+// the counters follow; when the agent goes away the process profiles
+// itself from then on (INPROF_AGENT_FALLBACK=local: the pipeline's exporter
+// starts) or keeps no samples (off). At Stop the agent gets the end and
+// exports the last window itself.
+//
+// Thread-safety: Connect and the thread rings' calls under the profiler's
+// registry lock; the hooks on the threads internal/pipeline.h names.
+#ifndef INPROF_INTERNAL_AGENT_FORWARDING_H_
+#define INPROF_INTERNAL_AGENT_FORWARDING_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "inprof/internal/pipeline.h"
+#include "inprof/options.h"
+
+namespace inprof::internal {
+
+class AgentLink;
+struct AgentThreadRingLayout;
+
+class AgentForwarding final : public PipelineAttachment {
+ public:
+  explicit AgentForwarding(const Options& options);
+  ~AgentForwarding() override;
+
+  // Connects to the agent (spawning one first with INPROF_AGENT=spawn);
+  // from then on `pipeline`'s aggregate forwards to it. When the agent
+  // cannot be reached: an error with INPROF_AGENT_FALLBACK=off, else one
+  // line logged and profiling stays in the process. Call before the
+  // pipeline's StartCollector; OK and nothing done without a socket.
+  // `thread_rings`: the profiler's rings can live in the agent's shared
+  // region (AcquireThreadRing); null when they cannot.
+  absl::Status Connect(Pipeline& pipeline, const AgentThreadRingLayout* thread_rings);
+
+  // Shared memory for a thread's ring (AgentLink's AcquireThreadRing), or
+  // null (no agent, or none to spare).
+  void* AcquireThreadRing(Pipeline& pipeline, pid_t tid, absl::string_view name);
+  void ReleaseThreadRing(Pipeline& pipeline, void* ring);
+
+  // PipelineAttachment.
+  bool TakesSamples() override { return link_ != nullptr; }
+  void AfterDrain(Pipeline& pipeline) override;
+  std::optional<absl::Status> ExportLast(Pipeline& pipeline,
+                                         const ProfilerStats& stats) override;
+
+ private:
+  // The pipeline's lock held: the agent is gone; the fallback's state and
+  // note.
+  void OnLostLocked(Pipeline::Locked& locked, int64_t now);
+
+  Options options_;  // agent_socket: the spawned agent's once there is one
+  // While connected, and after the agent was lost (for its counts);
+  // touched by Start/Stop and the collector thread, never at once.
+  std::unique_ptr<AgentLink> link_;
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_AGENT_FORWARDING_H_

@@ -1,0 +1,334 @@
+// internal: not part of the public API.
+//
+// The profile pipeline: samples in, profiles out. The profiler's drain step
+// adds samples to the aggregate through Ingest(), under the pipeline's own
+// lock; the collector thread drains every collect_period; the exporter
+// thread cuts the aggregate into consecutive windows every export_period,
+// symbolizes and encodes each, and hands it to the sinks. The live
+// endpoint's captures are windows of their own (Capture()).
+//
+// The pipeline knows nothing above it. Its sinks come from a factory
+// (SetSinkFactory; without one: the output file and Options::sinks), and
+// what else joins it attaches through the hooks it declares
+// (PipelineAttachment): library mode's forwarding to an agent
+// (internal/agent_forwarding.h) and the live endpoint
+// (internal/endpoint_attachment.h). One place composes them from Options:
+// internal/composition.h.
+//
+// Windows: a window is cut by taking the aggregate under the pipeline's
+// lock, the same lock Ingest() holds while it adds samples, and the cut's
+// time is both this window's end and the next one's start. So every sample
+// lands in exactly one window, and consecutive windows tile time.
+//
+// Threads: "inprof-collect" (drain every collect_period), "inprof-export"
+// (every export_period: drain, cut, symbolize, encode, hand to sinks;
+// only when export_period > 0 and no attachment takes the samples) and one
+// "inprof-upload" per HTTP sink. None of them is ever waited for by a
+// sampled thread.
+//
+// Captures: a mirror of the aggregate from the request on
+// (SampleAggregator::SetMirror, under the lock), drained and cut after the
+// requested seconds, symbolized by a symbolizer of the request's (freed
+// after it), so the exporter's windows and its symbolizer are not touched.
+#ifndef INPROF_INTERNAL_PIPELINE_H_
+#define INPROF_INTERNAL_PIPELINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "inprof/base/fork_guard.h"
+#include "inprof/options.h"
+#include "inprof/profile_data.h"
+#include "inprof/sample_aggregator.h"
+#include "inprof/sink.h"
+
+namespace inprof {
+class Symbolizer;
+
+// The counters a profiler reports (and writes into the profile's
+// comments), each once: X(name, per_window, what it counts). per_window:
+// each window's comments count its own (the difference since the previous
+// cut), else the total since the profiler was made. The order is also the
+// order library mode forwards them in (agent_stream.h: AgentStats): add at
+// the end.
+#define INPROF_PROFILER_STATS(X)                                              \
+  X(samples_taken, true, "signals that produced a sample")                    \
+  X(samples_recorded, true, "samples that reached the aggregate")             \
+  X(samples_dropped, true, "samples lost because a ring was full")            \
+  X(stacks_truncated, true, "walks stopped at a bad frame or the limit")      \
+  /* Walks before the unwinder's tables were ready (built on the collector    \
+     thread after Start): frame pointers only, so maybe incomplete. */        \
+  X(stacks_before_tables, true, "walks before the unwind tables were ready")  \
+  /* Blocking episodes whose first wall sample was such a walk, sampled       \
+     again once the tables were ready (one more signal to that thread). */    \
+  X(blocked_episodes_resampled, true, "blocked episodes sampled again")       \
+  /* Signals the wall sampler sent (running threads, and blocked ones at the  \
+     start of an episode), and its samples of threads that ran throughout     \
+     credited to a CPU sample's stack or carried by their CPU samples         \
+     (followed threads, wall_time_provider.h) instead of a signal. */         \
+  X(wall_signals, true, "signals the wall sampler sent")                      \
+  X(wall_running_credits, true, "wall samples credited to a CPU sample")      \
+  X(threads_registered, false, "registrations since construction")            \
+  X(profiles_written, false, "profiles written")                              \
+  /* Windows: samples not taken because the thread could not be suspended    \
+     or its registers read (it had exited); their values are kept on a frame  \
+     of their own. */                                                         \
+  X(samples_unsuspended, true, "threads that could not be suspended")         \
+  /* Wake-ups of the wall sampler (fewer while every thread is steady). */    \
+  X(wall_wakeups, true, "wake-ups of the wall sampler")                       \
+  /* Threads that registered with SIGPROF blocked in their signal mask        \
+     (often inherited from the thread that created them): no sample can be    \
+     taken of such a thread, so RegisterThread unblocked it. */               \
+  X(threads_sigprof_unblocked, true, "threads registered with SIGPROF blocked") \
+  /* Blocked threads whose episode's stack the wall sampler read from a copy  \
+     of their stack instead of signalling them (profiler_collector.h:         \
+     ReadBlockedStack). */                                                    \
+  X(wall_stacks_read, true, "blocked stacks read without a signal")          \
+  /* Samples of a thread that was on a stack too small for the handler's      \
+     walk (a signal handler's sigaltstack, a coroutine's stack, its own stack \
+     near its end): no stack walked, the values kept on "[inprof: on a small  \
+     or foreign stack]". */                                                   \
+  X(samples_small_stack, true, "samples on a small or foreign stack")
+
+struct ProfilerStats {
+#define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;
+  INPROF_PROFILER_STATS(INPROF_STATS_FIELD)
+#undef INPROF_STATS_FIELD
+};
+
+namespace internal {
+
+// ProfilerStats as the words library mode forwards (agent_stream.h:
+// AgentStats), in field order, and back (missing words are zero).
+std::vector<uint64_t> StatsToCounters(const ProfilerStats& stats);
+ProfilerStats StatsFromCounters(std::span<const uint64_t> counters);
+
+class Pipeline;
+
+// What attaches to a pipeline, each hook called on the thread named and
+// never with the pipeline's lock held unless its name ends in Locked. The
+// defaults do nothing.
+class PipelineAttachment {
+ public:
+  virtual ~PipelineAttachment() = default;
+  // StartCollector, before its threads start: whether the samples go
+  // elsewhere for now (the aggregate forwards them): then no exporter runs
+  // and no sink is made until the attachment calls ExportHere().
+  virtual bool TakesSamples() { return false; }
+  // StartCollector, once its threads run.
+  virtual void Started(Pipeline& /*pipeline*/) {}
+  // The collector thread, after each drain.
+  virtual void AfterDrain(Pipeline& /*pipeline*/) {}
+  // StopCollector, once its threads were told to stop and before they are
+  // joined: stop whatever calls into the pipeline (a server's captures).
+  virtual void Stopping() {}
+  // Export() (the last window, at Stop): the status of handing it on
+  // elsewhere, or nullopt to let the pipeline export it to its sinks.
+  virtual std::optional<absl::Status> ExportLast(Pipeline& /*pipeline*/,
+                                                 const ProfilerStats& /*stats*/) {
+    return std::nullopt;
+  }
+  // A forked child: the attachment's threads do not exist there.
+  virtual void Abandon() {}
+};
+
+class Pipeline {
+ public:
+  using StatsFunction = std::function<ProfilerStats()>;
+  using SinkFactory = std::function<std::vector<std::shared_ptr<ProfileSink>>()>;
+
+  Pipeline(const Options& options, std::vector<ValueType> sample_types,
+           ValueType period_type, int64_t period, std::string engine);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  const Options& options() const { return options_; }
+  const std::vector<ValueType>& sample_types() const {
+    return aggregator_.sample_types();
+  }
+  const ValueType& period_type() const { return period_type_; }
+  int64_t period() const { return period_; }
+  const std::string& engine() const { return engine_; }
+
+  // What the pipeline's sinks are, made when the first window is exported
+  // (or at StartCollector). Before StartCollector.
+  void SetSinkFactory(SinkFactory factory);
+  // Attaches `attachment` for the pipeline's lifetime; the pointer stays
+  // valid until the pipeline goes. Before StartCollector.
+  PipelineAttachment* Attach(std::unique_ptr<PipelineAttachment> attachment);
+
+  // The pipeline's lock as a fork-guard lock (base/fork_guard.h), ranked
+  // `rank`; Unregister before the pipeline goes.
+  void RegisterForkLock(ForkLockRank rank);
+  void UnregisterForkLock();
+
+  // The ingest API: the aggregate, with the pipeline's lock held for as
+  // long as the returned object lives. Nothing else of the pipeline may be
+  // called meanwhile.
+  //   Pipeline::Ingesting in = pipeline.Ingest();
+  //   in.aggregator().Add(...);
+  class [[nodiscard]] Ingesting {
+   public:
+    SampleAggregator& aggregator() { return *aggregator_; }
+
+   private:
+    friend class Pipeline;
+    Ingesting(std::mutex& mutex, SampleAggregator& aggregator)
+        : lock_(mutex), aggregator_(&aggregator) {}
+    std::unique_lock<std::mutex> lock_;
+    SampleAggregator* aggregator_;
+  };
+  Ingesting Ingest() { return Ingesting(mutex_, aggregator_); }
+
+  // What an attachment reaches under the pipeline's lock (WithLock).
+  class Locked {
+   public:
+    SampleAggregator& aggregator() { return p_.aggregator_; }
+    // The counters now: the stats function's, else `fallback` when given,
+    // else those at the previous cut.
+    ProfilerStats stats(const ProfilerStats* fallback = nullptr) const;
+    const std::string& engine_detail() const { return p_.engine_detail_; }
+    // The process's own windows start now (`now_ns`), counting from now.
+    void RestartWindow(int64_t now_ns);
+    // A line every window's comments carry from the next cut on, after the
+    // process note (SetProcessNote); empty: none.
+    void SetAttachmentNote(std::string note) { p_.attachment_note_ = std::move(note); }
+    const std::string& attachment_note() const { return p_.attachment_note_; }
+
+   private:
+    friend class Pipeline;
+    explicit Locked(Pipeline& p) : p_(p) {}
+    Pipeline& p_;
+  };
+  template <typename F>
+  decltype(auto) WithLock(F&& f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Locked locked(*this);
+    return f(locked);
+  }
+
+  // Runs `drain` every collect_period on the collector thread
+  // ("inprof-collect") until StopCollector; with options().export_period >
+  // 0 also starts the exporter thread ("inprof-export"), which calls `drain`
+  // and then exports a window every export_period, unless an attachment
+  // takes the samples. `stats`, when given, is called with the lock held at
+  // each cut, so that each window's comments count exactly the samples it
+  // holds; it must not take locks.
+  void StartCollector(std::function<void()> drain,
+                      StatsFunction stats = nullptr);
+  // Wakes and joins the collector and the exporter (an export in progress
+  // finishes first). Safe to call when not started.
+  void StopCollector();
+  // In a forked child the threads do not exist: forget them (their state is
+  // leaked, never destroyed), the attachments' and the sinks' threads too.
+  void AbandonCollector();
+
+  // The collector thread, from an attachment's AfterDrain: the samples stay
+  // in the process from now on: the sinks are made and the exporter starts.
+  void ExportHere();
+
+  // For `inprof agent`, which runs a pipeline per profiled process: the
+  // symbolizer its windows use (Symbolizer::ForProcess) instead of one of
+  // this process, and a line every window's comments carry (who the
+  // process is). Before StartCollector.
+  void UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer);
+  void SetProcessNote(std::string note);
+
+  // Whether the comments speak of the unwinder's CFI tables (Linux's
+  // unwinders build them; the Windows OS unwinder has none). Before
+  // StartCollector.
+  void set_describe_unwind_tables(bool on) { describe_unwind_tables_ = on; }
+
+  // Starts a profile window now.
+  void BeginWindow();
+
+  // Cuts the last window (everything aggregated since the previous cut),
+  // hands it to every sink, then lets the sinks deliver until
+  // options().stop_timeout has passed since the call. `stats` goes into the
+  // comments unless StartCollector got a stats function. An attachment may
+  // take the window instead (ExportLast). Returns the first sink error, or
+  // DeadlineExceeded when a sink could not deliver in time.
+  absl::Status Export(const ProfilerStats& stats);
+
+  // How the samples are taken (the CPU engine and its thread counts), one
+  // comment line in each window from the next cut on. Any thread.
+  void SetEngineDetail(std::string detail);
+
+  // Windows handed to the sinks since construction.
+  uint64_t windows_exported() const {
+    return windows_exported_.load(std::memory_order_relaxed);
+  }
+
+  // A window of its own covering the next `duration` (the live endpoint's
+  // capture): gzip pprof bytes. Unavailable when the pipeline is not
+  // running or stops meanwhile. Blocks the calling thread for `duration`;
+  // one at a time (the endpoint sees to it).
+  absl::StatusOr<std::string> Capture(absl::Duration duration);
+
+ private:
+  struct Threads;
+  void EnsureSinks();
+  // Fills a cut window's metadata and comments.
+  void Describe(ProfileData& data, int64_t start, int64_t end,
+                const ProfilerStats& window_stats,
+                const std::string& engine_detail, const std::string& notes) const;
+  // Cuts, encodes and hands one window to the sinks. `last`: errors are
+  // returned rather than logged. export_mutex_ held.
+  absl::Status ExportWindow(const ProfilerStats* stats, bool last);
+  void ExporterLoop(Threads* threads, const std::function<void()>& drain);
+  void StartExporter(Threads* threads, const std::function<void()>& drain);
+  std::string NotesLocked() const;  // mutex_ held
+
+  Options options_;
+  ValueType period_type_;
+  int64_t period_;
+  std::string engine_;
+  std::string engine_detail_;  // mutex_
+  bool describe_unwind_tables_ = true;
+
+  // Guards aggregator_, window_start_ns_, baseline_ and the notes.
+  mutable std::mutex mutex_;
+  SampleAggregator aggregator_;
+  int64_t window_start_ns_ = 0;
+  StatsFunction stats_;     // set before the threads start
+  ProfilerStats baseline_;  // counters at the previous cut
+  std::string process_note_;     // mutex_
+  std::string attachment_note_;  // mutex_
+
+  std::vector<std::unique_ptr<PipelineAttachment>> attachments_;
+
+  // Serializes exports; guards symbolizer_, sinks_ and their failure state.
+  std::mutex export_mutex_;
+  SinkFactory sink_factory_;
+  std::unique_ptr<Symbolizer> symbolizer_;  // kept: caches across exports
+  bool symbolizer_given_ = false;  // UseSymbolizer(): captures use it too
+  bool sinks_built_ = false;
+  std::vector<std::shared_ptr<ProfileSink>> sinks_;
+  std::vector<bool> sink_failing_;  // one log line per failure streak
+  bool encode_failing_ = false;
+  uint64_t sequence_ = 0;
+  std::atomic<uint64_t> windows_exported_{0};
+
+  // Collector and exporter threads; on the heap so that a forked child can
+  // leak them (a condition variable that a vanished thread waited on cannot
+  // be destroyed).
+  std::unique_ptr<Threads> threads_;
+};
+
+}  // namespace internal
+}  // namespace inprof
+
+#endif  // INPROF_INTERNAL_PIPELINE_H_

@@ -1,0 +1,9 @@
+// Windows has no fork(): nothing to guard (base/fork_guard.h).
+#include "inprof/base/fork_guard.h"
+
+namespace inprof::internal {
+
+void RegisterForkLock(std::mutex* /*mutex*/, ForkLockRank /*rank*/) {}
+void UnregisterForkLock(std::mutex* /*mutex*/) {}
+
+}  // namespace inprof::internal

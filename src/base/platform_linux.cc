@@ -1,0 +1,225 @@
+// The Linux variant of base/platform.h (WriteFileAtomically included).
+#include "inprof/base/platform.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace inprof {
+namespace internal {
+
+std::string ProgramName() {
+  const char* name = program_invocation_short_name;
+  return name != nullptr && name[0] != '\0' ? std::string(name) : "unknown";
+}
+
+std::string HostName() {
+  char buf[HOST_NAME_MAX + 1] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') {
+    return "unknown";
+  }
+  return buf;
+}
+
+std::string SystemErrorText(uint32_t error) {
+  return absl::StrCat(strerror(static_cast<int>(error)), " (errno ", error, ")");
+}
+
+int64_t ProcessId() { return getpid(); }
+
+void SetEnvVar(const char* name, const char* value) {
+  setenv(name, value, 1);
+}
+
+void SetCurrentThreadName(const char* name) {
+  char truncated[16] = {};  // the kernel's limit, NUL included
+  for (size_t i = 0; i + 1 < sizeof(truncated) && name[i] != '\0'; ++i) {
+    truncated[i] = name[i];
+  }
+  pthread_setname_np(pthread_self(), truncated);
+}
+
+}  // namespace internal
+
+namespace {
+
+// How long a write into a FIFO or character device may wait for its reader
+// to take more bytes before the write is given up: the exporter thread (or
+// Stop()) must never wait for a stalled reader without a limit.
+constexpr int kOutputStallMs = 10'000;
+
+const char* KindOfFile(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  return "not a regular file";
+}
+
+// Writes all of `bytes` to `fd` (opened O_NONBLOCK), waiting at most
+// kOutputStallMs each time the reader takes nothing.
+absl::Status WriteAllBounded(int fd, absl::string_view bytes,
+                             const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write '", path, "'"));
+    }
+    pollfd p{fd, POLLOUT, 0};
+    const int ready = poll(&p, 1, kOutputStallMs);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "'", path, "': its reader took nothing for ", kOutputStallMs / 1000,
+          " s; gave up after ", done, " of ", bytes.size(), " bytes"));
+    }
+    if (ready < 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write '", path, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `path` names an existing FIFO or character device (`seen`, from lstat):
+// the bytes go into it; nothing is created, replaced or truncated.
+absl::Status WriteIntoSpecialFile(const std::string& path,
+                                  absl::string_view bytes,
+                                  const struct stat& seen) {
+  // O_NONBLOCK: opening a FIFO nobody reads fails (ENXIO) instead of
+  // waiting for a reader forever. O_NOFOLLOW: a link swapped in since the
+  // lstat() is refused.
+  const int fd = open(path.c_str(),
+                      O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENXIO && S_ISFIFO(seen.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", path, "' is a FIFO that no process reads; not written"));
+    }
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open '", path, "'"));
+  }
+  struct stat now;
+  if (fstat(fd, &now) != 0 || now.st_dev != seen.st_dev ||
+      now.st_ino != seen.st_ino) {
+    close(fd);
+    return absl::AbortedError(absl::StrCat(
+        "'", path, "' was replaced while it was being opened; not written"));
+  }
+  absl::Status written = WriteAllBounded(fd, bytes, path);
+  close(fd);
+  return written;
+}
+
+// A name for the temporary file next to `path` that another user cannot
+// guess in advance (a file planted there would only make the write fail:
+// it is created with O_EXCL). The final component stays within NAME_MAX.
+std::string TemporaryName(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  uint64_t random = 0;
+  if (getrandom(&random, sizeof(random), GRND_NONBLOCK) !=
+      static_cast<ssize_t>(sizeof(random))) {
+    random = static_cast<uint64_t>(
+                 std::chrono::steady_clock::now().time_since_epoch().count()) *
+             0x9e3779b97f4a7c15ull;
+  }
+  const std::string suffix = absl::StrCat(
+      ".tmp.", getpid(), ".", counter.fetch_add(1), ".",
+      absl::Hex(random, absl::kZeroPad16));
+  const size_t slash = path.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  std::string out = path;
+  constexpr size_t kNameMax = 255;
+  if (out.size() - base + suffix.size() > kNameMax) {
+    out.resize(base + (kNameMax - suffix.size()));
+  }
+  return out + suffix;
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view bytes) {
+  if (path.empty()) return absl::InvalidArgumentError("empty output path");
+  struct stat seen;
+  if (lstat(path.c_str(), &seen) == 0) {
+    if (S_ISCHR(seen.st_mode) || S_ISFIFO(seen.st_mode)) {
+      return WriteIntoSpecialFile(path, bytes, seen);
+    }
+    if (S_ISLNK(seen.st_mode)) {
+      // Neither followed (the target may be anything, chosen by whoever can
+      // write the directory) nor replaced (a link the user made is theirs).
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", path, "' is a symbolic link; inprof writes neither through "
+          "nor over a link: not written (name the file itself)"));
+    }
+    if (!S_ISREG(seen.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", path, "' is ", KindOfFile(seen.st_mode),
+          ", not a regular file; not written"));
+    }
+  } else if (errno != ENOENT) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot write '", path, "'"));
+  }
+  // A new file in the same directory, renamed over `path` (atomic: a reader
+  // sees the old file or the new one). O_EXCL|O_NOFOLLOW: never opens what
+  // someone planted under the temporary name.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    tmp = TemporaryName(path);
+    fd = open(tmp.c_str(),
+              O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot write '", path, "' (creating '", tmp, "')"));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      close(fd);
+      unlink(tmp.c_str());
+      return absl::ErrnoToStatus(
+          err, absl::StrCat("cannot write '", tmp, "' for '", path, "'"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return absl::ErrnoToStatus(
+        err, absl::StrCat("cannot write '", tmp, "' for '", path, "'"));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return absl::ErrnoToStatus(
+        err, absl::StrCat("cannot rename '", tmp, "' to '", path, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace inprof

@@ -1,0 +1,501 @@
+#include "inprof/internal/pipeline.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "inprof/base/fork_guard.h"
+#include "inprof/base/log.h"
+#include "inprof/base/platform.h"
+#include "inprof/base/profiler_thread.h"
+#include "inprof/pprof_writer.h"
+#include "inprof/symbolizer.h"
+
+namespace inprof::internal {
+namespace {
+
+ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
+  ProfilerStats d = now;
+#define INPROF_STATS_DELTA(name, per_window, what) \
+  if (per_window) d.name -= before.name;
+  INPROF_PROFILER_STATS(INPROF_STATS_DELTA)
+#undef INPROF_STATS_DELTA
+  return d;
+}
+
+}  // namespace
+
+std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
+  std::vector<uint64_t> counters;
+#define INPROF_STATS_PUSH(name, per_window, what) counters.push_back(s.name);
+  INPROF_PROFILER_STATS(INPROF_STATS_PUSH)
+#undef INPROF_STATS_PUSH
+  return counters;
+}
+
+ProfilerStats StatsFromCounters(std::span<const uint64_t> c) {
+  ProfilerStats s;
+  size_t i = 0;
+#define INPROF_STATS_READ(name, per_window, what) \
+  s.name = i < c.size() ? c[i] : 0;               \
+  ++i;
+  INPROF_PROFILER_STATS(INPROF_STATS_READ)
+#undef INPROF_STATS_READ
+  return s;
+}
+
+struct Pipeline::Threads {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false;
+  ProfilerThread collector;
+  ProfilerThread exporter;
+  std::function<void()> drain;  // for the endpoint's captures
+  int captures = 0;  // Capture()s using this object (guarded by `mutex`)
+};
+
+Pipeline::Pipeline(const Options& options,
+                           std::vector<ValueType> sample_types,
+                           ValueType period_type, int64_t period,
+                           std::string engine)
+    : options_(options),
+      period_type_(std::move(period_type)),
+      period_(period),
+      engine_(std::move(engine)),
+      aggregator_(std::move(sample_types)) {}
+
+Pipeline::~Pipeline() {
+  StopCollector();
+  // Sinks with threads stop them in their destructors (aborting what is in
+  // flight); Export() normally flushed them already.
+}
+
+void Pipeline::SetSinkFactory(SinkFactory factory) {
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  sink_factory_ = std::move(factory);
+}
+
+PipelineAttachment* Pipeline::Attach(std::unique_ptr<PipelineAttachment> attachment) {
+  attachments_.push_back(std::move(attachment));
+  return attachments_.back().get();
+}
+
+void Pipeline::RegisterForkLock(ForkLockRank rank) {
+  internal::RegisterForkLock(&mutex_, rank);
+}
+
+void Pipeline::UnregisterForkLock() { internal::UnregisterForkLock(&mutex_); }
+
+ProfilerStats Pipeline::Locked::stats(const ProfilerStats* fallback) const {
+  if (p_.stats_) return p_.stats_();
+  return fallback != nullptr ? *fallback : p_.baseline_;
+}
+
+void Pipeline::Locked::RestartWindow(int64_t now_ns) {
+  p_.window_start_ns_ = now_ns;
+  p_.baseline_ = stats();
+}
+
+void Pipeline::EnsureSinks() {
+  if (sinks_built_) return;
+  sinks_built_ = true;
+  if (sink_factory_) {
+    sinks_ = sink_factory_();
+  } else {
+    if (options_.write_output) {
+      sinks_.push_back(std::make_shared<FileSink>(options_.output));
+    }
+    for (const auto& sink : options_.sinks) {
+      if (sink != nullptr) sinks_.push_back(sink);
+    }
+  }
+  sink_failing_.assign(sinks_.size(), false);
+}
+
+void Pipeline::StartCollector(std::function<void()> drain,
+                              StatsFunction stats) {
+  StopCollector();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_ = std::move(stats);
+  }
+  // While an attachment takes the samples (library mode: the agent has the
+  // sinks), the sinks are made only if the process goes on to export
+  // itself (ExportHere).
+  bool forwarding = false;
+  for (const auto& a : attachments_) forwarding = a->TakesSamples() || forwarding;
+  if (!forwarding) {
+    std::lock_guard<std::mutex> lock(export_mutex_);
+    EnsureSinks();
+  }
+  threads_ = std::make_unique<Threads>();
+  Threads* t = threads_.get();
+  t->drain = drain;
+  const auto period = absl::ToChronoNanoseconds(options_.collect_period);
+  std::function<void()> step = drain;
+  if (!attachments_.empty()) {
+    step = [this, drain] {
+      drain();
+      for (const auto& a : attachments_) a->AfterDrain(*this);
+    };
+  }
+  t->collector = ProfilerThread([t, step, period] {
+    SetCurrentThreadName("inprof-collect");
+    // A first pass right away: unwinders with per-module tables build them
+    // here, off the thread that called Start().
+    step();
+    std::unique_lock<std::mutex> lock(t->mutex);
+    while (!t->stop) {
+      t->cv.wait_for(lock, period, [t] { return t->stop; });
+      if (t->stop) break;
+      lock.unlock();
+      step();
+      lock.lock();
+    }
+  });
+  if (!forwarding) StartExporter(t, t->drain);
+  for (const auto& a : attachments_) a->Started(*this);
+}
+
+void Pipeline::ExportHere() {
+  {
+    std::lock_guard<std::mutex> lock(export_mutex_);
+    EnsureSinks();
+  }
+  StartExporter(threads_.get(), threads_->drain);
+}
+
+void Pipeline::StartExporter(Threads* t, const std::function<void()>& drain) {
+  if (options_.export_period <= absl::ZeroDuration()) return;
+  t->exporter = ProfilerThread([this, t, drain] {
+    SetCurrentThreadName("inprof-export");
+    ExporterLoop(t, drain);
+  });
+}
+
+void Pipeline::UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer) {
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  symbolizer_ = std::move(symbolizer);
+  symbolizer_given_ = symbolizer_ != nullptr;
+}
+
+void Pipeline::SetProcessNote(std::string note) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  process_note_ = std::move(note);
+}
+
+std::string Pipeline::NotesLocked() const {
+  if (process_note_.empty()) return attachment_note_;
+  if (attachment_note_.empty()) return process_note_;
+  return absl::StrCat(process_note_, "; ", attachment_note_);
+}
+
+absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
+  // The endpoint, the only caller, runs between StartCollector and
+  // StopCollector, which stops it (Stopping) before threads_ goes.
+  Threads* t = threads_.get();
+  if (t == nullptr) return absl::UnavailableError("the profiler is not running");
+  {
+    // StopCollector waits for this count to drop before `t` goes.
+    std::lock_guard<std::mutex> lock(t->mutex);
+    if (t->stop) return absl::UnavailableError("the profiler is stopping");
+    ++t->captures;
+  }
+  SampleAggregator window(aggregator_.sample_types());
+  int64_t start = 0;
+  ProfilerStats before;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aggregator_.SetMirror(&window);
+    start = absl::GetCurrentTimeNanos();
+    before = stats_ ? stats_() : baseline_;
+  }
+  bool stopped = false;
+  {
+    std::unique_lock<std::mutex> lock(t->mutex);
+    stopped = t->cv.wait_for(lock, absl::ToChronoNanoseconds(duration),
+                             [t] { return t->stop; });
+  }
+  // Samples still in the rings belong to this window.
+  if (!stopped) t->drain();
+  {
+    // The last use of `t`; notified under the lock, as StopCollector may
+    // destroy it as soon as the lock is free.
+    std::lock_guard<std::mutex> lock(t->mutex);
+    --t->captures;
+    t->cv.notify_all();
+  }
+  ProfileData data;
+  ProfilerStats window_stats;
+  std::string engine_detail;
+  std::string notes;
+  int64_t end = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aggregator_.SetMirror(nullptr);
+    if (!stopped) {
+      data = window.Take();
+      end = absl::GetCurrentTimeNanos();
+      window_stats = Delta(stats_ ? stats_() : baseline_, before);
+      engine_detail = engine_detail_;
+      notes = NotesLocked();
+    }
+  }
+  if (stopped) {
+    return absl::UnavailableError(
+        "the profiler stopped during the capture; no profile");
+  }
+  Describe(data, start, end, window_stats, engine_detail, notes);
+  data.comments.push_back(absl::StrCat(
+      "live capture of ", absl::FormatDuration(duration),
+      " (INPROF_HTTP_ADDR); the periodic export's windows are separate"));
+  absl::StatusOr<std::string> encoded;
+  if (symbolizer_given_) {
+    // Another process's (`inprof agent`): its symbolizer holds its files
+    // open, and it may have exited since; shared with the exporter.
+    std::lock_guard<std::mutex> lock(export_mutex_);
+    encoded = EncodePprof(data, *symbolizer_);
+  } else {
+    // The request's own symbolizer: the exporter's is not shared (no lock
+    // held across symbolization), and this one's caches go with the
+    // request.
+    Symbolizer symbolizer(options_.symbolize);
+    symbolizer.set_system_debug_info(options_.system_debug_info);
+    symbolizer.Refresh();
+    encoded = EncodePprof(data, symbolizer);
+  }
+  if (encoded.ok()) encoded = GzipCompress(*encoded);
+  return encoded;
+}
+
+void Pipeline::ExporterLoop(Threads* t,
+                                const std::function<void()>& drain) {
+  using Clock = std::chrono::steady_clock;
+  const auto period = std::chrono::duration_cast<Clock::duration>(
+      absl::ToChronoNanoseconds(options_.export_period));
+  auto next = Clock::now() + period;
+  std::unique_lock<std::mutex> lock(t->mutex);
+  while (!t->stop) {
+    if (t->cv.wait_until(lock, next, [t] { return t->stop; })) break;
+    lock.unlock();
+    // Samples still in the rings belong to this window.
+    drain();
+    {
+      std::lock_guard<std::mutex> export_lock(export_mutex_);
+      ExportWindow(nullptr, /*last=*/false).IgnoreError();
+    }
+    lock.lock();
+    // Keep the schedule; after a stall, restart it rather than catch up.
+    next += period;
+    if (next <= Clock::now()) next = Clock::now() + period;
+  }
+}
+
+void Pipeline::StopCollector() {
+  if (threads_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(threads_->mutex);
+    threads_->stop = true;
+  }
+  threads_->cv.notify_all();
+  // A capture in progress has been woken (it answers 503); an endpoint's
+  // server waits for its connections' threads.
+  for (const auto& a : attachments_) a->Stopping();
+  {
+    // And a capture called directly (not through the server) is let go.
+    std::unique_lock<std::mutex> lock(threads_->mutex);
+    threads_->cv.wait(lock, [this] { return threads_->captures == 0; });
+  }
+  if (threads_->collector.joinable()) threads_->collector.join();
+  if (threads_->exporter.joinable()) threads_->exporter.join();
+  threads_.reset();
+}
+
+void Pipeline::AbandonCollector() {
+  // Leaked, never destroyed or detached: the std::thread objects name
+  // threads that do not exist here (pthread_detach on them fails or reads
+  // the parent's reclaimed thread descriptors), and destroying a joinable
+  // std::thread would terminate the process.
+  (void)threads_.release();
+  for (const auto& a : attachments_) a->Abandon();
+  // No lock: in the child the lock may be held by a thread that is gone.
+  for (const auto& sink : sinks_) sink->Abandon();
+}
+
+void Pipeline::SetEngineDetail(std::string detail) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  engine_detail_ = std::move(detail);
+}
+
+void Pipeline::BeginWindow() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_start_ns_ = absl::GetCurrentTimeNanos();
+}
+
+void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
+                            const ProfilerStats& window_stats,
+                            const std::string& engine_detail,
+                            const std::string& notes) const {
+  data.period_type = period_type_;
+  data.period = period_;
+  // Viewers open on the period's type (cpu-time), not on the last one
+  // (pprof's default: wall-time in DefaultProfiler's profiles).
+  for (size_t i = 0; i < data.sample_types.size(); ++i) {
+    if (data.sample_types[i].type == period_type_.type) {
+      data.default_sample_type = static_cast<int64_t>(i);
+    }
+  }
+  data.time_nanos = start;
+  data.duration_nanos = end - start;
+  data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
+  if (!engine_detail.empty()) data.comments.push_back(engine_detail);
+  if (!notes.empty()) data.comments.push_back(notes);
+  data.comments.push_back(absl::StrCat(
+      "samples taken=", window_stats.samples_taken,
+      " recorded=", window_stats.samples_recorded,
+      " dropped=", window_stats.samples_dropped, " (ring full)"));
+  if (describe_unwind_tables_) {
+    data.comments.push_back(absl::StrCat(
+        "stacks truncated=", window_stats.stacks_truncated,
+        " walked by frame pointers through a module without its CFI table yet=",
+        window_stats.stacks_before_tables,
+        "; blocked episodes sampled again once the tables were ready=",
+        window_stats.blocked_episodes_resampled));
+  } else {
+    data.comments.push_back(
+        absl::StrCat("stacks truncated=", window_stats.stacks_truncated));
+  }
+  if (window_stats.wall_signals + window_stats.wall_running_credits +
+          window_stats.wall_stacks_read > 0) {
+    data.comments.push_back(absl::StrCat(
+        window_stats.wall_wakeups > 0
+            ? absl::StrCat("wall sampler wake-ups=", window_stats.wall_wakeups, "; ")
+            : std::string(),
+        "wall sampler signals=", window_stats.wall_signals,
+        "; blocked threads' stacks read without a signal=",
+        window_stats.wall_stacks_read,
+        "; wall samples of threads that ran throughout, credited to or "
+        "carried by their CPU samples without a signal=",
+        window_stats.wall_running_credits));
+  }
+  if (window_stats.threads_sigprof_unblocked > 0) {
+    data.comments.push_back(absl::StrCat(
+        "threads registered with SIGPROF blocked, unblocked so that they "
+        "could be sampled=",
+        window_stats.threads_sigprof_unblocked));
+  }
+  if (window_stats.samples_small_stack > 0) {
+    data.comments.push_back(absl::StrCat(
+        "samples taken on a small or foreign stack, not walked=",
+        window_stats.samples_small_stack,
+        " (a signal handler's sigaltstack, a coroutine's stack, or a stack "
+        "near its end; their values are on [inprof: on a small or foreign "
+        "stack])"));
+  }
+  if (window_stats.samples_unsuspended > 0) {
+    data.comments.push_back(absl::StrCat(
+        "samples of threads that could not be suspended=",
+        window_stats.samples_unsuspended,
+        " (their values are on [inprof: thread could not be suspended])"));
+  }
+}
+
+absl::Status Pipeline::ExportWindow(const ProfilerStats* stats,
+                                        bool last) {
+  EnsureSinks();
+  ProfileData data;
+  ProfilerStats window_stats;
+  std::string engine_detail;
+  std::string notes;
+  int64_t start = 0;
+  int64_t end = 0;
+  {
+    // The cut: the drain step adds under this lock too.
+    std::lock_guard<std::mutex> lock(mutex_);
+    data = aggregator_.Take();
+    end = absl::GetCurrentTimeNanos();
+    start = window_start_ns_;
+    window_start_ns_ = end;
+    const ProfilerStats now =
+        stats_ ? stats_() : (stats != nullptr ? *stats : baseline_);
+    window_stats = Delta(now, baseline_);
+    baseline_ = now;
+    engine_detail = engine_detail_;
+    notes = NotesLocked();
+  }
+  if (sinks_.empty()) return absl::OkStatus();
+
+  Describe(data, start, end, window_stats, engine_detail, notes);
+  if (symbolizer_ == nullptr) {
+    symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
+    symbolizer_->set_system_debug_info(options_.system_debug_info);
+  }
+  symbolizer_->Refresh();
+  absl::StatusOr<std::string> encoded = EncodePprof(data, *symbolizer_);
+  if (encoded.ok()) encoded = GzipCompress(*encoded);
+  if (!encoded.ok()) {
+    if (last) return encoded.status();
+    if (!encode_failing_) {
+      Log(absl::StrCat("profile window not exported: ",
+                       encoded.status().message()));
+    }
+    encode_failing_ = true;
+    return encoded.status();
+  }
+  encode_failing_ = false;
+  data = ProfileData();  // free the window before the sinks run
+
+  auto profile = std::make_shared<ExportedProfile>();
+  profile->pprof = std::move(*encoded);
+  profile->start = absl::FromUnixNanos(start);
+  profile->end = absl::FromUnixNanos(end);
+  profile->sequence = sequence_++;
+  profile->last = last;
+  windows_exported_.fetch_add(1, std::memory_order_relaxed);
+
+  absl::Status first_error;
+  for (size_t i = 0; i < sinks_.size(); ++i) {
+    absl::Status s = sinks_[i]->Consume(profile);
+    if (s.ok()) {
+      sink_failing_[i] = false;
+      continue;
+    }
+    if (last) {
+      first_error.Update(absl::Status(
+          s.code(), absl::StrCat(sinks_[i]->name(), ": ", s.message())));
+    } else if (!sink_failing_[i]) {
+      Log(absl::StrCat(sinks_[i]->name(), ": ", s.message(),
+                       " (further failures are not logged until one "
+                       "succeeds)"));
+    }
+    sink_failing_[i] = true;
+  }
+  return first_error;
+}
+
+absl::Status Pipeline::Export(const ProfilerStats& stats) {
+  for (const auto& a : attachments_) {
+    if (std::optional<absl::Status> taken = a->ExportLast(*this, stats)) {
+      return *taken;
+    }
+  }
+  const absl::Time deadline = absl::Now() + options_.stop_timeout;
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  absl::Status status = ExportWindow(&stats, /*last=*/true);
+  // Each uploader has been delivering on its own thread since Consume(), so
+  // waiting for them one after the other shares one deadline fairly.
+  std::string late;
+  for (const auto& sink : sinks_) {
+    absl::Status flushed = sink->Flush(deadline);
+    if (!flushed.ok()) absl::StrAppend(&late, late.empty() ? "" : "; ", flushed.message());
+  }
+  if (!late.empty()) {
+    status.Update(absl::DeadlineExceededError(
+        absl::StrCat(late, " (INPROF_STOP_TIMEOUT=",
+                     absl::FormatDuration(options_.stop_timeout), ")")));
+  }
+  return status;
+}
+
+}  // namespace inprof::internal

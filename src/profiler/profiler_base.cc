@@ -1,0 +1,617 @@
+// The Profiler's type-independent half (internal/profiler_base.h).
+#include "inprof/internal/profiler_base.h"
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/random/distributions.h"
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "inprof/base/fork_guard.h"
+#include "inprof/base/log.h"
+
+namespace inprof::internal {
+
+ProfilerBase::ProfilerBase(Options options, Shape shape)
+    : options_(std::move(options)),
+      pipeline_(options_, std::move(shape.sample_types), shape.period_type,
+            shape.period, std::move(shape.engine)),
+      shape_(std::move(shape)),
+      walks_without_tables_at_construction_(
+          shape_.walks_without_tables != nullptr ? shape_.walks_without_tables() : 0) {
+  config_status_ = options_.Validate();
+  if (!config_status_.ok()) Log(config_status_.message());
+  registry_->owner = this;
+  registry_->defers_retire.store(shape_.defers_retire, std::memory_order_release);
+  // A child forked while one of our threads holds these must find them
+  // free (base/fork_guard.h).
+  RegisterForkLock(&registry_->mutex, kForkRankRegistry);
+  pipeline_.RegisterForkLock(kForkRankAggregate);
+}
+
+ProfilerBase::~ProfilerBase() = default;
+
+void ProfilerBase::Shutdown() {
+  Stop().IgnoreError();
+  pipeline_.UnregisterForkLock();
+  UnregisterForkLock(&registry_->mutex);
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  // A thread that checked defers_retire before this queues its slot
+  // after: the slot is still in active_ below, and the queue is never
+  // read again.
+  registry_->defers_retire.store(false, std::memory_order_release);
+  ProcessRetiredLocked();
+  for (SlotBase* slot : active_) RetireLocked(slot, /*reusable=*/false);
+  active_.clear();
+  registry_->owner = nullptr;
+}
+
+absl::Status ProfilerBase::Start() {
+  if (!options_.enabled) return absl::OkStatus();
+  if (!config_status_.ok()) return config_status_;
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  if (running_) return absl::OkStatus();
+  ProcessRetiredLocked();
+  if (start_pid_ != 0 && getpid() != start_pid_) {
+    // Its collector's and sinks' state belongs to the parent.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this profiler was started in process ", start_pid_,
+        "; a forked child must construct its own Profiler to profile"));
+  }
+  if (std::string why_not; !UnwinderSupported(why_not)) {
+    Log(why_not);
+    return absl::OkStatus();
+  }
+  // Library mode: the agent gets the samples (a local socket round trip;
+  // without an agent, profiling stays here unless INPROF_AGENT_FALLBACK=off).
+  // The last session's shared rings (drained, no handler runs) go back
+  // before its link does.
+  for (SlotBase* slot : active_) UseOwnRingLocked(slot);
+  if (absl::Status s = composition_.ConnectAgent(ThreadRingLayout()); !s.ok()) return s;
+  for (SlotBase* slot : active_) UseSharedRingLocked(slot);
+  // No unwind tables are built here: the collector thread builds them
+  // first thing (Drain), so Start() returns in well under a millisecond.
+  if (absl::Status s = InstallSignalHandler(); !s.ok()) return s;
+  if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
+  if (const std::string how = DescribeProviders(); !how.empty()) Log(how);
+  // A new session per run: signals still queued from the previous run
+  // carry the old one in their tag and are ignored.
+  const uint64_t previous_session = session_;
+  SetSessionLocked(NewSessionId());
+  if (absl::Status s = ActivateSession(session_); !s.ok()) {
+    SetSessionLocked(previous_session);
+    return s;
+  }
+  running_ = true;
+  stopping_ = false;
+  start_pid_ = getpid();
+  signal_uid_ = getuid();
+  pipeline_.BeginWindow();
+  for (SlotBase* slot : active_) {
+    // One that unregistered meanwhile is finished by the collector.
+    if (!slot->retiring.load(std::memory_order_acquire)) {
+      ArmProviders(slot, session_);
+    }
+  }
+  pipeline_.SetEngineDetail(DescribeProviders());
+  pipeline_.StartCollector([this] { Drain(); }, [this] { return stats(); });
+  StartTicker();
+  return absl::OkStatus();
+}
+
+absl::Status ProfilerBase::Stop() {
+  if (!running_) return absl::OkStatus();
+  if (getpid() != start_pid_) {
+    // A forked child: the registry lock is free (base/fork_guard.h).
+    {
+      std::lock_guard<std::mutex> lock(registry_->mutex);
+      for (SlotBase* slot : active_) ForgetSlotLocked(slot);
+      active_.clear();
+      DeactivateSession(session_);
+      running_ = false;
+    }
+    pipeline_.AbandonCollector();
+    StopTicker();
+    return absl::OkStatus();
+  }
+  StopTicker();  // before taking the registry lock: Tick() takes it
+  {
+    std::unique_lock<std::mutex> lock(registry_->mutex);
+    if (!running_) return absl::OkStatus();
+    // Threads arming or disarming outside the lock finish first; none
+    // starts from now on.
+    stopping_ = true;
+    arms_done_.wait(lock, [this] { return arms_in_flight_ == 0; });
+    if (!running_) return absl::OkStatus();  // another Stop() was first
+    ProcessRetiredLocked();
+    for (SlotBase* slot : active_) DisarmLocked(slot);
+    DeactivateSession(session_);
+    for (SlotBase* slot : active_) {
+      WaitForHandler(*slot);
+      DrainSlotLocked(slot);  // the newest stacks, for the tails
+      TakeTailsLocked(slot);
+    }
+    running_ = false;
+    pipeline_.SetEngineDetail(DescribeProviders());
+  }
+  pipeline_.StopCollector();
+  DrainRings();  // no table is needed any more: sampling is off
+  absl::Status status = pipeline_.Export(stats());
+  if (status.ok()) {
+    ++profiles_written_;
+  } else {
+    Log(status.message());
+  }
+  return status;
+}
+
+ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
+  if (!options_.enabled) return ThreadRegistration();
+  if (CurrentThreadSlot() != nullptr && CurrentThreadSlot()->session.load() != 0) {
+    return ThreadRegistration(absl::AlreadyExistsError(absl::StrCat(
+        "thread '", name, "' is already registered with a profiler")));
+  }
+  auto info = DescribeCurrentThread();
+  if (!info.ok()) {
+    Log(absl::StrCat("cannot register thread '", name,
+                     "': ", info.status().message()));
+    return ThreadRegistration(info.status());
+  }
+  if (UnblockProfilingSignalInThisThread()) {
+    threads_sigprof_unblocked_.fetch_add(1, std::memory_order_relaxed);
+    if (!sigprof_unblock_logged_.exchange(true)) {
+      Log(absl::StrCat(
+          "thread '", name,
+          "' registered with SIGPROF blocked in its signal mask (often "
+          "inherited from the thread that created it); unblocked it, since "
+          "a thread that blocks SIGPROF cannot be sampled (said once; the "
+          "profile's comments count such threads)"));
+    }
+  }
+  SlotBase* slot = AcquireSlot();
+  slot->tid = info->tid;
+  slot->cpu_clock = info->cpu_clock;
+  slot->stack = info->stack;
+  slot->name = std::string(name);
+  slot->max_frames = options_.max_frames;
+  slot->has_aggregate_thread = false;
+  slot->label_count = 0;
+  slot->last_stack.clear();
+  slot->last_labels.clear();
+  slot->blocked_stack.clear();
+  slot->blocked_labels.clear();
+  slot->blocked_provisional = false;
+  slot->blocked_resampled = false;
+  slot->blocked_stackless = false;
+  slot->unreadable_site = SyscallSite{};
+  slot->running_stack.clear();
+  slot->running_labels.clear();
+  ClearProviderHistory(slot);
+  slot->handler_exit_clock.store(-1, std::memory_order_relaxed);
+  slot->retiring.store(false, std::memory_order_relaxed);
+  slot->exit_cpu_ns.store(-1, std::memory_order_relaxed);
+  slot->exit_wall_ns.store(-1, std::memory_order_relaxed);
+  ++slot->generation;
+  std::unique_lock<std::mutex> lock(registry_->mutex);
+  // Many threads that ended while the lock was taken and are not finished
+  // yet (the collector does that every collect_period): their slots go
+  // back to the pool now, so that a program that keeps starting threads
+  // does not keep allocating new ones. Not for fewer: that work would be
+  // this thread's CPU before it is sampled.
+  if (registry_->retired_count.load(std::memory_order_relaxed) >=
+      kRetiredForRegistration) {
+    ProcessRetiredLocked();
+  }
+  slot->session.store(session_, std::memory_order_release);
+  SetCurrentThreadSlot(slot);
+  active_.push_back(slot);
+  ++threads_registered_;
+  if (running_ && !stopping_ && getpid() == start_pid_) {
+    UseSharedRingLocked(slot);
+    const uint64_t session = session_;
+    if (shape_.arms_outside_lock) {
+      // The engines' system calls (perf_event_open, fcntl) without the
+      // lock that every other registering thread, the collector and the
+      // ticker wait for.
+      BeginWorkOutsideLock(slot);
+      lock.unlock();
+      ArmProviders(slot, session);
+      lock.lock();
+      EndWorkOutsideLock(slot);
+    } else {
+      ArmProviders(slot, session);
+    }
+  }
+  const bool ticking = running_ && !stopping_;
+  lock.unlock();
+  if (ticking) WakeQuietTicker();
+  return ThreadRegistration(registry_, slot, info->tid);
+}
+
+bool ProfilerBase::SetThreadName(pid_t tid, absl::string_view name) {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  for (SlotBase* slot : active_) {
+    // A retiring thread may be gone, and its id reused.
+    if (slot->tid != tid || slot->retiring.load(std::memory_order_acquire)) continue;
+    slot->name = std::string(name);
+    if (slot->has_aggregate_thread) {
+      Pipeline::Ingesting ingest = pipeline_.Ingest();
+      ingest.aggregator().SetThreadName(slot->aggregate_thread, name);
+    }
+    return true;
+  }
+  return false;
+}
+
+ProfilerStats ProfilerBase::stats() const {
+  ProfilerStats s;
+  s.samples_taken = taken_.load(std::memory_order_relaxed);
+  s.samples_recorded = recorded_.load(std::memory_order_relaxed);
+  s.samples_dropped = dropped_.load(std::memory_order_relaxed);
+  s.stacks_truncated = truncated_.load(std::memory_order_relaxed);
+  s.samples_small_stack = small_stack_.load(std::memory_order_relaxed);
+  if (shape_.walks_without_tables != nullptr) {
+    s.stacks_before_tables =
+        shape_.walks_without_tables() - walks_without_tables_at_construction_;
+  }
+  s.blocked_episodes_resampled =
+      wall_episodes_resampled_.load(std::memory_order_relaxed);
+  s.wall_signals = wall_signals_.load(std::memory_order_relaxed);
+  s.wall_stacks_read = wall_stacks_read_.load(std::memory_order_relaxed);
+  s.wall_running_credits = wall_running_credits_.load(std::memory_order_relaxed);
+  s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
+  s.wall_wakeups = wall_wakeups_.load(std::memory_order_relaxed);
+  s.threads_sigprof_unblocked =
+      threads_sigprof_unblocked_.load(std::memory_order_relaxed);
+  s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void ProfilerBase::EnsureAggregateThread(SlotBase* slot, SampleAggregator& agg) {
+  if (!slot->has_aggregate_thread) {
+    slot->aggregate_thread = agg.AddThread(slot->tid, slot->name);
+    slot->has_aggregate_thread = true;
+  }
+}
+
+void ProfilerBase::CreditSyntheticLocked(SlotBase* slot, size_t value_offset,
+                                         std::span<const int64_t> values,
+                                         const char* frame) {
+  Pipeline::Ingesting ingest = pipeline_.Ingest();
+  SampleAggregator& agg = ingest.aggregator();
+  EnsureAggregateThread(slot, agg);
+  agg.AddSynthetic(slot->aggregate_thread, frame, value_offset, values);
+}
+
+void ProfilerBase::CreditBlockedLocked(SlotBase* slot, size_t value_offset,
+                                       std::span<const int64_t> values) {
+  Pipeline::Ingesting ingest = pipeline_.Ingest();
+  SampleAggregator& agg = ingest.aggregator();
+  EnsureAggregateThread(slot, agg);
+  if (slot->blocked_stackless) {
+    agg.AddSynthetic(slot->aggregate_thread, kSmallStackFrame, value_offset, values);
+  } else {
+    agg.Add(slot->aggregate_thread, slot->blocked_stack, slot->blocked_labels,
+            value_offset, values);
+  }
+}
+
+void ProfilerBase::DrainSlotLocked(SlotBase* slot) {
+  Pipeline::Ingesting ingest = pipeline_.Ingest();
+  DrainSlotIntoLocked(slot, ingest.aggregator());
+}
+
+// When no handler has run since the last pass (idle threads), the slots
+// are not visited: with 1,000 registered threads that walk over their
+// rings was most of the collector's CPU.
+bool ProfilerBase::DrainRings() {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  ProcessRetiredLocked();
+  RefreshLeafResolverLocked();
+  // Read before draining: what is pushed meanwhile is drained next pass.
+  const uint64_t activity = shape_.activity->load(std::memory_order_acquire);
+  if (activity != drained_activity_) {
+    drained_activity_ = activity;
+    Pipeline::Ingesting ingest = pipeline_.Ingest();
+    SampleAggregator& agg = ingest.aggregator();
+    for (SlotBase* slot : active_) {
+      // Records left behind: the next pass visits the rings again.
+      if (!DrainSlotIntoLocked(slot, agg)) drained_activity_ = ~uint64_t{0};
+    }
+  }
+  return running_;
+}
+
+std::span<const uint64_t> ProfilerBase::RepairLeaf(
+    std::span<const uint64_t> frames, std::span<const uint64_t> stack_words,
+    uint64_t* out) {
+  const int slot = leaf_resolver_.ReturnAddressSlot(frames[0]);
+  if (slot < 0 || static_cast<size_t>(slot) >= stack_words.size()) {
+    return frames;
+  }
+  const uint64_t caller = stack_words[static_cast<size_t>(slot)];
+  if (caller == 0 || (frames.size() > 1 && frames[1] == caller) ||
+      !leaf_resolver_.InModule(caller)) {
+    return frames;
+  }
+  out[0] = frames[0];
+  out[1] = caller;
+  std::copy(frames.begin() + 1, frames.end(), out + 2);
+  return std::span<const uint64_t>(out, frames.size() + 1);
+}
+
+// Only the ticker sends it, and only in the process that started the
+// profiler (a forked child has no ticker), so the pid and uid are those
+// Start() saw: one system call per signal, not four (getpid twice and
+// getuid are real system calls in glibc 2.36).
+void ProfilerBase::SendProfilingSignal(const ThreadSlotHeader& slot, int tag) const {
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  info.si_signo = kProfilingSignal;
+  info.si_code = SI_QUEUE;
+  info.si_pid = start_pid_;
+  info.si_uid = signal_uid_;
+  info.si_value.sival_int = tag;
+  // rt_tgsigqueueinfo: the same delivery a timer's SIGEV_THREAD_ID gives,
+  // with our tag in si_value; ESRCH (thread gone) is harmless.
+  syscall(SYS_rt_tgsigqueueinfo, start_pid_, slot.tid, kProfilingSignal, &info);
+}
+
+void ProfilerBase::Unregister(ThreadSlotHeader* header, bool on_owner_thread,
+                              std::unique_lock<std::mutex>& lock) {
+  SlotBase* slot = static_cast<SlotBase*>(header);
+  if (!RemoveActiveLocked(slot)) return;
+  const bool same_process = start_pid_ == 0 || getpid() == start_pid_;
+  if (!same_process) {
+    ForgetSlotLocked(slot);  // a forked child
+    return;
+  }
+  if (shape_.arms_outside_lock && running_) {
+    // close() of a perf event is the costliest call here: without the
+    // lock. The slot is out of active_, so only Stop() (which waits for
+    // this) could otherwise touch it.
+    BeginWorkOutsideLock(slot);
+    lock.unlock();
+    DisarmLocked(slot);
+    lock.lock();
+    EndWorkOutsideLock(slot);
+  }
+  FinishUnregisterLocked(slot, on_owner_thread, same_process);
+}
+
+bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
+  auto it = std::find(active_.begin(), active_.end(), slot);
+  if (it == active_.end()) return false;
+  active_.erase(it);
+  return true;
+}
+
+// Registry lock held; `slot` is out of active_ (Unregister, or a slot its
+// thread queued: ProcessRetiredLocked).
+void ProfilerBase::FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
+                                          bool same_process) {
+  DisarmLocked(slot);  // a no-op once disarmed
+  // A handler cannot be running on this thread while we are here; on
+  // another thread it may be, so clear the session and wait it out.
+  slot->session.store(0, std::memory_order_seq_cst);
+  WaitForHandler(*slot);
+  if (on_owner_thread && CurrentThreadSlot() == slot) {
+    SetCurrentThreadSlot(nullptr);
+  }
+  if (same_process) {
+    RefreshLeafResolverLocked();
+    DrainSlotLocked(slot);  // first: the tail goes to the newest stack
+    TakeTailsLocked(slot);
+    if (slot->has_aggregate_thread) {
+      // Its entry in the thread table is reused after the next export.
+      Pipeline::Ingesting ingest = pipeline_.Ingest();
+      ingest.aggregator().RemoveThread(slot->aggregate_thread);
+      slot->has_aggregate_thread = false;
+    }
+  }
+  // A slot unregistered from another thread may still be the owner's TLS
+  // slot: never reuse it, so that thread can never push into a new owner's
+  // ring.
+  RetireLocked(slot, /*reusable=*/on_owner_thread);
+}
+
+// Registry lock held: finishes the unregistrations threads queued (when
+// every provider can be disarmed and its tail taken after the thread is
+// gone, threads unregister themselves without the registry lock:
+// ThreadRegistration::Reset; their TLS pointer is cleared, so their slots
+// go back to the pool). Called by the collector at each pass, by
+// RegisterThread, Start, Stop and the destructor.
+void ProfilerBase::ProcessRetiredLocked() {
+  if (!shape_.defers_retire) return;
+  ThreadSlotHeader* next = registry_->TakeRetired();
+  if (next == nullptr) return;
+  const bool same_process = start_pid_ == 0 || getpid() == start_pid_;
+  while (next != nullptr) {
+    SlotBase* slot = static_cast<SlotBase*>(next);
+    next = next->next_retired;
+    // Not in active_: a forked child forgot it, or the destructor retired
+    // it already.
+    if (!RemoveActiveLocked(slot)) continue;
+    if (!same_process) {
+      ForgetSlotLocked(slot);
+      continue;
+    }
+    FinishUnregisterLocked(slot, /*on_owner_thread=*/true, same_process);
+  }
+}
+
+// Registry lock held, in a forked child of the process that started the
+// profiler. The parent's timers, threads and collector do not exist here:
+// forget the slot's per-provider state without deleting any timer (its id
+// may now name one of the child's own), take no tail, never reuse it.
+void ProfilerBase::ForgetSlotLocked(SlotBase* slot) {
+  slot->session.store(0, std::memory_order_seq_cst);
+  ForgetProviderStateLocked(slot);
+  if (CurrentThreadSlot() == slot) SetCurrentThreadSlot(nullptr);
+}
+
+// Registry lock held: the profiler and its registered slots take `session`.
+void ProfilerBase::SetSessionLocked(uint64_t session) {
+  session_ = session;
+  for (SlotBase* slot : active_) {
+    slot->session.store(session_, std::memory_order_release);
+  }
+}
+
+void ProfilerBase::RetireLocked(SlotBase* slot, bool reusable) {
+  DisarmLocked(slot);
+  slot->session.store(0, std::memory_order_seq_cst);
+  WaitForHandler(*slot);
+  if (start_pid_ == 0 || getpid() == start_pid_) UseOwnRingLocked(slot);
+  if (reusable) ReleaseSlot(slot);
+}
+
+// Registry lock held. Marks the slot's arming or disarming as under way
+// outside the lock: Stop() and the destructor wait for it to end, the
+// ticker skips the slot.
+void ProfilerBase::BeginWorkOutsideLock(SlotBase* slot) {
+  slot->arm_in_flight = true;
+  ++arms_in_flight_;
+}
+
+// Registry lock held again.
+void ProfilerBase::EndWorkOutsideLock(SlotBase* slot) {
+  slot->arm_in_flight = false;
+  if (--arms_in_flight_ == 0) arms_done_.notify_all();
+}
+
+// The ticker thread ("inprof-tick"): drives providers that model
+// TicksThreads (wall time).
+void ProfilerBase::StartTicker() {
+  if (!shape_.has_ticker) return;
+  const absl::Duration period = TickerPeriod();
+  if (period == absl::InfiniteDuration()) return;
+  Ticker* t = ticker_.get();
+  {
+    std::lock_guard<std::mutex> lock(t->mutex);
+    t->stop = false;
+  }
+  t->thread = std::thread([this, t, period] {
+    pthread_setname_np(pthread_self(), "inprof-tick");
+    const auto step = absl::ToChronoNanoseconds(period);
+    // Intervals drawn uniformly from [0.5, 1.5] x `step`: visits at fixed
+    // intervals lock onto a program's own rhythm (measured: a thread
+    // sleeping 5 ms and spinning 5 ms was profiled 90-99.7% asleep at a
+    // fixed 10 ms); with random intervals each visit falls at a random
+    // phase of any rhythm. Uniform rather than exponential: each visit is
+    // worth its interval, and the intervals' spread adds to the profile's
+    // variance (exponential: twice a fixed interval's, this: 1.08x).
+    absl::BitGen gen;
+    auto jittered = [&gen](std::chrono::nanoseconds d) {
+      const double u = absl::Uniform<double>(gen, 0.5, 1.5);
+      return std::chrono::nanoseconds(
+          static_cast<int64_t>(static_cast<double>(d.count()) * u));
+    };
+    auto next = std::chrono::steady_clock::now() + jittered(step);
+    size_t batch = 1;
+    std::unique_lock<std::mutex> lock(t->mutex);
+    while (!t->stop) {
+      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan; });
+      if (t->stop) break;
+      if (t->replan) {
+        // A thread registered while the ticker waited long: back to the
+        // base period, its first visit within one.
+        t->replan = false;
+        next = std::min(next, std::chrono::steady_clock::now() + jittered(step));
+        continue;
+      }
+      lock.unlock();
+      // steady_clock is CLOCK_MONOTONIC in libstdc++ and libc++ on Linux:
+      // the same clock as the visits' (NowNanos).
+      batch = Tick(batch, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              next.time_since_epoch())
+                              .count());
+      lock.lock();
+      next += jittered(step * batch *
+                       tick_quiet_factor_.load(std::memory_order_relaxed));
+      const auto now = std::chrono::steady_clock::now();
+      // Fell behind: do not burst.
+      if (next < now) next = now + jittered(step);
+    }
+  });
+}
+
+void ProfilerBase::StopTicker() {
+  if (!ticker_->thread.joinable()) return;
+  if (getpid() != start_pid_) {
+    // A forked child has no ticker thread: detaching it throws, and
+    // destroying a condition variable it waited on can hang. Leak the
+    // parent's ticker state (a few dozen bytes) and start afresh.
+    (void)ticker_.release();
+    ticker_ = std::make_unique<Ticker>();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(ticker_->mutex);
+    ticker_->stop = true;
+  }
+  ticker_->cv.notify_all();
+  ticker_->thread.join();
+}
+
+// One wake-up of the ticker standing for `batch` ticks, meant for
+// `scheduled_ns` (CLOCK_MONOTONIC; TickTime says why that matters);
+// returns the batch for the next one.
+//
+// With many threads, a wake-up every period visiting ThreadsPerTick()
+// threads costs mostly the wake-up itself; waking every k periods and
+// visiting k times as many threads keeps each thread's revisit interval
+// (and so the wall profile) the same. k is at most the number of ticks a
+// full round of the threads takes (kMaxTickBatch at most), so with
+// ThreadsPerTick() threads or fewer nothing changes.
+size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  if (!running_) return 1;
+  wall_wakeups_.fetch_add(1, std::memory_order_relaxed);
+  const int64_t now = WallTimeProvider::NowNanos();
+  const TickTime when{now, std::min(scheduled_ns, now)};
+  size_t next = kMaxTickBatch;
+  TickProvidersLocked(when, batch, next);
+  // A whole round of steady visits (every thread followed, or blocked
+  // without having run): the next wake-up comes later, up to
+  // kMaxQuietFactor periods, and never so late that a thread's revisit
+  // interval grows past kMaxTickBatch periods (with many threads the
+  // batches already space the wake-ups); anything new brings the base
+  // period back. A followed thread's wall profile does not depend on its
+  // visits, a blocked thread's episode is credited whole whenever it is
+  // visited, and a thread that changes is found within kMaxQuietFactor
+  // periods (each visit still credits the interval to where the thread is
+  // then, at a time the program cannot predict: no bias, but a longer
+  // interval is a coarser sample). bench/overhead: the ticker's wake-ups
+  // were most of wall sampling's cost on busy threads.
+  const uint32_t factor = tick_quiet_factor_.load(std::memory_order_relaxed);
+  const uint32_t cap = static_cast<uint32_t>(
+      std::clamp<size_t>(kMaxTickBatch / next, 1, kMaxQuietFactor));
+  tick_quiet_factor_.store(
+      !active_.empty() && tick_steady_visits_ >= active_.size()
+          ? std::min<uint32_t>(factor * 2, cap)
+          : 1,
+      std::memory_order_relaxed);
+  return next;
+}
+
+// After a thread registers: the ticker, if waiting long, is brought back
+// to the base period (registry lock not held).
+void ProfilerBase::WakeQuietTicker() {
+  if (!shape_.has_ticker) return;
+  if (tick_quiet_factor_.load(std::memory_order_relaxed) <= 1) return;
+  tick_quiet_factor_.store(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(ticker_->mutex);
+    ticker_->replan = true;
+  }
+  ticker_->cv.notify_all();
+}
+
+}  // namespace inprof::internal

@@ -1,0 +1,80 @@
+#include "inprof/internal/label_table.h"
+
+#include "inprof/base/fork_guard.h"
+
+namespace inprof::internal {
+
+namespace {
+// Created at static initialisation, so that its lock joins the fork guard
+// while no lock is held (base/fork_guard.h).
+[[maybe_unused]] const bool g_label_table_created = (LabelTable::Global(), true);
+}  // namespace
+
+LabelTable& LabelTable::Global() {
+  static LabelTable* table = new LabelTable;  // outlives every profiler
+  return *table;
+}
+
+LabelTable::LabelTable() {
+  strings_.emplace_back("[inprof: label table full]");
+  RegisterForkLock(&mutex_, kForkRankGlobal);  // a forked child may Intern
+}
+
+uint32_t LabelTable::Intern(absl::string_view s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = ids_.find(s);
+  if (it != ids_.end()) return it->second;
+  if (strings_.size() >= kMaxEntries) {
+    ++overflows_;
+    return kOverflowId;
+  }
+  const uint32_t id = static_cast<uint32_t>(strings_.size());
+  strings_.emplace_back(s.data(), s.size());
+  ids_.emplace(strings_.back(), id);
+  return id;
+}
+
+std::string LabelTable::Lookup(uint32_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return id < strings_.size() ? strings_[id] : std::string();
+}
+
+size_t LabelTable::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return strings_.size();
+}
+
+uint64_t LabelTable::overflows() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return overflows_;
+}
+
+size_t CanonicalLabelWords(std::span<const uint64_t> words, bool with_state,
+                           uint64_t state_key, uint64_t state_value, uint64_t* out) {
+  size_t n = 0;
+  auto put = [&](uint64_t key, uint64_t value) {
+    const uint64_t key_id = key & ~kNumericLabel;
+    for (size_t i = 0; i < n; i += 2) {
+      if ((out[i] & ~kNumericLabel) == key_id) {
+        out[i] = key;
+        out[i + 1] = value;
+        return;
+      }
+    }
+    out[n] = key;
+    out[n + 1] = value;
+    n += 2;
+  };
+  for (size_t i = 0; i + 1 < words.size(); i += 2) put(words[i], words[i + 1]);
+  if (with_state) put(state_key, state_value);
+  // Insertion sort by key: at most 17 pairs.
+  for (size_t i = 2; i < n; i += 2) {
+    for (size_t j = i; j >= 2 && out[j - 2] > out[j]; j -= 2) {
+      std::swap(out[j - 2], out[j]);
+      std::swap(out[j - 1], out[j + 1]);
+    }
+  }
+  return n;
+}
+
+}  // namespace inprof::internal
