@@ -14,6 +14,7 @@
 // |                   |               | and build-ids only                    |
 // | INPROF_WALL_PERIOD | 10ms         | 0 (off) or a duration from 1ms to 1h  |
 // | INPROF_WALL_THREADS_PER_TICK | 5  | 1 to 10000                            |
+// | INPROF_WALL_CPU_BUDGET | 1%     | 0 (none) or 0.1% to 100% of one core  |
 // | INPROF_EXPORT_PERIOD | 60s | 0 (one profile at Stop) or 100ms to 24h   |
 // | INPROF_STOP_TIMEOUT  | 5s  | 0 to 10m: how long Stop() waits for uploads |
 // | INPROF_DATADOG       | off | 1/0, ...; on when DD_TRACE_AGENT_URL or     |
@@ -152,11 +153,16 @@ struct Options {
   bool system_debug_info = false;
   // Wall time: every `wall_period` at least `wall_threads_per_tick`
   // registered threads (round-robin; more with many threads, so that a
-  // round takes 2 s at most: internal::WallTicker) are credited with the
-  // wall time since their last wall sample, running or blocked. Zero
-  // disables wall sampling.
+  // round takes 2 s at most within `wall_cpu_budget`: internal::WallTicker)
+  // are credited with the wall time since their last wall sample, running
+  // or blocked. Zero disables wall sampling.
   absl::Duration wall_period = absl::Milliseconds(10);
   int wall_threads_per_tick = 5;  // the dd-win-prof seed's default
+  // The wall sampler's CPU, in percent of one core, that its visits beyond
+  // wall_threads_per_tick a tick may take (each visit's cost is measured):
+  // with more threads than that budget visits every 2 s, rounds grow
+  // longer. 0: no budget (a round every 2 s whatever it costs). Linux.
+  double wall_cpu_budget = 1.0;
   // Length of each profile window: every export_period a profile covering
   // [start, end) goes to the sinks; Stop() exports the last, partial one.
   // Zero: one profile covering Start() to Stop(). (dd-win-prof: 60 s.)

@@ -116,7 +116,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // The base's state and services this part uses.
   using typename Base::Shape;
   using Base::options_, Base::pipeline_, Base::composition_, Base::session_, Base::active_,
-      Base::tick_steady_visits_, Base::kMaxTickBatch, Base::wall_signals_,
+      Base::tick_steady_visits_, Base::tick_visit_cap_, Base::tick_visits_,
+      Base::wall_visits_deferred_, Base::wall_due_, Base::kMaxTickBatch, Base::wall_signals_,
       Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::Shutdown,
       Base::DrainRings, Base::DrainSlotLocked, Base::RefreshLeafResolverLocked,
       Base::SendProfilingSignal, Base::CreditBlockedLocked,
@@ -309,7 +310,10 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       TickerHost<I> host{this};
       const internal::WallVisitCounts counts = std::get<I>(tickers_).VisitNext(
           std::get<I>(providers_), host, std::span<internal::SlotBase* const>(active_),
-          when, batch, kMaxTickBatch, next, tick_steady_visits_);
+          when, batch, kMaxTickBatch, next, tick_steady_visits_, tick_visit_cap_,
+          std::span<const internal::WallDue>(wall_due_));
+      tick_visits_ += counts.visits;
+      wall_visits_deferred_.fetch_add(counts.deferred, std::memory_order_relaxed);
       wall_signals_.fetch_add(counts.signals, std::memory_order_relaxed);
       wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);
       wall_episodes_resampled_.fetch_add(counts.episodes_resampled,

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "inprof/base/addresses.h"
 #include "inprof/base/log.h"
 
@@ -187,6 +188,21 @@ Options Options::FromLookup(const Lookup& lookup,
                  "INPROF_WALL_THREADS_PER_TICK='", absl::CHexEscape(v),
                  "': expected a whole number from 1 to 10000")),
              "5");
+    }
+  }
+  if (const char* v = lookup("INPROF_WALL_CPU_BUDGET")) {
+    absl::string_view text = absl::StripAsciiWhitespace(v);
+    absl::ConsumeSuffix(&text, "%");
+    double percent = 0;
+    if (absl::SimpleAtod(absl::StripAsciiWhitespace(text), &percent) &&
+        (percent == 0 || (percent >= 0.1 && percent <= 100))) {
+      options.wall_cpu_budget = percent;
+    } else {
+      report(absl::InvalidArgumentError(absl::StrCat(
+                 "INPROF_WALL_CPU_BUDGET='", absl::CHexEscape(v),
+                 "': expected 0 (no budget) or a percentage of one core from "
+                 "0.1% to 100%, e.g. 1%")),
+             "1%");
     }
   }
   if (const char* v = lookup("INPROF_OUTPUT")) {
@@ -439,6 +455,11 @@ absl::Status Options::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "Options.cpu_period=", absl::FormatDuration(cpu_period),
         ": expected a duration from 1ms to 1h"));
+  }
+  if (!(wall_cpu_budget == 0 || (wall_cpu_budget >= 0.1 && wall_cpu_budget <= 100))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Options.wall_cpu_budget=", wall_cpu_budget,
+        ": expected 0 (no budget) or a percentage from 0.1 to 100"));
   }
   if (perf_fd_share < 0 || perf_fd_share > 100) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -379,6 +379,13 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "carried by their CPU samples without a signal=",
         window_stats.wall_running_credits));
   }
+  if (window_stats.wall_visits_deferred > 0) {
+    data.comments.push_back(absl::StrCat(
+        "wall sampler visits deferred to keep its CPU within "
+        "INPROF_WALL_CPU_BUDGET=", window_stats.wall_visits_deferred,
+        " (a round of the threads took longer than 2 s; each visit credits "
+        "the longer interval to where the thread is then)"));
+  }
   if (window_stats.threads_sigprof_unblocked > 0) {
     data.comments.push_back(absl::StrCat(
         "threads registered with SIGPROF blocked, unblocked so that they "

@@ -780,5 +780,29 @@ TEST(OptionsEngineTest, PerfFdShareIsAPercentage) {
               ::testing::HasSubstr("Options.perf_fd_share=-1"));
 }
 
+TEST(OptionsTest, WallCpuBudgetIsAPercentageOfOneCore) {
+  std::vector<std::string> errors;
+  EXPECT_EQ(FromMap({}, &errors).wall_cpu_budget, 1.0);
+  EXPECT_EQ(FromMap({{"INPROF_WALL_CPU_BUDGET", "2.5%"}}, &errors).wall_cpu_budget, 2.5);
+  EXPECT_EQ(FromMap({{"INPROF_WALL_CPU_BUDGET", " 0.1 "}}, &errors).wall_cpu_budget, 0.1);
+  EXPECT_EQ(FromMap({{"INPROF_WALL_CPU_BUDGET", "100%"}}, &errors).wall_cpu_budget, 100.0);
+  EXPECT_EQ(FromMap({{"INPROF_WALL_CPU_BUDGET", "0"}}, &errors).wall_cpu_budget, 0.0);
+  EXPECT_THAT(errors, IsEmpty());
+  for (const char* bad : {"0.05%", "101", "-1", "one", "1%%", ""}) {
+    errors.clear();
+    EXPECT_EQ(FromMap({{"INPROF_WALL_CPU_BUDGET", bad}}, &errors).wall_cpu_budget, 1.0)
+        << bad;
+    ASSERT_EQ(errors.size(), 1u) << bad;
+    EXPECT_THAT(errors[0], AllOf(HasSubstr(absl::StrCat("INPROF_WALL_CPU_BUDGET='", bad, "'")),
+                                 HasSubstr("0.1% to 100%")));
+  }
+  Options options;
+  options.wall_cpu_budget = 0.01;
+  EXPECT_THAT(std::string(options.Validate().message()),
+              HasSubstr("Options.wall_cpu_budget=0.01"));
+  options.wall_cpu_budget = 0;
+  EXPECT_TRUE(options.Validate().ok());
+}
+
 }  // namespace
 }  // namespace inprof

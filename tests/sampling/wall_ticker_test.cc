@@ -194,6 +194,65 @@ TEST_F(WallTickerTest, VisitsGrowWithTheThreadCountSoThatARoundTakesTwoSecondsAt
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 0);
 }
 
+TEST_F(WallTickerTest, TheCpuBudgetCapsTheVisitsAboveTheConfiguredFloor) {
+  using Ticker = internal::WallTicker<FakeProvider>;
+  constexpr int64_t kPeriod = 10'000'000;  // 10 ms
+  // 10,000 threads want 50 a tick for a 2 s round; a cap of 7 holds them
+  // to 7, never below the configured 5.
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 10'000, kPeriod, 7), 7u);
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 10'000, kPeriod, 2), 5u);
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 1'001, kPeriod, 100), 6u);
+  // The budget's cap: 1% of a core at 10 ms a tick, 15 us a visit: 6.67.
+  EXPECT_EQ(internal::VisitBudgetPerTick(0.01, kPeriod, 15'000), 6u);
+  EXPECT_EQ(internal::VisitBudgetPerTick(0.01, kPeriod, 1'000), 100u);
+  EXPECT_EQ(internal::VisitBudgetPerTick(0.01, kPeriod, 1e9), 1u);
+  EXPECT_EQ(internal::VisitBudgetPerTick(0, kPeriod, 15'000), SIZE_MAX);   // no budget
+  EXPECT_EQ(internal::VisitBudgetPerTick(0.01, kPeriod, 0), SIZE_MAX);     // not measured
+  // A wake-up under the cap visits 7 of 10,000 and counts the 43 the
+  // 2 s round wanted as deferred.
+  AddThreads(10'000);
+  provider_.per_tick = 5;
+  log_.clear();
+  next_ = 10;
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(0), /*batch=*/1,
+                              /*max_batch=*/10, next_, steady_, /*cap=*/7);
+  EXPECT_EQ(log_.size(), 7u);
+  EXPECT_EQ(counts_.visits, 7u);
+  EXPECT_EQ(counts_.deferred, 43u);
+  // Without a cap nothing is deferred.
+  EXPECT_EQ(Wake().size(), 50u);
+  EXPECT_EQ(counts_.deferred, 0u);
+}
+
+// A thread that ran and was not visited for a round (ProfilerBase's due
+// list) is visited first, even past the tick's visits, and the round robin
+// passes over it; an entry whose slot was reused or is retiring is not.
+TEST_F(WallTickerTest, DueThreadsAreVisitedFirstAndOnlyOnce) {
+  AddThreads(6);
+  provider_.per_tick = 2;
+  slot(4).wall_due = true;
+  slot(5).wall_due = true;
+  slot(1).wall_due = true;
+  slot(3).wall_due = true;
+  const std::vector<internal::WallDue> due = {
+      {&slot(4), slot(4).generation},
+      {&slot(5), slot(5).generation + 1},  // its slot was reused since
+      {&slot(1), slot(1).generation},
+      {&slot(3), slot(3).generation},
+  };
+  slot(3).retiring.store(true);  // unregistering
+  log_.clear();
+  next_ = 10;
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(7), /*batch=*/1,
+                              /*max_batch=*/10, next_, steady_, /*cap=*/SIZE_MAX, due);
+  // 4 and 1 first; then the round from 0: 0, and 1 (visited already).
+  EXPECT_THAT(log_, ElementsAre("visit 4 at 7", "visit 1 at 7", "visit 0 at 7"));
+  EXPECT_EQ(counts_.visits, 3u);
+  EXPECT_EQ(slot(4).wall_last_visit_ns, 7);
+  EXPECT_EQ(slot(5).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
+  EXPECT_EQ(slot(3).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
+}
+
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {
   EXPECT_THAT(Wake(), IsEmpty());
   EXPECT_EQ(next_, 1u);

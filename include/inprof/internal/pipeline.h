@@ -100,7 +100,10 @@ class Symbolizer;
      walk (a signal handler's sigaltstack, a coroutine's stack, its own stack \
      near its end): no stack walked, the values kept on "[inprof: on a small  \
      or foreign stack]". */                                                   \
-  X(samples_small_stack, true, "samples on a small or foreign stack")
+  X(samples_small_stack, true, "samples on a small or foreign stack")        \
+  /* Visits the wall sampler deferred to stay within its CPU budget         \
+     (Options::wall_cpu_budget): each thread's rounds grew longer. */       \
+  X(wall_visits_deferred, true, "wall visits deferred by the CPU budget")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;

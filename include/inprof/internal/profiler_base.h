@@ -95,8 +95,22 @@ struct SlotBase : ThreadSlotHeader {
   // Where a copy of the thread's stack last failed to walk (ticker, registry
   // lock; ProfilerCollector<>::ReadBlockedStack): signalled there instead.
   SyscallSite unreadable_site;
+  // The wall ticker's last visit (TickTime::now_ns; kNeverVisited since it
+  // registered), and whether the thread waits in ProfilerBase's due list
+  // (WallDue): it ran, and no visit came for a round. Registry lock.
+  static constexpr int64_t kNeverVisited = INT64_MIN;
+  int64_t wall_last_visit_ns = kNeverVisited;
+  bool wall_due = false;
   uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0,
            seen_small_stack = 0;
+};
+
+// A thread the wall ticker visits ahead of its round (ProfilerBase::
+// wall_due_): `slot` as registered when it was queued (a slot is reused
+// with a new generation, and never freed).
+struct WallDue {
+  SlotBase* slot;
+  uint64_t generation;
 };
 
 class ProfilerBase : public ProfilerControl, private Registry::Owner {
@@ -265,6 +279,33 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // Steady visits in a row (registry lock): Tick widens the ticker's
   // interval after a whole round of them.
   size_t tick_steady_visits_ = 0;
+  // The sampler's CPU budget (Options::wall_cpu_budget, registry lock):
+  // the most visits a tick (VisitBudgetPerTick), and the visits since
+  // Tick last measured the ticker's CPU.
+  size_t tick_visit_cap_ = SIZE_MAX;
+  uint64_t tick_visits_ = 0;
+  // Threads that ran (a running sample was drained) and were not visited
+  // for a round, visited first at the next tick, ahead of the round robin
+  // (registry lock; WallTicker::VisitNext). A thread that registers last
+  // among thousands, or while rounds are long, is then on its own stack
+  // from its first CPU sample on, not after a whole round.
+  std::vector<WallDue> wall_due_;
+  // CLOCK_MONOTONIC at the start of the collector's pass (registry lock).
+  int64_t drain_now_ns_ = 0;
+  // Registry lock held, a running sample of `slot` drained: queues it in
+  // wall_due_ when it was not visited for a round.
+  void NoteRanLocked(SlotBase* slot) {
+    if (slot->wall_due || !shape_.has_ticker) return;
+    if (slot->wall_last_visit_ns != SlotBase::kNeverVisited &&
+        drain_now_ns_ - slot->wall_last_visit_ns < kWallDueAfterNs) {
+      return;
+    }
+    slot->wall_due = true;
+    wall_due_.push_back(WallDue{slot, slot->generation});
+  }
+  // A round at most (WallTicker::kMaxRoundNs).
+  static constexpr int64_t kWallDueAfterNs = 2'000'000'000;
+  std::atomic<uint64_t> wall_visits_deferred_{0};
   std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0},
       small_stack_{0};
   std::atomic<uint64_t> wall_running_credits_{0};
@@ -291,6 +332,7 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   void StartTicker();
   void StopTicker();
   size_t Tick(size_t batch, int64_t scheduled_ns);
+  void UpdateVisitBudgetLocked();
   void WakeQuietTicker();
 
   // Queued unregistrations that a registering thread finishes first.
@@ -307,6 +349,12 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   std::condition_variable arms_done_;  // arms_in_flight_ fell to 0
   uid_t signal_uid_ = 0;  // getuid() at Start(): the ticker's signals' si_uid
   std::atomic<uint32_t> tick_quiet_factor_{1};
+  // The ticker thread's CPU clock when Tick last measured it (-1: not yet
+  // on this ticker thread), and its CPU per visit since (exponentially
+  // smoothed; 0: none measured). Registry lock.
+  int64_t tick_cpu_at_ = -1;
+  double tick_cost_per_visit_ns_ = 0;
+  int64_t tick_period_ns_ = 0;
   std::atomic<uint64_t> wall_wakeups_{0};
   std::atomic<uint64_t> threads_sigprof_unblocked_{0};
   std::atomic<bool> sigprof_unblock_logged_{false};

@@ -182,6 +182,7 @@ class ProfilerCollector : public ProfilerBase {
     if (kSamplesRunning[provider] && !blocked) {
       slot->running_stack.assign(frames.begin(), frames.end());
       slot->running_labels.assign(labels, labels + label_words);
+      NoteRanLocked(slot);  // a wall visit soon, if none came for a round
       if constexpr (kHasFollower) {
         FollowRunningSample(slot, agg, frames,
                             std::span<const uint64_t>(record + label_at, 2 * nlabels),

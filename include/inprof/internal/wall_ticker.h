@@ -73,10 +73,24 @@ concept WallTickerHost =
 // What one VisitNext did, for the profiler's counters.
 struct WallVisitCounts {
   uint64_t visits = 0;
+  // Visits the round's 2 s would have asked for that the sampler's CPU
+  // budget deferred (VisitsPerTick's `cap`).
+  uint64_t deferred = 0;
   uint64_t signals = 0;
   uint64_t stacks_read = 0;
   uint64_t episodes_resampled = 0;
 };
+
+// The most visits a tick that keep the sampler within `budget` (a
+// fraction of one core) when its CPU per visit is `cost_ns` (its wake-ups'
+// CPU over their visits), at tick period `period_ns`; at least 1.
+// SIZE_MAX: no budget (budget <= 0) or no cost measured yet.
+inline size_t VisitBudgetPerTick(double budget, int64_t period_ns, double cost_ns) {
+  if (budget <= 0 || cost_ns <= 0 || period_ns <= 0) return SIZE_MAX;
+  const double visits = budget * static_cast<double>(period_ns) / cost_ns;
+  if (visits >= 1e15) return SIZE_MAX;
+  return visits < 1 ? 1 : static_cast<size_t>(visits);
+}
 
 // One per provider of a composition (its cursor); VisitNext exists for
 // providers that TicksThreads.
@@ -86,18 +100,23 @@ class WallTicker {
   // The longest a round of the threads takes: past P::ThreadsPerTick() a
   // tick, the visits grow with the thread count so that each thread is
   // visited at least this often (10,000 threads at a 10 ms period: 50 a
-  // tick). Between two visits a thread's wall time is owed to it; what is
-  // owed when a profile is cut goes to the tail frame.
+  // tick), as long as the sampler's CPU stays within its budget
+  // (Options::wall_cpu_budget: `cap` below); past that the rounds grow
+  // longer. Between two visits a thread's wall time is owed to it, credited
+  // at its next visit to where it is then.
   static constexpr int64_t kMaxRoundNs = 2'000'000'000;
 
-  // Visits a tick for `threads` threads at tick period `period_ns`.
-  static size_t VisitsPerTick(size_t configured, size_t threads, int64_t period_ns) {
+  // Visits a tick for `threads` threads at tick period `period_ns`: at
+  // least `configured`, more for a round of kMaxRoundNs, at most `cap`
+  // (never below `configured`).
+  static size_t VisitsPerTick(size_t configured, size_t threads, int64_t period_ns,
+                              size_t cap = SIZE_MAX) {
     const size_t floor = std::max<size_t>(1, configured);
     if (period_ns <= 0) return floor;
     const uint64_t needed =
         (static_cast<uint64_t>(threads) * static_cast<uint64_t>(period_ns) + kMaxRoundNs - 1) /
         kMaxRoundNs;
-    return std::max<size_t>(floor, static_cast<size_t>(needed));
+    return std::max<size_t>(floor, std::min<uint64_t>(needed, cap));
   }
 
   // One wake-up standing for `batch` ticks: visits batch * VisitsPerTick
@@ -105,51 +124,73 @@ class WallTicker {
   // stopped. Lowers `next` to the batch the next
   // wake-up may stand for (a full round of the threads in that many ticks,
   // within [1, max_batch]). `steady_visits` counts steady visits in a row
-  // across providers (ReportsSteadyVisits; reset by any other).
+  // across providers (ReportsSteadyVisits; reset by any other). `cap`:
+  // the most visits a tick the sampler's CPU budget allows. `due`: threads
+  // that ran and were not visited for a round (ProfilerBase::wall_due_),
+  // visited first, whatever the cap; the round robin then passes over
+  // them.
   template <typename H>
     requires TicksThreads<P> && WallTickerHost<H, P>
   WallVisitCounts VisitNext(P& provider, H& host, std::span<SlotBase* const> threads,
                             TickTime when, size_t batch, size_t max_batch,
-                            size_t& next, size_t& steady_visits) {
+                            size_t& next, size_t& steady_visits, size_t cap = SIZE_MAX,
+                            std::span<const WallDue> due = {}) {
     WallVisitCounts counts;
     if (provider.TickPeriod() <= absl::ZeroDuration()) return counts;
     const size_t n = threads.size();
-    const size_t per_tick = VisitsPerTick(provider.ThreadsPerTick(), n,
-                                          absl::ToInt64Nanoseconds(provider.TickPeriod()));
+    const int64_t period_ns = absl::ToInt64Nanoseconds(provider.TickPeriod());
+    const size_t per_tick = VisitsPerTick(provider.ThreadsPerTick(), n, period_ns, cap);
     next = std::min(next, std::clamp<size_t>(n / per_tick, 1, max_batch));
     if (n == 0) return counts;
     const size_t visits = std::min(n, batch * per_tick);
+    const size_t wanted = std::min(
+        n, batch * VisitsPerTick(provider.ThreadsPerTick(), n, period_ns));
+    counts.deferred = wanted - visits;
+    for (const WallDue& d : due) {
+      // Queued before it unregistered, or before its slot was reused.
+      if (d.slot->generation != d.generation) continue;
+      if (d.slot->wall_last_visit_ns == when.now_ns) continue;  // another provider's
+      VisitOne(provider, host, *d.slot, when, counts, steady_visits);
+    }
     for (size_t j = 0; j < visits; ++j) {
       SlotBase& slot = *threads[(cursor_ + j) % n];
-      if (slot.arm_in_flight) {  // being armed; visited next round
-        steady_visits = 0;
-        continue;
-      }
-      // A thread that unregistered itself may be gone, and its id reused:
-      // never visited again. One that unregisters during the visit waits
-      // for it to end (ThreadSlotHeader::retiring).
-      slot.visiting.store(true, std::memory_order_seq_cst);
-      if (slot.retiring.load(std::memory_order_seq_cst)) {
-        slot.visiting.store(false, std::memory_order_release);
-        continue;
-      }
-      Visit(provider, host, slot, when, counts);
-      ++counts.visits;
-      if constexpr (ReportsSteadyVisits<P>) {
-        if (P::SteadyVisit(host.Data(slot))) {
-          ++steady_visits;
-        } else {
-          steady_visits = 0;
-        }
-      }
-      // Last: the thread may unregister (and its data change) from here.
-      slot.visiting.store(false, std::memory_order_release);
+      if (slot.wall_due && slot.wall_last_visit_ns == when.now_ns) continue;  // just now
+      VisitOne(provider, host, slot, when, counts, steady_visits);
     }
     cursor_ = (cursor_ + visits) % n;
     return counts;
   }
 
  private:
+  template <typename H>
+  void VisitOne(P& provider, H& host, SlotBase& slot, TickTime when,
+                WallVisitCounts& counts, size_t& steady_visits) {
+    if (slot.arm_in_flight) {  // being armed; visited next round
+      steady_visits = 0;
+      return;
+    }
+    // A thread that unregistered itself may be gone, and its id reused:
+    // never visited again. One that unregisters during the visit waits
+    // for it to end (ThreadSlotHeader::retiring).
+    slot.visiting.store(true, std::memory_order_seq_cst);
+    if (slot.retiring.load(std::memory_order_seq_cst)) {
+      slot.visiting.store(false, std::memory_order_release);
+      return;
+    }
+    slot.wall_last_visit_ns = when.now_ns;
+    Visit(provider, host, slot, when, counts);
+    ++counts.visits;
+    if constexpr (ReportsSteadyVisits<P>) {
+      if (P::SteadyVisit(host.Data(slot))) {
+        ++steady_visits;
+      } else {
+        steady_visits = 0;
+      }
+    }
+    // Last: the thread may unregister (and its data change) from here.
+    slot.visiting.store(false, std::memory_order_release);
+  }
+
   template <typename H>
   void Visit(P& provider, H& host, SlotBase& slot, TickTime when,
              WallVisitCounts& counts) {
