@@ -82,6 +82,29 @@ void Churn(DefaultProfiler& profiler, int64_t count, int parallel,
   for (auto& s : spawners) s.join();
 }
 
+// Registers `count` threads at once (each waits until all are registered)
+// and lets them exit: the profiler's slot pool then holds at least `count`
+// slots.
+void HoldSlotsAtOnce(DefaultProfiler& profiler, int count) {
+  std::atomic<int> registered{0};
+  std::atomic<bool> release{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < count; ++i) {
+    threads.emplace_back([&] {
+      auto registration = profiler.RegisterThread("slot-warm-up");
+      ++registered;
+      while (!release.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  while (registered.load() < count) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  release = true;
+  for (auto& t : threads) t.join();
+}
+
 struct ChurnResult {
   int64_t total = 0, warmup = 0, inert = 0;
   double seconds = 0;
@@ -94,8 +117,9 @@ struct ChurnResult {
 // exports a window. Measures after the first window and at the end, each
 // time right after an export, so that what a window held for its threads
 // (their samples, their entries in the thread table) is gone or reused and
-// only what is retained remains.
-ChurnResult RunChurn(int64_t total, bool symbolize = true) {
+// only what is retained remains. `warm_slots`: that many threads registered
+// at once before the checkpoint (HoldSlotsAtOnce), not counted in `total`.
+ChurnResult RunChurn(int64_t total, bool symbolize = true, int warm_slots = 0) {
   ChurnResult r;
   r.total = total;
   r.warmup = total < 20'000 ? total / 2 : 10'000;
@@ -106,6 +130,7 @@ ChurnResult RunChurn(int64_t total, bool symbolize = true) {
   std::atomic<int64_t> inert{0};
   const int64_t t0 = safety::MonotonicNow();
   Churn(profiler, r.warmup, 4, inert);
+  if (warm_slots > 0) HoldSlotsAtOnce(profiler, warm_slots);
   EXPECT_TRUE(profiler.Stop().ok());
   EXPECT_TRUE(profiler.Start().ok());
   r.checkpoint = MeasureUsage();
@@ -182,8 +207,29 @@ TEST(SafetyThreadsTest, ThreadChurnRetainsNoMemoryPerThread) {
   // after the checkpoint is chance. Seen once in a suite run on the 2-core
   // VM: +557 KiB, 19 "bytes per thread" from caches the threads never
   // touched; run alone, +6 to +57 KiB with symbolization, +1 to +2 without.
-  const ChurnResult r =
-      RunChurn(safety::Scaled(40'000, 100'000), /*symbolize=*/false);
+  //
+  // The slot pool (profiler.h: slots are never freed, so that a late signal
+  // on a stale TLS pointer reads valid memory; 34,304 bytes a slot for
+  // DefaultProfiler on x86-64, 32 KiB of it the ring) keeps as many slots
+  // as were ever out at once: the registered threads' (4 here, one per
+  // spawner) and those of threads that ended while the registry lock was
+  // taken, queued until the collector's next pass (every 50 ms) or until a
+  // registering thread finds kRetiredForRegistration (64) queued
+  // (profiler_base.cc). That is a maximum over the run, not a cost per
+  // thread, and it rose after the checkpoint whenever the queue reached a
+  // new peak, more often on a loaded machine (threads preempted with the
+  // lock held). Counted on the 2-core VM, 40,000 threads, without the
+  // warm-up below: 4-59 slots at the checkpoint, 0-17 more at the end,
+  // and the heap's growth was those slots' bytes plus 3-7 KiB; 17 more
+  // slots are 583,168 bytes, 19.8 bytes a thread (the failure seen in a
+  // loaded suite run: 590,080 bytes). At most 4 + 64 + 3 slots are out at
+  // once (the other spawners' threads may each queue one before the next
+  // registration drains the queue): 128 threads registered at once before
+  // the checkpoint put the pool above any peak the churn reaches, so that
+  // after it only slots that are not reused (a leak) grow the pool. (The
+  // +557 KiB above, with symbolization, fits 16 slots, 548,864 bytes, too.)
+  const ChurnResult r = RunChurn(safety::Scaled(40'000, 100'000),
+                                 /*symbolize=*/false, /*warm_slots=*/128);
   const int64_t after = r.total - r.warmup;
   EXPECT_LT(r.end.heap - r.checkpoint.heap, 16 * after)
       << "heap in use grew by " << (r.end.heap - r.checkpoint.heap)
