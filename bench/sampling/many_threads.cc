@@ -18,11 +18,27 @@
 //   build/bench/many_threads 10000 3 wait     (wait on a condition variable
 //                                             throughout: their clocks stand)
 //   INPROF_WALL_THREADS_PER_TICK=5 build/bench/many_threads 1000 3
+//
+// The same workload for peers (python3 bench/sampling/many_threads.py BUILD
+// runs them all and prints one table), one more argument, the profile file:
+//
+//   build/bench/many_threads_none N S nap -        no profiler ("CPU off";
+//     also async-profiler's target: LD_PRELOAD=libasyncProfiler.so
+//     ASPROF_COMMAND=start,...)
+//   build/bench/many_threads_gperftools N S nap OUT   ProfilerStart(OUT)
+//     before the threads start, ProfilerStop() after they are joined
+//
+// Peers print "RESULT many_threads profiler=none|gperftools threads=N ..."
+// with run_s (the busy thread's lifetime), process_cpu_s,
+// rss_kib_per_thread and profiler_threads_cpu_ms (CPU of the threads the
+// workload did not start: a profiler's own threads); the driver reads
+// their profiles.
 #include <dirent.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -37,8 +53,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#if defined(INPROF_MANY_THREADS_GPERFTOOLS)
+#include <gperftools/profiler.h>
+#define INPROF_MANY_THREADS_PEER "gperftools"
+#elif defined(INPROF_MANY_THREADS_NONE)
+#define INPROF_MANY_THREADS_PEER "none"
+#else
 #include "inprof/inprof.h"
 #include "inprof/pprof_reader.h"
+#endif
 
 namespace {
 
@@ -70,35 +93,140 @@ __attribute__((noinline)) void WaitLoop(const std::atomic<bool>& stop) {
   g_cv.wait(lock, [&] { return stop.load(); });
 }
 
-// CPU of this process's thread named `name` (/proc/self/task/*/comm), ms.
-double ThreadCpuMsNamed(const char* name) {
-  double total = 0;
+// User + system CPU of /proc/self/task/TID, ms (-1 if it is gone).
+double TaskCpuMs(const std::string& tid, std::string* comm) {
+  const std::string base = "/proc/self/task/" + tid;
+  std::string stat;
+  if (!std::getline(std::ifstream(base + "/stat"), stat)) return -1;
+  if (comm != nullptr) std::getline(std::ifstream(base + "/comm"), *comm);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+  double utime = 0, stime = 0;
+  // Fields after "(comm) ": state is 0, utime 11, stime 12.
+  if (f.size() > 12 && absl::SimpleAtod(f[11], &utime) && absl::SimpleAtod(f[12], &stime)) {
+    return (utime + stime) * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  return -1;
+}
+
+// CPU of this process's threads, ms: those named `name` (/proc/self/task/*/comm)
+// into *named, and those whose ids are not in `ours` (threads the workload
+// did not start: a profiler's) into *others.
+void ThreadCpuMs(const char* name, const std::vector<pid_t>& ours, double* named,
+                 double* others) {
+  *named = 0;
+  *others = 0;
+  std::vector<pid_t> sorted = ours;
+  std::sort(sorted.begin(), sorted.end());
   DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return -1;
-  const double tick_ms = 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  if (dir == nullptr) return;
   while (dirent* e = readdir(dir)) {
     if (e->d_name[0] == '.') continue;
-    const std::string base = std::string("/proc/self/task/") + e->d_name;
     std::string comm;
-    std::getline(std::ifstream(base + "/comm"), comm);
-    if (comm != name) continue;
-    std::string stat;
-    std::getline(std::ifstream(base + "/stat"), stat);
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
-    double utime = 0, stime = 0;
-    // Fields after "(comm) ": state is 0, utime 11, stime 12.
-    if (f.size() > 12 && absl::SimpleAtod(f[11], &utime) && absl::SimpleAtod(f[12], &stime)) {
-      total += (utime + stime) * tick_ms;
-    }
+    const double ms = TaskCpuMs(e->d_name, &comm);
+    if (ms < 0) continue;
+    if (comm == name) *named += ms;
+    if (!std::binary_search(sorted.begin(), sorted.end(), std::atoi(e->d_name))) *others += ms;
   }
   closedir(dir);
-  return total;
+}
+
+double ProcessCpuS() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+double RssKibPerThread(int threads) {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return threads > 0 ? static_cast<double>(usage.ru_maxrss) / threads : 0.0;
+}
+
+struct Run {
+  int64_t run_ns = 0;        // the busy thread's lifetime
+  double ticker_ms = 0;      // "inprof-tick"
+  double profiler_ms = 0;    // threads the workload did not start
+};
+
+// THREADS nappers (or waiters) and one busy thread; `register_thread(name)`
+// is called first in each of them and its result kept for the thread's life.
+template <typename Register>
+Run RunWorkload(int threads, double seconds, bool wait, Register register_thread) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> registered{0};
+  // Ids of the threads started here (and main's): the rest are a profiler's.
+  std::vector<pid_t> ours(threads + 2, 0);
+  ours[threads + 1] = gettid();
+  std::vector<std::thread> nappers;
+  nappers.reserve(threads);
+  for (int i = 0; i < threads; ++i) {
+    nappers.emplace_back([&, i] {
+      ours[i] = gettid();
+      auto registration = register_thread("napper");
+      (void)registration;
+      registered.fetch_add(1);
+      if (wait) {
+        WaitLoop(stop);
+      } else {
+        NapLoop(stop);
+      }
+    });
+  }
+  while (registered.load() < threads) usleep(1000);
+  Run run;
+  const int64_t start = Now(CLOCK_MONOTONIC);
+  std::atomic<pid_t> busy_tid{0};
+  std::thread busy([&] {
+    busy_tid = gettid();
+    auto registration = register_thread("busy");
+    (void)registration;
+    Spin(static_cast<int64_t>(seconds * 1e9));
+  });
+  busy.join();
+  run.run_ns = Now(CLOCK_MONOTONIC) - start;
+  ours[threads] = busy_tid.load();
+  ThreadCpuMs("inprof-tick", ours, &run.ticker_ms, &run.profiler_ms);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    stop = true;
+  }
+  g_cv.notify_all();
+  for (auto& t : nappers) t.join();
+  return run;
 }
 
 }  // namespace
 
+#ifdef INPROF_MANY_THREADS_PEER
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1000;
+  const double seconds = argc > 2 ? std::atof(argv[2]) : 3.0;
+  const bool wait = argc > 3 && std::string(argv[3]) == "wait";
+  const std::string output = argc > 4 ? argv[4] : "-";
+#ifdef INPROF_MANY_THREADS_GPERFTOOLS
+  if (!ProfilerStart(output.c_str())) {
+    std::fprintf(stderr, "many_threads: ProfilerStart(%s) failed\n", output.c_str());
+    return 1;
+  }
+  const Run run = RunWorkload(threads, seconds, wait, [](const char*) {
+    ProfilerRegisterThread();
+    return 0;
+  });
+  ProfilerStop();
+#else
+  const Run run = RunWorkload(threads, seconds, wait, [](const char*) { return 0; });
+#endif
+  std::printf(
+      "RESULT many_threads profiler=%s threads=%d %s seconds=%.1f run_s=%.3f "
+      "profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f rss_kib_per_thread=%.1f\n",
+      INPROF_MANY_THREADS_PEER, threads, wait ? "wait" : "nap", seconds, run.run_ns / 1e9,
+      run.profiler_ms, ProcessCpuS(), RssKibPerThread(threads));
+  return 0;
+}
+#else
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1000;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 3.0;
@@ -107,45 +235,15 @@ int main(int argc, char** argv) {
   inprof::Options options = inprof::Options::FromEnv();
   options.output = output;
   inprof::DefaultProfiler profiler(options);
-  std::atomic<bool> stop{false};
-  std::atomic<int> registered{0};
-  std::vector<std::thread> nappers;
-  nappers.reserve(threads);
-  double ticker_ms = 0;
-  int64_t run_ns = 0;
+  Run run;
   {
     inprof::ScopedProfiler running(profiler);
-    for (int i = 0; i < threads; ++i) {
-      nappers.emplace_back([&] {
-        auto registration = profiler.RegisterThread("napper");
-        registered.fetch_add(1);
-        if (wait) {
-          WaitLoop(stop);
-        } else {
-          NapLoop(stop);
-        }
-      });
-    }
-    while (registered.load() < threads) usleep(1000);
-    const int64_t start = Now(CLOCK_MONOTONIC);
-    std::thread busy([&] {
-      auto registration = profiler.RegisterThread("busy");
-      Spin(static_cast<int64_t>(seconds * 1e9));
-    });
-    busy.join();
-    run_ns = Now(CLOCK_MONOTONIC) - start;
-    ticker_ms = ThreadCpuMsNamed("inprof-tick");
-    {
-      std::lock_guard<std::mutex> lock(g_mu);
-      stop = true;
-    }
-    g_cv.notify_all();
-    for (auto& t : nappers) t.join();
+    run = RunWorkload(threads, seconds, wait,
+                      [&](const char* name) { return profiler.RegisterThread(name); });
   }
-  rusage usage;
-  getrusage(RUSAGE_SELF, &usage);
-  const double cpu_s = usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-                       (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+  const double cpu_s = ProcessCpuS();
+  const int64_t run_ns = run.run_ns;
+  const double ticker_ms = run.ticker_ms;
   absl::StatusOr<inprof::DecodedProfile> profile = inprof::ReadPprofFile(output);
   std::remove(output.c_str());
   if (!profile.ok()) {
@@ -176,13 +274,15 @@ int main(int argc, char** argv) {
     return total > 0 ? static_cast<double>(part) / static_cast<double>(total) : 0.0;
   };
   std::printf(
-      "RESULT many_threads threads=%d %s seconds=%.1f wall_real=%.3f wall_tail=%.3f "
+      "RESULT many_threads profiler=inprof threads=%d %s seconds=%.1f run_s=%.3f "
+      "wall_real=%.3f wall_tail=%.3f "
       "wall_total_s=%.0f busy_wall=%.2f busy_wall_share=%.3f cpu_real=%.3f "
-      "ticker_cpu_ms=%.0f ticker_core_pct=%.2f process_cpu_s=%.2f "
+      "ticker_cpu_ms=%.0f ticker_core_pct=%.2f profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f "
       "rss_kib_per_thread=%.1f\n",
-      threads, wait ? "wait" : "nap", seconds, 1 - share(wall_pseudo, wall_total), share(wall_tail, wall_total),
+      threads, wait ? "wait" : "nap", seconds, run_ns / 1e9, 1 - share(wall_pseudo, wall_total), share(wall_tail, wall_total),
       wall_total / 1e9, busy_wall / 1e9, share(busy_wall, run_ns),
       1 - share(cpu_pseudo, cpu_total), ticker_ms, 100.0 * ticker_ms / (run_ns / 1e6),
-      cpu_s, threads > 0 ? static_cast<double>(usage.ru_maxrss) / threads : 0.0);
+      run.profiler_ms, cpu_s, RssKibPerThread(threads));
   return 0;
 }
+#endif
