@@ -255,6 +255,7 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
   }
   data.next_due_ns.store(origin + first, std::memory_order_relaxed);
   data.first_point_ns.store(origin + first, std::memory_order_relaxed);
+  data.last_cpu_ns.store(-1, std::memory_order_relaxed);  // no sample yet
   data.first_overflow_pending.store(refresh || event_first != period_ns_,
                                     std::memory_order_relaxed);
   data.signal_engine.store(CpuEngine::kPerf, std::memory_order_relaxed);
@@ -304,6 +305,7 @@ absl::Status CpuTimeProvider::ArmTimer(ThreadContext& thread, ThreadData& data,
   const int64_t origin = internal::ThreadCpuNanos(thread.cpu_clock);
   data.next_due_ns.store((origin >= 0 ? origin : 0) + first,
                          std::memory_order_relaxed);
+  data.last_cpu_ns.store(-1, std::memory_order_relaxed);  // no sample yet
   data.signal_engine.store(CpuEngine::kTimer, std::memory_order_relaxed);
   struct itimerspec spec;
   spec.it_value.tv_sec = first / 1'000'000'000;
@@ -348,6 +350,10 @@ absl::Status CpuTimeProvider::ArmItimer(ThreadContext& thread,
           absl::StrCat("setitimer(ITIMER_PROF) failed: ", strerror(errno)));
     }
   }
+  // Its samples count from here (a perf or timer arming that failed first
+  // may have reset the clock this engine measures from).
+  data.last_cpu_ns.store(internal::ThreadCpuNanos(thread.cpu_clock),
+                         std::memory_order_relaxed);
   data.signal_engine.store(CpuEngine::kItimer, std::memory_order_relaxed);
   ++itimer_threads_;
   thread.itimer_tag.store(tag, std::memory_order_release);
@@ -409,13 +415,17 @@ void ContinueAtSteadyPeriod(int fd, int64_t period_ns) noexcept {
 
 // The lattice points crossed by `now` (the thread's CPU clock) since the
 // last sample, as a sample's values. Async-signal-safe.
+// Perf and timer engines: `last_sample` becomes the CPU clock of this
+// sample (OwesSample reads it).
 bool TakePoints(int64_t now, std::atomic<int64_t>& next_due, int64_t period_ns,
+                std::atomic<int64_t>& last_sample,
                 std::span<int64_t> values) noexcept {
   if (now < 0 || period_ns <= 0) return false;
   int64_t due = next_due.load(std::memory_order_relaxed);
   const int64_t points = internal::TakeLatticePoints(now, &due, period_ns);
   if (points == 0) return false;
   next_due.store(due, std::memory_order_relaxed);
+  last_sample.store(now, std::memory_order_relaxed);
   values[0] = 1;
   values[1] = points * period_ns;
   return true;
@@ -447,7 +457,8 @@ bool CpuTimeProvider::OnSignal(ThreadContext& thread, ThreadData& data,
                            data.period_ns.load(std::memory_order_relaxed));
   }
   return TakePoints(internal::ThreadCpuNanos(thread.cpu_clock), data.next_due_ns,
-                    data.period_ns.load(std::memory_order_relaxed), values);
+                    data.period_ns.load(std::memory_order_relaxed),
+                    data.last_cpu_ns, values);
 }
 
 bool CpuTimeProvider::OwesSample(ThreadContext& thread,
@@ -455,7 +466,20 @@ bool CpuTimeProvider::OwesSample(ThreadContext& thread,
   const CpuEngine engine = data.signal_engine.load(std::memory_order_relaxed);
   if (engine != CpuEngine::kPerf && engine != CpuEngine::kTimer) return false;
   const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
-  return now >= 0 && now >= data.next_due_ns.load(std::memory_order_relaxed);
+  const int64_t due = data.next_due_ns.load(std::memory_order_relaxed);
+  if (now < 0 || now < due) return false;
+  // The stack the thread unregisters from stands in for the CPU just
+  // before it: for a point crossed within the last period (its signal in
+  // flight), or for a thread never sampled (it has no other stack). Points
+  // crossed longer ago are CPU whose signals never came (the timer engine
+  // on a loaded machine: its CPU timer is checked only at scheduler ticks
+  // that find the thread running, and went 0.5 s of the thread's CPU
+  // without one, measured); the unregistration stack, the same every time,
+  // would take them all. They go to the thread's tail instead, credited to
+  // its last sampled stack (a stack drawn where its CPU went).
+  const int64_t period = data.period_ns.load(std::memory_order_relaxed);
+  return data.last_cpu_ns.load(std::memory_order_relaxed) < 0 ||
+         now - due < period;
 }
 
 bool CpuTimeProvider::TakeSwallowed(ThreadContext& thread, ThreadData& data,
@@ -463,8 +487,10 @@ bool CpuTimeProvider::TakeSwallowed(ThreadContext& thread, ThreadData& data,
   const CpuEngine engine = data.signal_engine.load(std::memory_order_relaxed);
   if (engine != CpuEngine::kPerf && engine != CpuEngine::kTimer) return false;
   const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
-  const bool taken = TakePoints(
-      now, data.next_due_ns, data.period_ns.load(std::memory_order_relaxed), values);
+  const bool taken =
+      TakePoints(now, data.next_due_ns,
+                 data.period_ns.load(std::memory_order_relaxed),
+                 data.last_cpu_ns, values);
   if (engine == CpuEngine::kPerf &&
       data.first_overflow_pending.load(std::memory_order_relaxed) &&
       now >= data.first_point_ns.load(std::memory_order_relaxed)) {

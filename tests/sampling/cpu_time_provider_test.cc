@@ -563,6 +563,67 @@ TEST(CpuTimeProviderTest, ShortThreadsAreSampledInProportionToTheirCpu) {
 // More threads than the perf engine's descriptor budget (a share of those
 // free under RLIMIT_NOFILE): the rest are sampled by the timer engine, the
 // host can still open what it had, and every thread is in the profile.
+// A thread that unregisters itself is signalled once more for a sample
+// point its CPU crossed whose signal has not come (OwesSample): the stack
+// it unregisters from stands in for the CPU just before it. Only for a
+// point crossed within the last period, or a thread never sampled: points
+// crossed longer ago are CPU whose signals never came (the timer engine on
+// a loaded machine went 0.5 s of a thread's CPU without a signal), and
+// the unregistration stack, the same each time, took them all (14% of a
+// 5 s profile of the kernel-share workload once, all of it from its
+// ReadChunks and spinning); they now go to the tail, on the thread's last
+// sampled stack. Deterministic: the provider's own functions on crafted
+// state, against this thread's CPU clock.
+TEST(CpuTimeProviderTest, OwedSampleAtUnregistrationTakesOnlyRecentPoints) {
+  constexpr int64_t kPeriod = 1'000'000;
+  internal::ThreadSlotHeader thread;
+  ASSERT_EQ(pthread_getcpuclockid(pthread_self(), &thread.cpu_clock), 0);
+  siginfo_t info{};
+  info.si_code = SI_TIMER;
+  int64_t values[2] = {};
+  for (const CpuEngine engine : {CpuEngine::kTimer, CpuEngine::kPerf}) {
+    SCOPED_TRACE(CpuEngineName(engine));
+    // Sampled once, then 3 periods of CPU without a signal: three points
+    // owed, the oldest crossed 2.5 periods before unregistering.
+    CpuTimeProvider::ThreadData sampled;
+    sampled.signal_engine.store(engine);
+    sampled.period_ns.store(kPeriod);
+    sampled.last_cpu_ns.store(-1);  // as ArmThread leaves it
+    sampled.next_due_ns.store(ThreadCpuNow() - kPeriod / 2);
+    ASSERT_TRUE(CpuTimeProvider::OnSignal(thread, sampled, info, values));
+    EXPECT_EQ(values[1], kPeriod);
+    Spin(3 * kPeriod);
+    EXPECT_FALSE(CpuTimeProvider::OwesSample(thread, sampled));
+    // The tail takes them all (TakeTail: to the last sampled stack).
+    sampled.tail_pending = true;
+    sampled.tail_engine = engine;
+    CpuTimeProvider provider;
+    ASSERT_TRUE(provider.TakeTail(thread, sampled, values));
+    EXPECT_GE(values[1], 3 * kPeriod);
+
+    // One point owed, crossed moments ago: the unregistration stack takes it.
+    CpuTimeProvider::ThreadData recent;
+    recent.signal_engine.store(engine);
+    recent.period_ns.store(kPeriod);
+    recent.last_cpu_ns.store(ThreadCpuNow() - kPeriod);
+    recent.next_due_ns.store(ThreadCpuNow() - kPeriod / 100);
+    EXPECT_TRUE(CpuTimeProvider::OwesSample(thread, recent));
+
+    // Never sampled: its own stack is the only one it has, however long ago
+    // its points were crossed.
+    CpuTimeProvider::ThreadData never;
+    never.signal_engine.store(engine);
+    never.period_ns.store(kPeriod);
+    never.last_cpu_ns.store(-1);
+    never.next_due_ns.store(ThreadCpuNow() - 3 * kPeriod);
+    EXPECT_TRUE(CpuTimeProvider::OwesSample(thread, never));
+
+    // Nothing owed.
+    never.next_due_ns.store(ThreadCpuNow() + kPeriod);
+    EXPECT_FALSE(CpuTimeProvider::OwesSample(thread, never));
+  }
+}
+
 TEST(CpuTimeProviderTest, PerfEngineKeepsWithinItsDescriptorBudget) {
   if (!PerfAvailable()) GTEST_SKIP() << "perf events not available here";
   fflush(nullptr);
