@@ -138,8 +138,9 @@ class CpuTimeProvider {
     // tail (taken after disarming) is measured the way its samples were.
     CpuEngine tail_engine = CpuEngine::kAuto;
     // Perf and timer engines: the thread's CPU clock at its next sample
-    // point (internal/cpu_lattice.h). itimer engine: its CPU clock at its
-    // last sample. Written by ArmThread before the timer exists and by the
+    // point (internal/cpu_lattice.h) and (last_cpu_ns) at its last sample,
+    // -1 before the first (OwesSample). itimer engine: its CPU clock at its
+    // last sample (last_cpu_ns). Written by ArmThread before the timer exists and by the
     // handler after; the kernel orders the two (timer_settime, then the
     // signal), which ThreadSanitizer cannot see, so relaxed atomics (plain
     // loads and stores on x86-64).
@@ -161,7 +162,11 @@ class CpuTimeProvider {
                        const siginfo_t& info,
                        std::span<int64_t> values) noexcept;
   // On the thread: a sample point its CPU crossed has not been taken yet
-  // (its signal is on its way). Perf and timer engines.
+  // (its signal is on its way). Perf and timer engines; only for a point
+  // crossed within the last period, or a thread never sampled: older points
+  // (signals that never came: the timer engine on a loaded machine) go to
+  // the tail, on the thread's last sampled stack, not on the stack it
+  // unregisters from.
   static bool OwesSample(ThreadContext& thread, const ThreadData& data) noexcept;
   // In the handler of another provider's sample of the thread (a wall
   // sample; sample_provider.h: TakesSwallowedSignals): the points the
