@@ -170,10 +170,16 @@ class CpuTimeProvider {
   static bool OwesSample(ThreadContext& thread, const ThreadData& data) noexcept;
   // In the handler of another provider's sample of the thread (a wall
   // sample; sample_provider.h: TakesSwallowedSignals): the points the
-  // thread's CPU crossed that no CPU signal took yet are taken by that
-  // sample's stack. SIGPROF is not queued, so a CPU signal raised while a
-  // wall signal was pending was discarded; one still pending finds nothing
-  // left and records nothing. It also restarts a perf event stopped after
+  // thread's CPU crossed that no CPU signal took, if their signal is
+  // overdue (the oldest crossed more than a period ago), are taken by that
+  // sample's stack. SIGPROF is not queued, so a perf overflow's signal
+  // raised while a wall signal was pending was discarded; one still pending
+  // finds nothing left and records nothing. Points crossed within the last
+  // period wait for their own signal: a wall signal to a thread that waited
+  // for a core lands where the scheduler took it off (clock_gettime, read
+  // on this kernel), not where the CPU went. The timer engine's points are
+  // never taken here (a POSIX timer's signal is queued behind a pending
+  // one). It also restarts a perf event stopped after
   // its first overflow whose signal was discarded that way.
   // Async-signal-safe.
   static bool TakeSwallowed(ThreadContext& thread, ThreadData& data,
