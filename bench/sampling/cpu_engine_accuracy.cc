@@ -111,7 +111,11 @@ int main(int argc, char** argv) {
 #else
   inprof::Options options = inprof::Options::FromEnv();
   options.output = argv[3];
-  options.wall_period = absl::ZeroDuration();
+  // CPU engines only, unless INPROF_WALL_PERIOD asks for wall samples too
+  // (they take the CPU points no CPU signal took: TakeSwallowed).
+  if (std::getenv("INPROF_WALL_PERIOD") == nullptr) {
+    options.wall_period = absl::ZeroDuration();
+  }
   inprof::DefaultProfiler profiler(options);
   inprof::ScopedProfiler running(profiler);
 #endif
