@@ -650,7 +650,9 @@ TEST(CpuTimeProviderTest, WallSampleTakesOnlyOverdueCpuPoints) {
     data.next_due_ns.store(ThreadCpuNow() - 2 * kPeriod - kPeriod / 2);
     EXPECT_EQ(CpuTimeProvider::TakeSwallowed(thread, data, values),
               engine == CpuEngine::kPerf);
-    if (engine == CpuEngine::kPerf) EXPECT_EQ(values[1], 3 * kPeriod);
+    if (engine == CpuEngine::kPerf) {
+      EXPECT_EQ(values[1], 3 * kPeriod);
+    }
   }
 }
 
