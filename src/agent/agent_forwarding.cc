@@ -68,17 +68,20 @@ absl::Status AgentForwarding::Connect(Pipeline& pipeline,
   return absl::OkStatus();
 }
 
+// Under the pipeline's lock: the link's gone_ is written under it, and
+// ExportLast lets the link go under it (a thread may unregister after Stop
+// began).
 void* AgentForwarding::AcquireThreadRing(Pipeline& pipeline, pid_t tid,
                                          absl::string_view name) {
-  if (link_ == nullptr) return nullptr;
-  // The link's gone_ is written under the pipeline's lock.
-  return pipeline.WithLock(
-      [&](Pipeline::Locked&) { return link_->AcquireThreadRing(tid, name); });
+  return pipeline.WithLock([&](Pipeline::Locked&) -> void* {
+    return link_ == nullptr ? nullptr : link_->AcquireThreadRing(tid, name);
+  });
 }
 
 void AgentForwarding::ReleaseThreadRing(Pipeline& pipeline, void* ring) {
-  if (link_ == nullptr) return;
-  pipeline.WithLock([&](Pipeline::Locked&) { link_->ReleaseThreadRing(ring); });
+  pipeline.WithLock([&](Pipeline::Locked&) {
+    if (link_ != nullptr) link_->ReleaseThreadRing(ring);
+  });
 }
 
 void AgentForwarding::AfterDrain(Pipeline& pipeline) {
@@ -123,16 +126,14 @@ std::optional<absl::Status> AgentForwarding::ExportLast(Pipeline& pipeline,
     link_->End(counters);
     if (!link_->lost()) {
       l.aggregator().SetForwarder(nullptr);
+      link_.reset();
       return true;
     }
     OnLostLocked(l, absl::GetCurrentTimeNanos());
     line = l.attachment_note();
     return false;
   });
-  if (ended) {
-    link_.reset();
-    return absl::OkStatus();
-  }
+  if (ended) return absl::OkStatus();
   if (!line.empty()) Log(line);
   if (options_.agent_fallback == AgentFallback::kOff) {
     return pipeline.WithLock([&](Pipeline::Locked& l) {
