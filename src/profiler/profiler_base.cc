@@ -50,6 +50,7 @@ void ProfilerBase::Shutdown() {
   ProcessRetiredLocked();
   for (SlotBase* slot : active_) RetireLocked(slot, /*reusable=*/false);
   active_.clear();
+  wall_due_.clear();
   registry_->owner = nullptr;
 }
 
@@ -114,6 +115,7 @@ absl::Status ProfilerBase::Stop() {
       std::lock_guard<std::mutex> lock(registry_->mutex);
       for (SlotBase* slot : active_) ForgetSlotLocked(slot);
       active_.clear();
+      wall_due_.clear();
       DeactivateSession(session_);
       running_ = false;
     }
@@ -394,6 +396,12 @@ bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
   auto it = std::find(active_.begin(), active_.end(), slot);
   if (it == active_.end()) return false;
   active_.erase(it);
+  // Out of the wall ticker's due list too: once the slot is back in the
+  // pool a registering thread rewrites it without the registry lock.
+  if (slot->wall_due) {
+    std::erase_if(wall_due_, [slot](const WallDue& d) { return d.slot == slot; });
+    slot->wall_due = false;
+  }
   return true;
 }
 
