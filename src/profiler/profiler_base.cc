@@ -396,13 +396,18 @@ bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
   auto it = std::find(active_.begin(), active_.end(), slot);
   if (it == active_.end()) return false;
   active_.erase(it);
-  // Out of the wall ticker's due list too: once the slot is back in the
-  // pool a registering thread rewrites it without the registry lock.
-  if (slot->wall_due) {
-    std::erase_if(wall_due_, [slot](const WallDue& d) { return d.slot == slot; });
-    slot->wall_due = false;
-  }
+  ForgetDueLocked(slot);
   return true;
+}
+
+// Registry lock held: `slot` out of the wall ticker's due list. Once the
+// slot is back in the pool a registering thread rewrites it without the
+// registry lock, so no entry may outlive its place in active_ or its
+// retirement (its last drain may queue it after it left active_).
+void ProfilerBase::ForgetDueLocked(SlotBase* slot) {
+  if (!slot->wall_due) return;
+  std::erase_if(wall_due_, [slot](const WallDue& d) { return d.slot == slot; });
+  slot->wall_due = false;
 }
 
 // Registry lock held; `slot` is out of active_ (Unregister, or a slot its
@@ -478,6 +483,7 @@ void ProfilerBase::SetSessionLocked(uint64_t session) {
 }
 
 void ProfilerBase::RetireLocked(SlotBase* slot, bool reusable) {
+  ForgetDueLocked(slot);
   DisarmLocked(slot);
   slot->session.store(0, std::memory_order_seq_cst);
   WaitForHandler(*slot);

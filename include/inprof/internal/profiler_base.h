@@ -295,7 +295,10 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // Registry lock held, a running sample of `slot` drained: queues it in
   // wall_due_ when it was not visited for a round.
   void NoteRanLocked(SlotBase* slot) {
-    if (slot->wall_due || !shape_.has_ticker) return;
+    if (slot->wall_due || !shape_.has_ticker ||
+        slot->retiring.load(std::memory_order_relaxed)) {
+      return;
+    }
     if (slot->wall_last_visit_ns != SlotBase::kNeverVisited &&
         drain_now_ns_ - slot->wall_last_visit_ns < kWallDueAfterNs) {
       return;
@@ -321,6 +324,7 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // Registry lock held: takes `slot` out of active_; false if it was not
   // there (unregistered already).
   bool RemoveActiveLocked(SlotBase* slot);
+  void ForgetDueLocked(SlotBase* slot);
   void FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
                               bool same_process);
   void ProcessRetiredLocked();
