@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -79,6 +80,13 @@ std::string ExpandOutputPattern(absl::string_view pattern, pid_t pid,
 
 // WriteFileAtomically(path, bytes): base/platform.h.
 
+struct Options;
+
+// The sinks that need nothing above this layer, in the order they get each
+// window: the output file (options.write_output), then options.sinks. The
+// pipeline's sinks when nothing composes others; MakeSinks
+// (internal/sinks_from_options.h) puts the uploaders between the two.
+std::vector<std::shared_ptr<ProfileSink>> LocalSinks(const Options& options);
 
 // Writes each profile to ExpandOutputPattern(pattern, getpid(), start):
 // without %t each window replaces the previous file; with %t a run leaves a

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "inprof/base/platform.h"
+#include "inprof/options.h"
 
 namespace inprof {
 
@@ -45,6 +46,17 @@ absl::Status FileSink::Consume(std::shared_ptr<const ExportedProfile> profile) {
   absl::Status status = WriteFileAtomically(path, profile->pprof);
   if (status.ok()) last_path_ = std::move(path);
   return status;
+}
+
+std::vector<std::shared_ptr<ProfileSink>> LocalSinks(const Options& options) {
+  std::vector<std::shared_ptr<ProfileSink>> sinks;
+  if (options.write_output) {
+    sinks.push_back(std::make_shared<FileSink>(options.output));
+  }
+  for (const auto& sink : options.sinks) {
+    if (sink != nullptr) sinks.push_back(sink);
+  }
+  return sinks;
 }
 
 }  // namespace inprof

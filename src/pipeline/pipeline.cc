@@ -100,16 +100,7 @@ void Pipeline::Locked::RestartWindow(int64_t now_ns) {
 void Pipeline::EnsureSinks() {
   if (sinks_built_) return;
   sinks_built_ = true;
-  if (sink_factory_) {
-    sinks_ = sink_factory_();
-  } else {
-    if (options_.write_output) {
-      sinks_.push_back(std::make_shared<FileSink>(options_.output));
-    }
-    for (const auto& sink : options_.sinks) {
-      if (sink != nullptr) sinks_.push_back(sink);
-    }
-  }
+  sinks_ = sink_factory_ ? sink_factory_() : LocalSinks(options_);
   sink_failing_.assign(sinks_.size(), false);
 }
 

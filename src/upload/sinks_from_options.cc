@@ -13,10 +13,9 @@
 namespace inprof::internal {
 
 std::vector<std::shared_ptr<ProfileSink>> MakeSinks(const Options& options) {
-  std::vector<std::shared_ptr<ProfileSink>> sinks;
-  if (options.write_output) {
-    sinks.push_back(std::make_shared<FileSink>(options.output));
-  }
+  std::vector<std::shared_ptr<ProfileSink>> sinks = LocalSinks(options);
+  // The uploaders go after the output file, before Options::sinks.
+  auto uploaders = sinks.begin() + (options.write_output ? 1 : 0);
   if (options.datadog.enabled || !options.pyroscope.url.empty()) {
     if (absl::Status http = HttpClient::Available(); !http.ok()) {
       std::vector<std::string> configured;
@@ -29,17 +28,14 @@ std::vector<std::shared_ptr<ProfileSink>> MakeSinks(const Options& options) {
                        "; profiles are not uploaded"));
     } else {
       if (options.datadog.enabled) {
-        sinks.push_back(std::make_shared<DatadogUploader>(options.datadog,
-                                                          options.upload));
+        uploaders = sinks.insert(uploaders, std::make_shared<DatadogUploader>(
+                                                options.datadog, options.upload)) + 1;
       }
       if (!options.pyroscope.url.empty()) {
-        sinks.push_back(std::make_shared<PyroscopeUploader>(
-            options.pyroscope, options.upload, options.cpu_period));
+        sinks.insert(uploaders, std::make_shared<PyroscopeUploader>(
+                                    options.pyroscope, options.upload, options.cpu_period));
       }
     }
-  }
-  for (const auto& sink : options.sinks) {
-    if (sink != nullptr) sinks.push_back(sink);
   }
   return sinks;
 }
