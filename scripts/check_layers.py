@@ -49,7 +49,7 @@ HEADERS = {
     "serve": ["debug_endpoint", "endpoint_attachment"],
     "agent": ["agent_link", "agent_protocol", "agent_stream", "agent_forwarding"],
     "profiler": [
-        "profiler", "inprof", "profiler_base", "profiler_collector",
+        "profiler", "inprof", "profiler_common", "profiler_base", "profiler_collector",
         "profiler_collector_windows", "profiler_layout", "profiler_layout_windows",
         "profiler_sampler_windows", "profiler_control", "provider_set", "sample_handler",
         "wall_ticker", "composition", "profiler_windows"],

@@ -80,15 +80,6 @@
 
 namespace inprof {
 
-namespace internal {
-// A Profiler's providers, in a base constructed before ProfilerBase (whose
-// constructor needs the first provider's period).
-template <typename... Ps>
-struct ProviderHolder {
-  std::tuple<Ps...> providers_;
-};
-}  // namespace internal
-
 // A sampling profiler composed from components:
 //   U   an Unwinder (unwinder.h), e.g. FramePointerUnwinder;
 //   R   a SampleRing (spsc_ring.h), one per registered thread;
@@ -107,12 +98,6 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   using Base = internal::ProfilerBase;
   using Set = typename Layout::Set;
   using Slot = typename Layout::Slot;
-  static constexpr size_t kNumProviders = Layout::kNumProviders;
-  static constexpr auto kValueCounts = Layout::kValueCounts;
-  static constexpr auto kValueOffsets = Layout::kValueOffsets;
-  static constexpr size_t kMaxValuesPerProvider = Layout::kMaxValuesPerProvider;
-  static constexpr bool kHasRunningSampler = Layout::kHasRunningSampler;
-  static constexpr size_t kLeafWords = Layout::kLeafWords;
   // The base's state and services this part uses.
   using typename Base::Shape;
   using Base::options_, Base::pipeline_, Base::composition_, Base::session_, Base::active_,
@@ -137,14 +122,14 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // Validates `options`; an invalid option is logged and the profiler stays
   // disabled (Start() returns the error).
   explicit Profiler(Options options = Options::FromEnv())
-      : Collector(options, Shape{.sample_types = SampleTypes(),
-                                 .period_type = PeriodType(),
-                                 .period = PeriodOf<0>(options),
-                                 .engine = Engine(),
+      : Collector(options, Shape{.profile = {.sample_types = SampleTypes(),
+                                             .period_type = PeriodType(),
+                                             .period = this->FirstPeriod(options),
+                                             .engine = Engine()},
                                  .arms_outside_lock = kArmsOutsideLock,
                                  .defers_retire = kDefersRetire,
                                  .has_ticker = kHasTicker,
-                                 .leaf_words = kLeafWords > 0,
+                                 .leaf_words = Layout::kLeafWords > 0,
                                  .activity = &Handler::activity,
                                  .walks_without_tables = WalksWithoutTables()}) {}
 
@@ -164,13 +149,6 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
 
  private:
   static ValueType PeriodType() { return Set::PeriodType(); }
-  template <size_t I>
-  int64_t PeriodOf(const Options& options) {
-    // Configure before reading so the period reflects the options.
-    Options o = options;
-    if (!std::get<I>(providers_).Configure(o).ok()) return 0;
-    return static_cast<int64_t>(std::get<I>(providers_).Period());
-  }
 
   // How providers that say so sample (CpuTimeProvider: its engine), for
   // the log and the profile's comments.
@@ -208,7 +186,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // BeginWorkOutsideLock.
   void ArmProviders(internal::SlotBase* slot, uint64_t session) override {
     ArmEach(static_cast<Slot*>(slot), session,
-            std::make_index_sequence<kNumProviders>{});
+            std::make_index_sequence<Layout::kNumProviders>{});
   }
   template <size_t... I>
   void ArmEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
@@ -224,7 +202,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     }
   }
   void DisarmLocked(internal::SlotBase* slot) override {
-    DisarmEach(static_cast<Slot*>(slot), std::make_index_sequence<kNumProviders>{});
+    DisarmEach(static_cast<Slot*>(slot), std::make_index_sequence<Layout::kNumProviders>{});
   }
   template <size_t... I>
   void DisarmEach(Slot* slot, std::index_sequence<I...>) {
@@ -234,7 +212,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // What each provider measured since the thread's last sample: to its
   // newest stack, or to kTailFrame.
   void TakeTailsLocked(internal::SlotBase* slot) override {
-    TakeTailsEach(static_cast<Slot*>(slot), std::make_index_sequence<kNumProviders>{});
+    TakeTailsEach(static_cast<Slot*>(slot), std::make_index_sequence<Layout::kNumProviders>{});
   }
   template <size_t... I>
   void TakeTailsEach(Slot* slot, std::index_sequence<I...>) {
@@ -244,8 +222,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   void TakeTailOne(Slot* slot) {
     using P = std::tuple_element_t<I, std::tuple<Ps...>>;
     if constexpr (ReportsTail<P>) {
-      int64_t values[kMaxValuesPerProvider] = {};
-      std::span<int64_t> v(values, kValueCounts[I]);
+      int64_t values[Layout::kMaxValuesPerProvider] = {};
+      std::span<int64_t> v(values, Layout::kValueCounts[I]);
       if (!std::get<I>(providers_).TakeTail(*slot, std::get<I>(slot->data), v)) {
         return;
       }
@@ -258,14 +236,14 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
         // that stack (sampled, not synthetic), so a thread that lived a
         // sample or two keeps its CPU on its real stack.
         agg.Add(slot->aggregate_thread, last, slot->provider_last_labels[I],
-                kValueOffsets[I],
-                std::span<const int64_t>(values, kValueCounts[I]));
+                Layout::kValueOffsets[I],
+                std::span<const int64_t>(values, Layout::kValueCounts[I]));
         return;
       }
       const char* frame = kTailFrame;
       if constexpr (NamesTailFrame<P>) frame = P::kTailFrame;
-      agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I],
-                       std::span<const int64_t>(values, kValueCounts[I]));
+      agg.AddSynthetic(slot->aggregate_thread, frame, Layout::kValueOffsets[I],
+                       std::span<const int64_t>(values, Layout::kValueCounts[I]));
     }
   }
 
@@ -275,7 +253,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
 
   absl::Duration TickerPeriod() const override {
     absl::Duration period = absl::InfiniteDuration();
-    TickerPeriodEach(period, std::make_index_sequence<kNumProviders>{});
+    TickerPeriodEach(period, std::make_index_sequence<Layout::kNumProviders>{});
     return period;
   }
   template <size_t... I>
@@ -294,7 +272,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // One wake-up of the ticker (internal::ProfilerBase::Tick): each ticking
   // provider visits its next threads.
   void TickProvidersLocked(TickTime when, size_t batch, size_t& next) override {
-    TickEach(when, batch, next, std::make_index_sequence<kNumProviders>{});
+    TickEach(when, batch, next, std::make_index_sequence<Layout::kNumProviders>{});
   }
   template <size_t... I>
   void TickEach(TickTime when, size_t batch, size_t& next,
@@ -324,7 +302,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // What provider I's visits ask of the profiler (internal::WallTickerHost).
   template <size_t I>
   struct TickerHost {
-    static constexpr bool kCountsRunningSamples = kHasRunningSampler;
+    static constexpr bool kCountsRunningSamples = Layout::kHasRunningSampler;
     Profiler* self;
 
     static Slot& Of(internal::SlotBase& slot) { return static_cast<Slot&>(slot); }
@@ -343,14 +321,14 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       self->SendProfilingSignal(slot, internal::MakeSignalTag(I, self->session_));
     }
     void CreditBlocked(internal::SlotBase& slot, std::span<const int64_t> values) {
-      self->CreditBlockedLocked(&slot, kValueOffsets[I], values);
+      self->CreditBlockedLocked(&slot, Layout::kValueOffsets[I], values);
     }
     void CreditRunning(internal::SlotBase& slot, std::span<const int64_t> values) {
       self->template CreditRunning<I>(&Of(slot), values);
     }
     void CreditSynthetic(internal::SlotBase& slot, std::span<const int64_t> values,
                          const char* frame) {
-      self->CreditSyntheticLocked(&slot, kValueOffsets[I], values, frame);
+      self->CreditSyntheticLocked(&slot, Layout::kValueOffsets[I], values, frame);
     }
     bool TablesReady() { return Layout::UnwindTablesReady(); }
     uint64_t TablesGeneration() { return Layout::UnwindTablesGeneration(); }
@@ -394,15 +372,15 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
         internal::AgentThreadRingLayout l;
         l.ring_bytes = static_cast<uint32_t>(sizeof(R));
         l.ring_words = static_cast<uint32_t>(R::capacity_words());
-        l.leaf_words = static_cast<uint32_t>(kLeafWords);
-        for (size_t i = 0; i < kNumProviders; ++i) {
-          l.value_counts.push_back(static_cast<uint32_t>(kValueCounts[i]));
-          l.value_offsets.push_back(static_cast<uint32_t>(kValueOffsets[i]));
+        l.leaf_words = static_cast<uint32_t>(Layout::kLeafWords);
+        for (size_t i = 0; i < Layout::kNumProviders; ++i) {
+          l.value_counts.push_back(static_cast<uint32_t>(Layout::kValueCounts[i]));
+          l.value_offsets.push_back(static_cast<uint32_t>(Layout::kValueOffsets[i]));
           if (Layout::kStateLabelProvider[i]) l.state_label_providers |= 1u << i;
         }
         return l;
       }();
-      return kNumProviders <= internal::kAgentMaxProviders ? &layout : nullptr;
+      return Layout::kNumProviders <= internal::kAgentMaxProviders ? &layout : nullptr;
     } else {
       return nullptr;
     }
@@ -474,7 +452,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     Slot* slot = new Slot;
     slot->sample = &Handler::SampleThread;
     slot->sample_stackless = &Handler::SampleStackless;
-    slot->sample_stack_bytes = static_cast<uint32_t>(kHandlerStackBytes);
+    slot->sample_stack_bytes = static_cast<uint32_t>(Layout::kHandlerStackBytes);
     slot->before_retire = &Handler::TakeOwedSamples;
     return slot;
   }

@@ -83,6 +83,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "inprof/base/owned_fd.h"
+#include "inprof/internal/label_table.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/sample_provider.h"
 
@@ -209,9 +210,9 @@ class WallTimeProvider {
       "[inprof: waiting for signals in sigwait (not signalled: the wait "
       "would take inprof's signal)]";
   // Label on every wall sample.
-  static constexpr const char* kStateLabel = "thread state";
-  static constexpr const char* kRunning = "running";
-  static constexpr const char* kBlocked = "blocked";
+  static constexpr const char* kStateLabel = internal::kThreadState;
+  static constexpr const char* kRunning = internal::kThreadRunning;
+  static constexpr const char* kBlocked = internal::kThreadBlocked;
   // CPU a blocked thread may use between two looks and still be in the same
   // blocking episode: the kernel's signal delivery and sigreturn after the
   // handler has marked its clock, and an interrupted sleep's retry, cost a

@@ -20,14 +20,10 @@
 namespace inprof::internal {
 
 ProfilerBase::ProfilerBase(Options options, Shape shape)
-    : options_(std::move(options)),
-      pipeline_(options_, std::move(shape.sample_types), shape.period_type,
-            shape.period, std::move(shape.engine)),
+    : ProfilerCommon(std::move(options), std::move(shape.profile)),
       shape_(std::move(shape)),
       walks_without_tables_at_construction_(
           shape_.walks_without_tables != nullptr ? shape_.walks_without_tables() : 0) {
-  config_status_ = options_.Validate();
-  if (!config_status_.ok()) Log(config_status_.message());
   registry_->owner = this;
   registry_->defers_retire.store(shape_.defers_retire, std::memory_order_release);
   // A child forked while one of our threads holds these must find them
@@ -256,10 +252,7 @@ bool ProfilerBase::SetThreadName(pid_t tid, absl::string_view name) {
 
 ProfilerStats ProfilerBase::stats() const {
   ProfilerStats s;
-  s.samples_taken = taken_.load(std::memory_order_relaxed);
-  s.samples_recorded = recorded_.load(std::memory_order_relaxed);
-  s.samples_dropped = dropped_.load(std::memory_order_relaxed);
-  s.stacks_truncated = truncated_.load(std::memory_order_relaxed);
+  AddCommonStats(s);
   s.samples_small_stack = small_stack_.load(std::memory_order_relaxed);
   if (shape_.walks_without_tables != nullptr) {
     s.stacks_before_tables =
@@ -270,20 +263,11 @@ ProfilerStats ProfilerBase::stats() const {
   s.wall_signals = wall_signals_.load(std::memory_order_relaxed);
   s.wall_stacks_read = wall_stacks_read_.load(std::memory_order_relaxed);
   s.wall_running_credits = wall_running_credits_.load(std::memory_order_relaxed);
-  s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
   s.wall_wakeups = wall_wakeups_.load(std::memory_order_relaxed);
   s.wall_visits_deferred = wall_visits_deferred_.load(std::memory_order_relaxed);
   s.threads_sigprof_unblocked =
       threads_sigprof_unblocked_.load(std::memory_order_relaxed);
-  s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
   return s;
-}
-
-void ProfilerBase::EnsureAggregateThread(SlotBase* slot, SampleAggregator& agg) {
-  if (!slot->has_aggregate_thread) {
-    slot->aggregate_thread = agg.AddThread(slot->tid, slot->name);
-    slot->has_aggregate_thread = true;
-  }
 }
 
 void ProfilerBase::CreditSyntheticLocked(SlotBase* slot, size_t value_offset,

@@ -51,6 +51,12 @@ inline constexpr uint64_t kNumericLabel = uint64_t{1} << 32;
 // scope wins: later pairs of `words` replace earlier ones), plus
 // (`state_key`, `state_value`) when `with_state`, sorted by key. Returns the
 // number of words written to `out`, which has room for words.size() + 2.
+// The label wall samples carry: kThreadState = kThreadRunning or
+// kThreadBlocked (WallTimeProvider::kStateLabel and its values).
+inline constexpr const char* kThreadState = "thread state";
+inline constexpr const char* kThreadRunning = "running";
+inline constexpr const char* kThreadBlocked = "blocked";
+
 size_t CanonicalLabelWords(std::span<const uint64_t> words, bool with_state,
                            uint64_t state_key, uint64_t state_value, uint64_t* out);
 

@@ -1,6 +1,7 @@
 // internal: not part of the public API (include inprof/profiler.h).
 //
-// The half of the Linux Profiler that does not depend on its components:
+// The half of the Linux Profiler that does not depend on its components,
+// over what both platforms share (ProfilerCommon, profiler_common.h):
 // the registry of threads (RegisterThread, unregistration, the queue of
 // slots retired without the lock, the slot lifecycle), Start() and Stop(),
 // the collector's pass over the slots, the wall ticker's thread, and the
@@ -39,6 +40,7 @@
 #include "inprof/internal/profiler_control.h"
 #include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
+#include "inprof/internal/profiler_common.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/options.h"
@@ -55,13 +57,12 @@ inline constexpr const char* kSmallStackFrame = "[inprof: on a small or foreign 
 // the collector and the ticker keep for it whatever the composition.
 // ProfilerLayout<>::Slot (profiler_layout.h) adds its providers' per-thread
 // data and its ring.
-struct SlotBase : ThreadSlotHeader {
+// SlotRecordState (profiler_common.h) holds its name, its newest stack
+// (where a blocked thread still is: wall time credits it without a signal)
+// and its entry in the aggregate.
+struct SlotBase : ThreadSlotHeader, SlotRecordState {
   int max_frames = 512;
   // Collector-owned (registry lock held).
-  std::string name;
-  // The newest stack and labels drained for the thread: where a blocked
-  // thread still is (wall time credits it without a signal).
-  std::vector<uint64_t> last_stack;
   std::vector<uint64_t> last_labels;
   // The stack (and canonical labels, "blocked" among them) of the current
   // blocking episode, from the sample taken when it began; empty when the
@@ -87,8 +88,6 @@ struct SlotBase : ThreadSlotHeader {
   // ready and, if they were then, rebuilt since (a module built on demand).
   bool blocked_tables_ready = false;
   uint64_t blocked_tables_generation = 0;
-  uint32_t aggregate_thread = 0;
-  bool has_aggregate_thread = false;
   // Its providers are being armed or disarmed outside the registry lock:
   // the ticker leaves it alone meanwhile.
   bool arm_in_flight = false;
@@ -101,8 +100,7 @@ struct SlotBase : ThreadSlotHeader {
   static constexpr int64_t kNeverVisited = INT64_MIN;
   int64_t wall_last_visit_ns = kNeverVisited;
   bool wall_due = false;
-  uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0,
-           seen_small_stack = 0;
+  uint64_t seen_small_stack = 0;
 };
 
 // A thread the wall ticker visits ahead of its round (ProfilerBase::
@@ -113,7 +111,7 @@ struct WallDue {
   uint64_t generation;
 };
 
-class ProfilerBase : public ProfilerControl, private Registry::Owner {
+class ProfilerBase : public ProfilerCommon {
  public:
   ProfilerBase(const ProfilerBase&) = delete;
   ProfilerBase& operator=(const ProfilerBase&) = delete;
@@ -139,24 +137,10 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // thread has that id. Any thread; not for signal handlers.
   bool SetThreadName(pid_t tid, absl::string_view name);
 
-  // An invalid option: logged at construction (ScopedProfiler).
-  bool StartErrorLogged(const absl::Status& start_error) const override {
-    return !config_status_.ok() && start_error == config_status_;
-  }
-
-  // True between a successful Start() and Stop().
-  bool running() const { return running_; }
-
   // For tests: the lock that registration, the collector and the wall
   // sampler take (a thread unregistering itself while it is held queues its
   // slot instead of waiting).
   std::mutex& registry_mutex_for_testing() { return registry_->mutex; }
-  const Options& options() const { return options_; }
-
-  // Where the live endpoint (options().http_addr) listens, e.g.
-  // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
-  // off, not started or could not listen (logged).
-  std::string http_address() const { return composition_.http_address(); }
 
   // Counters so far. Any thread.
   ProfilerStats stats() const;
@@ -164,10 +148,7 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
  protected:
   // What the composition's types decide, once, at construction.
   struct Shape {
-    std::vector<ValueType> sample_types;
-    ValueType period_type;
-    int64_t period = 0;  // the first provider's
-    std::string engine;  // "unwinder=frame-pointer providers=cpu"
+    ProfileShape profile;
     // Profiler<>::kArmsOutsideLock, kDefersRetire, kHasTicker.
     bool arms_outside_lock = false;
     bool defers_retire = false;
@@ -239,7 +220,9 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // handler ran since the last pass. Returns whether the profiler is
   // still running.
   bool DrainRings();
-  static void EnsureAggregateThread(SlotBase* slot, SampleAggregator& agg);
+  static void EnsureAggregateThread(SlotBase* slot, SampleAggregator& agg) {
+    ProfilerCommon::EnsureAggregateThread(*slot, slot->tid, agg);
+  }
   // Registry lock held (the ticker's credits, internal::WallTicker): a
   // provider's values, at `value_offset` of the sample, added to `frame`
   // (no stack), or to the thread's current blocking episode's stack
@@ -265,16 +248,7 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // Most ticks one wake-up of the ticker may stand for (Tick).
   static constexpr size_t kMaxTickBatch = 10;
 
-  Options options_;
-  absl::Status config_status_;
-  Pipeline pipeline_;
-  // What options_ attaches to the pipeline (its sinks, the agent link, the
-  // live endpoint); after pipeline_, which it refers to.
-  Composition composition_{pipeline_};
-  uint64_t session_ = NewSessionId();  // registry lock; new per Start()
-  std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
   std::vector<SlotBase*> active_;  // registry lock
-  std::atomic<bool> running_{false};  // written under the registry lock
   pid_t start_pid_ = 0;
   // Steady visits in a row (registry lock): Tick widens the ticker's
   // interval after a whole round of them.
@@ -309,8 +283,7 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // A round at most (WallTicker::kMaxRoundNs).
   static constexpr int64_t kWallDueAfterNs = 2'000'000'000;
   std::atomic<uint64_t> wall_visits_deferred_{0};
-  std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0},
-      small_stack_{0};
+  std::atomic<uint64_t> small_stack_{0};
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};
   // Blocked threads' stacks read without a signal (ReadBlockedStack).
@@ -374,7 +347,6 @@ class ProfilerBase : public ProfilerControl, private Registry::Owner {
   // The handlers' activity count the last full collector pass saw
   // (registry lock).
   uint64_t drained_activity_ = ~uint64_t{0};
-  std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
   // The unwinder's counter is process-wide; this profiler reports its own.
   const uint64_t walks_without_tables_at_construction_;
 };

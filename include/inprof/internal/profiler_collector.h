@@ -52,19 +52,6 @@ class ProfilerCollector : public ProfilerBase {
 
   using L = ProfilerLayout<U, R, Ps...>;
   using Slot = typename L::Slot;
-  static constexpr size_t kNumProviders = L::kNumProviders;
-  static constexpr auto kValueCounts = L::kValueCounts;
-  static constexpr auto kValueOffsets = L::kValueOffsets;
-  static constexpr size_t kNumValues = L::kNumValues;
-  static constexpr size_t kMaxValuesPerProvider = L::kMaxValuesPerProvider;
-  static constexpr auto kSamplesRunning = L::kSamplesRunning;
-  static constexpr size_t kLeafWords = L::kLeafWords;
-  static constexpr size_t kMaxLabelWords = L::kMaxLabelWords;
-  static constexpr size_t kMaxRecordWords = L::kMaxRecordWords;
-  static constexpr uint64_t kWalkGenerationMask = L::kWalkGenerationMask;
-  static bool UnwindTablesReady() { return L::UnwindTablesReady(); }
-  static uint64_t UnwindTablesGeneration() { return L::UnwindTablesGeneration(); }
-  static constexpr auto kStateLabelProvider = L::kStateLabelProvider;
   using RecordMeta = internal::RecordMeta;
   static constexpr const char* kSmallStackFrame = internal::kSmallStackFrame;
 
@@ -80,7 +67,7 @@ class ProfilerCollector : public ProfilerBase {
     // idle-1000). The registry lock serializes every drain.
     uint64_t* record = drain_scratch_.get();
     // Room for one inserted caller frame.
-    uint64_t* repaired = record + kMaxRecordWords;
+    uint64_t* repaired = record + L::kMaxRecordWords;
     uint64_t recorded = 0;
     // At most a ring's worth a pass: a thread whose handler pushes as fast
     // as this pops (a flood of signals; any busy thread under TSan) held
@@ -89,7 +76,7 @@ class ProfilerCollector : public ProfilerBase {
     bool drained_all = true;
     size_t budget = size_t{1} << 16;
     if constexpr (SizedRing<R>) budget = R::capacity_words();
-    while (size_t n = slot->active_ring->TryPop(std::span<uint64_t>(record, kMaxRecordWords))) {
+    while (size_t n = slot->active_ring->TryPop(std::span<uint64_t>(record, L::kMaxRecordWords))) {
       if (AddRecordLocked(slot, agg, record, n, repaired)) ++recorded;
       if (n >= budget) {
         drained_all = false;
@@ -97,38 +84,22 @@ class ProfilerCollector : public ProfilerBase {
       }
       budget -= n;
     }
-    const uint64_t dropped = slot->active_ring->dropped();
-    if (dropped != slot->seen_dropped) {
-      std::array<int64_t, kNumValues> lost{};
-      for (size_t i = 0; i < kNumValues; ++i) {
-        lost[i] = slot->dropped_values[i].exchange(0, std::memory_order_relaxed);
-      }
-      agg.AddSynthetic(slot->aggregate_thread,
-                       "[inprof: samples dropped, ring full]", 0, lost);
-    }
-    const uint64_t taken = slot->samples_taken.load(std::memory_order_relaxed);
-    const uint64_t truncated =
-        slot->samples_truncated.load(std::memory_order_relaxed);
     const uint64_t small_stack =
         slot->samples_small_stack.load(std::memory_order_relaxed);
     small_stack_.fetch_add(small_stack - slot->seen_small_stack,
                            std::memory_order_relaxed);
     slot->seen_small_stack = small_stack;
-    taken_.fetch_add(taken - slot->seen_taken, std::memory_order_relaxed);
-    dropped_.fetch_add(dropped - slot->seen_dropped, std::memory_order_relaxed);
-    truncated_.fetch_add(truncated - slot->seen_truncated,
-                         std::memory_order_relaxed);
-    recorded_.fetch_add(recorded, std::memory_order_relaxed);
-    slot->seen_taken = taken;
-    slot->seen_dropped = dropped;
-    slot->seen_truncated = truncated;
+    CountDrainedLocked(*slot, agg, slot->samples_taken.load(std::memory_order_relaxed),
+                       slot->active_ring->dropped(),
+                       slot->samples_truncated.load(std::memory_order_relaxed), recorded,
+                       slot->dropped_values);
     return drained_all;
   }
 
   // Registry and aggregate locks held. One record as the handler writes it
   // (from a ring, or built by the ticker: ReadBlockedStack) into the
   // aggregate and the slot's newest stacks; false for a malformed one.
-  // `repaired` has room for kMaxRecordWords + 1 words.
+  // `repaired` has room for L::kMaxRecordWords + 1 words.
   bool AddRecordLocked(Slot* slot, SampleAggregator& agg, uint64_t* record,
                        size_t n, uint64_t* repaired) {
     EnsureAggregateThread(slot, agg);
@@ -136,14 +107,14 @@ class ProfilerCollector : public ProfilerBase {
     const size_t provider = meta.provider;
     const size_t depth = meta.depth;
     const bool blocked = meta.blocked;
-    const size_t leaf_words = meta.leaf_words ? kLeafWords : 0;
+    const size_t leaf_words = meta.leaf_words ? L::kLeafWords : 0;
     const size_t nlabels = meta.label_count;
-    if (provider >= kNumProviders) return false;
-    const size_t nvalues = kValueCounts[provider];
+    if (provider >= L::kNumProviders) return false;
+    const size_t nvalues = L::kValueCounts[provider];
     const size_t label_at = 1 + nvalues + leaf_words;
     const size_t header = label_at + 2 * nlabels;
     if (n < header + depth) return false;
-    int64_t values[kMaxValuesPerProvider];
+    int64_t values[L::kMaxValuesPerProvider];
     for (size_t i = 0; i < nvalues; ++i) {
       values[i] = static_cast<int64_t>(record[1 + i]);
     }
@@ -151,7 +122,7 @@ class ProfilerCollector : public ProfilerBase {
       // Taken on a stack too small for the walk (SampleStackless). A
       // blocked one begins an episode whose rest goes to the same frame.
       agg.AddSynthetic(slot->aggregate_thread, kSmallStackFrame,
-                       kValueOffsets[provider],
+                       L::kValueOffsets[provider],
                        std::span<const int64_t>(values, nvalues));
       if (blocked) {
         slot->blocked_stack.clear();
@@ -168,18 +139,18 @@ class ProfilerCollector : public ProfilerBase {
                                                     leaf_words),
                           repaired);
     }
-    uint64_t labels[kMaxLabelWords + 2];
+    uint64_t labels[L::kMaxLabelWords + 2];
     const size_t label_words = CanonicalLabels(
         std::span<const uint64_t>(record + label_at, 2 * nlabels), provider,
         labels, blocked);
     agg.Add(slot->aggregate_thread, frames,
             std::span<const uint64_t>(labels, label_words),
-            kValueOffsets[provider],
+            L::kValueOffsets[provider],
             std::span<const int64_t>(values, nvalues));
     slot->last_stack.assign(frames.begin(), frames.end());
     slot->provider_last_stack[provider].assign(frames.begin(), frames.end());
     slot->provider_last_labels[provider].assign(labels, labels + label_words);
-    if (kSamplesRunning[provider] && !blocked) {
+    if (L::kSamplesRunning[provider] && !blocked) {
       slot->running_stack.assign(frames.begin(), frames.end());
       slot->running_labels.assign(labels, labels + label_words);
       NoteRanLocked(slot);  // a wall visit soon, if none came for a round
@@ -210,7 +181,7 @@ class ProfilerCollector : public ProfilerBase {
   template <typename P>
   static constexpr bool kFollows = FollowsRunningThreads<P>;
   static constexpr bool kHasFollower = (kFollows<Ps> || ...);
-  static constexpr std::array<size_t, kNumProviders> kPeriodIndexes{
+  static constexpr std::array<size_t, L::kNumProviders> kPeriodIndexes{
       Ps::kPeriodTypeIndex...};
 
   // Registry and aggregate locks held.
@@ -218,7 +189,7 @@ class ProfilerCollector : public ProfilerBase {
                            std::span<const uint64_t> frames,
                            std::span<const uint64_t> label_words, int64_t cpu_ns) {
     FollowEach(slot, agg, frames, label_words, cpu_ns,
-               std::make_index_sequence<kNumProviders>{});
+               std::make_index_sequence<L::kNumProviders>{});
   }
   template <size_t... I>
   void FollowEach(Slot* slot, SampleAggregator& agg,
@@ -229,29 +200,28 @@ class ProfilerCollector : public ProfilerBase {
         [&] {
           using P = std::tuple_element_t<I, std::tuple<Ps...>>;
           if constexpr (kFollows<P>) {
-            int64_t values[kMaxValuesPerProvider] = {};
-            std::span<int64_t> v(values, kValueCounts[I]);
+            int64_t values[L::kMaxValuesPerProvider] = {};
+            std::span<int64_t> v(values, L::kValueCounts[I]);
             if (!P::FollowRunningSample(std::get<I>(slot->data), cpu_ns, v)) return;
-            uint64_t labels[kMaxLabelWords + 2];
+            uint64_t labels[L::kMaxLabelWords + 2];
             const size_t n = CanonicalLabels(label_words, I, labels);
             agg.Add(slot->aggregate_thread, frames,
-                    std::span<const uint64_t>(labels, n), kValueOffsets[I],
-                    std::span<const int64_t>(values, kValueCounts[I]));
+                    std::span<const uint64_t>(labels, n), L::kValueOffsets[I],
+                    std::span<const int64_t>(values, L::kValueCounts[I]));
             wall_running_credits_.fetch_add(1, std::memory_order_relaxed);
           }
         }(),
         ...);
   }
 
-  // Canonical label words for the aggregate (internal/provider_set.h),
-  // with the provider's state label ("thread state"="running" for a
-  // signalled wall sample). Returns the number of words written to `out`
-  // (room for kMaxLabelWords + 2).
+  // Canonical label words for the aggregate (ProfilerCommon), with the
+  // provider's state label ("thread state"="running" for a signalled wall
+  // sample). Returns the number of words written to `out` (room for
+  // L::kMaxLabelWords + 2).
   size_t CanonicalLabels(std::span<const uint64_t> words, size_t provider,
                          uint64_t* out, bool blocked = false) const {
-    return CanonicalLabelWords(
-        words, provider < kNumProviders && kStateLabelProvider[provider], state_key_,
-        blocked ? blocked_value_ : running_value_, out);
+    return ProfilerBase::CanonicalLabels(
+        words, provider < L::kNumProviders && L::kStateLabelProvider[provider], blocked, out);
   }
 
   // Whether a ticking provider's blocked threads can have their stacks read
@@ -268,7 +238,7 @@ class ProfilerCollector : public ProfilerBase {
 #endif
   template <typename P>
   static constexpr bool kReadsBlockedStacks =
-      !kUnderTsan && kLeafWords == 0 && ReadsBlockedStacks<P> && WalksStackCopies<U>;
+      !kUnderTsan && L::kLeafWords == 0 && ReadsBlockedStacks<P> && WalksStackCopies<U>;
   // The most of a blocked thread's stack it copies (from its sp up): a
   // deeper stack is sampled by the signal.
   static constexpr size_t kStackReadBytes = 64 * 1024;
@@ -302,7 +272,7 @@ class ProfilerCollector : public ProfilerBase {
       if (bytes == 0) return false;
       if (stack_copy_ == nullptr) {
         stack_copy_ = std::make_unique_for_overwrite<uint64_t[]>(kStackReadBytes / 8);
-        read_record_ = std::make_unique_for_overwrite<uint64_t[]>(2 * kMaxRecordWords + 1);
+        read_record_ = std::make_unique_for_overwrite<uint64_t[]>(2 * L::kMaxRecordWords + 1);
       }
       const int error =
           CopyOwnMemory(start_pid_, site.sp, bytes, stack_copy_.get());
@@ -318,7 +288,7 @@ class ProfilerCollector : public ProfilerBase {
         return false;
       }
       uint64_t* record = read_record_.get();
-      constexpr size_t nvalues = kValueCounts[I];
+      constexpr size_t nvalues = L::kValueCounts[I];
       // Its labels as the handler would copy them (the thread waits: they
       // do not change while its clock does not).
       uint32_t nlabels = __atomic_load_n(&slot->label_count, __ATOMIC_RELAXED);
@@ -329,9 +299,9 @@ class ProfilerCollector : public ProfilerBase {
       }
       const size_t header_words = label_at + 2 * nlabels;
       const size_t max_frames = std::min<size_t>(
-          static_cast<size_t>(slot->max_frames), kMaxRecordWords - header_words);
-      const bool tables_ready = UnwindTablesReady();
-      const uint64_t generation = UnwindTablesGeneration() & kWalkGenerationMask;
+          static_cast<size_t>(slot->max_frames), L::kMaxRecordWords - header_words);
+      const bool tables_ready = L::UnwindTablesReady();
+      const uint64_t generation = L::UnwindTablesGeneration() & L::kWalkGenerationMask;
       const UnwindResult unwound = U().UnwindCopy(
           site.pc, site.sp, std::span<const uint64_t>(stack_copy_.get(), bytes / 8),
           std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(record + header_words),
@@ -346,7 +316,7 @@ class ProfilerCollector : public ProfilerBase {
       if (ThreadCpuNanos(slot->cpu_clock) != clock) {
         return false;  // the thread ran: the copy may be torn
       }
-      int64_t values[kMaxValuesPerProvider] = {};
+      int64_t values[L::kMaxValuesPerProvider] = {};
       if (!provider.TakeStackRead(
               data, std::span<int64_t>(values, nvalues))) {
         return false;
@@ -366,7 +336,7 @@ class ProfilerCollector : public ProfilerBase {
       slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
       Pipeline::Ingesting ingest = pipeline_.Ingest();
       if (AddRecordLocked(slot, ingest.aggregator(), record,
-                          header_words + unwound.depth, record + kMaxRecordWords)) {
+                          header_words + unwound.depth, record + L::kMaxRecordWords)) {
         recorded_.fetch_add(1, std::memory_order_relaxed);
       }
       return true;
@@ -382,7 +352,7 @@ class ProfilerCollector : public ProfilerBase {
     SampleAggregator& agg = ingest.aggregator();
     RefreshLeafResolverLocked();
     DrainSlotIntoLocked(slot, agg);
-    uint64_t labels[kMaxLabelWords + 2];
+    uint64_t labels[L::kMaxLabelWords + 2];
     const size_t label_words = CanonicalLabels(slot->running_labels, I, labels);
     if (slot->running_stack.empty()) {
       // Cannot happen (the count follows the push); credited to the
@@ -391,11 +361,11 @@ class ProfilerCollector : public ProfilerBase {
       if constexpr (NamesTailFrame<std::tuple_element_t<I, std::tuple<Ps...>>>) {
         frame = std::tuple_element_t<I, std::tuple<Ps...>>::kTailFrame;
       }
-      agg.AddSynthetic(slot->aggregate_thread, frame, kValueOffsets[I], values);
+      agg.AddSynthetic(slot->aggregate_thread, frame, L::kValueOffsets[I], values);
       return;
     }
     agg.Add(slot->aggregate_thread, slot->running_stack,
-            std::span<const uint64_t>(labels, label_words), kValueOffsets[I],
+            std::span<const uint64_t>(labels, label_words), L::kValueOffsets[I],
             values);
     wall_running_credits_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -403,14 +373,7 @@ class ProfilerCollector : public ProfilerBase {
  private:
   // A record popped from a ring and its leaf-repaired copy (registry lock).
   std::unique_ptr<uint64_t[]> drain_scratch_ =
-      std::make_unique_for_overwrite<uint64_t[]>(2 * kMaxRecordWords + 1);
-  // Interned ids of the state label (wall samples).
-  const uint64_t state_key_ =
-      LabelTable::Global().Intern(WallTimeProvider::kStateLabel);
-  const uint64_t running_value_ =
-      LabelTable::Global().Intern(WallTimeProvider::kRunning);
-  const uint64_t blocked_value_ =
-      LabelTable::Global().Intern(WallTimeProvider::kBlocked);
+      std::make_unique_for_overwrite<uint64_t[]>(2 * L::kMaxRecordWords + 1);
   // ReadBlockedStack's buffers (ticker, registry lock); off once
   // process_vm_readv failed other than for an unmapped stack.
   std::unique_ptr<uint64_t[]> stack_copy_;

@@ -31,6 +31,7 @@
 #include <tuple>
 #include <vector>
 
+#include "inprof/internal/profiler_common.h"
 #include "inprof/internal/provider_set.h"
 #include "inprof/internal/thread_slot_windows.h"
 #include "inprof/spsc_ring.h"
@@ -58,11 +59,11 @@ struct ProfilerLayout {
   static_assert(kMaxRecordWords > kHeaderWords, "ring records too small for a sample");
 
   // A registered thread: the header the sampler reads while it is
-  // suspended, the sampler's and the collector's state, its providers'
+  // suspended, the sampler's and the collector's state (SlotRecordState:
+  // its name, newest stack and entry in the aggregate), its providers'
   // per-thread data and its ring.
-  struct Slot : internal::ThreadSlotHeader {
+  struct Slot : internal::ThreadSlotHeader, internal::SlotRecordState {
     std::tuple<typename Ps::ThreadData...> data;
-    std::string name;
     bool name_from_os = false;  // registered without a name: its description
     int max_frames = static_cast<int>(kMaxFrames);
     R ring;
@@ -87,12 +88,9 @@ struct ProfilerLayout {
     std::atomic<uint64_t> samples_truncated{0};
     std::atomic<uint64_t> samples_unsuspended{0};
     // Collector-owned (registry lock held).
-    std::vector<uint64_t> last_stack;
     std::array<std::vector<uint64_t>, kNumProviders> provider_last_stack;
     std::array<std::vector<uint64_t>, kNumProviders> provider_last_labels;
-    uint32_t aggregate_thread = 0;
-    bool has_aggregate_thread = false;
-    uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0, seen_unsuspended = 0;
+    uint64_t seen_unsuspended = 0;
   };
 };
 

@@ -52,14 +52,6 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
   using Base = ProfilerCollector<U, R, Ps...>;
   using L = ProfilerLayout<U, R, Ps...>;
   using Slot = typename L::Slot;
-  static constexpr size_t kNumProviders = L::kNumProviders;
-  static constexpr auto kValueCounts = L::kValueCounts;
-  static constexpr auto kValueOffsets = L::kValueOffsets;
-  static constexpr size_t kMaxValuesPerProvider = L::kMaxValuesPerProvider;
-  static constexpr size_t kMaxFrames = L::kMaxFrames;
-  static constexpr size_t kMaxLabels = L::kMaxLabels;
-  static constexpr size_t kMaxLabelWords = L::kMaxLabelWords;
-  static constexpr size_t kMaxRecordWords = L::kMaxRecordWords;
   // The state this part uses (profiler_collector_windows.h).
   using Base::providers_, Base::session_, Base::registry_, Base::active_, Base::running_;
 
@@ -72,7 +64,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
     uint8_t provider;
     bool same_stack;  // VisitDecision::kSameStack
     bool blocked;     // the provider's thread-state label
-    std::array<int64_t, kMaxValuesPerProvider> values;
+    std::array<int64_t, L::kMaxValuesPerProvider> values;
   };
 
   struct Sampler {
@@ -100,8 +92,8 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
  private:
   void SamplerLoop() {
     internal::SetCurrentThreadName("inprof-sampler");
-    std::array<int64_t, kNumProviders> period{};
-    std::array<int64_t, kNumProviders> due{};
+    std::array<int64_t, L::kNumProviders> period{};
+    std::array<int64_t, L::kNumProviders> due{};
     const int64_t start = internal::MonotonicNanos();
     std::apply(
         [&](const auto&... p) {
@@ -113,7 +105,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
     std::unique_lock<std::mutex> lock(sampler_->mutex);
     while (!sampler_->stop) {
       int64_t next = INT64_MAX;
-      for (size_t i = 0; i < kNumProviders; ++i) {
+      for (size_t i = 0; i < L::kNumProviders; ++i) {
         if (period[i] > 0) next = std::min(next, due[i]);
       }
       if (next == INT64_MAX) {
@@ -129,8 +121,8 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
       }
       lock.unlock();
       const int64_t now = internal::MonotonicNanos();
-      std::array<bool, kNumProviders> ticking{};
-      for (size_t i = 0; i < kNumProviders; ++i) {
+      std::array<bool, L::kNumProviders> ticking{};
+      for (size_t i = 0; i < L::kNumProviders; ++i) {
         if (period[i] <= 0 || due[i] > now) continue;
         ticking[i] = true;
         due[i] += period[i];
@@ -147,12 +139,12 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
   // lock, which a thread registering from DllMain holds while it waits for
   // the registry lock), and its records pushed (registry lock, the slot
   // checked again).
-  void Tick(int64_t now, const std::array<bool, kNumProviders>& ticking) {
+  void Tick(int64_t now, const std::array<bool, L::kNumProviders>& ticking) {
     pending_.clear();
     {
       std::lock_guard<std::mutex> lock(registry_->mutex);
       if (!running_) return;
-      VisitEach(now, ticking, std::make_index_sequence<kNumProviders>{});
+      VisitEach(now, ticking, std::make_index_sequence<L::kNumProviders>{});
     }
     for (size_t i = 0; i < pending_.size(); ++i) {
       Slot* slot = pending_[i].slot;
@@ -173,7 +165,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
   }
 
   template <size_t... I>
-  void VisitEach(int64_t now, const std::array<bool, kNumProviders>& ticking,
+  void VisitEach(int64_t now, const std::array<bool, L::kNumProviders>& ticking,
                  std::index_sequence<I...>) {
     ((ticking[I] ? VisitProvider<I>(now) : void()), ...);
   }
@@ -210,7 +202,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
       Pending p{slot, slot->generation, static_cast<uint8_t>(I), false, false, {}};
       const VisitDecision d = provider.Visit(
           *slot, std::get<I>(slot->data), slot->tick_times, now,
-          std::span<int64_t>(p.values.data(), kValueCounts[I]));
+          std::span<int64_t>(p.values.data(), L::kValueCounts[I]));
       slot->busy[I] = d == VisitDecision::kSample;
       if (d == VisitDecision::kSkip) return;
       slot->pick_in_flight = true;
@@ -240,14 +232,14 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
   struct LabelCopy {
     const Slot* slot;
     uint32_t count;
-    uint64_t words[kMaxLabelWords];
+    uint64_t words[L::kMaxLabelWords];
   };
   // While the thread is suspended: its labels as they are (entries are
   // written before the count that covers them, labels.cc).
   static void CopyLabels(void* arg) noexcept {
     auto* c = static_cast<LabelCopy*>(arg);
     uint32_t count = *const_cast<volatile const uint32_t*>(&c->slot->label_count);
-    if (count > kMaxLabels) count = 0;
+    if (count > L::kMaxLabels) count = 0;
     for (uint32_t i = 0; i < 2 * count; ++i) c->words[i] = c->slot->label_words[i];
     c->count = count;
   }
@@ -289,7 +281,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
       U unwinder;
       const size_t max_frames = std::min<size_t>(
           static_cast<size_t>(std::max(1, slot->max_frames)),
-          kMaxRecordWords - (1 + kMaxValuesPerProvider + 2 * labels.count));
+          L::kMaxRecordWords - (1 + L::kMaxValuesPerProvider + 2 * labels.count));
       unwound = unwinder.Unwind(snapshotter_->snapshot(), slot->stack,
                                 std::span<uintptr_t>(frames_.data(), max_frames));
     }
@@ -297,7 +289,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
     if (!StillSampled(slot, generation)) return;  // as above
     slot->pick_in_flight = false;
     for (const Pending& p : entries) {
-      const size_t nvalues = kValueCounts[p.provider];
+      const size_t nvalues = L::kValueCounts[p.provider];
       internal::RecordMeta meta;
       meta.provider = static_cast<uint8_t>(p.provider);
       meta.label_count = static_cast<uint8_t>(labels.count);
@@ -324,7 +316,7 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
       for (size_t f = 0; f < depth; ++f) record_[frames_at + f] = frames_[f];
       slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
       if (!slot->ring.TryPush(std::span<const uint64_t>(record_.data(), frames_at + depth))) {
-        const size_t offset = kValueOffsets[p.provider];
+        const size_t offset = L::kValueOffsets[p.provider];
         for (size_t v = 0; v < nvalues; ++v) {
           slot->dropped_values[offset + v].fetch_add(p.values[v], std::memory_order_relaxed);
         }
@@ -340,9 +332,9 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
   std::unique_ptr<internal::ThreadSnapshotter> snapshotter_;
 
  private:
-  std::array<size_t, kNumProviders> cursor_{};  // registry lock
-  std::vector<uintptr_t> frames_ = std::vector<uintptr_t>(kMaxFrames);
-  std::vector<uint64_t> record_ = std::vector<uint64_t>(kMaxRecordWords);
+  std::array<size_t, L::kNumProviders> cursor_{};  // registry lock
+  std::vector<uintptr_t> frames_ = std::vector<uintptr_t>(L::kMaxFrames);
+  std::vector<uint64_t> record_ = std::vector<uint64_t>(L::kMaxRecordWords);
   std::unique_ptr<Sampler> sampler_ = std::make_unique<Sampler>();
 };
 

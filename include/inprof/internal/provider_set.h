@@ -113,6 +113,21 @@ struct ProviderSet {
   }
 };
 
+// A Profiler's providers, in a base constructed before the profiler's state
+// (ProfilerCommon, whose pipeline needs the first provider's period).
+template <typename... Ps>
+struct ProviderHolder {
+  std::tuple<Ps...> providers_;
+
+  // The first provider's period as `options` configure it; 0 when they do
+  // not.
+  int64_t FirstPeriod(const Options& options) {
+    auto& first = std::get<0>(providers_);
+    if (!first.Configure(options).ok()) return 0;
+    return static_cast<int64_t>(first.Period());
+  }
+};
+
 // CanonicalLabelWords: label_table.h.
 
 }  // namespace inprof::internal

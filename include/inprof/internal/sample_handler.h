@@ -37,16 +37,6 @@ template <Unwinder U, SampleRing R, SampleProvider... Ps>
 class SampleHandler {
   using L = ProfilerLayout<U, R, Ps...>;
   using Slot = typename L::Slot;
-  static constexpr size_t kNumProviders = L::kNumProviders;
-  static constexpr auto kValueCounts = L::kValueCounts;
-  static constexpr auto kValueOffsets = L::kValueOffsets;
-  static constexpr size_t kMaxValuesPerProvider = L::kMaxValuesPerProvider;
-  static constexpr auto kSamplesRunning = L::kSamplesRunning;
-  static constexpr size_t kLeafWords = L::kLeafWords;
-  static constexpr size_t kMaxRecordWords = L::kMaxRecordWords;
-  static constexpr uint64_t kWalkGenerationMask = L::kWalkGenerationMask;
-  static bool UnwindTablesReady() { return L::UnwindTablesReady(); }
-  static uint64_t UnwindTablesGeneration() { return L::UnwindTablesGeneration(); }
 
  public:
   // Samples pushed by handlers of this profiler type (one profiler runs at a
@@ -59,39 +49,39 @@ class SampleHandler {
                            siginfo_t* info, void* ucontext, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
     size_t provider;
-    int64_t values[kMaxValuesPerProvider];
+    int64_t values[L::kMaxValuesPerProvider];
     if (!TakeValues(*slot, *info, tag, provider, values)) return;
-    const size_t nvalues = kValueCounts[provider];
-    uint64_t record[kMaxRecordWords];
+    const size_t nvalues = L::kValueCounts[provider];
+    uint64_t record[L::kMaxRecordWords];
     // The thread's labels: written only by this thread, so a plain copy
     // after a signal fence sees a consistent set.
     std::atomic_signal_fence(std::memory_order_acquire);
     uint32_t nlabels = slot->label_count;
     if (nlabels > ThreadSlotHeader::kMaxLabels) nlabels = 0;
-    const size_t label_at = 1 + nvalues + kLeafWords;
+    const size_t label_at = 1 + nvalues + L::kLeafWords;
     for (size_t i = 0; i < 2 * nlabels; ++i) {
       record[label_at + i] = slot->label_words[i];
     }
     const size_t header_words = label_at + 2 * nlabels;
-    const size_t frame_room = kMaxRecordWords - header_words;
+    const size_t frame_room = L::kMaxRecordWords - header_words;
     const size_t max_frames =
         static_cast<size_t>(slot->max_frames) < frame_room
             ? static_cast<size_t>(slot->max_frames)
             : frame_room;
     const bool sampled_blocked = SampledBlockedAt(
-        provider, *slot, std::make_index_sequence<kNumProviders>{});
+        provider, *slot, std::make_index_sequence<L::kNumProviders>{});
     // Read before the walk, so that tables published during it count as
     // newer (the safe side: the episode is then sampled again).
     RecordMeta meta;
     if (sampled_blocked) {
-      meta.tables_ready = UnwindTablesReady();
-      meta.generation = static_cast<uint32_t>(UnwindTablesGeneration() & kWalkGenerationMask);
+      meta.tables_ready = L::UnwindTablesReady();
+      meta.generation = static_cast<uint32_t>(L::UnwindTablesGeneration() & L::kWalkGenerationMask);
     }
     U unwinder;
-    if constexpr (kLeafWords > 0) {
+    if constexpr (L::kLeafWords > 0) {
       unwinder.CopyLeafStack(
           ucontext, slot->stack,
-          std::span<uint64_t>(record + 1 + nvalues, kLeafWords));
+          std::span<uint64_t>(record + 1 + nvalues, L::kLeafWords));
     }
     const UnwindResult unwound = unwinder.Unwind(
         ucontext, slot->stack,
@@ -109,7 +99,7 @@ class SampleHandler {
     meta.truncated = unwound.truncated;
     meta.blocked = sampled_blocked;
     meta.provisional = unwound.provisional;
-    meta.leaf_words = kLeafWords > 0;
+    meta.leaf_words = L::kLeafWords > 0;
     meta.label_count = static_cast<uint8_t>(nlabels);
     meta.depth = static_cast<uint16_t>(unwound.depth);
     record[0] = meta.Encode();
@@ -123,12 +113,12 @@ class SampleHandler {
     if (!slot->active_ring->TryPush(
             std::span<const uint64_t>(record, header_words + unwound.depth))) {
       // Keep the values so totals stay true; the ring counted the drop.
-      const size_t offset = kValueOffsets[provider];
+      const size_t offset = L::kValueOffsets[provider];
       for (size_t i = 0; i < nvalues; ++i) {
         slot->dropped_values[offset + i].fetch_add(values[i],
                                                    std::memory_order_relaxed);
       }
-    } else if (kSamplesRunning[provider] && info->si_code != SI_KERNEL) {
+    } else if (L::kSamplesRunning[provider] && info->si_code != SI_KERNEL) {
       // A stack of the thread running, now in its ring (ITIMER_PROF's
       // process-wide signal, SI_KERNEL, may land on a thread that is not
       // the one running: not counted). Only this thread writes the count.
@@ -139,7 +129,7 @@ class SampleHandler {
     // A signal another provider sent that this one swallowed: the same
     // stack, recorded again for it.
     TakeSwallowedEach(provider, *slot, record, nvalues, nlabels, unwound,
-                      std::make_index_sequence<kNumProviders>{});
+                      std::make_index_sequence<L::kNumProviders>{});
     HandlerDone(*slot);
   }
 
@@ -151,13 +141,13 @@ class SampleHandler {
                               siginfo_t* info, void*, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
     size_t provider;
-    int64_t values[kMaxValuesPerProvider];
+    int64_t values[L::kMaxValuesPerProvider];
     if (!TakeValues(*slot, *info, tag, provider, values)) return;
     const bool blocked = SampledBlockedAt(
-        provider, *slot, std::make_index_sequence<kNumProviders>{});
+        provider, *slot, std::make_index_sequence<L::kNumProviders>{});
     PushStackless(*slot, provider, values, blocked);
     TakeSwallowedStacklessEach(provider, *slot,
-                               std::make_index_sequence<kNumProviders>{});
+                               std::make_index_sequence<L::kNumProviders>{});
     HandlerDone(*slot);
   }
   // On the owning thread as it unregisters (ThreadSlotHeader::
@@ -168,7 +158,7 @@ class SampleHandler {
     Slot* slot = static_cast<Slot*>(header);
     const uint64_t session = slot->session.load(std::memory_order_acquire);
     if (session == 0 || session != ActiveSession()) return;
-    TakeOwedEach(*slot, session, std::make_index_sequence<kNumProviders>{});
+    TakeOwedEach(*slot, session, std::make_index_sequence<L::kNumProviders>{});
   }
  private:
   // What both handler parts begin with: the provider the signal is for
@@ -176,9 +166,9 @@ class SampleHandler {
   static bool TakeValues(Slot& slot, const siginfo_t& info, int tag,
                          size_t& provider, int64_t* values) noexcept {
     provider = static_cast<size_t>(tag & 0xff);
-    return provider < kNumProviders &&
+    return provider < L::kNumProviders &&
            OnSignalAt(provider, slot, info,
-                      std::make_index_sequence<kNumProviders>{}, values);
+                      std::make_index_sequence<L::kNumProviders>{}, values);
   }
   // ... and end with, after the records' push.
   static void HandlerDone(Slot& slot) noexcept {
@@ -190,8 +180,8 @@ class SampleHandler {
 
   static void PushStackless(Slot& slot, size_t provider, const int64_t* values,
                             bool blocked) noexcept {
-    const size_t nvalues = kValueCounts[provider];
-    uint64_t record[1 + kMaxValuesPerProvider];
+    const size_t nvalues = L::kValueCounts[provider];
+    uint64_t record[1 + L::kMaxValuesPerProvider];
     RecordMeta meta;
     meta.provider = static_cast<uint8_t>(provider);
     meta.stackless = true;
@@ -203,7 +193,7 @@ class SampleHandler {
     slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
     if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, 1 + nvalues))) {
       for (size_t i = 0; i < nvalues; ++i) {
-        slot.dropped_values[kValueOffsets[provider] + i].fetch_add(
+        slot.dropped_values[L::kValueOffsets[provider] + i].fetch_add(
             values[i], std::memory_order_relaxed);
       }
     }
@@ -216,9 +206,9 @@ class SampleHandler {
           using P = std::tuple_element_t<I, std::tuple<Ps...>>;
           if constexpr (TakesSwallowedSignals<P>) {
             if (provider == I) return;
-            int64_t values[kMaxValuesPerProvider];
+            int64_t values[L::kMaxValuesPerProvider];
             if (P::TakeSwallowed(slot, std::get<I>(slot.data),
-                                 std::span<int64_t>(values, kValueCounts[I]))) {
+                                 std::span<int64_t>(values, L::kValueCounts[I]))) {
               PushStackless(slot, I, values, /*blocked=*/false);
             }
           }
@@ -256,22 +246,22 @@ class SampleHandler {
           using P = std::tuple_element_t<I, std::tuple<Ps...>>;
           if constexpr (TakesSwallowedSignals<P>) {
             if (provider == I) return;
-            int64_t values[kMaxValuesPerProvider];
+            int64_t values[L::kMaxValuesPerProvider];
             if (!P::TakeSwallowed(slot, std::get<I>(slot.data),
-                                  std::span<int64_t>(values, kValueCounts[I]))) {
+                                  std::span<int64_t>(values, L::kValueCounts[I]))) {
               return;
             }
             const size_t new_header =
-                1 + kValueCounts[I] + kLeafWords + 2 * nlabels;
+                1 + L::kValueCounts[I] + L::kLeafWords + 2 * nlabels;
             size_t depth = unwound.depth;
             bool truncated = unwound.truncated;
-            if (new_header + depth > kMaxRecordWords) {
-              depth = kMaxRecordWords - new_header;
+            if (new_header + depth > L::kMaxRecordWords) {
+              depth = L::kMaxRecordWords - new_header;
               truncated = true;
             }
             // Leaf words, labels and frames, moved as one block.
-            const size_t from = 1 + nvalues, to = 1 + kValueCounts[I];
-            const size_t words = kLeafWords + 2 * nlabels + depth;
+            const size_t from = 1 + nvalues, to = 1 + L::kValueCounts[I];
+            const size_t words = L::kLeafWords + 2 * nlabels + depth;
             if (to < from) {
               for (size_t w = 0; w < words; ++w) record[to + w] = record[from + w];
             } else if (to > from) {
@@ -280,23 +270,23 @@ class SampleHandler {
             RecordMeta meta;
             meta.provider = static_cast<uint8_t>(I);
             meta.truncated = truncated;
-            meta.leaf_words = kLeafWords > 0;
+            meta.leaf_words = L::kLeafWords > 0;
             meta.label_count = static_cast<uint8_t>(nlabels);
             meta.depth = static_cast<uint16_t>(depth);
             record[0] = meta.Encode();
-            for (size_t i = 0; i < kValueCounts[I]; ++i) {
+            for (size_t i = 0; i < L::kValueCounts[I]; ++i) {
               record[1 + i] = static_cast<uint64_t>(values[i]);
             }
             slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
             if (truncated) slot.samples_truncated.fetch_add(1, std::memory_order_relaxed);
             if (!slot.active_ring->TryPush(
                     std::span<const uint64_t>(record, new_header + depth))) {
-              for (size_t i = 0; i < kValueCounts[I]; ++i) {
-                slot.dropped_values[kValueOffsets[I] + i].fetch_add(
+              for (size_t i = 0; i < L::kValueCounts[I]; ++i) {
+                slot.dropped_values[L::kValueOffsets[I] + i].fetch_add(
                     values[i], std::memory_order_relaxed);
               }
             }
-            nvalues = kValueCounts[I];
+            nvalues = L::kValueCounts[I];
           }
         }(),
         ...);
@@ -324,7 +314,7 @@ class SampleHandler {
     ((provider == I
           ? (sampled = std::tuple_element_t<I, std::tuple<Ps...>>::OnSignal(
                  slot, std::get<I>(slot.data), info,
-                 std::span<int64_t>(values, kValueCounts[I])),
+                 std::span<int64_t>(values, L::kValueCounts[I])),
              true)
           : false) ||
      ...);

@@ -73,9 +73,7 @@ namespace inprof {
 //   Ps  one or more SampleProviders (windows/sample_provider_windows.h).
 template <Unwinder U, SampleRing R, SampleProvider... Ps>
   requires(sizeof...(Ps) >= 1 && sizeof...(Ps) < 256)
-class Profiler final : public internal::ProfilerControl,
-                       private internal::Registry::Owner,
-                       private internal::ProfilerSampler<U, R, Ps...> {
+class Profiler final : public internal::ProfilerSampler<U, R, Ps...> {
   // What the components fix (internal/profiler_layout_windows.h), the
   // profiler's state and the collector's half
   // (internal/profiler_collector_windows.h), and the sampler thread
@@ -84,11 +82,11 @@ class Profiler final : public internal::ProfilerControl,
   using Base = internal::ProfilerSampler<U, R, Ps...>;
   using Set = typename Layout::Set;
   using Slot = typename Layout::Slot;
-  static constexpr size_t kNumProviders = Layout::kNumProviders;
   // The state and services of the parts this one uses.
-  using Base::options_, Base::providers_, Base::pipeline_, Base::composition_, Base::session_, Base::registry_,
-      Base::active_, Base::running_, Base::taken_, Base::recorded_, Base::dropped_,
-      Base::truncated_, Base::unsuspended_, Base::pending_, Base::snapshotter_,
+  using Base::options_, Base::config_status_, Base::providers_, Base::pipeline_,
+      Base::composition_, Base::session_, Base::registry_, Base::active_, Base::running_,
+      Base::threads_registered_, Base::profiles_written_, Base::unsuspended_,
+      Base::pending_, Base::snapshotter_,
       Base::StartSampler, Base::StopSampler, Base::DrainRings, Base::DrainSlotLocked,
       Base::TakeTailsLocked, Base::RefreshNameLocked, Base::RetireLocked, Base::AcquireSlot;
 
@@ -100,8 +98,6 @@ class Profiler final : public internal::ProfilerControl,
   // disabled (Start() returns the error).
   explicit Profiler(Options options = Options::FromEnv())
       : Base(std::move(options)) {
-    config_status_ = options_.Validate();
-    if (!config_status_.ok()) internal::Log(config_status_.message());
     registry_->owner = this;
     pipeline_.set_describe_unwind_tables(false);
     // Looks GetThreadDescription up now: that takes the loader lock, which
@@ -252,27 +248,14 @@ class Profiler final : public internal::ProfilerControl,
     return false;
   }
 
-  // An invalid option: logged at construction (ScopedProfiler).
-  bool StartErrorLogged(const absl::Status& start_error) const override {
-    return !config_status_.ok() && start_error == config_status_;
-  }
-
-  // True between a successful Start() and Stop().
-  bool running() const { return running_; }
-  const Options& options() const { return options_; }
-  // Always empty: the live endpoint is not part of the Windows build.
-  std::string http_address() const { return composition_.http_address(); }
+  // running(), options(), http_address() (always empty: the live endpoint
+  // is not part of the Windows build): internal::ProfilerCommon.
 
   // Counters so far. Any thread.
   ProfilerStats stats() const {
     ProfilerStats s;
-    s.samples_taken = taken_.load(std::memory_order_relaxed);
-    s.samples_recorded = recorded_.load(std::memory_order_relaxed);
-    s.samples_dropped = dropped_.load(std::memory_order_relaxed);
-    s.stacks_truncated = truncated_.load(std::memory_order_relaxed);
+    this->AddCommonStats(s);
     s.samples_unsuspended = unsuspended_.load(std::memory_order_relaxed);
-    s.threads_registered = threads_registered_.load(std::memory_order_relaxed);
-    s.profiles_written = profiles_written_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -307,7 +290,7 @@ class Profiler final : public internal::ProfilerControl,
   void ArmLocked(Slot* slot, int64_t now) {
     slot->session.store(session_, std::memory_order_release);
     const ThreadTimes times = internal::ReadThreadTimes(slot->handle);
-    ArmEach(slot, times, now, std::make_index_sequence<kNumProviders>{});
+    ArmEach(slot, times, now, std::make_index_sequence<Layout::kNumProviders>{});
   }
   template <size_t... I>
   void ArmEach(Slot* slot, const ThreadTimes& times, int64_t now, std::index_sequence<I...>) {
@@ -353,8 +336,6 @@ class Profiler final : public internal::ProfilerControl,
     RetireLocked(slot, /*reusable=*/on_owner_thread);
   }
 
-  absl::Status config_status_;
-  std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
 };
 
 }  // namespace inprof

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "inprof/internal/label_table.h"
 #include "inprof/options.h"
 #include "inprof/windows/sample_provider_windows.h"
 
@@ -39,9 +40,9 @@ class WallTimeProvider {
   static constexpr size_t kPeriodTypeIndex = 1;
   static constexpr const char* kTailFrame =
       "[inprof: wall time since the thread's last sample]";
-  static constexpr const char* kStateLabel = "thread state";
-  static constexpr const char* kRunning = "running";
-  static constexpr const char* kBlocked = "blocked";
+  static constexpr const char* kStateLabel = internal::kThreadState;
+  static constexpr const char* kRunning = internal::kThreadRunning;
+  static constexpr const char* kBlocked = internal::kThreadBlocked;
 
   struct ThreadData {
     bool armed = false;

@@ -1,0 +1,163 @@
+// internal: not part of the public API (include inprof/profiler.h).
+//
+// What every platform's profiler holds and does the same way, compiled once
+// (src/profiler/profiler_common.cc): the options and their verdict, the
+// pipeline (internal/pipeline.h) and what Options attaches to it
+// (internal/composition.h), the registry a ThreadRegistration calls back
+// into, the session, whether it runs, the counters every platform keeps,
+// and the collector's common steps: a thread's entry in the aggregate, the
+// canonical label words with the thread-state label, a drained slot's
+// counters and its dropped samples. SlotPool<Slot> pools the slots.
+//
+//   ProfilerCommon                  this header
+//     ProfilerBase                  profiler_base.h (Linux: signals, the
+//                                   registry's lock-free retirement, the
+//                                   wall ticker)
+//     ProfilerCollector<U, R, Ps>   profiler_collector_windows.h (Windows:
+//                                   the sampler thread's collector)
+//
+// Locks: "registry lock" is registry_->mutex; the aggregate lock is the
+// pipeline's (Pipeline::Ingest), always taken after it.
+#ifndef INPROF_INTERNAL_PROFILER_COMMON_H_
+#define INPROF_INTERNAL_PROFILER_COMMON_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "inprof/internal/composition.h"
+#include "inprof/internal/pipeline.h"
+#include "inprof/internal/profiler_control.h"
+#include "inprof/options.h"
+#include "inprof/profile_data.h"
+#include "inprof/sample_aggregator.h"
+
+namespace inprof::internal {
+
+// The collector's part of a registered thread's slot, on every platform
+// (registry lock): the slot types derive from it beside their
+// ThreadSlotHeader.
+struct SlotRecordState {
+  std::string name;
+  // The newest stack drained for the thread.
+  std::vector<uint64_t> last_stack;
+  uint32_t aggregate_thread = 0;
+  bool has_aggregate_thread = false;
+  // The slot's own counters as the last drain saw them.
+  uint64_t seen_taken = 0, seen_dropped = 0, seen_truncated = 0;
+};
+
+class ProfilerCommon : public ProfilerControl, protected Registry::Owner {
+ public:
+  ProfilerCommon(const ProfilerCommon&) = delete;
+  ProfilerCommon& operator=(const ProfilerCommon&) = delete;
+
+  // An invalid option: logged at construction (ScopedProfiler).
+  bool StartErrorLogged(const absl::Status& start_error) const override {
+    return !config_status_.ok() && start_error == config_status_;
+  }
+
+  // True between a successful Start() and Stop().
+  bool running() const { return running_; }
+  const Options& options() const { return options_; }
+
+  // Where the live endpoint (options().http_addr) listens, e.g.
+  // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
+  // off, not started or could not listen (logged), and on Windows.
+  std::string http_address() const { return composition_.http_address(); }
+
+ protected:
+  // What the composition's types fix of the profile.
+  struct ProfileShape {
+    std::vector<ValueType> sample_types;
+    ValueType period_type;
+    int64_t period = 0;  // the first provider's
+    std::string engine;  // "unwinder=frame-pointer providers=cpu"
+  };
+  // Validates `options`: an invalid one is logged, and Start() returns it.
+  ProfilerCommon(Options options, ProfileShape shape);
+  ~ProfilerCommon();
+
+  // The counters kept here, into `s`.
+  void AddCommonStats(ProfilerStats& s) const;
+
+  // Registry and aggregate locks held: the thread's entry in the aggregate,
+  // made at its first sample.
+  static void EnsureAggregateThread(SlotRecordState& slot, int64_t tid,
+                                    SampleAggregator& agg);
+
+  // Canonical label words for the aggregate (label_table.h), with the
+  // "thread state" label ("running" or "blocked") when `state_label`.
+  // `out` holds words.size() + 2.
+  size_t CanonicalLabels(std::span<const uint64_t> words, bool state_label,
+                         bool blocked, uint64_t* out) const;
+
+  // Registry and aggregate locks held, after a drain of `slot`: its
+  // counters now (`taken`, `dropped`, `truncated`), and the records it
+  // added. A ring that dropped records since the last drain has their
+  // values (taken from `dropped_values`, zeroed) added to a frame of
+  // their own.
+  void CountDrainedLocked(SlotRecordState& slot, SampleAggregator& agg,
+                          uint64_t taken, uint64_t dropped, uint64_t truncated,
+                          uint64_t recorded,
+                          std::span<std::atomic<int64_t>> dropped_values);
+
+  Options options_;
+  absl::Status config_status_;
+  Pipeline pipeline_;
+  // What options_ attaches to the pipeline (its sinks, the agent link, the
+  // live endpoint); after pipeline_, which it refers to.
+  Composition composition_{pipeline_};
+  uint64_t session_;  // registry lock; new per Start()
+  std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
+  std::atomic<bool> running_{false};  // written under the registry lock
+  std::atomic<uint64_t> taken_{0}, recorded_{0}, dropped_{0}, truncated_{0};
+  std::atomic<uint64_t> threads_registered_{0}, profiles_written_{0};
+
+ private:
+  const uint64_t state_key_;
+  const uint64_t running_value_;
+  const uint64_t blocked_value_;
+};
+
+// The slots of one Slot type, pooled for the life of the process and never
+// freed, so a ScopedLabels on a thread whose registration ended writes valid
+// memory. Any thread.
+template <typename Slot>
+class SlotPool {
+ public:
+  // A pooled slot, or null when there is none.
+  static Slot* Take() {
+    Pool& pool = Get();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    if (pool.free.empty()) return nullptr;
+    Slot* slot = pool.free.back();
+    pool.free.pop_back();
+    return slot;
+  }
+  static void Put(Slot* slot) {
+    Pool& pool = Get();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    pool.free.push_back(slot);
+  }
+
+ private:
+  struct Pool {
+    std::mutex mutex;
+    std::vector<Slot*> free;
+  };
+  static Pool& Get() {
+    static Pool* pool = new Pool;  // intentionally never destroyed
+    return *pool;
+  }
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_PROFILER_COMMON_H_
