@@ -18,6 +18,13 @@
 //   build/bench/many_threads 10000 3 wait     (wait on a condition variable
 //                                             throughout: their clocks stand)
 //   INPROF_WALL_THREADS_PER_TICK=5 build/bench/many_threads 1000 3
+//   build/bench/many_threads 10000 3 nap stop (Stop() while the nappers
+//                                             still nap; by default they end
+//                                             and unregister first)
+//
+// It also prints stop_ms and stop_cpu_ms, the time Profiler::Stop() took and
+// its thread's CPU meanwhile (its last visits to the threads, the drain and
+// the export: symbolization, encoding, writing).
 //
 // The same workload for peers (python3 bench/sampling/many_threads.py BUILD
 // runs them all and prints one table), one more argument, the profile file:
@@ -152,9 +159,12 @@ struct Run {
 };
 
 // THREADS nappers (or waiters) and one busy thread; `register_thread(name)`
-// is called first in each of them and its result kept for the thread's life.
-template <typename Register>
-Run RunWorkload(int threads, double seconds, bool wait, Register register_thread) {
+// is called first in each of them and its result kept for the thread's life;
+// `before_release()` once the busy thread ended, before the nappers are
+// told to end.
+template <typename Register, typename BeforeRelease>
+Run RunWorkload(int threads, double seconds, bool wait, Register register_thread,
+                BeforeRelease before_release) {
   std::atomic<bool> stop{false};
   std::atomic<int> registered{0};
   // Ids of the threads started here (and main's): the rest are a profiler's.
@@ -189,6 +199,7 @@ Run RunWorkload(int threads, double seconds, bool wait, Register register_thread
   run.run_ns = Now(CLOCK_MONOTONIC) - start;
   ours[threads] = busy_tid.load();
   ThreadCpuMs("inprof-tick", ours, &run.ticker_ms, &run.profiler_ms);
+  before_release();
   {
     std::lock_guard<std::mutex> lock(g_mu);
     stop = true;
@@ -211,13 +222,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "many_threads: ProfilerStart(%s) failed\n", output.c_str());
     return 1;
   }
-  const Run run = RunWorkload(threads, seconds, wait, [](const char*) {
-    ProfilerRegisterThread();
-    return 0;
-  });
+  const Run run = RunWorkload(
+      threads, seconds, wait,
+      [](const char*) {
+        ProfilerRegisterThread();
+        return 0;
+      },
+      [] {});
   ProfilerStop();
 #else
-  const Run run = RunWorkload(threads, seconds, wait, [](const char*) { return 0; });
+  const Run run = RunWorkload(
+      threads, seconds, wait, [](const char*) { return 0; }, [] {});
 #endif
   std::printf(
       "RESULT many_threads profiler=%s threads=%d %s seconds=%.1f run_s=%.3f "
@@ -231,15 +246,29 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1000;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 3.0;
   const bool wait = argc > 3 && std::string(argv[3]) == "wait";
+  const bool stop_first = argc > 4 && std::string(argv[4]) == "stop";
   const std::string output = "/tmp/inprof_many_threads_" + std::to_string(getpid()) + ".pb.gz";
   inprof::Options options = inprof::Options::FromEnv();
   options.output = output;
   inprof::DefaultProfiler profiler(options);
   Run run;
+  int64_t stop_ns = -1, stop_cpu_ns = -1;
+  auto stop = [&] {
+    if (stop_ns >= 0) return;
+    const int64_t t0 = Now(CLOCK_MONOTONIC);
+    const int64_t cpu0 = Now(CLOCK_THREAD_CPUTIME_ID);
+    (void)profiler.Stop();
+    stop_cpu_ns = Now(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+    stop_ns = Now(CLOCK_MONOTONIC) - t0;
+  };
   {
     inprof::ScopedProfiler running(profiler);
-    run = RunWorkload(threads, seconds, wait,
-                      [&](const char* name) { return profiler.RegisterThread(name); });
+    run = RunWorkload(
+        threads, seconds, wait, [&](const char* name) { return profiler.RegisterThread(name); },
+        [&] {
+          if (stop_first) stop();
+        });
+    stop();
   }
   const double cpu_s = ProcessCpuS();
   const int64_t run_ns = run.run_ns;
@@ -274,12 +303,13 @@ int main(int argc, char** argv) {
     return total > 0 ? static_cast<double>(part) / static_cast<double>(total) : 0.0;
   };
   std::printf(
-      "RESULT many_threads profiler=inprof threads=%d %s seconds=%.1f run_s=%.3f "
-      "wall_real=%.3f wall_tail=%.3f "
+      "RESULT many_threads profiler=inprof threads=%d %s%s seconds=%.1f run_s=%.3f "
+      "stop_ms=%.0f stop_cpu_ms=%.0f wall_real=%.3f wall_tail=%.3f "
       "wall_total_s=%.0f busy_wall=%.2f busy_wall_share=%.3f cpu_real=%.3f "
       "ticker_cpu_ms=%.0f ticker_core_pct=%.2f profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f "
       "rss_kib_per_thread=%.1f\n",
-      threads, wait ? "wait" : "nap", seconds, run_ns / 1e9, 1 - share(wall_pseudo, wall_total), share(wall_tail, wall_total),
+      threads, wait ? "wait" : "nap", stop_first ? " stop-first" : "", seconds, run_ns / 1e9,
+      stop_ns / 1e6, stop_cpu_ns / 1e6, 1 - share(wall_pseudo, wall_total), share(wall_tail, wall_total),
       wall_total / 1e9, busy_wall / 1e9, share(busy_wall, run_ns),
       1 - share(cpu_pseudo, cpu_total), ticker_ms, 100.0 * ticker_ms / (run_ns / 1e6),
       run.profiler_ms, cpu_s, RssKibPerThread(threads));
