@@ -42,6 +42,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -103,7 +104,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   using Base::options_, Base::pipeline_, Base::composition_, Base::session_, Base::active_,
       Base::tick_steady_visits_, Base::tick_visit_cap_, Base::tick_visits_,
       Base::wall_visits_deferred_, Base::wall_due_, Base::kMaxTickBatch, Base::wall_signals_,
-      Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::Shutdown,
+      Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::wall_tail_frame_ns_,
+      Base::Shutdown,
       Base::DrainRings, Base::DrainSlotLocked, Base::RefreshLeafResolverLocked,
       Base::SendProfilingSignal, Base::CreditBlockedLocked,
       Base::CreditSyntheticLocked, Base::EnsureAggregateThread;
@@ -244,6 +246,12 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       if constexpr (NamesTailFrame<P>) frame = P::kTailFrame;
       agg.AddSynthetic(slot->aggregate_thread, frame, Layout::kValueOffsets[I],
                        std::span<const int64_t>(values, Layout::kValueCounts[I]));
+      if constexpr (TicksThreads<P>) {
+        // Wall time whose place was never read: the comments say how much.
+        wall_tail_frame_ns_.fetch_add(
+            static_cast<uint64_t>(std::max<int64_t>(0, values[P::kPeriodTypeIndex])),
+            std::memory_order_relaxed);
+      }
     }
   }
 

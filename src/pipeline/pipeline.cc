@@ -377,6 +377,15 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         " (a round of the threads took longer than 2 s; each visit credits "
         "the longer interval to where the thread is then)"));
   }
+  if (window_stats.wall_tail_frame_ns > 0) {
+    data.comments.push_back(absl::StrCat(
+        "wall time of threads whose place the wall sampler could not read, on "
+        "[inprof: wall time since the thread's last sample]=",
+        absl::FormatDuration(absl::Nanoseconds(
+            static_cast<int64_t>(window_stats.wall_tail_frame_ns))),
+        " (threads that ended before their first visit, or that Stop()'s "
+        "last visit could not sample)"));
+  }
   if (window_stats.threads_sigprof_unblocked > 0) {
     data.comments.push_back(absl::StrCat(
         "threads registered with SIGPROF blocked, unblocked so that they "

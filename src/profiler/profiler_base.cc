@@ -267,6 +267,7 @@ ProfilerStats ProfilerBase::stats() const {
   s.wall_visits_deferred = wall_visits_deferred_.load(std::memory_order_relaxed);
   s.threads_sigprof_unblocked =
       threads_sigprof_unblocked_.load(std::memory_order_relaxed);
+  s.wall_tail_frame_ns = wall_tail_frame_ns_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -103,7 +103,12 @@ class Symbolizer;
   X(samples_small_stack, true, "samples on a small or foreign stack")        \
   /* Visits the wall sampler deferred to stay within its CPU budget         \
      (Options::wall_cpu_budget): each thread's rounds grew longer. */       \
-  X(wall_visits_deferred, true, "wall visits deferred by the CPU budget")
+  X(wall_visits_deferred, true, "wall visits deferred by the CPU budget")  \
+  /* Wall time (ns) put on "[inprof: wall time since the thread's last       \
+     sample]": threads that had no wall sample when their tail was taken     \
+     (they ended before the sampler visited them, or Stop()'s last visit     \
+     could not read where they were). */                                     \
+  X(wall_tail_frame_ns, true, "wall time on the tail frame, ns")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;

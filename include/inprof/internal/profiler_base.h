@@ -289,6 +289,9 @@ class ProfilerBase : public ProfilerCommon {
   // Blocked threads' stacks read without a signal (ReadBlockedStack).
   std::atomic<uint64_t> wall_stacks_read_{0};
   std::atomic<uint64_t> wall_episodes_resampled_{0};
+  // Wall time (ns) of threads with no wall sample that went to the tail
+  // frame (Profiler<>::TakeTailOne): where they were could not be read.
+  std::atomic<uint64_t> wall_tail_frame_ns_{0};
 
  private:
   // Registry::Owner. Registry lock held by the caller (`lock`).
