@@ -307,6 +307,33 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     }
   }
 
+  // Stop(): each ticking provider's last visits (internal::WallTicker::
+  // VisitAll), counted as a wake-up's are.
+  void VisitAllProvidersLocked(TickTime when, int64_t deadline_ns,
+                               std::vector<internal::WallSignalled>& signalled) override {
+    VisitAllEach(when, deadline_ns, signalled, std::make_index_sequence<kNumProviders>{});
+  }
+  template <size_t... I>
+  void VisitAllEach(TickTime when, int64_t deadline_ns,
+                    std::vector<internal::WallSignalled>& signalled,
+                    std::index_sequence<I...>) {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (TicksThreads<P>) {
+            TickerHost<I> host{this};
+            const internal::WallVisitCounts counts = std::get<I>(tickers_).VisitAll(
+                std::get<I>(providers_), host, std::span<internal::SlotBase* const>(active_),
+                when, deadline_ns, signalled);
+            wall_signals_.fetch_add(counts.signals, std::memory_order_relaxed);
+            wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);
+            wall_episodes_resampled_.fetch_add(counts.episodes_resampled,
+                                               std::memory_order_relaxed);
+          }
+        }(),
+        ...);
+  }
+
   // What provider I's visits ask of the profiler (internal::WallTickerHost).
   template <size_t I>
   struct TickerHost {

@@ -129,6 +129,7 @@ absl::Status ProfilerBase::Stop() {
     arms_done_.wait(lock, [this] { return arms_in_flight_ == 0; });
     if (!running_) return absl::OkStatus();  // another Stop() was first
     ProcessRetiredLocked();
+    FinalVisitsLocked();  // armed, in this session: before both end
     for (SlotBase* slot : active_) DisarmLocked(slot);
     DeactivateSession(session_);
     for (SlotBase* slot : active_) {
@@ -643,6 +644,41 @@ void ProfilerBase::UpdateVisitBudgetLocked() {
   tick_visits_ = 0;
   tick_visit_cap_ = VisitBudgetPerTick(options_.wall_cpu_budget / 100.0, tick_period_ns_,
                                        tick_cost_per_visit_ns_);
+}
+
+// Registry lock held, in Stop() before the providers are disarmed: the
+// wall ticker's last visit to each thread, so that the wall time since its
+// previous visit goes where the thread is now, not to its tail. Under the
+// CPU budget a round of thousands of threads takes longer than a short run
+// (10,000 napping threads: ~15 s), and a thread never visited has no wall
+// sample whose stack its tail could take: it went to the tail frame
+// ("[inprof: wall time since the thread's last sample]"). A waiting
+// thread's visit costs a clock read (its clock stood since it was seen
+// waiting: its episode's stack is credited) or a copy and walk of its
+// stack (ReadBlockedStack); a running one, or one whose stack cannot be
+// read, is signalled as in a round, and its handler waited for a while.
+// What still cannot be placed goes to the tail frame, counted
+// (ProfilerStats::wall_tail_frame_ns). Only at Stop: at the end of a
+// periodic window no wall time is lost (it is owed, and credited at the
+// thread's next visit in a later window), and a sweep of every thread per
+// window would cost past the budget (docs/measurements.md).
+void ProfilerBase::FinalVisitsLocked() {
+  if (!shape_.has_ticker || TickerPeriod() == absl::InfiniteDuration()) return;
+  const int64_t start = WallTimeProvider::NowNanos();
+  std::vector<WallSignalled> signalled;
+  VisitAllProvidersLocked(TickTime::At(start), start + kFinalVisitsNs, signalled);
+  for (const WallDue& due : wall_due_) {
+    if (due.slot->generation == due.generation) due.slot->wall_due = false;
+  }
+  wall_due_.clear();
+  // The handlers take no lock; the samples they push are drained next.
+  const int64_t wait_until = WallTimeProvider::NowNanos() + kFinalSignalWaitNs;
+  for (const WallSignalled& s : signalled) {
+    while (s.slot->samples_taken.load(std::memory_order_relaxed) == s.taken &&
+           WallTimeProvider::NowNanos() < wait_until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 }
 
 // After a thread registers: the ticker, if waiting long, is brought back

@@ -253,6 +253,65 @@ TEST_F(WallTickerTest, DueThreadsAreVisitedFirstAndOnlyOnce) {
   EXPECT_EQ(slot(3).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
 }
 
+// Stop()'s last visits (VisitAll): every thread once, whatever the round
+// robin's cursor and the budget, each decision carried out as in a round;
+// the signalled threads listed with their sample counts then (Stop waits
+// for their handlers); threads visited at that time already, being armed
+// or retiring, left alone.
+TEST_F(WallTickerTest, TheLastVisitsReachEveryThreadOnceAndListThoseSignalled) {
+  AddThreads(6);
+  provider_.per_tick = 1;
+  Wake();  // the cursor at 1
+  slot(0).data.decision = TickDecision::kSignalBlocked;  // read
+  slot(1).data.decision = TickDecision::kCreditBlocked;
+  slot(2).data.decision = TickDecision::kSignal;
+  slot(4).data.decision = TickDecision::kSignalBlocked;  // not readable: signalled
+  slot(4).samples_taken.store(3);
+  slot(3).wall_last_visit_ns = 9;  // visited at this time already
+  slot(5).retiring.store(true);
+  int reads = 0;
+  struct ReadsOnce : FakeHost {
+    int* reads;
+    bool ReadBlockedStack(internal::SlotBase& slot) {
+      FakeHost::ReadBlockedStack(slot);
+      return (*reads)++ == 0;
+    }
+  } host;
+  host.reads = &reads;
+  log_.clear();
+  std::vector<internal::WallSignalled> signalled;
+  counts_ = ticker_.VisitAll(provider_, host, pointers_, TickTime::At(9),
+                             /*deadline_ns=*/INT64_MAX, signalled);
+  EXPECT_THAT(log_, ElementsAre("visit 0 at 9", "read 0", "visit 1 at 9", "blocked 1 7000000 1",
+                                "visit 2 at 9", "signal 2", "visit 4 at 9", "read 4",
+                                "signal 4"));
+  EXPECT_EQ(counts_.visits, 4u);
+  EXPECT_EQ(counts_.stacks_read, 1u);
+  EXPECT_EQ(counts_.signals, 2u);
+  ASSERT_EQ(signalled.size(), 2u);
+  EXPECT_EQ(signalled[0].slot, &slot(2));
+  EXPECT_EQ(signalled[0].taken, 0u);
+  EXPECT_EQ(signalled[1].slot, &slot(4));
+  EXPECT_EQ(signalled[1].taken, 3u);
+  EXPECT_EQ(slot(1).wall_last_visit_ns, 9);
+  EXPECT_EQ(slot(5).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
+  // The round robin goes on from where it was.
+  EXPECT_THAT(Wake(1, 10), ElementsAre("visit 1 at 10", "blocked 1 7000000 1"));
+}
+
+// Past their deadline the last visits stop, at the next clock read: the
+// threads left keep their tails.
+TEST_F(WallTickerTest, TheLastVisitsStopAtTheirDeadline) {
+  using Ticker = internal::WallTicker<FakeProvider>;
+  AddThreads(3 * Ticker::kVisitsBetweenClockReads);
+  std::vector<internal::WallSignalled> signalled;
+  counts_ = ticker_.VisitAll(provider_, host_, pointers_, TickTime::At(1),
+                             /*deadline_ns=*/0, signalled);
+  EXPECT_EQ(counts_.visits, Ticker::kVisitsBetweenClockReads - 1);
+  EXPECT_EQ(slot(Ticker::kVisitsBetweenClockReads).wall_last_visit_ns,
+            internal::SlotBase::kNeverVisited);
+}
+
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {
   EXPECT_THAT(Wake(), IsEmpty());
   EXPECT_EQ(next_, 1u);

@@ -301,6 +301,92 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   EXPECT_TRUE(commented);
 }
 
+// A run shorter than one round of the sampler's visits (thousands of
+// threads under INPROF_WALL_CPU_BUDGET; here a wall period of an hour, so
+// that no visit comes at all): Stop()'s last visits put each waiting
+// thread's wall time on the stack it waits in -- read from a copy, without
+// a signal -- instead of on the tail frame, which a thread never sampled
+// had no other place for. Deterministic: the threads wait in read() from
+// before the sleep to after Stop(), so every look finds them there.
+TEST(WallTimeProviderTest, StopPutsNeverVisitedWaitingThreadsOnTheirStacks) {
+  Options options = WallOptions("wall_never_visited");
+  options.wall_period = absl::Hours(1);  // the ticker's first wake-up: >= 30 min
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  if constexpr (requires { DefaultUnwinder::TablesReady(); }) {
+    // A stack walked before the unwind tables may miss frames.
+    for (int i = 0; i < 60'000 && !DefaultUnwinder::TablesReady(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(DefaultUnwinder::TablesReady());
+  }
+  constexpr int kThreads = 64;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::atomic<int> waiting{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      auto registration = profiler.RegisterThread("waiter");
+      waiting.fetch_add(1);
+      EXPECT_EQ(WallTestWaitInRead(fds[0]), 1);
+    });
+  }
+  while (waiting.load() < kThreads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const ProfilerStats before_stop = profiler.stats();
+  ASSERT_TRUE(profiler.Stop().ok());
+  const ProfilerStats stats = profiler.stats();
+  const std::string bytes(kThreads, 'x');
+  ASSERT_EQ(write(fds[1], bytes.data(), bytes.size()), kThreads);
+  for (auto& t : threads) t.join();
+  close(fds[0]);
+  close(fds[1]);
+  EXPECT_EQ(before_stop.wall_wakeups, 0u);  // never visited before Stop()
+
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int wall = profile->ValueIndex("wall-time");
+  ASSERT_GE(wall, 0);
+  int64_t total = 0, waiting_wall = 0, tail = 0;
+  for (const auto& sample : profile->samples) {
+    total += sample.values[wall];
+    if (!sample.stack.empty() && sample.stack[0] == WallTimeProvider::kTailFrame) {
+      tail += sample.values[wall];
+    }
+    if (std::any_of(sample.stack.begin(), sample.stack.end(), [](const std::string& f) {
+          return f.find("WallTestWaitInRead") != std::string::npos;
+        })) {
+      waiting_wall += sample.values[wall];
+    }
+  }
+  // Each thread waited 300 ms at least before Stop().
+  EXPECT_GE(total, kThreads * int64_t{300'000'000});
+  // What did not reach a stack is on the tail frame, and the comments and
+  // the counters say how much.
+  EXPECT_EQ(static_cast<uint64_t>(tail), stats.wall_tail_frame_ns);
+  bool commented = tail == 0;
+  for (const auto& c : profile->comments) {
+    commented |= absl::StrContains(c, "wall time of threads whose place the wall sampler "
+                                      "could not read");
+  }
+  EXPECT_TRUE(commented);
+#if defined(INPROF_TSAN)
+  // No stack reads under TSan (profiler_collector.h): the last visits
+  // signal the threads, and TSan runs a handler when it sees fit; Stop()
+  // waits for them only so long.
+#elif defined(INPROF_ASAN)
+  // The copy of a stack in read()'s interceptor does not walk: signalled
+  // instead, and where the handlers did not run in time, counted.
+  EXPECT_EQ(waiting_wall + tail, total);
+#else
+  EXPECT_EQ(stats.wall_stacks_read, static_cast<uint64_t>(kThreads));
+  EXPECT_EQ(stats.wall_signals, 0u);
+  EXPECT_EQ(tail, 0);
+  EXPECT_EQ(waiting_wall, total);
+#endif
+}
+
 #if defined(__x86_64__)
 // In a child whose seccomp filter answers process_vm_readv with EPERM (a
 // sandbox that forbids it): one line says the stacks will come from

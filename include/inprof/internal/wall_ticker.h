@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "inprof/internal/profiler_base.h"
 #include "inprof/internal/sample_record.h"
@@ -158,6 +159,41 @@ class WallTicker {
       VisitOne(provider, host, slot, when, counts, steady_visits);
     }
     cursor_ = (cursor_ + visits) % n;
+    return counts;
+  }
+
+  // Stop(): one last visit to each of `threads` not visited at `when`, so
+  // that the wall time since its previous visit goes where the thread is
+  // now (its episode's stack, a copy of its stack read, a signal's sample)
+  // instead of to its tail, which has no stack of its own (kTailFrame) for
+  // a thread never sampled: with thousands of threads under the CPU budget
+  // most are not visited in a run shorter than a round. What each visit
+  // does is the provider's decision, as in a round. The threads it
+  // signalled go into `signalled` with their sample count then (the caller
+  // waits a while for their handlers). Stops once CLOCK_MONOTONIC reads
+  // `deadline_ns` (checked every kVisitsBetweenClockReads visits): the
+  // threads left keep their tails.
+  static constexpr size_t kVisitsBetweenClockReads = 64;
+  template <typename H>
+    requires TicksThreads<P> && WallTickerHost<H, P>
+  WallVisitCounts VisitAll(P& provider, H& host, std::span<SlotBase* const> threads,
+                           TickTime when, int64_t deadline_ns,
+                           std::vector<WallSignalled>& signalled) {
+    WallVisitCounts counts;
+    if (provider.TickPeriod() <= absl::ZeroDuration()) return counts;
+    size_t steady_visits = 0;  // no later wake-up to space
+    for (size_t i = 0; i < threads.size(); ++i) {
+      if (i % kVisitsBetweenClockReads == kVisitsBetweenClockReads - 1 &&
+          WallTimeProvider::NowNanos() >= deadline_ns) {
+        break;
+      }
+      SlotBase& slot = *threads[i];
+      if (slot.wall_last_visit_ns == when.now_ns) continue;  // another provider's
+      const uint64_t signals = counts.signals;
+      const uint64_t taken = slot.samples_taken.load(std::memory_order_relaxed);
+      VisitOne(provider, host, slot, when, counts, steady_visits);
+      if (counts.signals != signals) signalled.push_back(WallSignalled{&slot, taken});
+    }
     return counts;
   }
 
