@@ -311,7 +311,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // VisitAll), counted as a wake-up's are.
   void VisitAllProvidersLocked(TickTime when, int64_t deadline_ns,
                                std::vector<internal::WallSignalled>& signalled) override {
-    VisitAllEach(when, deadline_ns, signalled, std::make_index_sequence<kNumProviders>{});
+    VisitAllEach(when, deadline_ns, signalled,
+                 std::make_index_sequence<Layout::kNumProviders>{});
   }
   template <size_t... I>
   void VisitAllEach(TickTime when, int64_t deadline_ns,

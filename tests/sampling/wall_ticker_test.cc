@@ -256,8 +256,7 @@ TEST_F(WallTickerTest, DueThreadsAreVisitedFirstAndOnlyOnce) {
 // Stop()'s last visits (VisitAll): every thread once, whatever the round
 // robin's cursor and the budget, each decision carried out as in a round;
 // the signalled threads listed with their sample counts then (Stop waits
-// for their handlers); threads visited at that time already, being armed
-// or retiring, left alone.
+// for their handlers); threads being armed or retiring left alone.
 TEST_F(WallTickerTest, TheLastVisitsReachEveryThreadOnceAndListThoseSignalled) {
   AddThreads(6);
   provider_.per_tick = 1;
@@ -267,7 +266,7 @@ TEST_F(WallTickerTest, TheLastVisitsReachEveryThreadOnceAndListThoseSignalled) {
   slot(2).data.decision = TickDecision::kSignal;
   slot(4).data.decision = TickDecision::kSignalBlocked;  // not readable: signalled
   slot(4).samples_taken.store(3);
-  slot(3).wall_last_visit_ns = 9;  // visited at this time already
+  slot(3).arm_in_flight = true;
   slot(5).retiring.store(true);
   int reads = 0;
   struct ReadsOnce : FakeHost {
@@ -294,6 +293,7 @@ TEST_F(WallTickerTest, TheLastVisitsReachEveryThreadOnceAndListThoseSignalled) {
   EXPECT_EQ(signalled[1].slot, &slot(4));
   EXPECT_EQ(signalled[1].taken, 3u);
   EXPECT_EQ(slot(1).wall_last_visit_ns, 9);
+  EXPECT_EQ(slot(3).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
   EXPECT_EQ(slot(5).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
   // The round robin goes on from where it was.
   EXPECT_THAT(Wake(1, 10), ElementsAre("visit 1 at 10", "blocked 1 7000000 1"));

@@ -162,8 +162,8 @@ class WallTicker {
     return counts;
   }
 
-  // Stop(): one last visit to each of `threads` not visited at `when`, so
-  // that the wall time since its previous visit goes where the thread is
+  // Stop(): one last visit to each of `threads` (each provider its own),
+  // so that the wall time since its previous visit goes where the thread is
   // now (its episode's stack, a copy of its stack read, a signal's sample)
   // instead of to its tail, which has no stack of its own (kTailFrame) for
   // a thread never sampled: with thousands of threads under the CPU budget
@@ -188,7 +188,6 @@ class WallTicker {
         break;
       }
       SlotBase& slot = *threads[i];
-      if (slot.wall_last_visit_ns == when.now_ns) continue;  // another provider's
       const uint64_t signals = counts.signals;
       const uint64_t taken = slot.samples_taken.load(std::memory_order_relaxed);
       VisitOne(provider, host, slot, when, counts, steady_visits);
