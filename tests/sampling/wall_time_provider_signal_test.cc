@@ -323,16 +323,32 @@ TEST(WallTimeProviderTest, StopPutsNeverVisitedWaitingThreadsOnTheirStacks) {
   constexpr int kThreads = 64;
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
-  std::atomic<int> waiting{0};
+  std::vector<std::atomic<pid_t>> tids(kThreads);
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&] {
+    threads.emplace_back([&, i] {
       auto registration = profiler.RegisterThread("waiter");
-      waiting.fetch_add(1);
+      tids[i].store(static_cast<pid_t>(syscall(SYS_gettid)));
       EXPECT_EQ(WallTestWaitInRead(fds[0]), 1);
     });
   }
-  while (waiting.load() < kThreads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Every thread inside read() (its .../syscall names the call), however
+  // long a loaded machine takes to run it there: a thread Stop() found
+  // still on its way would be signalled, not read.
+  auto in_read = [](pid_t tid) {
+    std::ifstream f(absl::StrCat("/proc/self/task/", tid, "/syscall"));
+    std::string nr;
+    f >> nr;
+    return nr == std::to_string(SYS_read);
+  };
+  for (int i = 0; i < kThreads; ++i) {
+    for (int tries = 0; tries < 120'000; ++tries) {
+      const pid_t tid = tids[i].load();
+      if (tid != 0 && in_read(tid)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(in_read(tids[i].load())) << "thread " << i << " never blocked in read()";
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const ProfilerStats before_stop = profiler.stats();
   ASSERT_TRUE(profiler.Stop().ok());
