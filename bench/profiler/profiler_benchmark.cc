@@ -229,8 +229,11 @@ BENCHMARK(BM_Profiler_WholeSampleLargeRing)->Arg(8)->Arg(32)->Arg(128);
 
 // The profiler of the benchmarks below, and off when `enabled` is false:
 // defaults but no symbolization, its profile removed by StopAndRemove().
+// From the environment (INPROF_CPU_ENGINE, INPROF_WALL_PERIOD, ...: an
+// engine or a period can be compared without rebuilding), then the
+// benchmark's own output.
 Options BenchmarkOptions(bool enabled) {
-  Options options;
+  Options options = Options::FromEnv();
   options.enabled = enabled;
   options.output =
       absl::StrCat("/tmp/inprof_profiler_benchmark.", getpid(), ".pb.gz");
@@ -358,6 +361,11 @@ void BM_Profiler_RegistrationBurst(benchmark::State& state) {
   Options options = BenchmarkOptions(true);
   if (state.range(1) == 0) options.wall_period = absl::ZeroDuration();
   DefaultProfiler profiler(options);
+  // BENCH_BURST_THREADS=N: the two-step arming's threshold (0: the
+  // sampler's thread arms every thread; a large N: each arms itself).
+  if (const char* b = getenv("BENCH_BURST_THREADS")) {
+    profiler.SetBurstThreadsForTesting(atoi(b));
+  }
   if (!StartOrSkip(profiler, state)) return;
   auto thread_cpu_ns = [] {
     timespec ts;
@@ -366,6 +374,14 @@ void BM_Profiler_RegistrationBurst(benchmark::State& state) {
   };
   std::atomic<int64_t> register_ns{0}, unregister_ns{0};
   std::atomic<int> inactive{0};
+  // The whole process's CPU (the profiler's threads too: with two-step
+  // arming the sampler's thread opens most threads' perf events).
+  auto process_cpu_ns = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+  };
+  const int64_t process0 = process_cpu_ns();
   for (auto _ : state) {
     std::mutex mutex;
     std::condition_variable all_ready, go;
@@ -397,9 +413,15 @@ void BM_Profiler_RegistrationBurst(benchmark::State& state) {
     go.notify_all();
     for (std::thread& t : pool) t.join();
   }
+  const int64_t process_ns = process_cpu_ns() - process0;
+  const uint64_t by_sampler = profiler.stats().threads_armed_by_sampler;
   StopAndRemove(profiler);
   if (inactive.load() > 0) state.SkipWithError("a thread did not register");
   const double n = static_cast<double>(state.iterations()) * threads;
+  state.counters["process_us"] = static_cast<double>(process_ns) / n / 1e3;
+  // Threads whose CPU engine the sampler's thread armed (a burst), per burst.
+  state.counters["armed_by_sampler"] =
+      static_cast<double>(by_sampler) / static_cast<double>(state.iterations());
   state.counters["register_us"] = static_cast<double>(register_ns.load()) / n / 1e3;
   state.counters["unregister_us"] = static_cast<double>(unregister_ns.load()) / n / 1e3;
 }

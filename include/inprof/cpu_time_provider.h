@@ -102,6 +102,11 @@ class CpuTimeProvider {
   // Threads are armed and disarmed outside the registry lock (their
   // perf_event_open, fcntl and close system calls).
   static constexpr bool kArmsConcurrently = true;
+  // A perf event's opening costs its registering thread ~5 us alone and
+  // ~22 us when 1,000 threads register at once (the burst's context
+  // switches inflate each of its system calls): in such a burst the
+  // sampler opens them (PrepareThread).
+  static constexpr bool kArmsInTwoSteps = true;
   // DisarmThread closes or deletes what ArmThread made, which outlives the
   // thread; TakeTail ends at ThreadContext::exit_cpu_ns when it is set.
   static constexpr bool kUnregistersLate = true;
@@ -152,11 +157,26 @@ class CpuTimeProvider {
     std::atomic<bool> first_overflow_pending{false};
     std::atomic<int64_t> first_point_ns{0};  // the thread's CPU clock at that overflow
     bool tail_pending = false;  // armed since the last TakeTail
+    // PrepareThread ran and ArmThread has not yet opened the thread's
+    // event: its sample points count from the preparation.
+    bool prepared = false;
   };
 
   absl::Status Configure(const Options& options);
   int64_t Period() const { return period_ns_; }
   absl::Status ArmThread(ThreadContext& thread, ThreadData& data, int tag);
+  // Arming in two steps (sample_provider.h, ArmsInTwoSteps), for the perf
+  // engine only: on the registering thread, the thread's first sample point
+  // is drawn from its CPU clock now, with no other system call; ArmThread,
+  // later on the sampler's thread, opens and routes the event so that it
+  // overflows at that point, or at once when the thread's CPU has passed it
+  // (that sample takes every point crossed since: the stack the thread is
+  // on moments after its arming stands in for its CPU before). From the
+  // preparation on, the thread's CPU counts exactly as if it were armed: a
+  // thread that ends before its arming has its points taken on the stack
+  // it unregisters from (OwesSample) and by its tail. False for the other
+  // engines (their arming is cheap): arm now.
+  bool PrepareThread(ThreadContext& thread, ThreadData& data);
   void DisarmThread(ThreadContext& thread, ThreadData& data) noexcept;
   static bool OnSignal(ThreadContext& thread, ThreadData& data,
                        const siginfo_t& info,
@@ -208,6 +228,10 @@ class CpuTimeProvider {
   absl::Status ArmItimer(ThreadContext& thread, ThreadData& data, int tag);
   // A thread's first sample point: uniform in (0, period] of its CPU.
   int64_t FirstPeriod();
+  int64_t FirstExpiry(const ThreadData& data, int64_t origin, int64_t shortest);
+  // A prepared thread whose CPU passed its first point: its event's first
+  // (and, with PERF_EVENT_IOC_REFRESH, only) short period.
+  static constexpr int64_t kPreparedShortestNs = 1'000;
 
   int64_t period_ns_ = 10'000'000;
   CpuEngine requested_ = CpuEngine::kAuto;
@@ -219,8 +243,10 @@ class CpuTimeProvider {
   int itimer_threads_ = 0;  // itimer_mutex_
   std::atomic<uint64_t> armed_perf_{0}, armed_timer_{0}, armed_itimer_{0},
       perf_fallbacks_{0};
-  std::mutex bitgen_mutex_;
-  absl::BitGen bitgen_;  // first sample points (bitgen_mutex_)
+  // First sample points (FirstPeriod): a SplitMix64 sequence from a seed
+  // drawn at construction, one atomic step per thread armed (no lock: a
+  // registering thread in a burst took a contended mutex here).
+  std::atomic<uint64_t> first_point_state_{absl::Uniform<uint64_t>(absl::BitGen())};
   // PERF_EVENT_IOC_REFRESH failed once (a kernel without it): first
   // periods are then no shorter than kPerfFirstPeriodFloorNs.
   std::atomic<bool> perf_refresh_failed_{false};
@@ -233,6 +259,7 @@ static_assert(OwesSamples<CpuTimeProvider>);
 static_assert(ArmsConcurrently<CpuTimeProvider>);
 static_assert(UnregistersLate<CpuTimeProvider>);
 static_assert(SamplesRunningThreads<CpuTimeProvider>);
+static_assert(ArmsInTwoSteps<CpuTimeProvider>);
 
 }  // namespace inprof
 

@@ -131,6 +131,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                                  .arms_outside_lock = kArmsOutsideLock,
                                  .defers_retire = kDefersRetire,
                                  .has_ticker = kHasTicker,
+                                 .two_step_arming = kTwoStepArming,
                                  .leaf_words = Layout::kLeafWords > 0,
                                  .activity = &Handler::activity,
                                  .walks_without_tables = WalksWithoutTables()}) {}
@@ -184,6 +185,56 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // overflow descriptor from the first: tests/profiler/sample_provider_test.cc).
   static constexpr bool kArmsOutsideLock = (ArmsConcurrently<Ps> && ...);
 
+  // Threads registering in a burst leave their costliest arming to the
+  // ticker thread (sample_provider.h: ArmsInTwoSteps).
+  static constexpr bool kTwoStepArming =
+      kArmsOutsideLock && (TicksThreads<Ps> || ...) && (ArmsInTwoSteps<Ps> || ...);
+
+  // Registry lock held, on the registering thread: providers that arm in
+  // two steps are prepared, the others armed. True when one waits for
+  // ArmPreparedProviders.
+  bool PrepareProviders(internal::SlotBase* slot, uint64_t session) override {
+    if constexpr (kTwoStepArming) {
+      return PrepareEach(static_cast<Slot*>(slot), session,
+                         std::make_index_sequence<Layout::kNumProviders>{});
+    } else {
+      ArmProviders(slot, session);
+      return false;
+    }
+  }
+  template <size_t... I>
+  bool PrepareEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
+    bool waits = false;
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (ArmsInTwoSteps<P>) {
+            if (std::get<I>(providers_).PrepareThread(*slot, std::get<I>(slot->data))) {
+              waits = true;
+              return;
+            }
+          }
+          ArmOne<I>(slot, session);
+        }(),
+        ...);
+    return waits;
+  }
+  // Registry lock held, on the ticker thread: the prepared providers armed
+  // (ArmThread returns at once for one already armed).
+  void ArmPreparedProviders(internal::SlotBase* slot, uint64_t session) override {
+    ArmPreparedEach(static_cast<Slot*>(slot), session,
+                    std::make_index_sequence<Layout::kNumProviders>{});
+  }
+  template <size_t... I>
+  void ArmPreparedEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (ArmsInTwoSteps<P>) ArmOne<I>(slot, session, /*late=*/true);
+        }(),
+        ...);
+  }
+
   // The registry lock held, or (kArmsOutsideLock) the slot marked by
   // BeginWorkOutsideLock.
   void ArmProviders(internal::SlotBase* slot, uint64_t session) override {
@@ -194,11 +245,14 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   void ArmEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
     (ArmOne<I>(slot, session), ...);
   }
+  // `late`: on the ticker thread, after PrepareThread; a thread that
+  // unregistered itself meanwhile (without the registry lock) may be gone,
+  // and its arming fail: its preparation stands (its tail takes its CPU).
   template <size_t I>
-  void ArmOne(Slot* slot, uint64_t session) {
+  void ArmOne(Slot* slot, uint64_t session, bool late = false) {
     absl::Status s = std::get<I>(providers_).ArmThread(
         *slot, std::get<I>(slot->data), internal::MakeSignalTag(I, session));
-    if (!s.ok()) {
+    if (!s.ok() && !(late && slot->retiring.load(std::memory_order_acquire))) {
       internal::Log(absl::StrCat("cannot sample thread '", slot->name,
                                  "': ", s.message()));
     }

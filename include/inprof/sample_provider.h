@@ -117,6 +117,24 @@ concept ArmsConcurrently = SampleProvider<P> && requires {
   requires P::kArmsConcurrently;
 };
 
+// Optional: a provider whose arming has a costly part (system calls) that
+// another thread may do later declares `static constexpr bool
+// kArmsInTwoSteps = true;` and `bool p.PrepareThread(ThreadContext&,
+// ThreadData&)`. When many threads register at once, the profiler calls
+// PrepareThread on each registering thread (cheap: no system call but a
+// read of the thread's clock) and, when it returns true, ArmThread later on
+// its sampler thread, in a batch; from PrepareThread on, what the provider
+// owes the thread (its samples, OwesSample, its tail) counts as if it were
+// armed then. False: the profiler arms the thread at once, as usual.
+// DisarmThread must also undo a preparation that was never armed.
+// CpuTimeProvider: the perf engine's perf_event_open and fcntl calls.
+template <typename P>
+concept ArmsInTwoSteps = ArmsConcurrently<P> &&
+    requires(P& p, ThreadContext& thread, typename P::ThreadData& data) {
+      requires P::kArmsInTwoSteps;
+      { p.PrepareThread(thread, data) } -> std::same_as<bool>;
+    };
+
 // Optional: a provider whose DisarmThread and TakeTail may run after the
 // thread has exited declares `static constexpr bool kUnregistersLate =
 // true;`; its TakeTail then ends the tail at the thread's exit_cpu_ns /

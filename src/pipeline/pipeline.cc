@@ -386,6 +386,13 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         " (threads that ended before their first visit, or that Stop()'s "
         "last visit could not sample)"));
   }
+  if (window_stats.threads_armed_by_sampler > 0) {
+    data.comments.push_back(absl::StrCat(
+        "threads armed by the sampler thread=", window_stats.threads_armed_by_sampler,
+        " (they registered in a burst; their CPU counts from their "
+        "registration, and what they used before their arming is on the "
+        "stack of their first sample after it)"));
+  }
   if (window_stats.threads_sigprof_unblocked > 0) {
     data.comments.push_back(absl::StrCat(
         "threads registered with SIGPROF blocked, unblocked so that they "

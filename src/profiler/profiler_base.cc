@@ -112,6 +112,7 @@ absl::Status ProfilerBase::Stop() {
       for (SlotBase* slot : active_) ForgetSlotLocked(slot);
       active_.clear();
       wall_due_.clear();
+      ClearArmQueueLocked();
       DeactivateSession(session_);
       running_ = false;
     }
@@ -128,6 +129,9 @@ absl::Status ProfilerBase::Stop() {
     stopping_ = true;
     arms_done_.wait(lock, [this] { return arms_in_flight_ == 0; });
     if (!running_) return absl::OkStatus();  // another Stop() was first
+    // Prepared threads the ticker did not arm: DisarmLocked forgets their
+    // preparation, their tails take their points.
+    ClearArmQueueLocked();
     ProcessRetiredLocked();
     FinalVisitsLocked();  // armed, in this session: before both end
     for (SlotBase* slot : active_) DisarmLocked(slot);
@@ -153,6 +157,12 @@ absl::Status ProfilerBase::Stop() {
 
 ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   if (!options_.enabled) return ThreadRegistration();
+  // How many register at this moment (two-step arming).
+  const int registering = registering_.fetch_add(1, std::memory_order_relaxed);
+  struct Leave {
+    std::atomic<int>& count;
+    ~Leave() { count.fetch_sub(1, std::memory_order_relaxed); }
+  } leave{registering_};
   if (CurrentThreadSlot() != nullptr && CurrentThreadSlot()->session.load() != 0) {
     return ThreadRegistration(absl::AlreadyExistsError(absl::StrCat(
         "thread '", name, "' is already registered with a profiler")));
@@ -214,10 +224,20 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   SetCurrentThreadSlot(slot);
   active_.push_back(slot);
   ++threads_registered_;
+  bool wake_armer = false;
   if (running_ && !stopping_ && getpid() == start_pid_) {
     UseSharedRingLocked(slot);
     const uint64_t session = session_;
-    if (shape_.arms_outside_lock) {
+    if (shape_.two_step_arming &&
+        std::max(registering, registering_.load(std::memory_order_relaxed) - 1) >=
+            burst_threads_ &&
+        armer_ready_.load(std::memory_order_acquire) &&
+        PrepareProviders(slot, session)) {
+      // In a burst: the ticker thread opens its perf event (ArmQueued).
+      slot->arm_queued = true;
+      arm_queue_.push_back(QueuedArm{slot, slot->generation});
+      wake_armer = true;
+    } else if (shape_.arms_outside_lock) {
       // The engines' system calls (perf_event_open, fcntl) without the
       // lock that every other registering thread, the collector and the
       // ticker wait for.
@@ -232,6 +252,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   }
   const bool ticking = running_ && !stopping_;
   lock.unlock();
+  if (wake_armer) WakeTickerToArm();
   if (ticking) WakeQuietTicker();
   return ThreadRegistration(registry_, slot, info->tid);
 }
@@ -269,6 +290,8 @@ ProfilerStats ProfilerBase::stats() const {
   s.threads_sigprof_unblocked =
       threads_sigprof_unblocked_.load(std::memory_order_relaxed);
   s.wall_tail_frame_ns = wall_tail_frame_ns_.load(std::memory_order_relaxed);
+  s.threads_armed_by_sampler =
+      threads_armed_by_sampler_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -383,7 +406,61 @@ bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
   if (it == active_.end()) return false;
   active_.erase(it);
   ForgetDueLocked(slot);
+  ForgetQueuedArmLocked(slot);
   return true;
+}
+
+// Registry lock held: `slot` will not be armed by the ticker (it leaves
+// active_; its preparation is undone by DisarmLocked, its points taken by
+// its tail).
+void ProfilerBase::ForgetQueuedArmLocked(SlotBase* slot) {
+  if (!slot->arm_queued) return;
+  std::erase_if(arm_queue_, [slot](const QueuedArm& q) { return q.slot == slot; });
+  slot->arm_queued = false;
+}
+
+void ProfilerBase::ClearArmQueueLocked() {
+  for (const QueuedArm& q : arm_queue_) q.slot->arm_queued = false;
+  arm_queue_.clear();
+}
+
+// After RegisterThread queued a prepared slot (registry lock not held):
+// one wake-up of the ticker for however many queue before it runs.
+void ProfilerBase::WakeTickerToArm() {
+  if (arm_wake_pending_.exchange(true, std::memory_order_acq_rel)) return;
+  {
+    std::lock_guard<std::mutex> lock(ticker_->mutex);
+    ticker_->arm = true;
+  }
+  ticker_->cv.notify_all();
+}
+
+// The ticker thread: arms the queued slots, kArmBatch per hold of the
+// registry lock (a registering thread waits for it meanwhile, asleep),
+// until the queue is empty. A slot that left active_ left the queue; one
+// whose thread is retiring is skipped (its tail takes its points).
+void ProfilerBase::ArmQueued() {
+  arm_wake_pending_.store(false, std::memory_order_release);
+  for (;;) {
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    if (!running_ || stopping_) {
+      ClearArmQueueLocked();
+      return;
+    }
+    if (arm_queue_.empty()) return;
+    const size_t n = std::min(arm_queue_.size(), kArmBatch);
+    for (size_t i = 0; i < n; ++i) {
+      SlotBase* slot = arm_queue_[i].slot;
+      slot->arm_queued = false;
+      if (slot->generation != arm_queue_[i].generation ||
+          slot->retiring.load(std::memory_order_acquire)) {
+        continue;
+      }
+      ArmPreparedProviders(slot, session_);
+      threads_armed_by_sampler_.fetch_add(1, std::memory_order_relaxed);
+    }
+    arm_queue_.erase(arm_queue_.begin(), arm_queue_.begin() + static_cast<ptrdiff_t>(n));
+  }
 }
 
 // Registry lock held: `slot` out of the wall ticker's due list. Once the
@@ -508,7 +585,9 @@ void ProfilerBase::StartTicker() {
   {
     std::lock_guard<std::mutex> lock(t->mutex);
     t->stop = false;
+    t->arm = false;
   }
+  arm_wake_pending_.store(false, std::memory_order_relaxed);
   t->thread = std::thread([this, t, period] {
     pthread_setname_np(pthread_self(), "inprof-tick");
     const auto step = absl::ToChronoNanoseconds(period);
@@ -529,8 +608,16 @@ void ProfilerBase::StartTicker() {
     size_t batch = 1;
     std::unique_lock<std::mutex> lock(t->mutex);
     while (!t->stop) {
-      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan; });
+      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan || t->arm; });
       if (t->stop) break;
+      if (t->arm) {
+        // Threads that registered in a burst wait for their arming.
+        t->arm = false;
+        lock.unlock();
+        ArmQueued();
+        lock.lock();
+        continue;
+      }
       if (t->replan) {
         // A thread registered while the ticker waited long: back to the
         // base period, its first visit within one.
@@ -552,9 +639,12 @@ void ProfilerBase::StartTicker() {
       if (next < now) next = now + jittered(step);
     }
   });
+  armer_ready_.store(true, std::memory_order_release);
 }
 
 void ProfilerBase::StopTicker() {
+  // A thread registering from now on arms itself; Stop() forgets the queue.
+  armer_ready_.store(false, std::memory_order_release);
   if (!ticker_->thread.joinable()) return;
   if (getpid() != start_pid_) {
     // A forked child has no ticker thread: detaching it throws, and

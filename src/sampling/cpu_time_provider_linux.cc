@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstring>
 
+#include "absl/numeric/int128.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -177,8 +178,37 @@ std::string CpuTimeProvider::Describe() const {
 }
 
 int64_t CpuTimeProvider::FirstPeriod() {
-  std::lock_guard<std::mutex> lock(bitgen_mutex_);
-  return absl::Uniform<int64_t>(absl::IntervalOpenClosed, bitgen_, 0, period_ns_);
+  // SplitMix64 (Steele, Lea and Flood 2014): the state steps by the golden
+  // gamma, the output is its mix; uniform over 64 bits, then scaled to
+  // (0, period] by a 128-bit multiply (bias below 2^-40 for any period).
+  uint64_t z = first_point_state_.fetch_add(0x9e3779b97f4a7c15ULL,
+                                            std::memory_order_relaxed) +
+               0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  const uint64_t scaled = absl::Uint128High64(
+      absl::uint128(z) * absl::uint128(static_cast<uint64_t>(period_ns_)));
+  return static_cast<int64_t>(scaled) + 1;
+}
+
+bool CpuTimeProvider::PrepareThread(ThreadContext& thread, ThreadData& data) {
+  if (engine_ != CpuEngine::kPerf || data.armed || data.prepared) return false;
+  const int64_t now = internal::ThreadCpuNanos(thread.cpu_clock);
+  if (now < 0) return false;
+  const int64_t first = FirstPeriod();
+  data.period_ns.store(period_ns_, std::memory_order_relaxed);
+  data.next_due_ns.store(now + first, std::memory_order_relaxed);
+  data.first_point_ns.store(now + first, std::memory_order_relaxed);
+  data.last_cpu_ns.store(-1, std::memory_order_relaxed);  // no sample yet
+  data.first_overflow_pending.store(false, std::memory_order_relaxed);
+  // OwesSample and TakeSwallowed read the lattice as the perf engine's
+  // (no event yet: perf_fd stays -1, so nothing is restarted).
+  data.signal_engine.store(CpuEngine::kPerf, std::memory_order_relaxed);
+  data.tail_engine = CpuEngine::kPerf;
+  data.tail_pending = true;
+  data.prepared = true;
+  return true;
 }
 
 absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
@@ -190,7 +220,7 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
         "thread ", thread.tid, " has exited without unregistering"));
   }
   data.period_ns.store(period_ns_, std::memory_order_relaxed);
-  data.last_cpu_ns.store(now, std::memory_order_relaxed);
+  if (!data.prepared) data.last_cpu_ns.store(now, std::memory_order_relaxed);
   absl::Status status;
   if (engine_ == CpuEngine::kPerf) {
     // Reserve a descriptor of the budget first: threads arm concurrently.
@@ -205,15 +235,37 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
     status = ArmTimer(thread, data, tag);
     if (status.ok()) return status;
   }
+  if (data.prepared) {
+    // The itimer engine measures CPU from its arming: the points crossed
+    // since the preparation are taken now, with the stack the thread
+    // unregisters from or its tail (it was never sampled; DisarmThread
+    // forgets the preparation).
+    return status;
+  }
   // The last resort: one process-wide timer.
   absl::Status itimer = ArmItimer(thread, data, tag);
   if (itimer.ok()) return itimer;
   return status.ok() ? itimer : status;
 }
 
+// A prepared thread (PrepareThread) keeps the lattice it was given: its
+// engine's first expiry is the CPU left to its next point from `origin`
+// (its clock now), at least `shortest`.
+int64_t CpuTimeProvider::FirstExpiry(const ThreadData& data, int64_t origin,
+                                     int64_t shortest) {
+  if (!data.prepared) return FirstPeriod();
+  const int64_t left = data.next_due_ns.load(std::memory_order_relaxed) - origin;
+  return std::max(left, shortest);
+}
+
 absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
                                       int tag) {
-  int64_t first = FirstPeriod();
+  // A prepared thread's event overflows at its next point, or within a
+  // microsecond when its CPU has passed it (the one-overflow limit keeps
+  // that short period from repeating).
+  const int64_t prepared_origin =
+      data.prepared ? internal::ThreadCpuNanos(thread.cpu_clock) : 0;
+  int64_t first = FirstExpiry(data, prepared_origin, kPreparedShortestNs);
   const bool refresh = !perf_refresh_failed_.load(std::memory_order_relaxed);
   // The event's first period ends at the first sample point; without a
   // one-overflow limit, not before the floor (the point itself stays where
@@ -253,9 +305,11 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
     return absl::FailedPreconditionError(absl::StrCat(
         "thread ", thread.tid, " has exited without unregistering"));
   }
-  data.next_due_ns.store(origin + first, std::memory_order_relaxed);
+  if (!data.prepared) {
+    data.next_due_ns.store(origin + first, std::memory_order_relaxed);
+    data.last_cpu_ns.store(-1, std::memory_order_relaxed);  // no sample yet
+  }
   data.first_point_ns.store(origin + first, std::memory_order_relaxed);
-  data.last_cpu_ns.store(-1, std::memory_order_relaxed);  // no sample yet
   data.first_overflow_pending.store(refresh || event_first != period_ns_,
                                     std::memory_order_relaxed);
   data.signal_engine.store(CpuEngine::kPerf, std::memory_order_relaxed);
@@ -284,6 +338,7 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
   data.engine = data.tail_engine = CpuEngine::kPerf;
   data.armed = true;
   data.tail_pending = true;
+  data.prepared = false;
   armed_perf_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -300,12 +355,14 @@ absl::Status CpuTimeProvider::ArmTimer(ThreadContext& thread, ThreadData& data,
     return absl::ResourceExhaustedError(absl::StrCat(
         "timer_create for thread ", thread.tid, " failed: ", strerror(errno)));
   }
-  const int64_t first = FirstPeriod();
   // The timer counts from timer_settime, just after this read.
   const int64_t origin = internal::ThreadCpuNanos(thread.cpu_clock);
-  data.next_due_ns.store((origin >= 0 ? origin : 0) + first,
-                         std::memory_order_relaxed);
-  data.last_cpu_ns.store(-1, std::memory_order_relaxed);  // no sample yet
+  const int64_t first = FirstExpiry(data, origin >= 0 ? origin : 0, 1);
+  if (!data.prepared) {
+    data.next_due_ns.store((origin >= 0 ? origin : 0) + first,
+                           std::memory_order_relaxed);
+    data.last_cpu_ns.store(-1, std::memory_order_relaxed);  // no sample yet
+  }
   data.signal_engine.store(CpuEngine::kTimer, std::memory_order_relaxed);
   struct itimerspec spec;
   spec.it_value.tv_sec = first / 1'000'000'000;
@@ -321,6 +378,7 @@ absl::Status CpuTimeProvider::ArmTimer(ThreadContext& thread, ThreadData& data,
   data.engine = data.tail_engine = CpuEngine::kTimer;
   data.armed = true;
   data.tail_pending = true;
+  data.prepared = false;
   armed_timer_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -366,7 +424,14 @@ absl::Status CpuTimeProvider::ArmItimer(ThreadContext& thread,
 
 void CpuTimeProvider::DisarmThread(ThreadContext& thread,
                                    ThreadData& data) noexcept {
-  if (!data.armed) return;
+  if (!data.armed) {
+    if (data.prepared) {
+      // Never armed: no signal will come; its tail takes its points.
+      data.prepared = false;
+      data.signal_engine.store(CpuEngine::kAuto, std::memory_order_relaxed);
+    }
+    return;
+  }
   switch (data.engine) {
     case CpuEngine::kPerf:
       thread.perf_fd.store(-1, std::memory_order_release);

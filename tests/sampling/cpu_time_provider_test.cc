@@ -560,6 +560,134 @@ TEST(CpuTimeProviderTest, ShortThreadsAreSampledInProportionToTheirCpu) {
   }
 }
 
+// Two-step arming (sample_provider.h: ArmsInTwoSteps), the provider's part:
+// a thread prepared on its own thread and never armed (it ended before the
+// sampler's thread came to it) still owes exactly the lattice points its
+// CPU crossed since the preparation: its first point was drawn in
+// (0, period] of CPU then, so the points are within one of CPU / period,
+// whatever the draw (deterministic). OwesSample asks for the stack it
+// unregisters from (it was never sampled), and DisarmThread forgets the
+// preparation (no event was opened: nothing to close).
+TEST(CpuTimeProviderTest, APreparedThreadNeverArmedOwesTheCpuSinceItsPreparation) {
+  if (!PerfAvailable()) GTEST_SKIP() << "perf events not available here";
+  constexpr int64_t kPeriod = 10'000'000;
+  CpuTimeProvider provider;
+  Options options;
+  options.cpu_engine = CpuEngine::kPerf;
+  options.cpu_period = absl::Nanoseconds(kPeriod);
+  ASSERT_TRUE(provider.Configure(options).ok());
+  internal::ThreadSlotHeader thread;
+  ASSERT_EQ(pthread_getcpuclockid(pthread_self(), &thread.cpu_clock), 0);
+  thread.tid = static_cast<pid_t>(syscall(SYS_gettid));
+  CpuTimeProvider::ThreadData data;
+  const int64_t before = ThreadCpuNow();
+  ASSERT_TRUE(provider.PrepareThread(thread, data));
+  const int64_t after = ThreadCpuNow();
+  EXPECT_FALSE(provider.PrepareThread(thread, data)) << "prepared twice";
+  EXPECT_EQ(thread.perf_fd.load(), -1) << "PrepareThread opened an event";
+  Spin(5 * kPeriod + kPeriod / 2);
+  EXPECT_TRUE(CpuTimeProvider::OwesSample(thread, data));
+  provider.DisarmThread(thread, data);
+  EXPECT_FALSE(data.prepared);
+  const int64_t end = ThreadCpuNow();
+  int64_t values[2] = {};
+  ASSERT_TRUE(provider.TakeTail(thread, data, values));
+  const int64_t tail_end = ThreadCpuNow();
+  // Points crossed between the preparation's clock read (between `before`
+  // and `after`) and the tail's (between `end` and `tail_end`).
+  EXPECT_GE(values[1], (end - after) / kPeriod * kPeriod - kPeriod) << values[1];
+  EXPECT_LE(values[1], (tail_end - before) / kPeriod * kPeriod + kPeriod) << values[1];
+  EXPECT_EQ(values[1] % kPeriod, 0);
+  // Other engines arm at once (their arming is cheap).
+  CpuTimeProvider timer;
+  options.cpu_engine = CpuEngine::kTimer;
+  ASSERT_TRUE(timer.Configure(options).ok());
+  CpuTimeProvider::ThreadData timer_data;
+  EXPECT_FALSE(timer.PrepareThread(thread, timer_data));
+}
+
+// Two-step arming in a profiler: with the burst threshold at 0, every
+// thread registering while it runs is prepared on its own thread and armed
+// by the ticker's (the wall sampler's thread; a wall period of an hour
+// keeps it from visiting). Each thread waits until all are armed, then
+// spins: its CPU in the profile is within one period of what it used while
+// registered (the lattice, above; deterministic), and its samples during
+// the spin are on Spin: every point its CPU crossed in the spin but the
+// last (whose signal may still be in flight as it unregisters) is signalled
+// there, so at least that CPU less two periods is on Spin.
+TEST(CpuTimeProviderTest, ThreadsArmedByTheSamplerAreSampledFromTheirRegistration) {
+  if (!PerfAvailable()) GTEST_SKIP() << "perf events not available here";
+  const absl::Duration period = absl::Milliseconds(10);
+  const int64_t p = absl::ToInt64Nanoseconds(period);
+  Options options = TestOptions("two_step", CpuEngine::kPerf, period);
+  options.wall_period = absl::Hours(1);
+  DefaultProfiler profiler(options);
+  profiler.SetBurstThreadsForTesting(0);
+  ASSERT_TRUE(profiler.Start().ok());
+  constexpr int kThreads = 6;
+  std::array<int64_t, kThreads> inner{}, outer{};
+  std::mutex mu;
+  std::condition_variable cv;
+  int registered = 0;
+  bool go = false;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      const int64_t outer0 = ThreadCpuNow();
+      auto r = profiler.RegisterThread(absl::StrCat("two-step-", i));
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ++registered;
+        cv.notify_all();
+        cv.wait(lock, [&] { return go; });
+      }
+      const int64_t t0 = ThreadCpuNow();
+      benchmark_sink = Spin(6 * p);
+      inner[i] = ThreadCpuNow() - t0;
+      r.Reset();
+      outer[i] = ThreadCpuNow() - outer0;
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return registered == kThreads; });
+  }
+  // The ticker arms them within microseconds; a minute is for a machine
+  // that stalls.
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (profiler.stats().threads_armed_by_sampler < kThreads && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const uint64_t armed = profiler.stats().threads_armed_by_sampler;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(profiler.Stop().ok());
+  EXPECT_EQ(armed, static_cast<uint64_t>(kThreads));
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_THAT(Comments(*profile), HasSubstr("threads armed by the sampler thread"));
+  const int cpu = profile->ValueIndex("cpu-time");
+  for (int i = 0; i < kThreads; ++i) {
+    const std::string name = absl::StrCat("two-step-", i);
+    int64_t total = 0, on_spin = 0;
+    for (const DecodedProfile::Sample& s : profile->samples) {
+      auto it = s.str_labels.find("thread name");
+      if (it == s.str_labels.end() || it->second != name) continue;
+      total += s.values[cpu];
+      if (StackHas(s, "Spin")) on_spin += s.values[cpu];
+    }
+    std::printf("%s: %.1f ms in the profile, %.1f ms on Spin; its CPU %.1f-%.1f ms\n",
+                name.c_str(), total / 1e6, on_spin / 1e6, inner[i] / 1e6, outer[i] / 1e6);
+    EXPECT_GE(total, inner[i] - p) << name;
+    EXPECT_LE(total, outer[i] + p) << name;
+    EXPECT_GE(on_spin, inner[i] - 2 * p) << name;
+  }
+}
+
 // More threads than the perf engine's descriptor budget (a share of those
 // free under RLIMIT_NOFILE): the rest are sampled by the timer engine, the
 // host can still open what it had, and every thread is in the profile.

@@ -108,7 +108,10 @@ class Symbolizer;
      sample]": threads that had no wall sample when their tail was taken     \
      (they ended before the sampler visited them, or Stop()'s last visit     \
      could not read where they were). */                                     \
-  X(wall_tail_frame_ns, true, "wall time on the tail frame, ns")
+  X(wall_tail_frame_ns, true, "wall time on the tail frame, ns")          \
+  /* Threads that registered in a burst and whose CPU engine the wall      \
+     sampler's thread armed (sample_provider.h: ArmsInTwoSteps). */         \
+  X(threads_armed_by_sampler, true, "threads armed by the sampler thread")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;

@@ -91,6 +91,9 @@ struct SlotBase : ThreadSlotHeader, SlotRecordState {
   // Its providers are being armed or disarmed outside the registry lock:
   // the ticker leaves it alone meanwhile.
   bool arm_in_flight = false;
+  // Prepared by RegisterThread and waiting in ProfilerBase::arm_queue_ for
+  // the ticker thread to arm it (registry lock).
+  bool arm_queued = false;
   // Where a copy of the thread's stack last failed to walk (ticker, registry
   // lock; ProfilerCollector<>::ReadBlockedStack): signalled there instead.
   SyscallSite unreadable_site;
@@ -145,6 +148,12 @@ class ProfilerBase : public ProfilerCommon {
   // thread has that id. Any thread; not for signal handlers.
   bool SetThreadName(pid_t tid, absl::string_view name);
 
+  // For tests: how many other threads must be inside RegisterThread at the
+  // same moment for a registering thread to leave its costliest arming to
+  // the ticker thread (kBurstThreads; 0: every thread registering while the
+  // profiler runs). Before Start().
+  void SetBurstThreadsForTesting(int threads) { burst_threads_ = threads; }
+
   // For tests: the lock that registration, the collector and the wall
   // sampler take (a thread unregistering itself while it is held queues its
   // slot instead of waiting).
@@ -161,6 +170,9 @@ class ProfilerBase : public ProfilerCommon {
     bool arms_outside_lock = false;
     bool defers_retire = false;
     bool has_ticker = false;
+    // Profiler<>::kTwoStepArming: threads registering in a burst are armed
+    // by the ticker thread (PrepareProviders, ArmPreparedProviders).
+    bool two_step_arming = false;
     // The unwinder copies leaf stack words (CopiesLeafStack): drains
     // refresh the leaf resolver first.
     bool leaf_words = false;
@@ -197,6 +209,11 @@ class ProfilerBase : public ProfilerCommon {
   // The registry lock held, or (arms_outside_lock) the slot marked by
   // BeginWorkOutsideLock.
   virtual void ArmProviders(SlotBase* slot, uint64_t session) = 0;
+  // Registry lock held (shape_.two_step_arming). On the registering thread:
+  // true when a provider waits for ArmPreparedProviders, which the ticker
+  // thread calls later.
+  virtual bool PrepareProviders(SlotBase* slot, uint64_t session) = 0;
+  virtual void ArmPreparedProviders(SlotBase* slot, uint64_t session) = 0;
   virtual void DisarmLocked(SlotBase* slot) = 0;
   // Registry lock held; no handler can run for the slot. Credits what each
   // provider measured since the thread's last sample.
@@ -328,6 +345,13 @@ class ProfilerBase : public ProfilerCommon {
   size_t Tick(size_t batch, int64_t scheduled_ns);
   void UpdateVisitBudgetLocked();
   void WakeQuietTicker();
+  // Two-step arming (shape_.two_step_arming): RegisterThread queues a
+  // prepared slot and wakes the ticker, whose thread arms the queue in
+  // batches (ArmQueued); a slot leaving active_ leaves the queue.
+  void WakeTickerToArm();
+  void ArmQueued();
+  void ForgetQueuedArmLocked(SlotBase* slot);
+  void ClearArmQueueLocked();
 
   // Queued unregistrations that a registering thread finishes first.
   static constexpr uint32_t kRetiredForRegistration = 64;
@@ -362,11 +386,34 @@ class ProfilerBase : public ProfilerCommon {
   std::atomic<uint64_t> wall_wakeups_{0};
   std::atomic<uint64_t> threads_sigprof_unblocked_{0};
   std::atomic<bool> sigprof_unblock_logged_{false};
+  // Two-step arming. A registering thread leaves its costliest arming to
+  // the ticker when more than burst_threads_ other threads are inside
+  // RegisterThread with it: alone, a thread's perf event costs it ~5 us to
+  // open, and arming it at once keeps the CPU of a thread that lives
+  // microseconds on its own stacks (its first sample point may come before
+  // any batch); in a burst of 1,000 the same calls cost each ~22 us, each
+  // system call absorbing context switches, where the ticker makes them in
+  // a row (docs/measurements.md).
+  static constexpr int kBurstThreads = 4;
+  int burst_threads_ = kBurstThreads;
+  std::atomic<int> registering_{0};  // threads inside RegisterThread
+  struct QueuedArm {
+    SlotBase* slot;
+    uint64_t generation;
+  };
+  std::vector<QueuedArm> arm_queue_;  // registry lock
+  // The ticker thread runs and arms what is queued; a wake-up is pending.
+  std::atomic<bool> armer_ready_{false};
+  std::atomic<bool> arm_wake_pending_{false};
+  // Most slots armed per hold of the registry lock (~5 us each).
+  static constexpr size_t kArmBatch = 32;
+  std::atomic<uint64_t> threads_armed_by_sampler_{0};
   struct Ticker {
     std::mutex mutex;
     std::condition_variable cv;
     bool stop = false;
     bool replan = false;  // WakeQuietTicker
+    bool arm = false;     // WakeTickerToArm
     std::thread thread;
   };
   std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();
