@@ -19,7 +19,10 @@ import sys
 # Lowest first. Peers share a layer.
 LAYERS = [
     ["base"],
-    ["sampling", "unwind", "symbolize", "export"],
+    # alloc: the allocation profiler's core (GOT patching, byte countdown,
+    # live-heap table); it may use base and, for the sampled path's stack
+    # walk, unwind.
+    ["sampling", "unwind", "symbolize", "export", "alloc"],
     ["pipeline"],
     ["upload", "serve", "agent"],
     ["profiler"],
@@ -60,7 +63,7 @@ HEADER_COMPONENT = {name: c for c, names in HEADERS.items() for name in names}
 # src/ folders and their components.
 SRC_COMPONENT = {
     "base": "base", "sampling": "sampling", "unwind": "unwind",
-    "symbolize": "symbolize", "export": "export", "report": "export",
+    "symbolize": "symbolize", "export": "export", "report": "export", "alloc": "alloc",
     "pipeline": "pipeline", "upload": "upload", "serve": "serve", "agent": "agent",
     "profiler": "profiler", "run": "run", "gperftools": "gperftools", "cli": "cli",
     "pch": None,  # the precompiled header: standard and Abseil headers only
@@ -86,6 +89,8 @@ def component_of(path):
             return "base"
         if parts[2] == "gperftools":
             return "gperftools"
+        if parts[2] == "alloc":
+            return "alloc"
         return HEADER_COMPONENT.get(base, "?")
     return "?"
 

@@ -1,0 +1,134 @@
+// internal: not part of the public API (phase 1 of the allocation profiler,
+// docs/allocations_plan.md).
+//
+// LiveHeapTable: the sampled blocks that are still allocated, keyed by
+// address, for the live-heap (inuse_*) profile. A fixed-capacity
+// open-addressed table with linear probing; every operation is lock-free
+// (compare-and-swap on the slot's key) and never allocates, so the free()
+// wrapper may call Erase for every block it sees: a block that was never
+// sampled costs one hash and, while the table is sparse, one or two loads.
+//
+// Deletion uses tombstones. Insert reuses them, and Erase turns a
+// tombstone back into an empty slot (walking backwards) when the slot after
+// it is empty, so that a long-running program's chains stay short. Probes
+// are bounded (kMaxProbe): an Insert that finds no free slot within them is
+// counted as an overflow (stats().overflows) and the block is not tracked.
+//
+// Memory: 32 bytes a slot, allocated once at construction (capacity rounded
+// up to a power of two): 65,536 slots take 2 MiB.
+//
+// Thread-safety: Insert, Erase, Take and ForEach may run concurrently from
+// any threads. An entry inserted by a thread is found by a later Erase of
+// the same address from any thread that the program ordered after it (as a
+// free is ordered after its malloc). ForEach sees each entry that stays in
+// the table for its whole run exactly once, and never a half-written one.
+// Not async-signal-safe to destroy.
+//
+// Example:
+//   LiveHeapTable live(1 << 16);
+//   live.Insert(p, {.size = 48, .weight_objects = 10922.7, .tag = stack_id});
+//   ...
+//   live.Erase(q);                         // q unsampled: nothing happens
+//   LiveHeapTable::Totals t = live.Sum();  // inuse_objects, inuse_space
+#ifndef INPROF_ALLOC_LIVE_HEAP_TABLE_H_
+#define INPROF_ALLOC_LIVE_HEAP_TABLE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/functional/function_ref.h"
+
+namespace inprof::internal {
+
+class LiveHeapTable {
+ public:
+  // What the table keeps for one sampled block.
+  struct Entry {
+    uint64_t size = 0;            // the block's requested size in bytes
+    double weight_objects = 0.0;  // what the sample stands for: 1/p objects
+    uint64_t tag = 0;             // the caller's (a later phase: the stack's id)
+  };
+  // Counters since construction (relaxed: read them as an approximation
+  // while others write).
+  struct Stats {
+    uint64_t inserts = 0;
+    uint64_t erases = 0;
+    uint64_t overflows = 0;  // Inserts that found no free slot: not tracked
+    uint64_t rejected = 0;   // Inserts of an address the table cannot hold (odd, null)
+  };
+  // The live entries' sum, scaled: inuse_objects and inuse_space.
+  struct Totals {
+    uint64_t entries = 0;
+    double objects = 0.0;  // sum of weight_objects
+    double bytes = 0.0;    // sum of size * weight_objects
+  };
+
+  // Probes an operation makes at most before it gives up.
+  static constexpr size_t kMaxProbe = 64;
+
+  // `capacity` slots, rounded up to a power of two (at least 16).
+  explicit LiveHeapTable(size_t capacity);
+  LiveHeapTable(const LiveHeapTable&) = delete;
+  LiveHeapTable& operator=(const LiveHeapTable&) = delete;
+
+  size_t capacity() const { return mask_ + 1; }
+
+  // Records `address` with `entry`. False (and counted) when the table has
+  // no free slot within kMaxProbe of the address's home slot, or the
+  // address is null or odd (the allocator's blocks are at least 2-aligned;
+  // the low bit marks a slot being written). Lock-free; never allocates.
+  bool Insert(const void* address, const Entry& entry);
+
+  // Removes `address` if it is there. True when it was. Lock-free; never
+  // allocates.
+  bool Erase(const void* address) { return Take(address, nullptr); }
+
+  // Removes `address` if it is there and copies its entry to `*out`
+  // (`out` may be null). Lock-free; never allocates.
+  bool Take(const void* address, Entry* out);
+
+  // Calls `visit` for each live entry (a snapshot slot by slot, not an
+  // atomic one: entries inserted or erased meanwhile may or may not be
+  // seen). Must not call Insert/Erase on this table from `visit`.
+  void ForEach(absl::FunctionRef<void(const void* address, const Entry& entry)> visit) const;
+
+  // The live entries' totals (ForEach's snapshot).
+  Totals Sum() const;
+
+  // The counters (approximate while others write).
+  Stats stats() const;
+
+ private:
+  // One slot: the key, then the entry, each word atomic so that a reader
+  // racing a writer reads no torn word (it then rechecks the key).
+  struct alignas(32) Slot {
+    std::atomic<uintptr_t> key{0};  // kEmpty, kTombstone, address|kBusy or address
+    std::atomic<uint64_t> size{0};
+    std::atomic<uint64_t> weight_bits{0};  // the double weight_objects' bits
+    std::atomic<uint64_t> tag{0};
+  };
+  static_assert(sizeof(Slot) == 32, "the memory figure in the header comment");
+  static constexpr uintptr_t kEmpty = 0;
+  static constexpr uintptr_t kTombstone = 1;  // an odd value: never an address
+  static constexpr uintptr_t kBusy = 1;       // low bit of a key being written
+
+  size_t Home(uintptr_t address) const;
+  // Turns tombstones back into empty slots from `index` backwards while the
+  // slot after each is empty.
+  void Reclaim(size_t index);
+
+  size_t mask_;
+  std::unique_ptr<Slot[]> slots_;
+  // Counters on a line of their own: the hot path (Erase of an unsampled
+  // block) reads only slots_.
+  alignas(64) std::atomic<uint64_t> inserts_{0};
+  std::atomic<uint64_t> erases_{0};
+  std::atomic<uint64_t> overflows_{0};
+  std::atomic<uint64_t> rejected_{0};
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_ALLOC_LIVE_HEAP_TABLE_H_
