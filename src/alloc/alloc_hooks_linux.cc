@@ -1,0 +1,609 @@
+#include "inprof/alloc/alloc_hooks.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "inprof/alloc/alloc_sampler.h"
+#include "inprof/alloc/got_scan.h"
+#include "inprof/base/log.h"
+
+namespace inprof::internal {
+namespace {
+
+// What each wrapper calls: set once per symbol (null -> address), before
+// any slot points at the wrapper, and never changed afterwards, so a
+// wrapper that a thread entered before Uninstall still has its target.
+std::atomic<void*> g_real[kAllocSymbolCount];
+
+std::atomic<AllocSampleCallback> g_callback{nullptr};
+std::atomic<void*> g_context{nullptr};
+std::atomic<LiveHeapTable*> g_live{nullptr};
+
+std::atomic<uint64_t> g_slots_patched{0};
+std::atomic<uint64_t> g_slots_restored{0};
+std::atomic<uint64_t> g_slots_skipped{0};
+std::atomic<uint64_t> g_objects_failed{0};
+std::atomic<uint64_t> g_samples{0};
+
+template <typename Fn>
+Fn Real(AllocSymbol symbol) {
+  return reinterpret_cast<Fn>(g_real[symbol].load(std::memory_order_acquire));
+}
+
+// The sampled path: a guard first, so that the callback's and the table's
+// own allocations pass straight through.
+__attribute__((noinline)) void RecordSample(void* address, size_t size) {
+  AllocGuard guard;
+  g_samples.fetch_add(1, std::memory_order_relaxed);
+  const AllocWeight weight = SampleWeight(size, ThreadSampleMean());
+  uint64_t tag = 0;
+  if (AllocSampleCallback callback = g_callback.load(std::memory_order_acquire)) {
+    tag = callback(g_context.load(std::memory_order_relaxed),
+                   AllocSample{address, size, weight.objects, weight.bytes});
+  }
+  if (LiveHeapTable* live = g_live.load(std::memory_order_acquire)) {
+    live->Insert(address, {size, weight.objects, tag});
+  }
+}
+
+inline void AfterAlloc(void* address, size_t size) {
+  if (__builtin_expect(ShouldSampleAlloc(size), 0) && address != nullptr) {
+    RecordSample(address, size);
+  }
+}
+
+// Before the original frees `address`: once freed, another thread may get
+// the same address back and sample it.
+inline void BeforeFree(void* address) {
+  if (address == nullptr) return;
+  if (LiveHeapTable* live = g_live.load(std::memory_order_acquire)) live->Erase(address);
+}
+
+// realloc semantics shared by realloc and reallocarray: the block's live
+// entry moves with it (its size becomes the new one, its weight stays),
+// and the call is an allocation of `size` bytes for the countdown.
+void AfterRealloc(void* old_address, bool had_entry, const LiveHeapTable::Entry& old_entry,
+                  void* new_address, size_t size) {
+  LiveHeapTable* live = g_live.load(std::memory_order_acquire);
+  if (new_address == nullptr) {
+    // Failed (the old block is intact) or realloc(p, 0) freed it (glibc).
+    if (had_entry && size != 0 && live != nullptr) {
+      AllocGuard guard;
+      live->Insert(old_address, old_entry);
+    }
+    return;
+  }
+  if (__builtin_expect(ShouldSampleAlloc(size), 0)) {
+    RecordSample(new_address, size);
+  } else if (had_entry && live != nullptr) {
+    LiveHeapTable::Entry moved = old_entry;
+    moved.size = size;
+    live->Insert(new_address, moved);
+  }
+}
+
+void* ReallocCommon(AllocSymbol symbol, void* address, size_t nmemb, size_t size) {
+  LiveHeapTable* live = g_live.load(std::memory_order_acquire);
+  LiveHeapTable::Entry old_entry;
+  const bool had_entry = address != nullptr && live != nullptr && live->Take(address, &old_entry);
+  void* result;
+  size_t bytes = 0;
+  if (symbol == kSymRealloc) {
+    result = Real<void* (*)(void*, size_t)>(kSymRealloc)(address, size);
+    bytes = size;
+  } else {
+    result = Real<void* (*)(void*, size_t, size_t)>(kSymReallocarray)(address, nmemb, size);
+    if (__builtin_mul_overflow(nmemb, size, &bytes)) bytes = SIZE_MAX;
+  }
+  AfterRealloc(address, had_entry, old_entry, result, bytes);
+  return result;
+}
+
+void PatchLoadedObjects();
+
+// The wrappers. Each calls its symbol's original, then samples.
+extern "C" {
+void* inprof_malloc(size_t size) {
+  void* p = Real<void* (*)(size_t)>(kSymMalloc)(size);
+  AfterAlloc(p, size);
+  return p;
+}
+void inprof_free(void* p) {
+  BeforeFree(p);
+  Real<void (*)(void*)>(kSymFree)(p);
+}
+void* inprof_calloc(size_t nmemb, size_t size) {
+  void* p = Real<void* (*)(size_t, size_t)>(kSymCalloc)(nmemb, size);
+  size_t bytes;
+  if (!__builtin_mul_overflow(nmemb, size, &bytes)) AfterAlloc(p, bytes);
+  return p;
+}
+void* inprof_realloc(void* p, size_t size) { return ReallocCommon(kSymRealloc, p, 1, size); }
+void* inprof_reallocarray(void* p, size_t nmemb, size_t size) {
+  return ReallocCommon(kSymReallocarray, p, nmemb, size);
+}
+int inprof_posix_memalign(void** out, size_t alignment, size_t size) {
+  const int rc = Real<int (*)(void**, size_t, size_t)>(kSymPosixMemalign)(out, alignment, size);
+  if (rc == 0) AfterAlloc(*out, size);
+  return rc;
+}
+void* inprof_aligned_alloc(size_t alignment, size_t size) {
+  void* p = Real<void* (*)(size_t, size_t)>(kSymAlignedAlloc)(alignment, size);
+  AfterAlloc(p, size);
+  return p;
+}
+void* inprof_memalign(size_t alignment, size_t size) {
+  void* p = Real<void* (*)(size_t, size_t)>(kSymMemalign)(alignment, size);
+  AfterAlloc(p, size);
+  return p;
+}
+void* inprof_valloc(size_t size) {
+  void* p = Real<void* (*)(size_t)>(kSymValloc)(size);
+  AfterAlloc(p, size);
+  return p;
+}
+void* inprof_pvalloc(size_t size) {
+  void* p = Real<void* (*)(size_t)>(kSymPvalloc)(size);
+  AfterAlloc(p, size);
+  return p;
+}
+void* inprof_dlopen(const char* file, int mode) {
+  void* handle = Real<void* (*)(const char*, int)>(kSymDlopen)(file, mode);
+  if (handle != nullptr) PatchLoadedObjects();
+  return handle;
+}
+void* inprof_dlmopen(Lmid_t lmid, const char* file, int mode) {
+  void* handle = Real<void* (*)(Lmid_t, const char*, int)>(kSymDlmopen)(lmid, file, mode);
+  if (handle != nullptr) PatchLoadedObjects();
+  return handle;
+}
+}  // extern "C"
+
+// operator new and delete: exceptions from the throwing forms' originals
+// pass through the wrapper unchanged (it has nothing to clean up).
+void* NewWrapper(size_t size) {
+  void* p = Real<void* (*)(size_t)>(kSymNew)(size);
+  AfterAlloc(p, size);
+  return p;
+}
+void* NewArrayWrapper(size_t size) {
+  void* p = Real<void* (*)(size_t)>(kSymNewArray)(size);
+  AfterAlloc(p, size);
+  return p;
+}
+void* NewNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
+  void* p = Real<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewNothrow)(size, tag);
+  AfterAlloc(p, size);
+  return p;
+}
+void* NewArrayNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
+  void* p =
+      Real<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewArrayNothrow)(size, tag);
+  AfterAlloc(p, size);
+  return p;
+}
+void* NewAlignedWrapper(size_t size, std::align_val_t align) {
+  void* p = Real<void* (*)(size_t, std::align_val_t)>(kSymNewAligned)(size, align);
+  AfterAlloc(p, size);
+  return p;
+}
+void* NewArrayAlignedWrapper(size_t size, std::align_val_t align) {
+  void* p = Real<void* (*)(size_t, std::align_val_t)>(kSymNewArrayAligned)(size, align);
+  AfterAlloc(p, size);
+  return p;
+}
+void* NewAlignedNothrowWrapper(size_t size, std::align_val_t align,
+                               const std::nothrow_t& tag) noexcept {
+  void* p = Real<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
+      kSymNewAlignedNothrow)(size, align, tag);
+  AfterAlloc(p, size);
+  return p;
+}
+void* NewArrayAlignedNothrowWrapper(size_t size, std::align_val_t align,
+                                    const std::nothrow_t& tag) noexcept {
+  void* p = Real<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
+      kSymNewArrayAlignedNothrow)(size, align, tag);
+  AfterAlloc(p, size);
+  return p;
+}
+void DeleteWrapper(void* p) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*) noexcept>(kSymDelete)(p);
+}
+void DeleteArrayWrapper(void* p) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*) noexcept>(kSymDeleteArray)(p);
+}
+void DeleteSizedWrapper(void* p, size_t size) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, size_t) noexcept>(kSymDeleteSized)(p, size);
+}
+void DeleteArraySizedWrapper(void* p, size_t size) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, size_t) noexcept>(kSymDeleteArraySized)(p, size);
+}
+void DeleteAlignedWrapper(void* p, std::align_val_t align) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, std::align_val_t) noexcept>(kSymDeleteAligned)(p, align);
+}
+void DeleteArrayAlignedWrapper(void* p, std::align_val_t align) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, std::align_val_t) noexcept>(kSymDeleteArrayAligned)(p, align);
+}
+void DeleteSizedAlignedWrapper(void* p, size_t size, std::align_val_t align) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, size_t, std::align_val_t) noexcept>(kSymDeleteSizedAligned)(p, size,
+                                                                                    align);
+}
+void DeleteArraySizedAlignedWrapper(void* p, size_t size, std::align_val_t align) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, size_t, std::align_val_t) noexcept>(kSymDeleteArraySizedAligned)(
+      p, size, align);
+}
+void DeleteNothrowWrapper(void* p, const std::nothrow_t& tag) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, const std::nothrow_t&) noexcept>(kSymDeleteNothrow)(p, tag);
+}
+void DeleteArrayNothrowWrapper(void* p, const std::nothrow_t& tag) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, const std::nothrow_t&) noexcept>(kSymDeleteArrayNothrow)(p, tag);
+}
+void DeleteAlignedNothrowWrapper(void* p, std::align_val_t align,
+                                 const std::nothrow_t& tag) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, std::align_val_t, const std::nothrow_t&) noexcept>(
+      kSymDeleteAlignedNothrow)(p, align, tag);
+}
+void DeleteArrayAlignedNothrowWrapper(void* p, std::align_val_t align,
+                                      const std::nothrow_t& tag) noexcept {
+  BeforeFree(p);
+  Real<void (*)(void*, std::align_val_t, const std::nothrow_t&) noexcept>(
+      kSymDeleteArrayAlignedNothrow)(p, align, tag);
+}
+
+template <typename Fn>
+uintptr_t Address(Fn* fn) {
+  return reinterpret_cast<uintptr_t>(fn);
+}
+
+// The wrappers by symbol, in AllocSymbol's order.
+const uintptr_t kWrappers[kAllocSymbolCount] = {
+    Address(inprof_malloc), Address(inprof_free), Address(inprof_calloc),
+    Address(inprof_realloc), Address(inprof_reallocarray), Address(inprof_posix_memalign),
+    Address(inprof_aligned_alloc), Address(inprof_memalign), Address(inprof_valloc),
+    Address(inprof_pvalloc),
+    Address(NewWrapper), Address(NewArrayWrapper), Address(NewNothrowWrapper),
+    Address(NewArrayNothrowWrapper), Address(NewAlignedWrapper),
+    Address(NewArrayAlignedWrapper), Address(NewAlignedNothrowWrapper),
+    Address(NewArrayAlignedNothrowWrapper),
+    Address(DeleteWrapper), Address(DeleteArrayWrapper), Address(DeleteSizedWrapper),
+    Address(DeleteArraySizedWrapper), Address(DeleteAlignedWrapper),
+    Address(DeleteArrayAlignedWrapper), Address(DeleteSizedAlignedWrapper),
+    Address(DeleteArraySizedAlignedWrapper), Address(DeleteNothrowWrapper),
+    Address(DeleteArrayNothrowWrapper), Address(DeleteAlignedNothrowWrapper),
+    Address(DeleteArrayAlignedNothrowWrapper),
+    Address(inprof_dlopen), Address(inprof_dlmopen),
+};
+
+bool IsWrapper(uintptr_t value) {
+  return std::find(std::begin(kWrappers), std::end(kWrappers), value) != std::end(kWrappers);
+}
+
+// Install's state, under g_mu.
+absl::Mutex g_mu;
+struct HookState {
+  bool installed = false;
+  AllocHooks::Options options;
+  // Slot address -> the value it held before we wrote it.
+  absl::flat_hash_map<uintptr_t, uintptr_t> saved;
+  // Objects already logged about, so that each failure is one line.
+  absl::flat_hash_set<std::string> logged;
+  // What dlsym(RTLD_DEFAULT) gives per symbol: the definition the loader
+  // binds a slot to (0: none yet).
+  uintptr_t bound[kAllocSymbolCount] = {};
+};
+HookState& State() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
+  static HookState* state = new HookState;  // never destroyed: wrappers outlive exit
+  return *state;
+}
+
+std::string NameOf(const ObjectImage& image) {
+  return image.name[0] != '\0' ? std::string(image.name) : std::string("the main program");
+}
+
+void LogOnce(HookState& state, const ObjectImage& image, const std::string& message) {
+  if (state.logged.insert(absl::StrCat(NameOf(image), "\n", message)).second) {
+    Log(absl::StrCat("alloc hooks: ", message));
+  }
+}
+
+// The base namespace's objects, by dynamic section address, from the
+// loader's list (read inside dl_iterate_phdr, which holds the lock that
+// guards it). Objects dlmopen()ed into other namespaces are not in it.
+absl::flat_hash_set<uintptr_t> BaseNamespaceDynamics() {
+  absl::flat_hash_set<uintptr_t> dynamics;
+  for (const link_map* map = _r_debug.r_map; map != nullptr; map = map->l_next) {
+    dynamics.insert(reinterpret_cast<uintptr_t>(map->l_ld));
+  }
+  return dynamics;
+}
+
+// Writes `value` into each slot, making its page writable for the write
+// when the loader left it read-only (RELRO), and its protection as it was
+// afterwards. False (and nothing more written) when mprotect fails.
+bool WriteSlots(const std::vector<std::pair<GotSlot, uintptr_t>>& writes, std::string* error) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (const auto& [slot, value] : writes) {
+    void* const page_start = reinterpret_cast<void*>(slot.address & ~(page - 1));
+    const bool read_only = (slot.prot & PROT_WRITE) == 0;
+    if (read_only && mprotect(page_start, page, slot.prot | PROT_READ | PROT_WRITE) != 0) {
+      *error = absl::StrCat("mprotect of its GOT page failed (errno ", errno, ")");
+      return false;
+    }
+    // An aligned 8-byte store: a thread calling through the slot meanwhile
+    // reads the old or the new target, both valid.
+    __atomic_store_n(reinterpret_cast<uintptr_t*>(slot.address), value, __ATOMIC_RELEASE);
+    if (read_only) mprotect(page_start, page, slot.prot);
+  }
+  return true;
+}
+
+enum class Mode { kPatch, kRestore };
+
+struct WalkContext {
+  HookState* state;
+  Mode mode;
+  absl::flat_hash_set<uintptr_t> base_namespace;
+  bool first = true;
+};
+
+// One object: patch its slots (kPatch) or write their originals back
+// (kRestore). Runs inside dl_iterate_phdr: the object stays mapped.
+void VisitObject(WalkContext& walk, const ObjectImage& image) {
+  HookState& state = *walk.state;
+  if (walk.mode == Mode::kPatch && state.options.object_filter != nullptr &&
+      !state.options.object_filter(image.name)) {
+    return;
+  }
+  std::vector<GotSlot> slots;
+  if (absl::Status s = ScanGotSlots(image, &slots); !s.ok()) {
+    if (walk.mode == Mode::kPatch) {
+      g_objects_failed.fetch_add(1, std::memory_order_relaxed);
+      LogOnce(state, image, std::string(s.message()));
+    }
+    return;
+  }
+  if (slots.empty()) return;
+  const bool other_namespace = !walk.base_namespace.empty() &&
+                               !walk.base_namespace.contains(DynamicAddress(image));
+  std::vector<std::pair<GotSlot, uintptr_t>> writes;
+  for (const GotSlot& slot : slots) {
+    const uintptr_t current = *reinterpret_cast<const uintptr_t*>(slot.address);
+    if (walk.mode == Mode::kRestore) {
+      auto it = state.saved.find(slot.address);
+      if (it == state.saved.end()) continue;
+      // Only a slot that still holds our wrapper: anything else was written
+      // by someone after us (or the object is a new one at the same place).
+      if (current == kWrappers[slot.symbol]) writes.push_back({slot, it->second});
+      continue;
+    }
+    if (current == kWrappers[slot.symbol]) continue;  // done by an earlier pass
+    if (other_namespace) {
+      g_slots_skipped.fetch_add(1, std::memory_order_relaxed);
+      LogOnce(state, image,
+              absl::StrCat(NameOf(image), " is in another link-map namespace (dlmopen): "
+                                          "its allocation calls are not intercepted"));
+      return;
+    }
+    const uintptr_t bound = state.bound[slot.symbol];
+    const bool lazy = ImageContains(image, current, 1);  // an unresolved PLT stub
+    const bool own_plt = slot.symbol_value != 0 && bound == image.base + slot.symbol_value;
+    if (bound == 0 || g_real[slot.symbol].load(std::memory_order_relaxed) == nullptr ||
+        own_plt || (!lazy && current != bound) || IsWrapper(bound)) {
+      // No definition to call, the definition is this object's own PLT entry
+      // (a non-PIE executable: calling it would loop), or the slot is bound
+      // to another definition than the global one (RTLD_DEEPBIND, a private
+      // allocator): forwarding would mix allocators.
+      g_slots_skipped.fetch_add(1, std::memory_order_relaxed);
+      if (bound != 0 && !lazy && current != bound) {
+        LogOnce(state, image,
+                absl::StrCat(NameOf(image), ": ", kAllocSymbolNames[slot.symbol],
+                             " is bound to another definition than the global one; "
+                             "not intercepted there"));
+      }
+      continue;
+    }
+    writes.push_back({slot, kWrappers[slot.symbol]});
+  }
+  if (writes.empty()) return;
+  // Save before writing: a wrapper never runs without its original known,
+  // and Uninstall never misses a slot written here.
+  if (walk.mode == Mode::kPatch) {
+    for (const auto& [slot, value] : writes) {
+      state.saved[slot.address] = *reinterpret_cast<const uintptr_t*>(slot.address);
+    }
+  }
+  std::string error;
+  if (!WriteSlots(writes, &error)) {
+    g_objects_failed.fetch_add(1, std::memory_order_relaxed);
+    LogOnce(state, image,
+            absl::StrCat(NameOf(image), ": ", error,
+                         walk.mode == Mode::kPatch ? "; some of its allocation calls are "
+                                                     "not intercepted"
+                                                   : "; some of its slots still point at "
+                                                     "inprof's wrappers"));
+  }
+  // Count what is in the slots now (a failed mprotect wrote a prefix).
+  for (const auto& [slot, value] : writes) {
+    const bool written = *reinterpret_cast<const uintptr_t*>(slot.address) == value;
+    if (!written) continue;
+    if (walk.mode == Mode::kPatch) {
+      g_slots_patched.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      g_slots_restored.fetch_add(1, std::memory_order_relaxed);
+      state.saved.erase(slot.address);
+    }
+  }
+}
+
+void Walk(HookState& state, Mode mode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
+  // The hooks' own allocations (the maps above, log lines) are not sampled.
+  AllocGuard guard;
+  WalkContext walk{&state, mode, {}, true};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        WalkContext& walk = *static_cast<WalkContext*>(data);
+        if (walk.first) {
+          walk.base_namespace = BaseNamespaceDynamics();
+          walk.first = false;
+        }
+        VisitObject(walk, ObjectImageOf(*info));
+        return 0;
+      },
+      &walk);
+}
+
+// What each symbol resolves to now. Outside g_mu: dlsym takes the
+// loader's lock, which a thread inside dlopen (a library's constructor
+// calling dlopen, then our wrapper, then g_mu) holds while it waits.
+struct Resolution {
+  uintptr_t bound[kAllocSymbolCount] = {};
+  void* real[kAllocSymbolCount] = {};
+};
+Resolution Resolve(void* (*resolve)(const char*)) {
+  AllocGuard guard;
+  Resolution r;
+  for (int i = 0; i < kAllocSymbolCount; ++i) {
+    r.bound[i] = reinterpret_cast<uintptr_t>(dlsym(RTLD_DEFAULT, kAllocSymbolNames[i]));
+    void* real = resolve != nullptr ? resolve(kAllocSymbolNames[i])
+                                    : reinterpret_cast<void*>(r.bound[i]);
+    if (real != nullptr && !IsWrapper(reinterpret_cast<uintptr_t>(real))) r.real[i] = real;
+  }
+  return r;
+}
+
+// Takes what `r` found for symbols that had nothing yet (`replace`: for
+// all, at Install). An original is replaced, never cleared: a wrapper
+// address a host kept (a GLOB_DAT pointer read while installed) stays
+// callable after Uninstall.
+void ApplyResolution(HookState& state, const Resolution& r, bool replace)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
+  for (int i = 0; i < kAllocSymbolCount; ++i) {
+    if (replace || state.bound[i] == 0) state.bound[i] = r.bound[i];
+    if (r.real[i] != nullptr &&
+        (replace || g_real[i].load(std::memory_order_relaxed) == nullptr)) {
+      g_real[i].store(r.real[i], std::memory_order_release);
+    }
+  }
+}
+
+void PatchLoadedObjects() {
+  void* (*resolve)(const char*);
+  {
+    absl::MutexLock lock(&g_mu);
+    if (!State().installed) return;
+    resolve = State().options.resolve;
+  }
+  // A symbol first defined by what was just loaded (libstdc++'s operators).
+  const Resolution r = Resolve(resolve);
+  absl::MutexLock lock(&g_mu);
+  HookState& state = State();
+  if (!state.installed) return;
+  ApplyResolution(state, r, /*replace=*/false);
+  Walk(state, Mode::kPatch);
+}
+
+}  // namespace
+
+bool AllocHooks::Supported() { return true; }
+
+absl::Status AllocHooks::Install(const Options& options) {
+  const Resolution r = Resolve(options.resolve);
+  absl::MutexLock lock(&g_mu);
+  HookState& state = State();
+  if (state.installed) {
+    return absl::FailedPreconditionError("the allocation hooks are already installed");
+  }
+  state.options = options;
+  state.installed = true;
+  ApplyResolution(state, r, /*replace=*/true);
+  g_live.store(options.live, std::memory_order_release);
+  g_context.store(options.context, std::memory_order_relaxed);
+  g_callback.store(options.callback, std::memory_order_release);
+  SetAllocSamplingMean(options.mean_bytes);
+  Walk(state, Mode::kPatch);
+  return absl::OkStatus();
+}
+
+void AllocHooks::Uninstall() {
+  absl::MutexLock lock(&g_mu);
+  HookState& state = State();
+  if (!state.installed) return;
+  Walk(state, Mode::kRestore);
+  // Slots of objects unloaded meanwhile went with them.
+  {
+    AllocGuard guard;
+    state.saved.clear();
+  }
+  state.installed = false;
+  SetAllocSamplingMean(0);
+  g_callback.store(nullptr, std::memory_order_release);
+  g_live.store(nullptr, std::memory_order_release);
+}
+
+bool AllocHooks::Installed() {
+  absl::MutexLock lock(&g_mu);
+  return State().installed;
+}
+
+AllocHooks::Stats AllocHooks::stats() {
+  Stats s;
+  s.slots_patched = g_slots_patched.load(std::memory_order_relaxed);
+  s.slots_restored = g_slots_restored.load(std::memory_order_relaxed);
+  s.slots_skipped = g_slots_skipped.load(std::memory_order_relaxed);
+  s.objects_failed = g_objects_failed.load(std::memory_order_relaxed);
+  s.samples = g_samples.load(std::memory_order_relaxed);
+  return s;
+}
+
+void AllocHooks::ForEachPatchedSlot(
+    void (*visit)(void* context, const char* symbol, uintptr_t slot, uintptr_t original),
+    void* context) {
+  absl::MutexLock lock(&g_mu);
+  HookState& state = State();
+  struct Ctx {
+    HookState* state;
+    void (*visit)(void*, const char*, uintptr_t, uintptr_t);
+    void* context;
+  } ctx{&state, visit, context};
+  AllocGuard guard;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        Ctx& c = *static_cast<Ctx*>(data);
+        std::vector<GotSlot> slots;
+        if (!ScanGotSlots(ObjectImageOf(*info), &slots).ok()) return 0;
+        for (const GotSlot& slot : slots) {
+          auto it = c.state->saved.find(slot.address);
+          if (it == c.state->saved.end()) continue;
+          if (*reinterpret_cast<const uintptr_t*>(slot.address) != kWrappers[slot.symbol]) continue;
+          c.visit(c.context, kAllocSymbolNames[slot.symbol], slot.address, it->second);
+        }
+        return 0;
+      },
+      &ctx);
+}
+
+}  // namespace inprof::internal
