@@ -1,0 +1,96 @@
+// The cost of the allocation hooks (src/alloc): malloc(48) + free through
+// the benchmark's own PLT, with its GOT slots unpatched, patched and
+// unsampled (mean 512 KiB: one 48-byte allocation in ~11,000 is sampled,
+// and mean 0: off), patched and always sampled (mean 1, into a live table),
+// and free of a sampled block alone. Report medians:
+//   alloc_hooks_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <cstdlib>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "inprof/alloc/alloc_hooks.h"
+#include "inprof/alloc/live_heap_table.h"
+
+namespace {
+
+using inprof::internal::AllocHooks;
+using inprof::internal::AllocSample;
+using inprof::internal::LiveHeapTable;
+
+// Only the benchmark program's own slots: what it calls is what is timed.
+bool MainProgramOnly(const char* path) { return path[0] == '\0'; }
+
+uint64_t NoteSample(void*, const AllocSample& sample) {
+  benchmark::DoNotOptimize(sample.address);
+  return 0;
+}
+
+LiveHeapTable& Live() {
+  static LiveHeapTable* live = new LiveHeapTable(1 << 16);  // 2 MiB
+  return *live;
+}
+
+void Install(uint64_t mean) {
+  AllocHooks::Options options;
+  options.mean_bytes = mean;
+  options.object_filter = MainProgramOnly;
+  options.callback = NoteSample;
+  options.live = &Live();
+  if (!AllocHooks::Install(options).ok()) std::abort();
+}
+
+void MallocFreeLoop(benchmark::State& state) {
+  for (auto _ : state) {
+    void* p = std::malloc(48);
+    benchmark::DoNotOptimize(p);
+    std::free(p);
+  }
+}
+
+void BM_AllocHooks_MallocFree_Unpatched(benchmark::State& state) { MallocFreeLoop(state); }
+BENCHMARK(BM_AllocHooks_MallocFree_Unpatched);
+
+void BM_AllocHooks_MallocFree_PatchedUnsampled(benchmark::State& state) {
+  Install(512 * 1024);
+  MallocFreeLoop(state);
+  AllocHooks::Uninstall();
+}
+BENCHMARK(BM_AllocHooks_MallocFree_PatchedUnsampled);
+
+void BM_AllocHooks_MallocFree_PatchedOff(benchmark::State& state) {
+  Install(0);
+  MallocFreeLoop(state);
+  AllocHooks::Uninstall();
+}
+BENCHMARK(BM_AllocHooks_MallocFree_PatchedOff);
+
+void BM_AllocHooks_MallocFree_PatchedSampled(benchmark::State& state) {
+  Install(1);
+  MallocFreeLoop(state);
+  AllocHooks::Uninstall();
+}
+BENCHMARK(BM_AllocHooks_MallocFree_PatchedSampled);
+
+// free alone, of blocks that were all sampled (in the live table), against
+// free of unsampled blocks through the same patched slot.
+void FreeBatches(benchmark::State& state, uint64_t mean) {
+  constexpr int kBatch = 1000;
+  std::vector<void*> blocks(kBatch);
+  Install(mean);
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (void*& p : blocks) p = std::malloc(48);
+    state.ResumeTiming();
+    for (void* p : blocks) std::free(p);
+  }
+  AllocHooks::Uninstall();
+  state.SetItemsProcessed(state.iterations() * kBatch);
+}
+void BM_AllocHooks_Free_Sampled(benchmark::State& state) { FreeBatches(state, 1); }
+BENCHMARK(BM_AllocHooks_Free_Sampled);
+void BM_AllocHooks_Free_Unsampled(benchmark::State& state) { FreeBatches(state, 0); }
+BENCHMARK(BM_AllocHooks_Free_Unsampled);
+
+}  // namespace
+
+BENCHMARK_MAIN();
