@@ -5,8 +5,7 @@
 
 namespace inprof::internal {
 
-thread_local AllocThreadState alloc_thread_state
-    __attribute__((tls_model("initial-exec"))) = {};
+__thread AllocThreadState alloc_thread_state __attribute__((tls_model("initial-exec"))) = {};
 std::atomic<uint64_t> g_alloc_generation{1};
 
 namespace {

@@ -23,14 +23,8 @@ constexpr int kInsertAttempts = 4;
 
 LiveHeapTable::LiveHeapTable(size_t capacity)
     : mask_(std::bit_ceil(capacity < 16 ? size_t{16} : capacity) - 1),
+      shift_(64 - static_cast<unsigned>(std::countr_one(mask_))),
       slots_(new Slot[mask_ + 1]) {}
-
-size_t LiveHeapTable::Home(uintptr_t address) const {
-  // Fibonacci hashing: the product's high bits depend on every bit of the
-  // address, including the low ones that alignment leaves zero.
-  const uint64_t h = static_cast<uint64_t>(address) * 0x9e3779b97f4a7c15ULL;
-  return static_cast<size_t>(h >> (64 - std::countr_one(mask_)));
-}
 
 bool LiveHeapTable::Insert(const void* address, const Entry& entry) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(address);

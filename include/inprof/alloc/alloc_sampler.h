@@ -43,8 +43,11 @@ struct AllocThreadState {
 };
 
 // Initial-exec: the executable (or a preloaded library) owns it, so a
-// thread's first access never goes through __tls_get_addr.
-extern thread_local AllocThreadState alloc_thread_state
+// thread's first access never goes through __tls_get_addr. __thread, not
+// thread_local: an extern thread_local is reached through a TLS wrapper
+// function (a check and a call for possible dynamic initialization) on
+// every access from another translation unit.
+extern __thread AllocThreadState alloc_thread_state
     __attribute__((tls_model("initial-exec")));
 // Bumped by each SetAllocSamplingMean: a thread whose countdown was drawn
 // for an older generation draws again (an "off" countdown never outlives

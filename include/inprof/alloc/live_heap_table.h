@@ -83,7 +83,12 @@ class LiveHeapTable {
 
   // Removes `address` if it is there. True when it was. Lock-free; never
   // allocates.
-  bool Erase(const void* address) { return Take(address, nullptr); }
+  bool Erase(const void* address) {
+    // The common case inline: a block never sampled, its home slot empty.
+    const uintptr_t a = reinterpret_cast<uintptr_t>(address);
+    if (slots_[Home(a)].key.load(std::memory_order_acquire) == kEmpty) return false;
+    return Take(address, nullptr);
+  }
 
   // Removes `address` if it is there and copies its entry to `*out`
   // (`out` may be null). Lock-free; never allocates.
@@ -114,12 +119,18 @@ class LiveHeapTable {
   static constexpr uintptr_t kTombstone = 1;  // an odd value: never an address
   static constexpr uintptr_t kBusy = 1;       // low bit of a key being written
 
-  size_t Home(uintptr_t address) const;
+  size_t Home(uintptr_t address) const {
+    // Fibonacci hashing: the product's high bits depend on every bit of the
+    // address, including the low ones that alignment leaves zero.
+    return static_cast<size_t>((static_cast<uint64_t>(address) * 0x9e3779b97f4a7c15ULL) >>
+                               shift_);
+  }
   // Turns tombstones back into empty slots from `index` backwards while the
   // slot after each is empty.
   void Reclaim(size_t index);
 
   size_t mask_;
+  unsigned shift_;  // 64 - log2(capacity)
   std::unique_ptr<Slot[]> slots_;
   // Counters on a line of their own: the hot path (Erase of an unsampled
   // block) reads only slots_.
