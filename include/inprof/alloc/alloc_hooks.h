@@ -21,6 +21,18 @@
 // bounds-checked against the object's PT_LOAD segments and skipped with one
 // log line naming the object. The host keeps running in every case.
 //
+// inprof's own object (the program that links libinprof_alloc.a) is patched
+// like any other: it is the host, whose allocations are what is profiled.
+// The wrappers never call through a slot, so they never reach themselves;
+// inprof's own allocations on the sampled path and in the hooks'
+// bookkeeping run under an AllocGuard and are never sampled.
+//
+// dlopen through the wrapper: glibc resolves a relative name with the
+// *caller's* DT_RUNPATH, and the caller is now the wrapper's object, so a
+// library that dlopen()s a sibling by bare name through its own
+// RUNPATH=$ORIGIN finds it only if the program's search path does too
+// (known limitation; ddprof's and async-profiler's dlopen hooks share it).
+//
 // What cannot be seen: calls an object binds without a slot (libc's own
 // internal calls that do not go through its PLT, -Bsymbolic, static
 // linking), and function pointers taken before Install.
