@@ -330,17 +330,6 @@ void LogOnce(HookState& state, const ObjectImage& image, const std::string& mess
   }
 }
 
-// The base namespace's objects, by dynamic section address, from the
-// loader's list (read inside dl_iterate_phdr, which holds the lock that
-// guards it). Objects dlmopen()ed into other namespaces are not in it.
-absl::flat_hash_set<uintptr_t> BaseNamespaceDynamics() {
-  absl::flat_hash_set<uintptr_t> dynamics;
-  for (const link_map* map = _r_debug.r_map; map != nullptr; map = map->l_next) {
-    dynamics.insert(reinterpret_cast<uintptr_t>(map->l_ld));
-  }
-  return dynamics;
-}
-
 // Writes `value` into each slot, making its page writable for the write
 // when the loader left it read-only (RELRO), and its protection as it was
 // afterwards. False (and nothing more written) when mprotect fails.
@@ -366,8 +355,6 @@ enum class Mode { kPatch, kRestore };
 struct WalkContext {
   HookState* state;
   Mode mode;
-  absl::flat_hash_set<uintptr_t> base_namespace;
-  bool first = true;
 };
 
 // One object: patch its slots (kPatch) or write their originals back
@@ -387,8 +374,6 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
     return;
   }
   if (slots.empty()) return;
-  const bool other_namespace = !walk.base_namespace.empty() &&
-                               !walk.base_namespace.contains(DynamicAddress(image));
   std::vector<std::pair<GotSlot, uintptr_t>> writes;
   for (const GotSlot& slot : slots) {
     const uintptr_t current = *reinterpret_cast<const uintptr_t*>(slot.address);
@@ -401,13 +386,6 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
       continue;
     }
     if (current == kWrappers[slot.symbol]) continue;  // done by an earlier pass
-    if (other_namespace) {
-      g_slots_skipped.fetch_add(1, std::memory_order_relaxed);
-      LogOnce(state, image,
-              absl::StrCat(NameOf(image), " is in another link-map namespace (dlmopen): "
-                                          "its allocation calls are not intercepted"));
-      return;
-    }
     const uintptr_t bound = state.bound[slot.symbol];
     const bool lazy = ImageContains(image, current, 1);  // an unresolved PLT stub
     const bool own_plt = slot.symbol_value != 0 && bound == image.base + slot.symbol_value;
@@ -462,15 +440,13 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
 void Walk(HookState& state, Mode mode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
   // The hooks' own allocations (the maps above, log lines) are not sampled.
   AllocGuard guard;
-  WalkContext walk{&state, mode, {}, true};
+  WalkContext walk{&state, mode};
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* data) {
-        WalkContext& walk = *static_cast<WalkContext*>(data);
-        if (walk.first) {
-          walk.base_namespace = BaseNamespaceDynamics();
-          walk.first = false;
-        }
-        VisitObject(walk, ObjectImageOf(*info));
+        // Only the caller's link-map namespace is listed: objects that
+        // dlmopen() put in another one (with their own libc and allocator)
+        // are never visited, which is what they need.
+        VisitObject(*static_cast<WalkContext*>(data), ObjectImageOf(*info));
         return 0;
       },
       &walk);

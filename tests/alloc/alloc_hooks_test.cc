@@ -18,7 +18,7 @@
 #include "inprof/alloc/alloc_sampler.h"
 #include "inprof/alloc/got_scan.h"
 #include "inprof/alloc/live_heap_table.h"
-#include "inprof/base/log.h"
+#include "inprof/base/sanitizers.h"
 
 namespace inprof::internal {
 namespace {
@@ -404,6 +404,33 @@ TEST_F(AllocHooksTest, LibraryLoadedAfterInstallIsPatchedThenRestored) {
   using MallocFn = void* (*)(size_t);
   EXPECT_EQ(late.Get<MallocFn (*)()>("LibMallocAddress")(),
             reinterpret_cast<MallocFn>(dlsym(RTLD_DEFAULT, "malloc")));
+}
+
+// dlmopen() into a new namespace: the call is forwarded, and the objects
+// it loads (a second libc among them) are left alone -- dl_iterate_phdr
+// lists only its caller's namespace -- since forwarding their calls to the
+// base namespace's allocator would mix two allocators.
+TEST_F(AllocHooksTest, ObjectsInAnotherNamespaceAreLeftAlone) {
+#if defined(INPROF_ASAN) || defined(INPROF_TSAN)
+  GTEST_SKIP() << "a sanitizer's runtime cannot be loaded again into a new link-map namespace";
+#endif
+  const std::string late_path = LibPath("INPROF_ALLOC_TEST_LATE_LIB");
+  ASSERT_FALSE(late_path.empty());
+  ASSERT_TRUE(AllocHooks::Install(CountingOptions(0)).ok());
+  std::memset(t_reached, 0, sizeof t_reached);
+  TestLib other;
+  other.handle = lib_.Get<void* (*)(long, const char*, int)>("LibDlmopen")(
+      LM_ID_NEWLM, late_path.c_str(), RTLD_NOW);
+  ASSERT_NE(other.handle, nullptr) << dlerror();
+  EXPECT_EQ(t_reached[kSymDlmopen], 1u);
+  std::memset(t_reached, 0, sizeof t_reached);
+  void* p = other.Get<void* (*)(size_t)>("LibMalloc")(48);
+  other.Get<void (*)(void*)>("LibFree")(p);
+  EXPECT_EQ(Reached(), (std::map<std::string, uint64_t>{}));
+  using MallocFn = void* (*)(size_t);
+  const MallocFn wrapper = lib_.Get<MallocFn (*)()>("LibMallocAddress")();
+  EXPECT_NE(wrapper, reinterpret_cast<MallocFn>(dlsym(RTLD_DEFAULT, "malloc")));
+  EXPECT_NE(other.Get<MallocFn (*)()>("LibMallocAddress")(), wrapper);
 }
 
 TEST_F(AllocHooksTest, MeanOneSamplesEveryAllocationAndFreesEmptyTheTable) {

@@ -14,8 +14,8 @@
 // deletes erase their block from the table before the original frees it.
 //
 // One installation per process (the GOT is the process's). Objects in a
-// link-map namespace other than the base one (dlmopen) and slots already
-// bound to another definition than the global one (RTLD_DEEPBIND, an
+// link-map namespace other than inprof's (dlmopen; dl_iterate_phdr does not
+// list them) and slots already bound to another definition than the global one (RTLD_DEEPBIND, an
 // object's own allocator) are left alone: they would otherwise free through
 // one allocator what another allocated. Malformed dynamic sections are
 // bounds-checked against the object's PT_LOAD segments and skipped with one
