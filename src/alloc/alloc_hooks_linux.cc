@@ -59,10 +59,17 @@ __attribute__((noinline)) void RecordSample(void* address, size_t size) {
   }
 }
 
-inline void AfterAlloc(void* address, size_t size) {
-  if (__builtin_expect(ShouldSampleAlloc(size), 0) && address != nullptr) {
-    RecordSample(address, size);
-  }
+// An allocation of `size` bytes through `real(args...)`. The countdown
+// decides first, so that the unsampled case is a tail call to the original
+// (no frame of ours left around the allocator's).
+template <typename Fn, typename... Args>
+inline __attribute__((always_inline)) void* Allocate(AllocSymbol symbol, size_t size,
+                                                     Args... args) {
+  const Fn real = Real<Fn>(symbol);
+  if (__builtin_expect(!ShouldSampleAlloc(size), 1)) return real(args...);
+  void* address = real(args...);
+  if (address != nullptr) RecordSample(address, size);
+  return address;
 }
 
 // Before the original frees `address`: once freed, another thread may get
@@ -116,49 +123,38 @@ void PatchLoadedObjects();
 
 // The wrappers. Each calls its symbol's original, then samples.
 extern "C" {
-void* inprof_malloc(size_t size) {
-  void* p = Real<void* (*)(size_t)>(kSymMalloc)(size);
-  AfterAlloc(p, size);
-  return p;
-}
+void* inprof_malloc(size_t size) { return Allocate<void* (*)(size_t)>(kSymMalloc, size, size); }
 void inprof_free(void* p) {
   BeforeFree(p);
   Real<void (*)(void*)>(kSymFree)(p);
 }
 void* inprof_calloc(size_t nmemb, size_t size) {
-  void* p = Real<void* (*)(size_t, size_t)>(kSymCalloc)(nmemb, size);
   size_t bytes;
-  if (!__builtin_mul_overflow(nmemb, size, &bytes)) AfterAlloc(p, bytes);
-  return p;
+  if (__builtin_mul_overflow(nmemb, size, &bytes)) bytes = 0;  // fails: nothing to count
+  return Allocate<void* (*)(size_t, size_t)>(kSymCalloc, bytes, nmemb, size);
 }
 void* inprof_realloc(void* p, size_t size) { return ReallocCommon(kSymRealloc, p, 1, size); }
 void* inprof_reallocarray(void* p, size_t nmemb, size_t size) {
   return ReallocCommon(kSymReallocarray, p, nmemb, size);
 }
 int inprof_posix_memalign(void** out, size_t alignment, size_t size) {
-  const int rc = Real<int (*)(void**, size_t, size_t)>(kSymPosixMemalign)(out, alignment, size);
-  if (rc == 0) AfterAlloc(*out, size);
+  const auto real = Real<int (*)(void**, size_t, size_t)>(kSymPosixMemalign);
+  if (__builtin_expect(!ShouldSampleAlloc(size), 1)) return real(out, alignment, size);
+  const int rc = real(out, alignment, size);
+  if (rc == 0) RecordSample(*out, size);
   return rc;
 }
 void* inprof_aligned_alloc(size_t alignment, size_t size) {
-  void* p = Real<void* (*)(size_t, size_t)>(kSymAlignedAlloc)(alignment, size);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, size_t)>(kSymAlignedAlloc, size, alignment, size);
 }
 void* inprof_memalign(size_t alignment, size_t size) {
-  void* p = Real<void* (*)(size_t, size_t)>(kSymMemalign)(alignment, size);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, size_t)>(kSymMemalign, size, alignment, size);
 }
 void* inprof_valloc(size_t size) {
-  void* p = Real<void* (*)(size_t)>(kSymValloc)(size);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t)>(kSymValloc, size, size);
 }
 void* inprof_pvalloc(size_t size) {
-  void* p = Real<void* (*)(size_t)>(kSymPvalloc)(size);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t)>(kSymPvalloc, size, size);
 }
 void* inprof_dlopen(const char* file, int mode) {
   void* handle = Real<void* (*)(const char*, int)>(kSymDlopen)(file, mode);
@@ -174,50 +170,31 @@ void* inprof_dlmopen(Lmid_t lmid, const char* file, int mode) {
 
 // operator new and delete: exceptions from the throwing forms' originals
 // pass through the wrapper unchanged (it has nothing to clean up).
-void* NewWrapper(size_t size) {
-  void* p = Real<void* (*)(size_t)>(kSymNew)(size);
-  AfterAlloc(p, size);
-  return p;
-}
-void* NewArrayWrapper(size_t size) {
-  void* p = Real<void* (*)(size_t)>(kSymNewArray)(size);
-  AfterAlloc(p, size);
-  return p;
-}
+void* NewWrapper(size_t size) { return Allocate<void* (*)(size_t)>(kSymNew, size, size); }
+void* NewArrayWrapper(size_t size) { return Allocate<void* (*)(size_t)>(kSymNewArray, size, size); }
 void* NewNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
-  void* p = Real<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewNothrow)(size, tag);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewNothrow, size, size,
+                                                                     tag);
 }
 void* NewArrayNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
-  void* p =
-      Real<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewArrayNothrow)(size, tag);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewArrayNothrow, size,
+                                                                     size, tag);
 }
 void* NewAlignedWrapper(size_t size, std::align_val_t align) {
-  void* p = Real<void* (*)(size_t, std::align_val_t)>(kSymNewAligned)(size, align);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, std::align_val_t)>(kSymNewAligned, size, size, align);
 }
 void* NewArrayAlignedWrapper(size_t size, std::align_val_t align) {
-  void* p = Real<void* (*)(size_t, std::align_val_t)>(kSymNewArrayAligned)(size, align);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, std::align_val_t)>(kSymNewArrayAligned, size, size, align);
 }
 void* NewAlignedNothrowWrapper(size_t size, std::align_val_t align,
                                const std::nothrow_t& tag) noexcept {
-  void* p = Real<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
-      kSymNewAlignedNothrow)(size, align, tag);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
+      kSymNewAlignedNothrow, size, size, align, tag);
 }
 void* NewArrayAlignedNothrowWrapper(size_t size, std::align_val_t align,
                                     const std::nothrow_t& tag) noexcept {
-  void* p = Real<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
-      kSymNewArrayAlignedNothrow)(size, align, tag);
-  AfterAlloc(p, size);
-  return p;
+  return Allocate<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
+      kSymNewArrayAlignedNothrow, size, size, align, tag);
 }
 void DeleteWrapper(void* p) noexcept {
   BeforeFree(p);

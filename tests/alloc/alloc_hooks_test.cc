@@ -33,7 +33,10 @@ Fn TestReal(AllocSymbol s) {
   return reinterpret_cast<Fn>(g_test_real[s]);
 }
 
-void* CountMalloc(size_t n) { ++t_reached[kSymMalloc]; return TestReal<void* (*)(size_t)>(kSymMalloc)(n); }
+void* CountMalloc(size_t n) {
+  ++t_reached[kSymMalloc];
+  return TestReal<void* (*)(size_t)>(kSymMalloc)(n);
+}
 void CountFree(void* p) { ++t_reached[kSymFree]; TestReal<void (*)(void*)>(kSymFree)(p); }
 void* CountCalloc(size_t n, size_t s) {
   ++t_reached[kSymCalloc];
@@ -485,7 +488,9 @@ TEST_F(AllocHooksTest, ReallocMovesASampledBlocksEntry) {
   SetAllocSamplingMean(0);  // the realloc itself is not sampled
   void* q = lib_.Get<void* (*)(void*, size_t)>("LibRealloc")(p, 1 << 16);
   std::vector<std::pair<const void*, uint64_t>> entries;
-  live.ForEach([&](const void* a, const LiveHeapTable::Entry& e) { entries.push_back({a, e.size}); });
+  live.ForEach([&](const void* a, const LiveHeapTable::Entry& e) {
+    entries.push_back({a, e.size});
+  });
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_EQ(entries[0].first, q);
   EXPECT_EQ(entries[0].second, uint64_t{1} << 16);
