@@ -22,6 +22,11 @@
 // the same address from any thread that the program ordered after it (as a
 // free is ordered after its malloc). ForEach sees each entry that stays in
 // the table for its whole run exactly once, and never a half-written one.
+// One race is left, and it costs accuracy, never memory safety: Erase
+// empties a tombstone whose next slot is empty, then puts the tombstone
+// back if an Insert filled that next slot meanwhile; a free of the block
+// just inserted there that probes inside that moment stops early and
+// leaves the entry behind (counted live until the address is freed again).
 // Not async-signal-safe to destroy.
 //
 // Example:
