@@ -684,7 +684,12 @@ TEST(CpuTimeProviderTest, ThreadsArmedByTheSamplerAreSampledFromTheirRegistratio
                 name.c_str(), total / 1e6, on_spin / 1e6, inner[i] / 1e6, outer[i] / 1e6);
     EXPECT_GE(total, inner[i] - p) << name;
     EXPECT_LE(total, outer[i] + p) << name;
+#if !defined(INPROF_TSAN)
+    // Not under TSan: it delivers an asynchronous signal only at its next
+    // interceptor call (scripts/sanitizers.sh), after the spin (measured:
+    // 20-50 of 60 ms on Spin). The totals and the arming hold under it.
     EXPECT_GE(on_spin, inner[i] - 2 * p) << name;
+#endif
   }
 }
 
