@@ -303,18 +303,21 @@ std::map<std::string, uint64_t> Reached() {
   return reached;
 }
 
+// What every call form through `lib` reaches, from a clean count.
+std::map<std::string, uint64_t> ReachedByEveryForm(const TestLib& lib) {
+  std::memset(t_reached, 0, sizeof t_reached);
+  CallEveryForm(lib);
+  return Reached();
+}
+
 TEST_F(AllocHooksTest, EveryCallFormReachesItsOriginalExactlyOnce) {
   ASSERT_TRUE(AllocHooks::Install(CountingOptions(/*mean=*/0)).ok());
   EXPECT_GE(AllocHooks::stats().slots_patched, 30u);
-  std::memset(t_reached, 0, sizeof t_reached);
-  CallEveryForm(lib_);
-  EXPECT_EQ(Reached(), ExpectedReach());
+  EXPECT_EQ(ReachedByEveryForm(lib_), ExpectedReach());
 
   // Uninstalled: the same calls reach no stand-in.
   AllocHooks::Uninstall();
-  std::memset(t_reached, 0, sizeof t_reached);
-  CallEveryForm(lib_);
-  EXPECT_EQ(Reached(), (std::map<std::string, uint64_t>{}));
+  EXPECT_EQ(ReachedByEveryForm(lib_), (std::map<std::string, uint64_t>{}));
 }
 
 TEST_F(AllocHooksTest, SecondInstallIsRefused) {
@@ -396,14 +399,10 @@ TEST_F(AllocHooksTest, LibraryLoadedAfterInstallIsPatchedThenRestored) {
   late.handle = lib_.Get<void* (*)(const char*, int)>("LibDlopen")(late_path.c_str(), RTLD_NOW);
   ASSERT_NE(late.handle, nullptr) << dlerror();
   EXPECT_EQ(t_reached[kSymDlopen], 1u);
-  std::memset(t_reached, 0, sizeof t_reached);
-  CallEveryForm(late);
-  EXPECT_EQ(Reached(), ExpectedReach());
+  EXPECT_EQ(ReachedByEveryForm(late), ExpectedReach());
 
   AllocHooks::Uninstall();
-  std::memset(t_reached, 0, sizeof t_reached);
-  CallEveryForm(late);
-  EXPECT_EQ(Reached(), (std::map<std::string, uint64_t>{}));
+  EXPECT_EQ(ReachedByEveryForm(late), (std::map<std::string, uint64_t>{}));
   using MallocFn = void* (*)(size_t);
   EXPECT_EQ(late.Get<MallocFn (*)()>("LibMallocAddress")(),
             reinterpret_cast<MallocFn>(dlsym(RTLD_DEFAULT, "malloc")));
