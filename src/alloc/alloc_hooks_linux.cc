@@ -45,15 +45,18 @@ Fn Real(AllocSymbol symbol) {
 
 // The sampled path: a guard first, so that the callback's and the table's
 // own allocations pass straight through.
-__attribute__((noinline)) void RecordSample(void* address, size_t size) {
+// `caller`: the wrapper's return address, in the code that allocated.
+__attribute__((noinline)) void RecordSample(void* address, size_t size, void* caller) {
   AllocGuard guard;
   g_samples.fetch_add(1, std::memory_order_relaxed);
   const AllocWeight weight = SampleWeight(size, ThreadSampleMean());
   uint64_t tag = 0;
   if (AllocSampleCallback callback = g_callback.load(std::memory_order_acquire)) {
     tag = callback(g_context.load(std::memory_order_relaxed),
-                   AllocSample{address, size, weight.objects, weight.bytes});
+                   AllocSample{address, size, weight.objects, weight.bytes,
+                               reinterpret_cast<uintptr_t>(caller)});
   }
+  if (tag == kAllocUntracked) return;
   if (LiveHeapTable* live = g_live.load(std::memory_order_acquire)) {
     live->Insert(address, {size, weight.objects, tag});
   }
@@ -68,7 +71,29 @@ inline __attribute__((always_inline)) void* Allocate(AllocSymbol symbol, size_t 
   const Fn real = Real<Fn>(symbol);
   if (__builtin_expect(!ShouldSampleAlloc(size), 1)) return real(args...);
   void* address = real(args...);
-  if (address != nullptr) RecordSample(address, size);
+  if (address != nullptr) RecordSample(address, size, __builtin_return_address(0));
+  return address;
+}
+
+// operator new's original allocates through malloc, and libstdc++'s call
+// to it goes through a GOT slot that is patched too: counted there again,
+// every new would count twice against the countdown, and a sampled new
+// could be sampled twice. The original runs under a guard instead, so that
+// only the outer call counts (a few nanoseconds: the guard is two
+// thread-local writes and a restore).
+template <typename Fn, typename... Args>
+inline __attribute__((always_inline)) void* AllocateNew(AllocSymbol symbol, size_t size,
+                                                        Args... args) {
+  const Fn real = Real<Fn>(symbol);
+  const bool sampled = ShouldSampleAlloc(size);
+  void* address;
+  {
+    AllocGuard nested;
+    address = real(args...);
+  }
+  if (__builtin_expect(sampled, 0) && address != nullptr) {
+    RecordSample(address, size, __builtin_return_address(0));
+  }
   return address;
 }
 
@@ -83,7 +108,7 @@ inline void BeforeFree(void* address) {
 // entry moves with it (its size becomes the new one, its weight stays),
 // and the call is an allocation of `size` bytes for the countdown.
 void AfterRealloc(void* old_address, bool had_entry, const LiveHeapTable::Entry& old_entry,
-                  void* new_address, size_t size) {
+                  void* new_address, size_t size, void* caller) {
   LiveHeapTable* live = g_live.load(std::memory_order_acquire);
   if (new_address == nullptr) {
     // Failed (the old block is intact) or realloc(p, 0) freed it (glibc).
@@ -94,7 +119,7 @@ void AfterRealloc(void* old_address, bool had_entry, const LiveHeapTable::Entry&
     return;
   }
   if (__builtin_expect(ShouldSampleAlloc(size), 0)) {
-    RecordSample(new_address, size);
+    RecordSample(new_address, size, caller);
   } else if (had_entry && live != nullptr) {
     LiveHeapTable::Entry moved = old_entry;
     moved.size = size;
@@ -102,7 +127,8 @@ void AfterRealloc(void* old_address, bool had_entry, const LiveHeapTable::Entry&
   }
 }
 
-void* ReallocCommon(AllocSymbol symbol, void* address, size_t nmemb, size_t size) {
+void* ReallocCommon(AllocSymbol symbol, void* address, size_t nmemb, size_t size,
+                    void* caller) {
   LiveHeapTable* live = g_live.load(std::memory_order_acquire);
   LiveHeapTable::Entry old_entry;
   const bool had_entry = address != nullptr && live != nullptr && live->Take(address, &old_entry);
@@ -115,7 +141,7 @@ void* ReallocCommon(AllocSymbol symbol, void* address, size_t nmemb, size_t size
     result = Real<void* (*)(void*, size_t, size_t)>(kSymReallocarray)(address, nmemb, size);
     if (__builtin_mul_overflow(nmemb, size, &bytes)) bytes = SIZE_MAX;
   }
-  AfterRealloc(address, had_entry, old_entry, result, bytes);
+  AfterRealloc(address, had_entry, old_entry, result, bytes, caller);
   return result;
 }
 
@@ -133,15 +159,17 @@ void* inprof_calloc(size_t nmemb, size_t size) {
   if (__builtin_mul_overflow(nmemb, size, &bytes)) bytes = 0;  // fails: nothing to count
   return Allocate<void* (*)(size_t, size_t)>(kSymCalloc, bytes, nmemb, size);
 }
-void* inprof_realloc(void* p, size_t size) { return ReallocCommon(kSymRealloc, p, 1, size); }
+void* inprof_realloc(void* p, size_t size) {
+  return ReallocCommon(kSymRealloc, p, 1, size, __builtin_return_address(0));
+}
 void* inprof_reallocarray(void* p, size_t nmemb, size_t size) {
-  return ReallocCommon(kSymReallocarray, p, nmemb, size);
+  return ReallocCommon(kSymReallocarray, p, nmemb, size, __builtin_return_address(0));
 }
 int inprof_posix_memalign(void** out, size_t alignment, size_t size) {
   const auto real = Real<int (*)(void**, size_t, size_t)>(kSymPosixMemalign);
   if (__builtin_expect(!ShouldSampleAlloc(size), 1)) return real(out, alignment, size);
   const int rc = real(out, alignment, size);
-  if (rc == 0) RecordSample(*out, size);
+  if (rc == 0) RecordSample(*out, size, __builtin_return_address(0));
   return rc;
 }
 void* inprof_aligned_alloc(size_t alignment, size_t size) {
@@ -170,30 +198,30 @@ void* inprof_dlmopen(Lmid_t lmid, const char* file, int mode) {
 
 // operator new and delete: exceptions from the throwing forms' originals
 // pass through the wrapper unchanged (it has nothing to clean up).
-void* NewWrapper(size_t size) { return Allocate<void* (*)(size_t)>(kSymNew, size, size); }
-void* NewArrayWrapper(size_t size) { return Allocate<void* (*)(size_t)>(kSymNewArray, size, size); }
+void* NewWrapper(size_t size) { return AllocateNew<void* (*)(size_t)>(kSymNew, size, size); }
+void* NewArrayWrapper(size_t size) { return AllocateNew<void* (*)(size_t)>(kSymNewArray, size, size); }
 void* NewNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
-  return Allocate<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewNothrow, size, size,
+  return AllocateNew<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewNothrow, size, size,
                                                                      tag);
 }
 void* NewArrayNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
-  return Allocate<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewArrayNothrow, size,
+  return AllocateNew<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewArrayNothrow, size,
                                                                      size, tag);
 }
 void* NewAlignedWrapper(size_t size, std::align_val_t align) {
-  return Allocate<void* (*)(size_t, std::align_val_t)>(kSymNewAligned, size, size, align);
+  return AllocateNew<void* (*)(size_t, std::align_val_t)>(kSymNewAligned, size, size, align);
 }
 void* NewArrayAlignedWrapper(size_t size, std::align_val_t align) {
-  return Allocate<void* (*)(size_t, std::align_val_t)>(kSymNewArrayAligned, size, size, align);
+  return AllocateNew<void* (*)(size_t, std::align_val_t)>(kSymNewArrayAligned, size, size, align);
 }
 void* NewAlignedNothrowWrapper(size_t size, std::align_val_t align,
                                const std::nothrow_t& tag) noexcept {
-  return Allocate<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
+  return AllocateNew<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
       kSymNewAlignedNothrow, size, size, align, tag);
 }
 void* NewArrayAlignedNothrowWrapper(size_t size, std::align_val_t align,
                                     const std::nothrow_t& tag) noexcept {
-  return Allocate<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
+  return AllocateNew<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
       kSymNewArrayAlignedNothrow, size, size, align, tag);
 }
 void DeleteWrapper(void* p) noexcept {

@@ -70,12 +70,21 @@ struct AllocSample {
   size_t size;            // the size asked for (nmemb * size for calloc)
   double weight_objects;  // what it stands for: 1/p objects
   double weight_bytes;    // and size/p bytes
+  // The wrapper's return address: the instruction after the call in the
+  // code that allocated (operator new's caller, not the allocator inside
+  // it), where a stack walked on the sampled path is cut.
+  uintptr_t caller;
 };
+
+// A callback's answer for a block the live table must not keep (an
+// allocation of inprof's own threads, or one the profiler does not want).
+inline constexpr uint64_t kAllocUntracked = ~uint64_t{0};
 
 // Called on the sampled path, on the allocating thread, after the
 // allocation and before the wrapper returns; allocations it makes are not
 // sampled. The value it returns is kept with the block's live entry
-// (a later phase: the id of the stack it recorded).
+// (AllocationProvider: the id of the stack it recorded); kAllocUntracked
+// keeps the block out of the table.
 using AllocSampleCallback = uint64_t (*)(void* context, const AllocSample& sample);
 
 class AllocHooks {
