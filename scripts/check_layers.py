@@ -23,7 +23,8 @@ LAYERS = [
     # live-heap table); it may use base and, for the sampled path's stack
     # walk, unwind.
     ["sampling", "unwind", "symbolize", "export", "alloc"],
-    ["pipeline"],
+    # heap: the allocation provider (alloc's hooks as a SampleProvider).
+    ["pipeline", "heap"],
     ["upload", "serve", "agent"],
     ["profiler"],
     ["run", "gperftools", "cli"],
@@ -64,7 +65,7 @@ HEADER_COMPONENT = {name: c for c, names in HEADERS.items() for name in names}
 SRC_COMPONENT = {
     "base": "base", "sampling": "sampling", "unwind": "unwind",
     "symbolize": "symbolize", "export": "export", "report": "export", "alloc": "alloc",
-    "pipeline": "pipeline", "upload": "upload", "serve": "serve", "agent": "agent",
+    "heap": "heap", "pipeline": "pipeline", "upload": "upload", "serve": "serve", "agent": "agent",
     "profiler": "profiler", "run": "run", "gperftools": "gperftools", "cli": "cli",
     "pch": None,  # the precompiled header: standard and Abseil headers only
 }
@@ -91,6 +92,8 @@ def component_of(path):
             return "gperftools"
         if parts[2] == "alloc":
             return "alloc"
+        if parts[2] == "heap":
+            return "heap"
         return HEADER_COMPONENT.get(base, "?")
     return "?"
 

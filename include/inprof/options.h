@@ -15,6 +15,8 @@
 // | INPROF_WALL_PERIOD | 10ms         | 0 (off) or a duration from 1ms to 1h  |
 // | INPROF_WALL_THREADS_PER_TICK | 5  | 1 to 10000                            |
 // | INPROF_WALL_CPU_BUDGET | 1%     | 0 (none) or 0.1% to 100% of one core  |
+// | INPROF_ALLOC_PERIOD | 0 (off) | 0 or a byte size from 1 to 1GiB, e.g. |
+// |                     |         | 512KiB (a Profiler with AllocationProvider) |
 // | INPROF_EXPORT_PERIOD | 60s | 0 (one profile at Stop) or 100ms to 24h   |
 // | INPROF_STOP_TIMEOUT  | 5s  | 0 to 10m: how long Stop() waits for uploads |
 // | INPROF_DATADOG       | off | 1/0, ...; on when DD_TRACE_AGENT_URL or     |
@@ -163,6 +165,11 @@ struct Options {
   // with more threads than that budget visits every 2 s, rounds grow
   // longer. 0: no budget (a round every 2 s whatever it costs). Linux.
   double wall_cpu_budget = 1.0;
+  // Allocations (a Profiler composed with AllocationProvider,
+  // inprof/heap/allocation_provider.h; others ignore it): the mean, in
+  // bytes, of each thread's countdown between two sampled allocations (Go's
+  // MemProfileRate, jemalloc's 2^lg_prof_sample). 0: off. At most 1 GiB.
+  uint64_t alloc_period = 0;
   // Length of each profile window: every export_period a profile covering
   // [start, end) goes to the sinks; Stop() exports the last, partial one.
   // Zero: one profile covering Start() to Stop(). (dd-win-prof: 60 s.)

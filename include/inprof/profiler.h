@@ -40,6 +40,7 @@
 #include "inprof/windows/profiler_windows.h"
 #else
 
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +48,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -134,7 +136,9 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                                  .two_step_arming = kTwoStepArming,
                                  .leaf_words = Layout::kLeafWords > 0,
                                  .activity = &Handler::activity,
-                                 .walks_without_tables = WalksWithoutTables()}) {}
+                                 .walks_without_tables = WalksWithoutTables()}) {
+    if constexpr (kHasEvents) pipeline_.Attach(std::make_unique<EventAttachment>(*this));
+  }
 
   ~Profiler() { Shutdown(); }
 
@@ -307,6 +311,103 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
             std::memory_order_relaxed);
       }
     }
+  }
+
+  // Event-driven providers (sample_provider.h: RecordsEvents): started and
+  // stopped with the profiler; what they recorded joins each window at its
+  // cut, under one aggregate thread of their own.
+  static constexpr bool kHasEvents = (RecordsEvents<Ps> || ...);
+  static constexpr const char* kEventsThreadName = "[events]";
+
+  absl::Status StartEventProviders() override {
+    absl::Status status;
+    if constexpr (kHasEvents) {
+      const EventContext context{.unwind = &UnwindHere};
+      std::apply(
+          [&](auto&... p) {
+            (
+                [&] {
+                  if constexpr (RecordsEvents<std::decay_t<decltype(p)>>) {
+                    status.Update(p.StartEvents(context));
+                  }
+                }(),
+                ...);
+          },
+          providers_);
+    }
+    return status;
+  }
+  void StopEventProviders(bool forked_child) noexcept override {
+    if constexpr (kHasEvents) {
+      std::apply(
+          [&](auto&... p) {
+            (
+                [&] {
+                  if constexpr (RecordsEvents<std::decay_t<decltype(p)>>) {
+                    p.StopEvents(forked_child);
+                  }
+                }(),
+                ...);
+          },
+          providers_);
+    }
+  }
+  // Each event provider's flush; their comment lines, "\n"-free, "; "-joined.
+  template <size_t... I>
+  std::string FlushEventsEach(SampleAggregator& agg, uint32_t thread, bool window_end,
+                              std::index_sequence<I...>) {
+    std::string lines;
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (RecordsEvents<P>) {
+            std::string line = std::get<I>(providers_).FlushEvents(
+                agg, thread, Layout::kValueOffsets[I], window_end);
+            if (!line.empty()) absl::StrAppend(&lines, lines.empty() ? "" : "; ", line);
+          }
+        }(),
+        ...);
+    return lines;
+  }
+  // Joins the providers' events to each window, on the thread that cuts it.
+  class EventAttachment final : public internal::PipelineAttachment {
+   public:
+    explicit EventAttachment(Profiler& profiler) : profiler_(profiler) {}
+    std::string BeforeCutLocked(SampleAggregator& agg, bool window_end) override {
+      // The aggregate keeps its thread table across cuts: one entry for
+      // the profiler's life (pid as its id: the events of every thread).
+      if (!thread_.has_value()) {
+        thread_ = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
+      }
+      return profiler_.FlushEventsEach(agg, *thread_, window_end,
+                                       std::make_index_sequence<Layout::kNumProviders>{});
+    }
+
+   private:
+    Profiler& profiler_;
+    std::optional<uint32_t> thread_;
+  };
+
+  // EventContext::unwind: the calling thread's stack, walked by U from a
+  // context of this frame. Only a thread registered with the running
+  // profiler, and with room on its own stack for the walk (as the signal
+  // handler requires), is walked: its bounds are known.
+  __attribute__((noinline)) static size_t UnwindHere(std::span<uintptr_t> out) noexcept {
+    internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
+    const uint64_t active = internal::ActiveSession();
+    if (slot == nullptr || active == 0 ||
+        slot->session.load(std::memory_order_relaxed) != active) {
+      return 0;
+    }
+    const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    if (!(sp >= slot->stack.lo && sp < slot->stack.hi &&
+          sp - slot->stack.lo >= slot->sample_stack_bytes)) {
+      return 0;
+    }
+    ucontext_t context;
+    if (getcontext(&context) != 0) return 0;
+    U unwinder;
+    return unwinder.Unwind(&context, slot->stack, out).depth;
   }
 
   // The ticker thread ("inprof-tick"): drives providers that model

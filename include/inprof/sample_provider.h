@@ -33,10 +33,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "absl/status/status.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/options.h"
+#include "inprof/sample_aggregator.h"
 
 namespace inprof {
 
@@ -220,6 +222,49 @@ template <typename P>
 concept LabelsThreadState = SampleProvider<P> && requires {
   { P::kStateLabel } -> std::convertible_to<const char*>;
 };
+
+// What the profiler gives an event-driven provider (RecordsEvents) at
+// Start.
+struct EventContext {
+  // Walks the calling thread's stack, as the profiler's unwinder does for a
+  // signal, into `out`: out[0] is a pc in `unwind` itself, then return
+  // addresses, callers last. 0 frames on a thread that is not registered
+  // with the running profiler, or whose stack has no room for the walk (a
+  // coroutine's, a sigaltstack). Not async-signal-safe; never allocates.
+  size_t (*unwind)(std::span<uintptr_t> out) noexcept = nullptr;
+};
+
+// Optional: a provider that records events as they happen, on the thread
+// that causes them, instead of when a signal arrives (AllocationProvider,
+// inprof/heap/allocation_provider.h: a sampled allocation) declares `static
+// constexpr bool kRecordsEvents = true;` and:
+//   (1) p.StartEvents(const EventContext&) -> absl::Status: at Start, once
+//       the session is active and the registered threads are armed; an
+//       error is logged and the other providers keep sampling;
+//   (2) p.StopEvents(bool forked_child) noexcept: at Stop, before the last
+//       drain; no event is recorded after it returns (in a forked child,
+//       where other threads' locks may be held, it may only set atomics);
+//   (3) p.FlushEvents(SampleAggregator&, uint32_t thread, size_t
+//       value_offset, bool window_end): on the thread that cuts a profile
+//       window, with the pipeline's lock held, before the cut: adds what it
+//       recorded since its last flush, its values at [value_offset,
+//       value_offset + kSampleTypes.size()), under aggregator thread
+//       `thread` (the profiler's "[events]" entry); window_end: the window
+//       ends here, so state it reports as of the window's end (the live
+//       heap) is added too (false for a live capture's window). Returns
+//       a comment line for the window (its counters), or "".
+// Its events do not go through the threads' rings: what a signal handler
+// pushes there is the handler's alone. Its ArmThread, DisarmThread and
+// OnSignal may do nothing (OnSignal returning false).
+template <typename P>
+concept RecordsEvents = SampleProvider<P> &&
+    requires(P& p, const EventContext& context, SampleAggregator& aggregator, uint32_t thread,
+             size_t offset, bool flag) {
+      requires P::kRecordsEvents;
+      { p.StartEvents(context) } -> std::same_as<absl::Status>;
+      { p.StopEvents(flag) } noexcept;
+      { p.FlushEvents(aggregator, thread, offset, flag) } -> std::convertible_to<std::string>;
+    };
 
 }  // namespace inprof
 

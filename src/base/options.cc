@@ -1,6 +1,7 @@
 #include "inprof/options.h"
 
 #include <cstdlib>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -59,6 +60,37 @@ absl::StatusOr<int64_t> ParseIntFlag(absl::string_view name,
 }
 
 namespace {
+
+// The largest INPROF_ALLOC_PERIOD / Options::alloc_period: 1 GiB.
+constexpr uint64_t kMaxAllocPeriod = uint64_t{1} << 30;
+
+// "524288", "512KiB", "512k", "1MiB", "1M", "1GiB", "64B": bytes, the
+// suffixes binary (KiB = K = 1024), case-insensitive. nullopt otherwise.
+std::optional<uint64_t> ParseByteSize(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[digits]))) {
+    ++digits;
+  }
+  uint64_t number = 0;
+  if (digits == 0 || !absl::SimpleAtoi(text.substr(0, digits), &number)) return std::nullopt;
+  std::string suffix = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text.substr(digits)));
+  int shift = 0;
+  if (suffix.empty() || suffix == "b") {
+    shift = 0;
+  } else if (suffix == "k" || suffix == "kib" || suffix == "kb") {
+    shift = 10;
+  } else if (suffix == "m" || suffix == "mib" || suffix == "mb") {
+    shift = 20;
+  } else if (suffix == "g" || suffix == "gib" || suffix == "gb") {
+    shift = 30;
+  } else {
+    return std::nullopt;
+  }
+  if (number > (kMaxAllocPeriod >> shift) + 1) return std::nullopt;  // no overflow
+  return number << shift;
+}
+
 
 bool HasSpace(absl::string_view s) {
   for (char c : s) {
@@ -203,6 +235,17 @@ Options Options::FromLookup(const Lookup& lookup,
                  "': expected 0 (no budget) or a percentage of one core from "
                  "0.1% to 100%, e.g. 1%")),
              "1%");
+    }
+  }
+  if (const char* v = lookup("INPROF_ALLOC_PERIOD")) {
+    if (std::optional<uint64_t> bytes = ParseByteSize(v);
+        bytes.has_value() && *bytes <= kMaxAllocPeriod) {
+      options.alloc_period = *bytes;
+    } else {
+      report(absl::InvalidArgumentError(absl::StrCat(
+                 "INPROF_ALLOC_PERIOD='", absl::CHexEscape(v),
+                 "': expected 0 (off) or a byte size from 1 to 1GiB, e.g. 512KiB")),
+             "0");
     }
   }
   if (const char* v = lookup("INPROF_OUTPUT")) {
@@ -470,6 +513,10 @@ absl::Status Options::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "Options.collect_period=", absl::FormatDuration(collect_period),
         ": expected a duration from 1ms to 10s"));
+  }
+  if (alloc_period > kMaxAllocPeriod) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Options.alloc_period=", alloc_period, ": expected 0 to 1GiB (1073741824)"));
   }
   if (max_frames < 1 || max_frames > 512) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,5 +1,6 @@
 // The Linux variant of base/platform.h (WriteFileAtomically included).
 #include "inprof/base/platform.h"
+#include "inprof/base/profiler_thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -221,5 +222,14 @@ absl::Status WriteFileAtomically(const std::string& path,
   }
   return absl::OkStatus();
 }
+
+namespace internal {
+namespace {
+__thread bool tls_profiler_thread __attribute__((tls_model("initial-exec"))) = false;
+}  // namespace
+
+bool IsProfilerThread() noexcept { return tls_profiler_thread; }
+void MarkProfilerThread() noexcept { tls_profiler_thread = true; }
+}  // namespace internal
 
 }  // namespace inprof

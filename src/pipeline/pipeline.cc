@@ -221,9 +221,20 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
   ProfilerStats window_stats;
   std::string engine_detail;
   std::string notes;
+  std::vector<std::string> event_lines;  // the attachments' (BeforeCutLocked)
   int64_t end = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Events recorded since the last cut, into both windows (the mirror is
+    // still set).
+    if (!stopped) {
+      for (const auto& a : attachments_) {
+        if (std::string line = a->BeforeCutLocked(aggregator_, /*window_end=*/false);
+            !line.empty()) {
+          event_lines.push_back(std::move(line));
+        }
+      }
+    }
     aggregator_.SetMirror(nullptr);
     if (!stopped) {
       data = window.Take();
@@ -238,6 +249,7 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
         "the profiler stopped during the capture; no profile");
   }
   Describe(data, start, end, window_stats, engine_detail, notes);
+  for (std::string& line : event_lines) data.comments.push_back(std::move(line));
   data.comments.push_back(absl::StrCat(
       "live capture of ", absl::FormatDuration(duration),
       " (INPROF_HTTP_ADDR); the periodic export's windows are separate"));
@@ -422,11 +434,18 @@ absl::Status Pipeline::ExportWindow(const ProfilerStats* stats,
   ProfilerStats window_stats;
   std::string engine_detail;
   std::string notes;
+  std::vector<std::string> event_lines;  // the attachments' (BeforeCutLocked)
   int64_t start = 0;
   int64_t end = 0;
   {
     // The cut: the drain step adds under this lock too.
     std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& a : attachments_) {
+      if (std::string line = a->BeforeCutLocked(aggregator_, /*window_end=*/true);
+          !line.empty()) {
+        event_lines.push_back(std::move(line));
+      }
+    }
     data = aggregator_.Take();
     end = absl::GetCurrentTimeNanos();
     start = window_start_ns_;
@@ -441,6 +460,7 @@ absl::Status Pipeline::ExportWindow(const ProfilerStats* stats,
   if (sinks_.empty()) return absl::OkStatus();
 
   Describe(data, start, end, window_stats, engine_detail, notes);
+  for (std::string& line : event_lines) data.comments.push_back(std::move(line));
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
     symbolizer_->set_system_debug_info(options_.system_debug_info);

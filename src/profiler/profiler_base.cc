@@ -97,6 +97,7 @@ absl::Status ProfilerBase::Start() {
       ArmProviders(slot, session_);
     }
   }
+  if (absl::Status s = StartEventProviders(); !s.ok()) Log(s.message());
   pipeline_.SetEngineDetail(DescribeProviders());
   pipeline_.StartCollector([this] { Drain(); }, [this] { return stats(); });
   StartTicker();
@@ -106,6 +107,7 @@ absl::Status ProfilerBase::Start() {
 absl::Status ProfilerBase::Stop() {
   if (!running_) return absl::OkStatus();
   if (getpid() != start_pid_) {
+    StopEventProviders(/*forked_child=*/true);
     // A forked child: the registry lock is free (base/fork_guard.h).
     {
       std::lock_guard<std::mutex> lock(registry_->mutex);
@@ -120,6 +122,8 @@ absl::Status ProfilerBase::Stop() {
     StopTicker();
     return absl::OkStatus();
   }
+  // No event is recorded from here on; the last window takes those that were.
+  StopEventProviders(/*forked_child=*/false);
   StopTicker();  // before taking the registry lock: Tick() takes it
   {
     std::unique_lock<std::mutex> lock(registry_->mutex);

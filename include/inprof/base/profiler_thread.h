@@ -53,10 +53,22 @@ uintptr_t ProfilerThreadStartAddress();
 
 #else
 
+// Whether the calling thread is one of inprof's own: the allocation
+// profiler leaves their allocations out (initial-exec TLS: no allocation,
+// no loader call).
+bool IsProfilerThread() noexcept;
+// Marks the calling thread as inprof's (what ProfilerThread's thread does
+// first).
+void MarkProfilerThread() noexcept;
+
 class ProfilerThread {
  public:
   ProfilerThread() = default;
-  explicit ProfilerThread(std::function<void()> body) : thread_(std::move(body)) {}
+  explicit ProfilerThread(std::function<void()> body)
+      : thread_([body = std::move(body)] {
+          MarkProfilerThread();
+          body();
+        }) {}
   bool joinable() const { return thread_.joinable(); }
   void join() { thread_.join(); }
 

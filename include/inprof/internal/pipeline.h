@@ -153,6 +153,15 @@ class PipelineAttachment {
   }
   // A forked child: the attachment's threads do not exist there.
   virtual void Abandon() {}
+  // The thread that cuts a window (the exporter's, Stop()'s, a live
+  // capture's), with the pipeline's lock held, just before the cut: what
+  // the attachment adds to `aggregator` now is in the window. window_end:
+  // a window of the periodic export (or the last one) ends here; false for
+  // a live capture's window. Returns a comment line for the window, or "".
+  // Must not call into the pipeline.
+  virtual std::string BeforeCutLocked(SampleAggregator& /*aggregator*/, bool /*window_end*/) {
+    return "";
+  }
 };
 
 class Pipeline {

@@ -242,6 +242,12 @@ class ProfilerBase : public ProfilerCommon {
   // `deadline_ns`; the threads signalled into `signalled`.
   virtual void VisitAllProvidersLocked(TickTime when, int64_t deadline_ns,
                                        std::vector<WallSignalled>& signalled) = 0;
+  // Event-driven providers (sample_provider.h: RecordsEvents): started at
+  // Start() once the threads are armed (an error is logged, and the others
+  // sample on), stopped at the beginning of Stop() (forked_child: in a
+  // child, where only atomics may be set). Start: under the registry lock.
+  virtual absl::Status StartEventProviders() { return absl::OkStatus(); }
+  virtual void StopEventProviders(bool /*forked_child*/) noexcept {}
 
   // --- For the composition ----------------------------------------------
   // Registry lock held. Moves the slot's records into the aggregate.

@@ -1,0 +1,133 @@
+// inprof/heap/allocation_provider.h: sampled allocation and live-heap
+// profiling, as a provider of a Profiler (Linux).
+//
+// AllocationProvider adds four sample types, named as Go's heap profile
+// names them: alloc_objects/count and alloc_space/bytes (what was allocated
+// in the window, estimated from the samples), inuse_objects/count and
+// inuse_space/bytes (what the sampled blocks still allocated at the
+// window's end stand for). It is event-driven (sample_provider.h:
+// RecordsEvents): at Start it patches the GOT slots through which every
+// loaded object calls the allocator (inprof/alloc/alloc_hooks.h; objects
+// dlopen()ed later too) and at Stop it writes them back. Each thread counts
+// down bytes drawn from an exponential distribution with mean
+// Options::alloc_period (INPROF_ALLOC_PERIOD; 0: off); the allocation that
+// crosses it is sampled and weighted by 1/p (p = 1 - exp(-size/period)),
+// so that the estimates are unbiased, as Go's runtime does. A sampled
+// allocation's stack is walked by the profiler's unwinder, cut at the code
+// that called the allocator (allocator and hook frames trimmed), and
+// kept while the block lives (LiveHeapTable, 2 MiB).
+//
+// Samples carry the profiler's "[events]" thread, not the allocating
+// thread, and no labels. What it cannot see: allocations of threads not
+// registered with the profiler are counted on one frame ("[inprof:
+// allocations of unregistered threads]") without a stack; inprof's own
+// threads are left out; calls an object makes without a GOT slot (libc's
+// internal ones, static linking) are not seen.
+//
+// Memory: the live table (2 MiB, 65,536 blocks: more are counted, not
+// kept) and at most kMaxStacks distinct stacks of at most kMaxDepth frames
+// (~9 MiB at the limit), for the process's life: the hooks' wrappers may
+// still run after Stop.
+//
+// Thread-safety: one AllocationProvider may run at a time in a process
+// (the GOT is the process's); StartEvents fails for a second. The sampled
+// path takes one mutex (never on an unsampled allocation).
+//
+// Example:
+//   using HeapProfiler = inprof::Profiler<inprof::DefaultUnwinder,
+//       inprof::DefaultSampleRing, inprof::CpuTimeProvider,
+//       inprof::WallTimeProvider, inprof::AllocationProvider>;
+//   inprof::Options options = inprof::Options::FromEnv();
+//   options.alloc_period = 512 * 1024;
+//   HeapProfiler profiler(options);
+//   inprof::ScopedProfiler running(profiler);
+//   auto self = profiler.RegisterThread("main");
+//   // go tool pprof -sample_index=inuse_space inprof.pb.gz
+#ifndef INPROF_HEAP_ALLOCATION_PROVIDER_H_
+#define INPROF_HEAP_ALLOCATION_PROVIDER_H_
+
+#include <signal.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "inprof/options.h"
+#include "inprof/sample_aggregator.h"
+#include "inprof/sample_provider.h"
+
+namespace inprof {
+
+class AllocationProvider {
+ public:
+  static constexpr const char* kName = "alloc";
+  static constexpr std::array<SampleTypeSpec, 4> kSampleTypes{{{"alloc_objects", "count"},
+                                                               {"alloc_space", "bytes"},
+                                                               {"inuse_objects", "count"},
+                                                               {"inuse_space", "bytes"}}};
+  static constexpr size_t kPeriodTypeIndex = 1;  // alloc_space: the period is in bytes
+  static constexpr bool kArmsConcurrently = true;
+  static constexpr bool kUnregistersLate = true;
+  static constexpr bool kRecordsEvents = true;
+
+  // Distinct stacks kept at most, and frames per stack.
+  static constexpr size_t kMaxStacks = 1 << 16;
+  static constexpr size_t kMaxDepth = 128;
+
+  // Where samples without a stack go.
+  static constexpr const char* kUnregisteredFrame =
+      "[inprof: allocations of unregistered threads]";
+  static constexpr const char* kNoStackFrame =
+      "[inprof: allocation stack not walked (small or foreign stack)]";
+  static constexpr const char* kTableFullFrame =
+      "[inprof: allocation stacks beyond the table's limit]";
+
+  struct ThreadData {};
+
+  // Process-wide counters since the first Start.
+  struct Stats {
+    uint64_t samples = 0;               // allocations sampled
+    uint64_t samples_unregistered = 0;  // of threads not registered
+    uint64_t samples_untrimmed = 0;     // whose walk did not reach the caller
+    uint64_t samples_own = 0;           // of inprof's own threads (left out)
+    uint64_t stacks = 0;                // distinct stacks kept
+    uint64_t live_overflows = 0;        // sampled blocks the live table could not keep
+  };
+
+  absl::Status Configure(const Options& options);
+  int64_t Period() const { return static_cast<int64_t>(period_); }
+  absl::Status ArmThread(ThreadContext&, ThreadData&, int) { return absl::OkStatus(); }
+  void DisarmThread(ThreadContext&, ThreadData&) noexcept {}
+  static bool OnSignal(ThreadContext&, ThreadData&, const siginfo_t&,
+                       std::span<int64_t>) noexcept {
+    return false;
+  }
+  // "allocations: sampled every 512 KiB on average" (empty when off).
+  std::string Describe() const;
+
+  // sample_provider.h: RecordsEvents. StartEvents does nothing when the
+  // period is 0; FailedPrecondition when another one runs, Unimplemented
+  // where GOT patching is not supported.
+  absl::Status StartEvents(const EventContext& context);
+  void StopEvents(bool forked_child) noexcept;
+  // Returns the window's comment line (the counters; empty before the
+  // first Start).
+  std::string FlushEvents(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
+                          bool window_end);
+
+  static Stats stats();
+
+ private:
+  uint64_t period_ = 0;
+  bool started_ = false;
+};
+
+static_assert(SampleProvider<AllocationProvider>);
+static_assert(RecordsEvents<AllocationProvider>);
+
+}  // namespace inprof
+
+#endif  // INPROF_HEAP_ALLOCATION_PROVIDER_H_

@@ -1,0 +1,274 @@
+// Tests of AllocationProvider (inprof/heap/allocation_provider.h) composed
+// into a Profiler: each allocation site's bytes in the profile against what
+// the test allocated, the live heap at the window's end, stacks cut at the
+// allocating code, unregistered threads, and Stop() putting the GOT back.
+#include "inprof/heap/allocation_provider.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "util/stat_bounds.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using HeapProfiler =
+    Profiler<DefaultUnwinder, DefaultSampleRing, CpuTimeProvider, AllocationProvider>;
+
+#if defined(INPROF_ASAN) || defined(INPROF_TSAN)
+// A sanitizer's runtime linked statically (clang's) defines malloc and
+// operator new in the test executable itself, whose calls to them are
+// direct (no GOT slot): they are not intercepted (allocation_provider.h).
+// GCC's, a shared library, is reached through the slots like libc.
+constexpr bool kIntercepted = false;
+#else
+constexpr bool kIntercepted = true;
+#endif
+
+constexpr uint64_t kPeriod = 64 * 1024;
+
+Options TestOptions(const std::string& name) {
+  Options options;
+  options.output = testing::TestTmpDir() + "/" + name + ".pb.gz";
+  std::remove(options.output.c_str());
+  options.alloc_period = kPeriod;
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  return options;
+}
+
+// The allocation sites. noinline, and each keeps what it made, so that the
+// calls stay and their frames are the stacks' leaves.
+__attribute__((noinline)) char* AllocSiteSmallNew() {
+  char* p = new char[1000];
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+__attribute__((noinline)) void* AllocSiteLargeMalloc() {
+  void* p = std::malloc(64 * 1024);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+__attribute__((noinline)) void* AllocSiteLive() {
+  void* p = std::malloc(4096);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+__attribute__((noinline)) void* AllocSiteUnregistered() {
+  void* p = std::malloc(64 * 1024);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+// values[index] of the samples whose leaf function's name contains `site`.
+int64_t LeafSum(const DecodedProfile& profile, int index, const std::string& site) {
+  int64_t sum = 0;
+  for (const auto& s : profile.samples) {
+    if (!s.stack.empty() && absl::StrContains(s.stack[0], site)) sum += s.values[index];
+  }
+  return sum;
+}
+
+// The estimate's bounds for `n` allocations of `size` bytes each at period
+// kPeriod: each is sampled with chance p = 1 - exp(-size/period),
+// independently (the countdown is memoryless), and a sample stands for
+// size/p bytes, so the estimate is (samples / n) / p times the truth, and
+// samples is Binomial(n, p): stats::BinomialShare{Low,High} bound the share
+// with a false-failure chance of at most 1e-7 a side (stat_bounds.h).
+struct Bounds {
+  double low;
+  double high;
+};
+Bounds EstimateBounds(int64_t n, double size) {
+  const double p = 1 - std::exp(-size / static_cast<double>(kPeriod));
+  // Rounding: each window's value per stack is rounded to a whole byte.
+  return {stats::BinomialShareLow(n, p) / p * 0.999, stats::BinomialShareHigh(n, p) / p * 1.001};
+}
+
+TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
+  Options options = TestOptions("heap_sites");
+  HeapProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  constexpr int kSmall = 50'000;       // x 1,000 B through operator new[]
+  constexpr int kLarge = 1'000;        // x 64 KiB through malloc
+  constexpr int kLive = 10'000;        // x 4 KiB, still allocated at Stop
+  constexpr int kUnregistered = 1'000; // x 64 KiB on a thread not registered
+  std::vector<void*> live;
+  {
+    auto self = profiler.RegisterThread("main");
+    ASSERT_TRUE(self.active());
+    std::vector<char*> small;
+    small.reserve(kSmall);
+    for (int i = 0; i < kSmall; ++i) small.push_back(AllocSiteSmallNew());
+    for (char* p : small) delete[] p;
+    for (int i = 0; i < kLarge; ++i) std::free(AllocSiteLargeMalloc());
+    live.reserve(kLive);
+    for (int i = 0; i < kLive; ++i) live.push_back(AllocSiteLive());
+    std::thread([] {
+      for (int i = 0; i < kUnregistered; ++i) std::free(AllocSiteUnregistered());
+    }).join();
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  const AllocationProvider::Stats stats = AllocationProvider::stats();
+  for (void* p : live) std::free(p);
+
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int alloc_objects = profile->ValueIndex("alloc_objects");
+  const int alloc_space = profile->ValueIndex("alloc_space");
+  const int inuse_objects = profile->ValueIndex("inuse_objects");
+  const int inuse_space = profile->ValueIndex("inuse_space");
+  ASSERT_GE(alloc_objects, 0);
+  ASSERT_EQ(alloc_space, alloc_objects + 1);
+  ASSERT_EQ(inuse_objects, alloc_objects + 2);
+  ASSERT_EQ(inuse_space, alloc_objects + 3);
+  EXPECT_GE(profile->ValueIndex("cpu-time"), 0);
+  if (!kIntercepted && stats.samples == 0) {
+    EXPECT_EQ(profile->Total(alloc_space), 0);
+    GTEST_SKIP() << "the sanitizer's allocator is called without a GOT slot here";
+  }
+  // Every walk reached the allocating code: no hook frame is left.
+  EXPECT_EQ(stats.samples_untrimmed, 0u);
+  for (const auto& s : profile->samples) {
+    if (s.values[alloc_objects] == 0 && s.values[inuse_objects] == 0) continue;
+    for (const std::string& frame : s.stack) {
+      EXPECT_FALSE(absl::StrContains(frame, "OnAllocSample") ||
+                   absl::StrContains(frame, "RecordSample") ||
+                   absl::StrContains(frame, "UnwindHere") ||
+                   absl::StrContains(frame, "inprof_malloc") ||
+                   absl::StrContains(frame, "NewArrayWrapper"))
+          << frame;
+    }
+  }
+
+  // Expected values: the truth (n x size); bounds from EstimateBounds (four
+  // sides checked at 1e-7 each: a false failure at most 4e-7 in all).
+  const struct {
+    const char* site;
+    int index;
+    int64_t n;
+    double size;
+  } checks[] = {
+      {"AllocSiteSmallNew", alloc_space, kSmall, 1000},  // counted once, not again in malloc
+      {"AllocSiteLargeMalloc", alloc_space, kLarge, 64 * 1024},
+  };
+  for (const auto& c : checks) {
+    const double truth = static_cast<double>(c.n) * c.size;
+    const Bounds b = EstimateBounds(c.n, c.size);
+    const double got = static_cast<double>(LeafSum(*profile, c.index, c.site));
+    EXPECT_GE(got, b.low * truth) << c.site << ": " << got << " of " << truth;
+    EXPECT_LE(got, b.high * truth) << c.site << ": " << got << " of " << truth;
+  }
+  // Live at the window's end: the kLive blocks (alloc_space and
+  // inuse_space are the same samples' estimates); the freed sites none.
+  {
+    const double truth = kLive * 4096.0;
+    const Bounds b = EstimateBounds(kLive, 4096);
+    const double got = static_cast<double>(LeafSum(*profile, inuse_space, "AllocSiteLive"));
+    EXPECT_GE(got, b.low * truth) << got << " of " << truth;
+    EXPECT_LE(got, b.high * truth) << got << " of " << truth;
+    EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteLive"),
+              LeafSum(*profile, alloc_space, "AllocSiteLive"));
+  }
+  EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteSmallNew"), 0);
+  EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteLargeMalloc"), 0);
+  // The unregistered thread's allocations: on their frame, without a stack.
+  EXPECT_EQ(LeafSum(*profile, alloc_space, "AllocSiteUnregistered"), 0);
+  EXPECT_GE(stats.samples_unregistered, 1u);  // expected ~632; P(0) = (1 - 0.632)^1000
+  const int64_t unregistered = LeafSum(*profile, alloc_space, "allocations of unregistered");
+  EXPECT_GE(unregistered, static_cast<int64_t>(EstimateBounds(kUnregistered, 65536).low *
+                                               kUnregistered * 65536.0));
+  bool commented = false;
+  for (const std::string& c : profile->comments) {
+    commented |= absl::StrContains(c, "allocations sampled=");
+  }
+  EXPECT_TRUE(commented);
+}
+
+// Stop() writes every GOT slot back: a malloc after it is the allocator's
+// own, through the slot (dlsym's malloc is what the slot holds).
+TEST(AllocationProviderTest, StopPutsTheAllocatorBack) {
+  Options options = TestOptions("heap_restore");
+  HeapProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  const uint64_t before = AllocationProvider::stats().samples;
+  {
+    auto self = profiler.RegisterThread("main");
+    for (int i = 0; i < 100; ++i) std::free(AllocSiteLargeMalloc());
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  const uint64_t during = AllocationProvider::stats().samples - before;
+  for (int i = 0; i < 100; ++i) std::free(AllocSiteLargeMalloc());
+  EXPECT_EQ(AllocationProvider::stats().samples - before, during);
+  if (kIntercepted) {
+    // 100 allocations of 64 KiB at a 64 KiB period: ~63 expected; the
+    // chance of none is (1 - 0.632)^100 ~ 1e-43.
+    EXPECT_GT(during, 0u);
+  }
+}
+
+// INPROF_ALLOC_PERIOD=0 (the default): nothing is patched, the sample
+// types are there and stay zero.
+TEST(AllocationProviderTest, OffByDefault) {
+  Options options = TestOptions("heap_off");
+  options.alloc_period = 0;
+  HeapProfiler profiler(options);
+  const uint64_t before = AllocationProvider::stats().samples;
+  ASSERT_TRUE(profiler.Start().ok());
+  {
+    auto self = profiler.RegisterThread("main");
+    for (int i = 0; i < 100; ++i) std::free(AllocSiteLargeMalloc());
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  EXPECT_EQ(AllocationProvider::stats().samples, before);
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_GE(profile->ValueIndex("alloc_space"), 0);
+  EXPECT_EQ(profile->Total(profile->ValueIndex("alloc_space")), 0);
+}
+
+TEST(AllocationProviderTest, ByteSizesFromTheEnvironment) {
+  struct Case {
+    const char* text;
+    uint64_t bytes;
+  } cases[] = {{"0", 0}, {"524288", 524288}, {"512KiB", 524288}, {"512k", 524288},
+               {"1MiB", 1 << 20}, {" 2m ", 2 << 20}, {"1GiB", 1u << 30}, {"64B", 64}};
+  for (const Case& c : cases) {
+    std::vector<std::string> errors;
+    Options o = Options::FromLookup(
+        [&](const char* name) -> const char* {
+          return std::string(name) == "INPROF_ALLOC_PERIOD" ? c.text : nullptr;
+        },
+        &errors);
+    EXPECT_EQ(o.alloc_period, c.bytes) << c.text;
+    EXPECT_TRUE(errors.empty()) << c.text;
+  }
+  for (const char* bad : {"-1", "2GiB", "12 parsecs", "KiB", "1.5MiB"}) {
+    std::vector<std::string> errors;
+    Options o = Options::FromLookup(
+        [&](const char* name) -> const char* {
+          return std::string(name) == "INPROF_ALLOC_PERIOD" ? bad : nullptr;
+        },
+        &errors);
+    EXPECT_EQ(o.alloc_period, 0u) << bad;
+    // One line naming the variable and the value.
+    ASSERT_EQ(errors.size(), 1u) << bad;
+    EXPECT_TRUE(absl::StrContains(errors[0], "INPROF_ALLOC_PERIOD")) << errors[0];
+  }
+}
+
+}  // namespace
+}  // namespace inprof
