@@ -322,20 +322,27 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   absl::Status StartEventProviders() override {
     absl::Status status;
     if constexpr (kHasEvents) {
-      const EventContext context{.unwind = &UnwindHere};
-      std::apply(
-          [&](auto&... p) {
-            (
-                [&] {
-                  if constexpr (RecordsEvents<std::decay_t<decltype(p)>>) {
-                    status.Update(p.StartEvents(context));
-                  }
-                }(),
-                ...);
-          },
-          providers_);
+      StartEventsEach(status, std::make_index_sequence<Layout::kNumProviders>{});
     }
     return status;
+  }
+  template <size_t... I>
+  void StartEventsEach(absl::Status& status, std::index_sequence<I...>) {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (RecordsEvents<P>) {
+            const EventContext context{.unwind = &UnwindHere,
+                                       .thread_data = &ThreadDataOf<I>,
+                                       .activity = &Handler::activity};
+            status.Update(std::get<I>(providers_).StartEvents(context));
+          }
+        }(),
+        ...);
+  }
+  template <size_t I>
+  static void* ThreadDataOf(ThreadContext& thread) noexcept {
+    return &std::get<I>(static_cast<Slot&>(thread).data);
   }
   void StopEventProviders(bool forked_child) noexcept override {
     if constexpr (kHasEvents) {

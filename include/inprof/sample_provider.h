@@ -29,12 +29,14 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/options.h"
@@ -232,6 +234,11 @@ struct EventContext {
   // with the running profiler, or whose stack has no room for the walk (a
   // coroutine's, a sigaltstack). Not async-signal-safe; never allocates.
   size_t (*unwind)(std::span<uintptr_t> out) noexcept = nullptr;
+  // The provider's ThreadData in a registered thread's slot.
+  void* (*thread_data)(ThreadContext& thread) noexcept = nullptr;
+  // Bumped after an event is left in a ThreadData (DrainsThreadEvents), so
+  // that the collector's next pass visits the threads' slots.
+  std::atomic<uint64_t>* activity = nullptr;
 };
 
 // Optional: a provider that records events as they happen, on the thread
@@ -264,6 +271,24 @@ concept RecordsEvents = SampleProvider<P> &&
       { p.StartEvents(context) } -> std::same_as<absl::Status>;
       { p.StopEvents(flag) } noexcept;
       { p.FlushEvents(aggregator, thread, offset, flag) } -> std::convertible_to<std::string>;
+    };
+
+// Optional, with RecordsEvents: a provider that leaves a registered
+// thread's events in its ThreadData (on that thread, as they happen) has the
+// collector take them into the thread's own samples (its thread id, name
+// and the labels the event carries), under the registry and aggregate
+// locks, at every drain and before the thread unregisters:
+//   static void P::DrainThreadEvents(ThreadData&, absl::FunctionRef<void(
+//       std::span<const uint64_t> frames, std::span<const uint64_t>
+//       canonical_label_words, std::span<const int64_t> values)>)
+// (values: kSampleTypes.size() of them).
+using ThreadEventVisitor = absl::FunctionRef<void(std::span<const uint64_t> frames,
+                                                  std::span<const uint64_t> label_words,
+                                                  std::span<const int64_t> values)>;
+template <typename P>
+concept DrainsThreadEvents =
+    RecordsEvents<P> && requires(typename P::ThreadData& data, ThreadEventVisitor visit) {
+      P::DrainThreadEvents(data, visit);
     };
 
 }  // namespace inprof

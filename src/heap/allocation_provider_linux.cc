@@ -17,6 +17,8 @@
 #include "inprof/alloc/live_heap_table.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/profiler_thread.h"
+#include "inprof/internal/label_table.h"
+#include "inprof/internal/signal_dispatch.h"
 
 namespace inprof {
 namespace {
@@ -47,12 +49,24 @@ struct FramesEq {
   }
 };
 
-// One stack's allocations since the last flush.
+// One interned (labels, stack): key = [number of label words, the
+// canonical label words, the frames]. Its allocations not yet flushed on
+// the "[events]" thread (unregistered threads, a thread slot without room) are
+// summed here.
 struct StackEntry {
-  std::vector<uint64_t> frames;  // empty for the ids below kFirstStackId
+  std::vector<uint64_t> key;  // empty for the ids below kFirstStackId
   double objects = 0;
   double bytes = 0;
-  bool pending = false;  // in `pending`
+  bool pending = false;  // in HeapState::pending
+
+  std::span<const uint64_t> labels() const {
+    if (key.empty()) return {};
+    return std::span<const uint64_t>(key).subspan(1, key[0]);
+  }
+  std::span<const uint64_t> frames() const {
+    if (key.empty()) return {};
+    return std::span<const uint64_t>(key).subspan(1 + key[0]);
+  }
 };
 
 // The process's allocation-profiling state: created at the first Start and
@@ -63,14 +77,18 @@ struct HeapState {
   std::vector<StackEntry> stacks;
   absl::flat_hash_map<std::vector<uint64_t>, uint32_t, FramesHash, FramesEq> index;
   std::vector<uint32_t> pending;  // ids with allocations since the last flush
+  uint64_t rounding = 0x853c49e6748fea9bULL;  // RoundUnbiasedLocked's state
   LiveHeapTable live{kLiveSlots};
   std::atomic<size_t (*)(std::span<uintptr_t>) noexcept> unwind{nullptr};
+  std::atomic<void* (*)(ThreadContext&) noexcept> thread_data{nullptr};
+  std::atomic<std::atomic<uint64_t>*> activity{nullptr};
   std::atomic<bool> running{false};
 
   std::atomic<uint64_t> samples{0};
   std::atomic<uint64_t> samples_unregistered{0};
   std::atomic<uint64_t> samples_untrimmed{0};
   std::atomic<uint64_t> samples_own{0};
+  std::atomic<uint64_t> samples_threadless{0};
 
   HeapState() {
     stacks.resize(kFirstStackId);
@@ -94,15 +112,36 @@ HeapState& State() {
   return *state;
 }
 
-// The id of `frames` (interned), or kTableFullId. mutex held.
-uint32_t InternLocked(HeapState& h, absl::Span<const uint64_t> frames) {
-  if (auto it = h.index.find(frames); it != h.index.end()) return it->second;
+// The id of `key` (interned), or kTableFullId. mutex held.
+uint32_t InternLocked(HeapState& h, absl::Span<const uint64_t> key) {
+  if (auto it = h.index.find(key); it != h.index.end()) return it->second;
   if (h.stacks.size() >= kFirstStackId + AllocationProvider::kMaxStacks) return kTableFullId;
   const auto id = static_cast<uint32_t>(h.stacks.size());
   StackEntry& entry = h.stacks.emplace_back();
-  entry.frames.assign(frames.begin(), frames.end());
-  h.index.emplace(entry.frames, id);
+  entry.key.assign(key.begin(), key.end());
+  h.index.emplace(entry.key, id);
   return id;
+}
+
+// `x` as a whole number, up with chance frac(x): unbiased (a sample's
+// 1/p objects, 1.58 for p = 0.63, would otherwise always count 2).
+// mutex held (the generator is shared).
+int64_t RoundUnbiasedLocked(HeapState& h, double x) {
+  const double whole = std::floor(x);
+  h.rounding = h.rounding * 6364136223846793005ULL + 1442695040888963407ULL;
+  const double u = static_cast<double>(h.rounding >> 11) * 0x1.0p-53;
+  return static_cast<int64_t>(whole) + (u < x - whole ? 1 : 0);
+}
+
+// On the "[events]" thread at the next flush. mutex held.
+void AddPendingLocked(HeapState& h, uint32_t id, double objects, double bytes) {
+  StackEntry& entry = h.stacks[id];
+  entry.objects += objects;
+  entry.bytes += bytes;
+  if (!entry.pending) {
+    entry.pending = true;
+    h.pending.push_back(id);
+  }
 }
 
 // The sampled path (AllocHooks' callback), on the allocating thread inside
@@ -139,7 +178,21 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
     h.samples_untrimmed.fetch_add(1, std::memory_order_relaxed);
     first = 0;
   }
-  uint64_t frames[AllocationProvider::kMaxDepth];
+  // The key: the thread's labels (written only by this thread), canonical,
+  // then the frames.
+  constexpr size_t kMaxLabelWords = 2 * internal::ThreadSlotHeader::kMaxLabels;
+  uint64_t key[1 + kMaxLabelWords + 2 + AllocationProvider::kMaxDepth];
+  size_t nlabel_words = 0;
+  if (registered) {
+    std::atomic_signal_fence(std::memory_order_acquire);
+    uint32_t nlabels = slot->label_count;
+    if (nlabels > internal::ThreadSlotHeader::kMaxLabels) nlabels = 0;
+    nlabel_words = internal::CanonicalLabelWords(
+        std::span<const uint64_t>(slot->label_words, 2 * nlabels), /*with_state=*/false, 0, 0,
+        key + 1);
+  }
+  key[0] = nlabel_words;
+  uint64_t* const frames = key + 1 + nlabel_words;
   size_t n = 0;
   for (size_t i = first; i < depth && n < AllocationProvider::kMaxDepth; ++i) {
     frames[n++] = pcs[i];
@@ -151,17 +204,36 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
   uint32_t id;
   std::lock_guard<std::mutex> lock(h.mutex);
   if (n > 0) {
-    id = InternLocked(h, absl::Span<const uint64_t>(frames, n));
+    id = InternLocked(h, absl::Span<const uint64_t>(key, 1 + nlabel_words + n));
   } else {
     id = registered ? kNoStackId : kUnregisteredId;
   }
-  StackEntry& entry = h.stacks[id];
-  entry.objects += sample.weight_objects;
-  entry.bytes += sample.weight_bytes;
-  if (!entry.pending) {
-    entry.pending = true;
-    h.pending.push_back(id);
+  // A registered thread's own samples stay in its slot, for its thread.
+  if (auto data_of = h.thread_data.load(std::memory_order_acquire);
+      registered && id >= kFirstStackId && data_of != nullptr) {
+    auto& data = *static_cast<AllocationProvider::ThreadData*>(data_of(*slot));
+    AllocationProvider::ThreadData::Event* event = nullptr;
+    for (auto it = data.events.rbegin(); it != data.events.rend(); ++it) {
+      if (it->key == id) {
+        event = &*it;
+        break;
+      }
+    }
+    if (event == nullptr && data.events.size() < data.kMaxEvents) {
+      event = &data.events.emplace_back(AllocationProvider::ThreadData::Event{id, 0, 0});
+    }
+    if (event != nullptr) {
+      event->objects += sample.weight_objects;
+      event->bytes += sample.weight_bytes;
+      data.count.store(static_cast<uint32_t>(data.events.size()), std::memory_order_release);
+      if (auto* activity = h.activity.load(std::memory_order_relaxed)) {
+        activity->fetch_add(1, std::memory_order_release);
+      }
+      return id;
+    }
+    h.samples_threadless.fetch_add(1, std::memory_order_relaxed);
   }
+  AddPendingLocked(h, id, sample.weight_objects, sample.weight_bytes);
   return id;
 }
 
@@ -180,7 +252,7 @@ const char* SyntheticFrame(uint32_t id) {
 void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
            const StackEntry& entry, uint32_t id, std::span<const int64_t> values) {
   if (id >= kFirstStackId) {
-    aggregator.Add(thread, entry.frames, value_offset, values);
+    aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
   } else {
     aggregator.AddSynthetic(thread, SyntheticFrame(id), value_offset, values);
   }
@@ -220,6 +292,8 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
   });
   for (const void* address : stale) h.live.Erase(address);
   h.unwind.store(context.unwind, std::memory_order_release);
+  h.thread_data.store(context.thread_data, std::memory_order_release);
+  h.activity.store(context.activity, std::memory_order_release);
   AllocHooks::Options hooks;
   hooks.mean_bytes = period_;
   hooks.callback = &OnAllocSample;
@@ -240,6 +314,7 @@ void AllocationProvider::StopEvents(bool forked_child) noexcept {
   // No thread samples from now on (the countdowns see the new generation).
   internal::SetAllocSamplingMean(0);
   h.unwind.store(nullptr, std::memory_order_release);
+  h.thread_data.store(nullptr, std::memory_order_release);
   if (!forked_child) {
     AllocGuard guard;
     AllocHooks::Uninstall();
@@ -265,7 +340,8 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
   for (uint32_t id : h.pending) {
     StackEntry& entry = h.stacks[id];
     entry.pending = false;
-    const int64_t values[4] = {std::llround(entry.objects), std::llround(entry.bytes), 0, 0};
+    const int64_t values[4] = {RoundUnbiasedLocked(h, entry.objects),
+                               RoundUnbiasedLocked(h, entry.bytes), 0, 0};
     entry.objects = 0;
     entry.bytes = 0;
     if (values[0] == 0 && values[1] == 0) continue;
@@ -274,7 +350,8 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
   h.pending.clear();
   for (const auto& [tag, sums] : live) {
     if (tag >= h.stacks.size()) continue;  // not one of ours
-    const int64_t values[4] = {0, 0, std::llround(sums.first), std::llround(sums.second)};
+    const int64_t values[4] = {0, 0, RoundUnbiasedLocked(h, sums.first),
+                               RoundUnbiasedLocked(h, sums.second)};
     if (values[2] == 0 && values[3] == 0) continue;
     AddTo(aggregator, thread, value_offset, h.stacks[tag], static_cast<uint32_t>(tag), values);
   }
@@ -285,10 +362,28 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       h.samples_unregistered.load(std::memory_order_relaxed), " (on \"",
       kUnregisteredFrame, "\"), walks that did not reach the allocating code=",
       h.samples_untrimmed.load(std::memory_order_relaxed), ", of inprof's threads (left out)=",
-      h.samples_own.load(std::memory_order_relaxed), ", distinct stacks=",
+      h.samples_own.load(std::memory_order_relaxed),
+      ", on \"[events]\" for want of room in their thread's slot=",
+      h.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
       h.stacks.size() - kFirstStackId, " of ", kMaxStacks,
       ", live blocks the table could not keep=", table.overflows, " of ",
       table.inserts + table.overflows);
+}
+
+void AllocationProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit) {
+  if (data.count.load(std::memory_order_acquire) == 0) return;  // the common case: no lock
+  HeapState& h = State();
+  AllocGuard guard;  // the aggregate's allocations (Stop() runs this on the host's thread)
+  std::lock_guard<std::mutex> lock(h.mutex);
+  for (const ThreadData::Event& event : data.events) {
+    if (event.key >= h.stacks.size()) continue;
+    const StackEntry& entry = h.stacks[event.key];
+    const int64_t values[4] = {RoundUnbiasedLocked(h, event.objects),
+                               RoundUnbiasedLocked(h, event.bytes), 0, 0};
+    visit(entry.frames(), entry.labels(), values);
+  }
+  data.events.clear();
+  data.count.store(0, std::memory_order_release);
 }
 
 AllocationProvider::Stats AllocationProvider::stats() {
@@ -299,6 +394,7 @@ AllocationProvider::Stats AllocationProvider::stats() {
   s.samples_unregistered = h.samples_unregistered.load(std::memory_order_relaxed);
   s.samples_untrimmed = h.samples_untrimmed.load(std::memory_order_relaxed);
   s.samples_own = h.samples_own.load(std::memory_order_relaxed);
+  s.samples_threadless = h.samples_threadless.load(std::memory_order_relaxed);
   s.live_overflows = h.live.stats().overflows;
   {
     AllocGuard guard;

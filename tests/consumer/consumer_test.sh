@@ -75,6 +75,22 @@ case "$mode" in
       fail "no clear line about the missing libcurl: $out"
     check_profile "$tmp/nocurl.pb.gz"
 
+    # The allocation profiler: README's "Where memory goes" link command;
+    # 16 MiB kept live at one site, sampled every 64 KiB on average: the
+    # chance that none of its 1,024 blocks of 16 KiB is sampled is
+    # exp(-1024 * 16 / 64) = exp(-256).
+    cp "$src/tests/consumer/heap_app.cc" "$tmp/heap_app.cc"
+    g++ -std=c++20 heap_app.cc $(pkg-config --cflags --libs --static inprof-heap) -o heap_app ||
+      fail "README's inprof-heap link command failed"
+    out=$(INPROF_OUTPUT="$tmp/heap.pb.gz" INPROF_ALLOC_PERIOD=64KiB ./heap_app 2>&1) ||
+      fail "heap_app failed: $out"
+    [ -s "$tmp/heap.pb.gz" ] || fail "heap_app wrote no profile: $out"
+    if [ -n "${INPROF_GO:-}" ]; then
+      top=$(HOME="$tmp" PPROF_TMPDIR="$tmp" "$INPROF_GO" tool pprof -sample_index=inuse_space \
+            -top "$tmp/heap.pb.gz" 2>&1) || fail "go tool pprof cannot read heap.pb.gz: $top"
+      grep -q ConsumerAllocates <<< "$top" || fail "ConsumerAllocates not in inuse_space: $top"
+    fi
+
     # The gperftools drop-in: a program written against
     # <gperftools/profiler.h>, linked with README's command for it.
     cp "$src/tests/gperftools/gperftools_program.cc" "$tmp/gp.cc"

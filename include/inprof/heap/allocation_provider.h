@@ -17,8 +17,10 @@
 // that called the allocator (allocator and hook frames trimmed), and
 // kept while the block lives (LiveHeapTable, 2 MiB).
 //
-// Samples carry the profiler's "[events]" thread, not the allocating
-// thread, and no labels. What it cannot see: allocations of threads not
+// alloc_* samples carry the allocating thread (its id and registered name)
+// and the labels it had (ScopedLabels); inuse_* samples carry the labels
+// and the profiler's "[events]" thread (a live block outlives the thread
+// that allocated it). What it cannot see: allocations of threads not
 // registered with the profiler are counted on one frame ("[inprof:
 // allocations of unregistered threads]") without a stack; inprof's own
 // threads are left out; calls an object makes without a GOT slot (libc's
@@ -49,10 +51,12 @@
 #include <signal.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "inprof/options.h"
@@ -85,7 +89,22 @@ class AllocationProvider {
   static constexpr const char* kTableFullFrame =
       "[inprof: allocation stacks beyond the table's limit]";
 
-  struct ThreadData {};
+  // A registered thread's sampled allocations not yet drained, one entry
+  // per (labels, stack), written by the thread (in its allocations) and
+  // read by the collector (DrainThreadEvents), both under the provider's
+  // lock. Past kMaxEvents distinct ones between two drains (50 ms), an
+  // event goes to the "[events]" thread instead (counted). Up to 6 KiB a
+  // thread that allocates at that many stacks at once.
+  struct ThreadData {
+    static constexpr size_t kMaxEvents = 256;
+    struct Event {
+      uint32_t key;  // the interned labels and stack
+      double objects;
+      double bytes;
+    };
+    std::vector<Event> events;
+    std::atomic<uint32_t> count{0};  // events.size(), read without the lock
+  };
 
   // Process-wide counters since the first Start.
   struct Stats {
@@ -93,6 +112,7 @@ class AllocationProvider {
     uint64_t samples_unregistered = 0;  // of threads not registered
     uint64_t samples_untrimmed = 0;     // whose walk did not reach the caller
     uint64_t samples_own = 0;           // of inprof's own threads (left out)
+    uint64_t samples_threadless = 0;    // on "[events]": no room in the thread's slot
     uint64_t stacks = 0;                // distinct stacks kept
     uint64_t live_overflows = 0;        // sampled blocks the live table could not keep
   };
@@ -117,6 +137,9 @@ class AllocationProvider {
   // first Start).
   std::string FlushEvents(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
                           bool window_end);
+
+  // sample_provider.h: DrainsThreadEvents.
+  static void DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit);
 
   static Stats stats();
 

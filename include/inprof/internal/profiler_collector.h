@@ -93,7 +93,27 @@ class ProfilerCollector : public ProfilerBase {
                        slot->active_ring->dropped(),
                        slot->samples_truncated.load(std::memory_order_relaxed), recorded,
                        slot->dropped_values);
+    DrainThreadEventsEach(slot, agg, std::make_index_sequence<L::kNumProviders>{});
     return drained_all;
+  }
+
+  // Registry and aggregate locks held: the events providers left in the
+  // slot (sample_provider.h: DrainsThreadEvents), as the thread's samples.
+  template <size_t... I>
+  void DrainThreadEventsEach(Slot* slot, SampleAggregator& agg, std::index_sequence<I...>) {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (DrainsThreadEvents<P>) {
+            P::DrainThreadEvents(
+                std::get<I>(slot->data),
+                [&](std::span<const uint64_t> frames, std::span<const uint64_t> labels,
+                    std::span<const int64_t> values) {
+                  agg.Add(slot->aggregate_thread, frames, labels, L::kValueOffsets[I], values);
+                });
+          }
+        }(),
+        ...);
   }
 
   // Registry and aggregate locks held. One record as the handler writes it
