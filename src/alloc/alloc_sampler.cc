@@ -5,7 +5,6 @@
 
 namespace inprof::internal {
 
-__thread AllocThreadState alloc_thread_state __attribute__((tls_model("initial-exec"))) = {};
 std::atomic<uint64_t> g_alloc_generation{1};
 
 namespace {

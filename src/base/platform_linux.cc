@@ -1,5 +1,6 @@
 // The Linux variant of base/platform.h (WriteFileAtomically included).
 #include "inprof/base/platform.h"
+#include "inprof/base/alloc_guard.h"
 #include "inprof/base/profiler_thread.h"
 
 #include <errno.h>
@@ -227,6 +228,10 @@ namespace internal {
 namespace {
 __thread bool tls_profiler_thread __attribute__((tls_model("initial-exec"))) = false;
 }  // namespace
+
+// base/alloc_guard.h: here, so that libinprof's own code may guard itself
+// whether or not the allocation profiler is linked.
+__thread AllocThreadState alloc_thread_state __attribute__((tls_model("initial-exec"))) = {};
 
 bool IsProfilerThread() noexcept { return tls_profiler_thread; }
 void MarkProfilerThread() noexcept { tls_profiler_thread = true; }

@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
+#include "inprof/base/alloc_guard.h"
+#include "inprof/base/profiler_thread.h"
 #include "inprof/internal/wall_ticker.h"
 
 namespace inprof::internal {
@@ -51,6 +53,7 @@ void ProfilerBase::Shutdown() {
 }
 
 absl::Status ProfilerBase::Start() {
+  AllocGuard guard;  // inprof's own allocations on the host's thread
   if (!options_.enabled) return absl::OkStatus();
   if (!config_status_.ok()) return config_status_;
   std::lock_guard<std::mutex> lock(registry_->mutex);
@@ -105,6 +108,7 @@ absl::Status ProfilerBase::Start() {
 }
 
 absl::Status ProfilerBase::Stop() {
+  AllocGuard guard;  // inprof's own allocations on the host's thread
   if (!running_) return absl::OkStatus();
   if (getpid() != start_pid_) {
     StopEventProviders(/*forked_child=*/true);
@@ -160,6 +164,7 @@ absl::Status ProfilerBase::Stop() {
 }
 
 ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
+  AllocGuard guard;  // inprof's own allocations on the host's thread
   if (!options_.enabled) return ThreadRegistration();
   // How many register at this moment (two-step arming).
   const int registering = registering_.fetch_add(1, std::memory_order_relaxed);
@@ -262,6 +267,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
 }
 
 bool ProfilerBase::SetThreadName(pid_t tid, absl::string_view name) {
+  AllocGuard guard;  // inprof's own allocations on the host's thread
   std::lock_guard<std::mutex> lock(registry_->mutex);
   for (SlotBase* slot : active_) {
     // A retiring thread may be gone, and its id reused.
@@ -594,6 +600,7 @@ void ProfilerBase::StartTicker() {
   arm_wake_pending_.store(false, std::memory_order_relaxed);
   t->thread = std::thread([this, t, period] {
     pthread_setname_np(pthread_self(), "inprof-tick");
+    MarkProfilerThread();
     const auto step = absl::ToChronoNanoseconds(period);
     // Intervals drawn uniformly from [0.5, 1.5] x `step`: visits at fixed
     // intervals lock onto a program's own rhythm (measured: a thread

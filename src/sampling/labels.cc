@@ -2,11 +2,13 @@
 
 #include <atomic>
 
+#include "inprof/base/alloc_guard.h"
 #include "inprof/internal/label_table.h"
 
 namespace inprof {
 
 ScopedLabels::ScopedLabels(std::initializer_list<Label> labels) {
+  internal::AllocGuard guard;  // interning: inprof's allocation, not the host's
   internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
   if (slot == nullptr || slot->session.load(std::memory_order_relaxed) == 0) {
     return;

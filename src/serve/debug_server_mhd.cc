@@ -42,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "inprof/internal/debug_endpoint.h"
 #include "inprof/base/log.h"
+#include "inprof/base/profiler_thread.h"
 #include "inprof/base/owned_fd.h"
 #include "inprof/base/platform.h"
 
@@ -187,6 +188,7 @@ namespace {
 // closes its socket).
 void NotifyConnection(void* cls, struct MHD_Connection* connection, void**,
                       enum MHD_ConnectionNotificationCode code) {
+  MarkProfilerThread();  // libmicrohttpd's connection threads are inprof's
   auto* watch = static_cast<DebugServer::Watch*>(cls);
   std::lock_guard<std::mutex> lock(watch->mu);
   if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
@@ -263,6 +265,7 @@ enum MHD_Result Queue(struct MHD_Connection* connection, const DebugResponse& r)
 enum MHD_Result Answer(void* cls, struct MHD_Connection* connection,
                        const char*, const char* method, const char*,
                        const char*, size_t* upload_size, void** state) {
+  MarkProfilerThread();  // the allocation profiler leaves this thread out
   auto* watch = static_cast<DebugServer::Watch*>(cls);
   const MhdApi& mhd = Mhd();
   auto* request = static_cast<RequestState*>(*state);
@@ -367,7 +370,12 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
       MHD_OPTION_URI_LOG_CALLBACK, &KeepTarget, watch,
       MHD_OPTION_NOTIFY_COMPLETED, &FreeTarget, watch, MHD_OPTION_END);
   const int error = errno;
-  if (daemon != nullptr) watch->thread = std::thread([watch] { watch->Run(); });
+  if (daemon != nullptr) {
+    watch->thread = std::thread([watch] {
+      MarkProfilerThread();
+      watch->Run();
+    });
+  }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (daemon == nullptr) {
     return absl::UnavailableError(absl::StrCat(

@@ -30,25 +30,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "inprof/base/alloc_guard.h"
+
 namespace inprof::internal {
 
-// One thread's sampling state. Zero-initialized (a new thread's first
-// allocation takes the slow path, which draws its first countdown).
-struct AllocThreadState {
-  uint64_t countdown;   // bytes left before the next sample
-  uint64_t generation;  // the g_alloc_generation the countdown was drawn for
-  uint64_t rng;         // xorshift64* state; 0: not seeded yet
-  uint64_t mean;        // the mean the current countdown was drawn with
-  uint32_t guard;       // > 0: inside the sampled path or the hooks' own work
-};
+// AllocThreadState, alloc_thread_state and AllocGuard: base/alloc_guard.h.
 
-// Initial-exec: the executable (or a preloaded library) owns it, so a
-// thread's first access never goes through __tls_get_addr. __thread, not
-// thread_local: an extern thread_local is reached through a TLS wrapper
-// function (a check and a call for possible dynamic initialization) on
-// every access from another translation unit.
-extern __thread AllocThreadState alloc_thread_state
-    __attribute__((tls_model("initial-exec")));
 // Bumped by each SetAllocSamplingMean: a thread whose countdown was drawn
 // for an older generation draws again (an "off" countdown never outlives
 // the mean that made it).
@@ -90,30 +77,6 @@ struct AllocWeight {
   double bytes;
 };
 AllocWeight SampleWeight(size_t size, uint64_t mean);
-
-// While one lives on a thread, that thread's allocations are never sampled
-// (its countdown is parked at its maximum and restored afterwards): the
-// sampled path's own work and the hooks' bookkeeping reach the allocator
-// unrecorded. Nests.
-class AllocGuard {
- public:
-  AllocGuard() : saved_(alloc_thread_state.countdown) {
-    alloc_thread_state.countdown = UINT64_MAX;
-    ++alloc_thread_state.guard;
-  }
-  ~AllocGuard() {
-    --alloc_thread_state.guard;
-    alloc_thread_state.countdown = saved_;
-  }
-  AllocGuard(const AllocGuard&) = delete;
-  AllocGuard& operator=(const AllocGuard&) = delete;
-
-  // Whether the calling thread is inside one.
-  static bool Active() { return alloc_thread_state.guard > 0; }
-
- private:
-  uint64_t saved_;
-};
 
 }  // namespace inprof::internal
 

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "inprof/base/alloc_guard.h"
 #include "inprof/base/log.h"
 #if defined(_WIN32)
 #include "inprof/internal/thread_slot_windows.h"
@@ -127,6 +128,8 @@ class ThreadRegistration {
   // Unregisters now. Idempotent.
   void Reset() {
     if (slot_ == nullptr) return;
+    // What the unregistration allocates is inprof's, not the host's.
+    internal::AllocGuard guard;
 #if !defined(_WIN32)
     if (internal::CurrentThreadSlot() == slot_) {
       // On its own thread: what it still owes is sampled, and its tails end
