@@ -589,6 +589,7 @@ cpu-samples/count cpu-time/nanoseconds[dflt]
                 thread name:[my main]
                 thread id:[123]
           2          0: 3 
+                thread name:[[events]] request:[a [b] c]
 Locations
      1: 0x55d0c4a1 M=1 (anonymous namespace)::Leaf(int) /src/a.cc:12 s=0(_ZN12_GLOBAL__N_14LeafEi)
              outer::Caller() /src/a.cc:20 s=0(_ZN5outer6CallerEv)
@@ -610,7 +611,9 @@ Mappings
   EXPECT_EQ((*samples)[0].labels.at("thread name"), "my main");
   EXPECT_EQ((*samples)[0].labels.at("thread id"), "123");
   EXPECT_THAT((*samples)[1].stack, ElementsAre("[dropped: ring full]"));
-  EXPECT_THAT((*samples)[1].labels, IsEmpty());
+  // Values with brackets of their own (the allocation profiler's thread).
+  EXPECT_EQ((*samples)[1].labels.at("thread name"), "[events]");
+  EXPECT_EQ((*samples)[1].labels.at("request"), "a [b] c");
 }
 
 }  // namespace

@@ -112,8 +112,11 @@ bool ParseLabels(absl::string_view line,
   while (!line.empty()) {
     size_t open = line.find(":[");
     if (open == absl::string_view::npos) return false;
-    size_t close = line.find(']', open + 2);
-    if (close == absl::string_view::npos) return false;
+    // A value may hold brackets itself (thread name:[[events]]): it ends at
+    // the last "] " before the next key's ":[", or at the line's last ']'.
+    const size_t next = line.find(":[", open + 2);
+    size_t close = next == absl::string_view::npos ? line.rfind(']') : line.rfind("] ", next);
+    if (close == absl::string_view::npos || close < open + 2) return false;
     std::string key(absl::StripAsciiWhitespace(line.substr(0, open)));
     std::string value(line.substr(open + 2, close - open - 2));
     (*labels)[key] = value;
