@@ -24,7 +24,19 @@ constexpr int kInsertAttempts = 4;
 LiveHeapTable::LiveHeapTable(size_t capacity)
     : mask_(std::bit_ceil(capacity < 16 ? size_t{16} : capacity) - 1),
       shift_(64 - static_cast<unsigned>(std::countr_one(mask_))),
-      slots_(new Slot[mask_ + 1]) {}
+      slots_(new Slot[mask_ + 1]),
+      occupied_(new std::atomic<uint64_t>[(mask_ + 1 + 63) / 64]) {
+  for (size_t i = 0; i < (mask_ + 1 + 63) / 64; ++i) {
+    occupied_[i].store(0, std::memory_order_relaxed);
+  }
+}
+
+void LiveHeapTable::ClearOccupied(size_t index) {
+  occupied_[index / 64].fetch_and(~(uint64_t{1} << (index % 64)), std::memory_order_seq_cst);
+  // An Insert may have taken the slot between its emptying and the clear,
+  // its own SetOccupied after its CAS landing before the clear.
+  if (slots_[index].key.load(std::memory_order_seq_cst) != kEmpty) SetOccupied(index);
+}
 
 bool LiveHeapTable::Insert(const void* address, const Entry& entry) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(address);
@@ -36,15 +48,20 @@ bool LiveHeapTable::Insert(const void* address, const Entry& entry) {
   for (int attempt = 0; attempt < kInsertAttempts; ++attempt) {
     size_t i = 0;
     for (; i < kMaxProbe; ++i) {
-      Slot& slot = slots_[(home + i) & mask_];
+      const size_t index = (home + i) & mask_;
+      Slot& slot = slots_[index];
       uintptr_t key = slot.key.load(std::memory_order_acquire);
+      if (key == kEmpty) SetOccupied(index);  // before the key leaves kEmpty
       // Another thread may take this free slot first: then look again at
       // what it holds now.
       while ((key == kEmpty || key == kTombstone) &&
-             !slot.key.compare_exchange_weak(key, a | kBusy, std::memory_order_acq_rel,
+             !slot.key.compare_exchange_weak(key, a | kBusy, std::memory_order_seq_cst,
                                              std::memory_order_acquire)) {
       }
-      if (key == kEmpty || key == kTombstone) break;  // ours, marked busy
+      if (key == kEmpty || key == kTombstone) {  // ours, marked busy
+        SetOccupied(index);  // and after: a Reclaim may have cleared it meanwhile
+        break;
+      }
     }
     if (i == kMaxProbe) break;
     Slot& slot = slots_[(home + i) & mask_];
@@ -109,13 +126,19 @@ void LiveHeapTable::Reclaim(size_t index) {
     const Slot& next = slots_[(index + 1) & mask_];
     if (next.key.load(std::memory_order_acquire) != kEmpty) return;
     uintptr_t expected = kTombstone;
-    if (!slot.key.compare_exchange_strong(expected, kEmpty, std::memory_order_acq_rel)) return;
+    if (!slot.key.compare_exchange_strong(expected, kEmpty, std::memory_order_seq_cst)) return;
+    ClearOccupied(index);
     if (next.key.load(std::memory_order_acquire) != kEmpty) {
       // An Insert placed a key after us meanwhile, having probed past this
       // slot: restore the tombstone so that its chain holds (if another
       // Insert took the empty slot instead, the chain holds as well).
       expected = kEmpty;
-      slot.key.compare_exchange_strong(expected, kTombstone, std::memory_order_acq_rel);
+      SetOccupied(index);
+      if (slot.key.compare_exchange_strong(expected, kTombstone, std::memory_order_seq_cst)) {
+        SetOccupied(index);
+      } else {
+        ClearOccupied(index);  // set again when another Insert holds it
+      }
       return;
     }
     index = (index - 1) & mask_;
