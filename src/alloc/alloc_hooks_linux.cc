@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "inprof/alloc/alloc_sampler.h"
 #include "inprof/alloc/got_scan.h"
 #include "inprof/base/log.h"
+#include "inprof/base/sanitizers.h"
 
 namespace inprof::internal {
 namespace {
@@ -357,6 +359,16 @@ bool WriteSlots(const std::vector<std::pair<GotSlot, uintptr_t>>& writes, std::s
 
 enum class Mode { kPatch, kRestore };
 
+#if defined(INPROF_TSAN)
+// libc.so.6 (or libc.so), by the file's base name.
+bool IsLibc(const char* path) {
+  if (path == nullptr) return false;
+  const char* base = std::strrchr(path, '/');
+  base = base == nullptr ? path : base + 1;
+  return std::strncmp(base, "libc.so", 7) == 0;
+}
+#endif
+
 struct WalkContext {
   HookState* state;
   Mode mode;
@@ -370,6 +382,13 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
       !state.options.object_filter(image.name)) {
     return;
   }
+#if defined(INPROF_TSAN)
+  // Under ThreadSanitizer the wrappers are instrumented, and glibc frees a
+  // thread's own state through its slot for free() after TSan has torn the
+  // thread down (__libc_thread_freeres): the instrumented wrapper crashed
+  // in TSan's trace there. libc's own slots are left alone in such builds.
+  if (walk.mode == Mode::kPatch && IsLibc(image.name)) return;
+#endif
   std::vector<GotSlot> slots;
   if (absl::Status s = ScanGotSlots(image, &slots); !s.ok()) {
     if (walk.mode == Mode::kPatch) {
