@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "inprof/heap/allocation_provider.h"
 #include "inprof/inprof.h"
 
@@ -147,18 +148,6 @@ double NowMs(clockid_t clock) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-// VmHWM: this program's peak (ru_maxrss would keep a forking parent's).
-long PeakRssKib() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  long kib = -1;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib;
-}
 
 using HeapProfiler = inprof::Profiler<inprof::DefaultUnwinder, inprof::DefaultSampleRing,
                                       inprof::CpuTimeProvider, inprof::AllocationProvider>;
@@ -228,7 +217,7 @@ int main(int argc, char** argv) {
   const double cpu_ms = ru.ru_utime.tv_sec * 1e3 + ru.ru_utime.tv_usec / 1e3 +
                         ru.ru_stime.tv_sec * 1e3 + ru.ru_stime.tv_usec / 1e3;
   std::printf("RESULT mode=%s wall_ms=%.1f process_cpu_ms=%.1f maxrss_kib=%ld sink=%llu\n",
-              mode.c_str(), NowMs(CLOCK_MONOTONIC) - wall0, cpu_ms, PeakRssKib(),
+              mode.c_str(), NowMs(CLOCK_MONOTONIC) - wall0, cpu_ms, inprof::bench::PeakRssKib(),
               static_cast<unsigned long long>((workers[0].sink ^ workers[1].sink) & 1));
   // The kept blocks (and the profiler) are left to the process's exit.
   return 0;

@@ -21,6 +21,7 @@
 #ifdef INPROF_START_STOP_GPERFTOOLS
 #include <gperftools/profiler.h>
 #else
+#include "bench_util.h"
 #include "inprof/inprof.h"
 #endif
 
@@ -42,20 +43,6 @@ __attribute__((noinline)) unsigned long StartStopWork(double ms) {
   return x;
 }
 
-// Peak RSS of this program: VmHWM starts afresh at exec(), whereas
-// ru_maxrss keeps the peak of the process that forked it (a Python driver
-// shows as 14 MiB in every run).
-long PeakRssKib() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  long kib = -1;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib;
-}
 
 void Report(double start_ms, double stop_ms, double start_cpu, double stop_cpu,
             unsigned long sink) {
@@ -66,7 +53,7 @@ void Report(double start_ms, double stop_ms, double start_cpu, double stop_cpu,
   std::printf(
       "RESULT start_ms=%.3f stop_ms=%.3f start_cpu_ms=%.3f stop_cpu_ms=%.3f "
       "process_cpu_ms=%.1f maxrss_kib=%ld sink=%lu\n",
-      start_ms, stop_ms, start_cpu, stop_cpu, cpu, PeakRssKib(), sink & 1);
+      start_ms, stop_ms, start_cpu, stop_cpu, cpu, inprof::bench::PeakRssKib(), sink & 1);
 }
 
 }  // namespace

@@ -52,28 +52,20 @@ Options TestOptions(const std::string& name) {
   return options;
 }
 
+// What an allocation site returns, kept so that its call to the allocator
+// is no tail call: the site's frame stays the stack's leaf.
+template <typename T>
+inline __attribute__((always_inline)) T* Kept(T* p) {
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
 // The allocation sites. noinline, and each keeps what it made, so that the
 // calls stay and their frames are the stacks' leaves.
-__attribute__((noinline)) char* AllocSiteSmallNew() {
-  char* p = new char[1000];
-  asm volatile("" : : "r"(p) : "memory");
-  return p;
-}
-__attribute__((noinline)) void* AllocSiteLargeMalloc() {
-  void* p = std::malloc(64 * 1024);
-  asm volatile("" : : "r"(p) : "memory");
-  return p;
-}
-__attribute__((noinline)) void* AllocSiteLive() {
-  void* p = std::malloc(4096);
-  asm volatile("" : : "r"(p) : "memory");
-  return p;
-}
-__attribute__((noinline)) void* AllocSiteUnregistered() {
-  void* p = std::malloc(64 * 1024);
-  asm volatile("" : : "r"(p) : "memory");
-  return p;
-}
+__attribute__((noinline)) char* AllocSiteSmallNew() { return Kept(new char[1000]); }
+__attribute__((noinline)) void* AllocSiteLargeMalloc() { return Kept(std::malloc(64 * 1024)); }
+__attribute__((noinline)) void* AllocSiteLive() { return Kept(std::malloc(4096)); }
+__attribute__((noinline)) void* AllocSiteUnregistered() { return Kept(std::malloc(64 * 1024)); }
 
 // values[index] of the samples whose leaf function's name contains `site`.
 int64_t LeafSum(const DecodedProfile& profile, int index, const std::string& site) {
@@ -223,11 +215,7 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
   EXPECT_TRUE(commented);
 }
 
-__attribute__((noinline)) void* AllocSiteLabeled() {
-  void* p = std::malloc(64 * 1024);
-  asm volatile("" : : "r"(p) : "memory");
-  return p;
-}
+__attribute__((noinline)) void* AllocSiteLabeled() { return Kept(std::malloc(64 * 1024)); }
 
 // A registered thread's allocations carry its thread (id and registered
 // name) and its labels, as its CPU samples do; what is still live at the
@@ -373,11 +361,7 @@ TEST(AllocationProviderTest, StopPutsTheAllocatorBack) {
 }
 
 // The host keeps working in the states the hooks can be caught in.
-__attribute__((noinline)) void* AllocSiteBeforeStart() {
-  void* p = std::malloc(64 * 1024);
-  asm volatile("" : : "r"(p) : "memory");
-  return p;
-}
+__attribute__((noinline)) void* AllocSiteBeforeStart() { return Kept(std::malloc(64 * 1024)); }
 
 // Blocks allocated before Start() and freed while it runs were never
 // sampled: their frees find nothing to erase, and nothing of them is live.
