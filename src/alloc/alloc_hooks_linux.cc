@@ -286,8 +286,15 @@ uintptr_t Address(Fn* fn) {
   return reinterpret_cast<uintptr_t>(fn);
 }
 
-// The wrappers by symbol, in AllocSymbol's order.
-const uintptr_t kWrappers[kAllocSymbolCount] = {
+// The wrappers by symbol, in AllocSymbol's order. Made on first use, not
+// by a dynamic initialiser: in the preload library (inprof run --alloc)
+// the constructor that starts the profiler may run before this file's
+// initialisers, and a table still zero wrote 0 into the slots it patched.
+struct WrapperTable {
+  uintptr_t at[kAllocSymbolCount];
+};
+const WrapperTable& Wrappers() {
+  static const WrapperTable table = {{
     Address(inprof_malloc), Address(inprof_free), Address(inprof_calloc),
     Address(inprof_realloc), Address(inprof_reallocarray), Address(inprof_posix_memalign),
     Address(inprof_aligned_alloc), Address(inprof_memalign), Address(inprof_valloc),
@@ -303,10 +310,13 @@ const uintptr_t kWrappers[kAllocSymbolCount] = {
     Address(DeleteArrayNothrowWrapper), Address(DeleteAlignedNothrowWrapper),
     Address(DeleteArrayAlignedNothrowWrapper),
     Address(inprof_dlopen), Address(inprof_dlmopen),
-};
+  }};
+  return table;
+}
 
 bool IsWrapper(uintptr_t value) {
-  return std::find(std::begin(kWrappers), std::end(kWrappers), value) != std::end(kWrappers);
+  const WrapperTable& w = Wrappers();
+  return std::find(std::begin(w.at), std::end(w.at), value) != std::end(w.at);
 }
 
 // Install's state, under g_mu.
@@ -406,10 +416,10 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
       if (it == state.saved.end()) continue;
       // Only a slot that still holds our wrapper: anything else was written
       // by someone after us (or the object is a new one at the same place).
-      if (current == kWrappers[slot.symbol]) writes.push_back({slot, it->second});
+      if (current == Wrappers().at[slot.symbol]) writes.push_back({slot, it->second});
       continue;
     }
-    if (current == kWrappers[slot.symbol]) continue;  // done by an earlier pass
+    if (current == Wrappers().at[slot.symbol]) continue;  // done by an earlier pass
     const uintptr_t bound = state.bound[slot.symbol];
     const bool lazy = ImageContains(image, current, 1);  // an unresolved PLT stub
     const bool own_plt = slot.symbol_value != 0 && bound == image.base + slot.symbol_value;
@@ -428,7 +438,7 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
       }
       continue;
     }
-    writes.push_back({slot, kWrappers[slot.symbol]});
+    writes.push_back({slot, Wrappers().at[slot.symbol]});
   }
   if (writes.empty()) return;
   // Save before writing: a wrapper never runs without its original known,
@@ -598,7 +608,7 @@ void AllocHooks::ForEachPatchedSlot(
         for (const GotSlot& slot : slots) {
           auto it = c.state->saved.find(slot.address);
           if (it == c.state->saved.end()) continue;
-          if (*reinterpret_cast<const uintptr_t*>(slot.address) != kWrappers[slot.symbol]) continue;
+          if (*reinterpret_cast<const uintptr_t*>(slot.address) != Wrappers().at[slot.symbol]) continue;
           c.visit(c.context, kAllocSymbolNames[slot.symbol], slot.address, it->second);
         }
         return 0;
