@@ -46,6 +46,7 @@ using DwarfProfiler = DefaultProfiler;
 #include "inprof/cpu_time_provider.h"
 #include "inprof/dwarf_unwinder.h"
 #include "inprof/frame_pointer_unwinder.h"
+#include "inprof/heap/allocation_provider.h"
 #include "inprof/labels.h"
 #include "inprof/options.h"
 #include "inprof/profiler.h"
@@ -64,21 +65,28 @@ using DefaultUnwinder =
                        FramePointerUnwinder>;
 
 // The recommended composition: the default unwinder, a 32 KiB ring per
-// thread, per-thread CPU-time and wall-time sampling.
+// thread, per-thread CPU-time and wall-time sampling, and sampled
+// allocation and live-heap profiling (AllocationProvider), which is off
+// unless INPROF_ALLOC_PERIOD (Options::alloc_period) is set: off, it patches
+// nothing and costs nothing on an allocation (README, "Where memory goes",
+// says why it is not on by default).
 using DefaultProfiler = Profiler<DefaultUnwinder, DefaultSampleRing,
-                                 CpuTimeProvider, WallTimeProvider>;
+                                 CpuTimeProvider, WallTimeProvider,
+                                 AllocationProvider>;
 
 // The same with CFI (.eh_frame) unwinding on every architecture it supports:
 // complete stacks through code built without frame pointers.
 using DwarfProfiler = Profiler<DwarfUnwinder, DefaultSampleRing,
-                               CpuTimeProvider, WallTimeProvider>;
+                               CpuTimeProvider, WallTimeProvider,
+                               AllocationProvider>;
 
 // The same with frame-pointer unwinding: the cheapest walk (no tables, no
 // work at Start()), complete only through code built with
 // -fno-omit-frame-pointer (which the inprof pkg-config file adds); callers of
 // leaves without a frame record are put back from .eh_frame by the collector.
 using FramePointerProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,
-                                      CpuTimeProvider, WallTimeProvider>;
+                                      CpuTimeProvider, WallTimeProvider,
+                                      AllocationProvider>;
 
 // Both compositions are compiled once, in the library
 // (src/profiler/profiler_instance_dwarf.cc and _frame_pointer.cc): a program's
@@ -86,9 +94,10 @@ using FramePointerProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,
 // source under ASan, docs/test_command.md). Other compositions are
 // instantiated where they are used, as templates are.
 extern template class Profiler<DwarfUnwinder, DefaultSampleRing, CpuTimeProvider,
-                               WallTimeProvider>;
+                               WallTimeProvider, AllocationProvider>;
 extern template class Profiler<FramePointerUnwinder, DefaultSampleRing,
-                               CpuTimeProvider, WallTimeProvider>;
+                               CpuTimeProvider, WallTimeProvider,
+                               AllocationProvider>;
 
 }  // namespace inprof
 

@@ -250,6 +250,11 @@ absl::StatusOr<int64_t> ParseIntFlag(absl::string_view name,
                                      absl::string_view value, int64_t min,
                                      int64_t max);
 
+// An allocation sampling period (INPROF_ALLOC_PERIOD): 0 (off) or a byte
+// size from 1 to 1GiB ("524288", "512KiB", "1MiB").
+absl::StatusOr<uint64_t> ParseAllocPeriodFlag(absl::string_view name,
+                                              absl::string_view value);
+
 }  // namespace inprof
 
 #endif  // INPROF_OPTIONS_H_

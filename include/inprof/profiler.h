@@ -359,6 +359,43 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
           providers_);
     }
   }
+  // The sample types of the event providers configured off: a composition
+  // with an allocation provider writes CPU profiles without its columns
+  // while INPROF_ALLOC_PERIOD is unset.
+  uint64_t OmittedSampleTypes() const override {
+    uint64_t mask = 0;
+    OmitEach(mask, std::make_index_sequence<Layout::kNumProviders>{});
+    return mask;
+  }
+  template <size_t... I>
+  void OmitEach(uint64_t& mask, std::index_sequence<I...>) const {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (RecordsEvents<P>) {
+            if (std::get<I>(providers_).Period() > 0) return;
+            for (size_t t = 0; t < P::kSampleTypes.size(); ++t) {
+              const size_t bit = Layout::kValueOffsets[I] + t;
+              if (bit < 64) mask |= uint64_t{1} << bit;
+            }
+          }
+        }(),
+        ...);
+  }
+  // Whether an event provider is configured on (a period above 0).
+  bool AnyEventProviderOn() const {
+    return std::apply(
+        [](const auto&... p) {
+          return ([&] {
+            if constexpr (RecordsEvents<std::decay_t<decltype(p)>>) {
+              return p.Period() > 0;
+            } else {
+              return false;
+            }
+          }() || ...);
+        },
+        providers_);
+  }
   // Each event provider's flush; their comment lines, "\n"-free, "; "-joined.
   template <size_t... I>
   std::string FlushEventsEach(SampleAggregator& agg, uint32_t thread, bool window_end,
@@ -381,6 +418,9 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
    public:
     explicit EventAttachment(Profiler& profiler) : profiler_(profiler) {}
     std::string BeforeCutLocked(SampleAggregator& agg, bool window_end) override {
+      // A composition whose event providers are all off (period 0, as
+      // DefaultProfiler's allocation provider by default) adds nothing.
+      if (!thread_.has_value() && !profiler_.AnyEventProviderOn()) return {};
       // The aggregate keeps its thread table across cuts: one entry for
       // the profiler's life (pid as its id: the events of every thread).
       if (!thread_.has_value()) {
@@ -390,10 +430,44 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                                        std::make_index_sequence<Layout::kNumProviders>{});
     }
 
+    SnapshotShape SnapshotLocked(SampleAggregator& agg) override {
+      SnapshotShape shape;
+      std::optional<uint32_t> thread;
+      profiler_.SnapshotEach(agg, thread, shape,
+                             std::make_index_sequence<Layout::kNumProviders>{});
+      return shape;
+    }
+
    private:
     Profiler& profiler_;
     std::optional<uint32_t> thread_;
   };
+  // The first event provider's snapshot that has one (SnapshotsEvents).
+  template <size_t... I>
+  void SnapshotEach(SampleAggregator& agg, std::optional<uint32_t>& thread,
+                    internal::PipelineAttachment::SnapshotShape& shape,
+                    std::index_sequence<I...>) {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (SnapshotsEvents<P>) {
+            if (shape.types != 0) return;
+            auto& p = std::get<I>(providers_);
+            if (p.Period() <= 0) return;
+            if (!thread.has_value()) {
+              thread = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
+            }
+            if (!p.SnapshotEvents(agg, *thread, Layout::kValueOffsets[I])) return;
+            for (size_t t = 0; t < P::kSampleTypes.size(); ++t) {
+              const size_t bit = Layout::kValueOffsets[I] + t;
+              if (bit < 64) shape.types |= uint64_t{1} << bit;
+            }
+            shape.period = p.Period();
+            shape.period_type = Layout::kValueOffsets[I] + P::kPeriodTypeIndex;
+          }
+        }(),
+        ...);
+  }
 
   // EventContext::unwind: the calling thread's stack, walked by U from a
   // context of this frame. Only a thread registered with the running

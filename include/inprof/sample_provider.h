@@ -291,6 +291,22 @@ concept DrainsThreadEvents =
       P::DrainThreadEvents(data, visit);
     };
 
+// Optional, with RecordsEvents: a provider whose events make a profile of
+// their own at any moment (the live endpoint's /debug/pprof/heap, as Go
+// serves it) also has
+//   p.SnapshotEvents(SampleAggregator&, uint32_t thread, size_t
+//       value_offset) -> bool
+// with the pipeline's lock held: adds its totals since Start (all its
+// values at [value_offset, value_offset + kSampleTypes.size()), as of now),
+// without flushing anything the windows still get. False when it is off
+// (nothing added).
+template <typename P>
+concept SnapshotsEvents =
+    RecordsEvents<P> && requires(P& p, SampleAggregator& aggregator, uint32_t thread,
+                                 size_t offset) {
+      { p.SnapshotEvents(aggregator, thread, offset) } -> std::same_as<bool>;
+    };
+
 }  // namespace inprof
 
 #endif  // !_WIN32

@@ -238,14 +238,11 @@ Options Options::FromLookup(const Lookup& lookup,
     }
   }
   if (const char* v = lookup("INPROF_ALLOC_PERIOD")) {
-    if (std::optional<uint64_t> bytes = ParseByteSize(v);
-        bytes.has_value() && *bytes <= kMaxAllocPeriod) {
+    if (absl::StatusOr<uint64_t> bytes = ParseAllocPeriodFlag("INPROF_ALLOC_PERIOD", v);
+        bytes.ok()) {
       options.alloc_period = *bytes;
     } else {
-      report(absl::InvalidArgumentError(absl::StrCat(
-                 "INPROF_ALLOC_PERIOD='", absl::CHexEscape(v),
-                 "': expected 0 (off) or a byte size from 1 to 1GiB, e.g. 512KiB")),
-             "0");
+      report(bytes.status(), "0");
     }
   }
   if (const char* v = lookup("INPROF_OUTPUT")) {
@@ -591,6 +588,17 @@ absl::Status Options::Validate() const {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ParseAllocPeriodFlag(absl::string_view name,
+                                              absl::string_view value) {
+  if (std::optional<uint64_t> bytes = ParseByteSize(value);
+      bytes.has_value() && *bytes <= kMaxAllocPeriod) {
+    return *bytes;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, "='", absl::CHexEscape(value),
+                   "': expected 0 (off) or a byte size from 1 to 1GiB, e.g. 512KiB"));
 }
 
 }  // namespace inprof

@@ -72,6 +72,9 @@ const char kRunHelp[] =
     "                                                          INPROF_WALL_PERIOD\n"
     "      --no-wall           no wall-time sampling           INPROF_WALL_PERIOD=0\n"
     "      --engine=ENGINE     auto, perf, timer or itimer     INPROF_CPU_ENGINE\n"
+    "      --alloc[=SIZE]      profile allocations and the live heap too: one\n"
+    "                          sample per SIZE bytes allocated on average\n"
+    "                          (512KiB; 0: off)              INPROF_ALLOC_PERIOD\n"
     "      --export-period=DURATION  one profile per window, 100ms to 24h\n"
     "                          (default here: 0, one profile per process)\n"
     "                                                          INPROF_EXPORT_PERIOD\n"
@@ -309,6 +312,7 @@ int RunMain(int argc, char** argv) {
       {"wall-period", required_argument, nullptr, 'W'},
       {"no-wall", no_argument, nullptr, 'w'},
       {"engine", required_argument, nullptr, 'E'},
+      {"alloc", optional_argument, nullptr, 'M'},
       {"export-period", required_argument, nullptr, 'X'},
       {"no-symbolize", no_argument, nullptr, 'S'},
       {"http", required_argument, nullptr, 'H'},
@@ -357,6 +361,12 @@ int RunMain(int argc, char** argv) {
         }
         s.env["INPROF_CPU_ENGINE"] = optarg;
         break;
+      case 'M': {
+        const char* value = optarg != nullptr ? optarg : "512KiB";
+        st = ParseAllocPeriodFlag("--alloc", value).status();
+        s.env["INPROF_ALLOC_PERIOD"] = value;
+        break;
+      }
       case 'X':
         st = CheckDuration("--export-period", optarg, Options::kMinExportPeriod,
                            Options::kMaxExportPeriod, true);

@@ -58,6 +58,10 @@ struct StackEntry {
   double objects = 0;
   double bytes = 0;
   bool pending = false;  // in HeapState::pending
+  // Everything flushed or drained for it since Start (SnapshotEvents: the
+  // live endpoint's alloc_* totals, as Go's heap profile has them).
+  double total_objects = 0;
+  double total_bytes = 0;
 
   std::span<const uint64_t> labels() const {
     if (key.empty()) return {};
@@ -291,6 +295,10 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
     stale.push_back(address);
   });
   for (const void* address : stale) h.live.Erase(address);
+  {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    for (StackEntry& entry : h.stacks) entry.total_objects = entry.total_bytes = 0;
+  }
   h.unwind.store(context.unwind, std::memory_order_release);
   h.thread_data.store(context.thread_data, std::memory_order_release);
   h.activity.store(context.activity, std::memory_order_release);
@@ -342,6 +350,8 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
     entry.pending = false;
     const int64_t values[4] = {RoundUnbiasedLocked(h, entry.objects),
                                RoundUnbiasedLocked(h, entry.bytes), 0, 0};
+    entry.total_objects += entry.objects;
+    entry.total_bytes += entry.bytes;
     entry.objects = 0;
     entry.bytes = 0;
     if (values[0] == 0 && values[1] == 0) continue;
@@ -370,6 +380,39 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       table.inserts + table.overflows);
 }
 
+bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t thread,
+                                        size_t value_offset) {
+  // Not started_: the endpoint's thread asks, while Start and Stop write it.
+  if (!g_state_made.load(std::memory_order_acquire)) return false;
+  HeapState& h = State();
+  if (!h.running.load(std::memory_order_acquire)) return false;
+  AllocGuard guard;  // as in FlushEvents
+  absl::flat_hash_map<uint64_t, std::pair<double, double>> live;
+  h.live.ForEach([&](const void*, const LiveHeapTable::Entry& entry) {
+    auto& [objects, bytes] = live[entry.tag];
+    objects += entry.weight_objects;
+    bytes += entry.weight_objects * static_cast<double>(entry.size);
+  });
+  std::lock_guard<std::mutex> lock(h.mutex);
+  for (size_t id = 0; id < h.stacks.size(); ++id) {
+    const StackEntry& entry = h.stacks[id];
+    // What the next flush still gets (entry.objects) is since Start too.
+    double live_objects = 0;
+    double live_bytes = 0;
+    if (auto it = live.find(id); it != live.end()) {
+      live_objects = it->second.first;
+      live_bytes = it->second.second;
+    }
+    const int64_t values[4] = {RoundUnbiasedLocked(h, entry.total_objects + entry.objects),
+                               RoundUnbiasedLocked(h, entry.total_bytes + entry.bytes),
+                               RoundUnbiasedLocked(h, live_objects),
+                               RoundUnbiasedLocked(h, live_bytes)};
+    if (values[0] == 0 && values[1] == 0 && values[2] == 0 && values[3] == 0) continue;
+    AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
+  }
+  return true;
+}
+
 void AllocationProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit) {
   if (data.count.load(std::memory_order_acquire) == 0) return;  // the common case: no lock
   HeapState& h = State();
@@ -377,7 +420,9 @@ void AllocationProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor 
   std::lock_guard<std::mutex> lock(h.mutex);
   for (const ThreadData::Event& event : data.events) {
     if (event.key >= h.stacks.size()) continue;
-    const StackEntry& entry = h.stacks[event.key];
+    StackEntry& entry = h.stacks[event.key];
+    entry.total_objects += event.objects;
+    entry.total_bytes += event.bytes;
     const int64_t values[4] = {RoundUnbiasedLocked(h, event.objects),
                                RoundUnbiasedLocked(h, event.bytes), 0, 0};
     visit(entry.frames(), entry.labels(), values);

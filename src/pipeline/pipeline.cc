@@ -24,6 +24,27 @@ ProfilerStats Delta(const ProfilerStats& now, const ProfilerStats& before) {
   return d;
 }
 
+// Leaves out the sample types of `mask` (bit i: sample_types[i]), whose
+// values are all 0 in `data`: a provider's that is off, or those a snapshot
+// did not fill.
+void OmitTypes(ProfileData& data, uint64_t mask) {
+  auto omitted = [mask](size_t i) { return i < 64 && ((mask >> i) & 1) != 0; };
+  size_t left = 0;
+  for (size_t i = 0; i < data.sample_types.size(); ++i) left += omitted(i) ? 0 : 1;
+  if (left == 0) return;  // a profile keeps its types
+  auto compact = [&omitted](auto& values) {
+    size_t n = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (omitted(i)) continue;
+      if (n != i) values[n] = std::move(values[i]);
+      ++n;
+    }
+    values.resize(n);
+  };
+  compact(data.sample_types);
+  for (ProfileSample& sample : data.samples) compact(sample.values);
+}
+
 }  // namespace
 
 std::vector<uint64_t> StatsToCounters(const ProfilerStats& s) {
@@ -253,6 +274,10 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
   data.comments.push_back(absl::StrCat(
       "live capture of ", absl::FormatDuration(duration),
       " (INPROF_HTTP_ADDR); the periodic export's windows are separate"));
+  return EncodeForRequest(data);
+}
+
+absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) {
   absl::StatusOr<std::string> encoded;
   if (symbolizer_given_) {
     // Another process's (`inprof agent`): its symbolizer holds its files
@@ -270,6 +295,45 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
   }
   if (encoded.ok()) encoded = GzipCompress(*encoded);
   return encoded;
+}
+
+absl::StatusOr<std::string> Pipeline::Snapshot(absl::string_view default_type) {
+  SampleAggregator snapshot(aggregator_.sample_types());
+  PipelineAttachment::SnapshotShape shape;
+  std::string engine_detail;
+  int64_t start = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& a : attachments_) {
+      const PipelineAttachment::SnapshotShape s = a->SnapshotLocked(snapshot);
+      if (s.types != 0 && shape.types == 0) shape = s;
+    }
+    engine_detail = engine_detail_;
+    start = run_start_ns_;
+  }
+  if (shape.types == 0) {
+    return absl::NotFoundError(
+        "allocation profiling is off in this process: set INPROF_ALLOC_PERIOD "
+        "(e.g. 512KiB) before Start");
+  }
+  ProfileData data = snapshot.Take();
+  const std::vector<ValueType> all = data.sample_types;
+  OmitTypes(data, ~shape.types);
+  if (shape.period_type < all.size()) data.period_type = all[shape.period_type];
+  data.period = shape.period;
+  for (size_t i = 0; i < data.sample_types.size(); ++i) {
+    if (data.sample_types[i].type == default_type) {
+      data.default_sample_type = static_cast<int64_t>(i);
+    }
+  }
+  const int64_t now = absl::GetCurrentTimeNanos();
+  data.time_nanos = start > 0 ? start : now;
+  data.duration_nanos = now - data.time_nanos;
+  data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
+  if (!engine_detail.empty()) data.comments.push_back(engine_detail);
+  data.comments.push_back(
+      "heap snapshot (INPROF_HTTP_ADDR): alloc_* since the profiler started, inuse_* now");
+  return EncodeForRequest(data);
 }
 
 void Pipeline::ExporterLoop(Threads* t,
@@ -334,12 +398,16 @@ void Pipeline::SetEngineDetail(std::string detail) {
 void Pipeline::BeginWindow() {
   std::lock_guard<std::mutex> lock(mutex_);
   window_start_ns_ = absl::GetCurrentTimeNanos();
+  run_start_ns_ = window_start_ns_;
 }
 
 void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
                             const ProfilerStats& window_stats,
                             const std::string& engine_detail,
                             const std::string& notes) const {
+  if (const uint64_t omit = omitted_types_.load(std::memory_order_relaxed); omit != 0) {
+    OmitTypes(data, omit);
+  }
   data.period_type = period_type_;
   data.period = period_;
   // Viewers open on the period's type (cpu-time), not on the last one

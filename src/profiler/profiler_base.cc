@@ -80,6 +80,7 @@ absl::Status ProfilerBase::Start() {
   // first thing (Drain), so Start() returns in well under a millisecond.
   if (absl::Status s = InstallSignalHandler(); !s.ok()) return s;
   if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
+  pipeline_.SetOmittedTypes(OmittedSampleTypes());
   if (const std::string how = DescribeProviders(); !how.empty()) Log(how);
   // A new session per run: signals still queued from the previous run
   // carry the old one in their tag and are ignored.

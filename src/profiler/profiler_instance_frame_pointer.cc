@@ -5,6 +5,6 @@
 namespace inprof {
 
 template class Profiler<FramePointerUnwinder, DefaultSampleRing, CpuTimeProvider,
-                        WallTimeProvider>;
+                        WallTimeProvider, AllocationProvider>;
 
 }  // namespace inprof

@@ -28,6 +28,8 @@ constexpr absl::string_view kIndexPath = "/debug/pprof/";
 constexpr absl::string_view kProfilePath = "/debug/pprof/profile";
 constexpr absl::string_view kFlamegraphPath = "/debug/pprof/flamegraph";
 constexpr absl::string_view kSymbolPath = "/debug/pprof/symbol";
+constexpr absl::string_view kHeapPath = "/debug/pprof/heap";
+constexpr absl::string_view kAllocsPath = "/debug/pprof/allocs";
 
 DebugResponse Text(int status, std::string body) {
   DebugResponse r;
@@ -144,6 +146,12 @@ DebugResponse DebugEndpoint::Index() const {
       "<tr><td><a href=\"flamegraph?seconds=", kDefaultSeconds,
       "\">flamegraph</a></td><td>the same, as an interactive flame graph "
       "page</td></tr>\n"
+      "<tr><td><a href=\"heap\">heap</a></td><td>the live heap now and what "
+      "was allocated since the profiler started (sampled, with "
+      "<code>INPROF_ALLOC_PERIOD</code>): <code>go tool pprof "
+      "http://HOST:PORT/debug/pprof/heap</code></td></tr>\n"
+      "<tr><td><a href=\"allocs\">allocs</a></td><td>the same, opening on "
+      "the bytes allocated (<code>alloc_space</code>)</td></tr>\n"
       "</table>\n<form action=\"flamegraph\">seconds: <input name=\"seconds\" "
       "type=\"number\" min=\"1\" max=\"", kMaxSeconds, "\" value=\"10\"> "
       "<button>flame graph</button></form>\n"
@@ -178,6 +186,44 @@ std::string DebugEndpoint::Running() const {
                       " s left.</p>\n");
 }
 
+DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
+                                          absl::string_view query) {
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    const absl::string_view key = pair.substr(0, pair.find('='));
+    if (key == "seconds") {
+      // Go answers with the difference of two snapshots; windows of
+      // alloc_* are /debug/pprof/profile's.
+      return Text(400, absl::StrCat("seconds= is not taken here: this page is the heap now; "
+                                    "/debug/pprof/profile?seconds=N has the allocations "
+                                    "(alloc_*) of N seconds"));
+    }
+    if (key == "debug") {
+      return Text(400, "debug= (the text form) is not served: the page is a gzip pprof "
+                       "file, for go tool pprof");
+    }
+  }
+  if (!snapshot_ || processes_) {
+    return Text(404, "no heap profile here: allocations are profiled by a profiler "
+                     "that composes AllocationProvider, in its own process");
+  }
+  absl::StatusOr<std::string> pprof = snapshot_(default_type);
+  if (!pprof.ok()) {
+    return Text(pprof.status().code() == absl::StatusCode::kNotFound ? 404 : 500,
+                std::string(pprof.status().message()));
+  }
+  captures_.fetch_add(1);
+  DebugResponse r;
+  r.content_type = "application/octet-stream";
+  r.headers.emplace_back("Content-Disposition", absl::StrCat("attachment; filename=\"",
+                                                             default_type == "inuse_space"
+                                                                 ? "heap"
+                                                                 : "allocs",
+                                                             ".pb.gz\""));
+  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  r.body = std::move(*pprof);
+  return r;
+}
+
 DebugResponse DebugEndpoint::Respond(absl::string_view method,
                                      absl::string_view target) {
   if (target.size() > kMaxTargetLength) {
@@ -204,6 +250,10 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
   const absl::string_view query =
       q == absl::string_view::npos ? absl::string_view() : target.substr(q + 1);
   if (path == kIndexPath || path == "/debug/pprof") return Index();
+  if (path == kHeapPath || path == kAllocsPath) {
+    if (head) return Text(200, "");
+    return HeapSnapshot(path == kHeapPath ? "inuse_space" : "alloc_space", query);
+  }
   const bool profile = path == kProfilePath;
   const bool flamegraph = path == kFlamegraphPath;
   if (!profile && !flamegraph) {

@@ -39,6 +39,8 @@ void EndpointAttachment::Started(Pipeline& pipeline) {
     endpoint_ = std::make_unique<DebugEndpoint>(
         [&pipeline](absl::Duration d) { return pipeline.Capture(d); },
         &RenderFlamegraphPage, absl::StrCat(ProgramName(), " (pid ", ProcessId(), ")"));
+    endpoint_->SetSnapshot(
+        [&pipeline](absl::string_view type) { return pipeline.Snapshot(type); });
   }
   absl::StatusOr<std::unique_ptr<DebugServer>> server =
       DebugServer::Start(*address, endpoint_.get());

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -213,6 +214,87 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
     commented |= absl::StrContains(c, "allocations sampled=");
   }
   EXPECT_TRUE(commented);
+}
+
+__attribute__((noinline)) void* AllocSiteServedLive() { return Kept(std::malloc(4096)); }
+__attribute__((noinline)) void* AllocSiteServedFreed() { return Kept(std::malloc(64 * 1024)); }
+
+// /debug/pprof/heap, as Go serves it: the live heap now (inuse_*) and what
+// was allocated since Start (alloc_*), only those four types, opening on
+// inuse_space; /allocs opens on alloc_space. The profile's window is not
+// cut: the file written at Stop still has every allocation.
+TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
+  Options options = TestOptions("heap_endpoint");
+  options.http_addr = "127.0.0.1:0";
+  HeapProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  constexpr int kLive = 10'000;  // x 4 KiB, live when the page is fetched
+  constexpr int kFreed = 1'000;  // x 64 KiB, freed before
+  std::vector<void*> live;
+  {
+    auto self = profiler.RegisterThread("main");
+    for (int i = 0; i < kFreed; ++i) std::free(AllocSiteServedFreed());
+    live.reserve(kLive);
+    for (int i = 0; i < kLive; ++i) live.push_back(AllocSiteServedLive());
+  }
+  const AllocationProvider::Stats stats = AllocationProvider::stats();
+  const std::string address = profiler.http_address();
+  ASSERT_FALSE(address.empty());
+  testing::HttpReply heap = testing::HttpFetch(address, "GET", "/debug/pprof/heap");
+  testing::HttpReply allocs = testing::HttpFetch(address, "GET", "/debug/pprof/allocs");
+  ASSERT_TRUE(profiler.Stop().ok());
+  for (void* p : live) std::free(p);
+  ASSERT_EQ(heap.error, "");
+  ASSERT_EQ(heap.status, 200) << heap.body;
+  ASSERT_EQ(allocs.status, 200) << allocs.body;
+  absl::StatusOr<DecodedProfile> p = DecodePprof(heap.body);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::vector<std::string> types;
+  for (const ValueType& t : p->sample_types) types.push_back(t.type);
+  ASSERT_EQ(types, (std::vector<std::string>{"alloc_objects", "alloc_space", "inuse_objects",
+                                             "inuse_space"}));
+  EXPECT_EQ(p->period_type.type, "alloc_space");
+  EXPECT_EQ(p->period, static_cast<int64_t>(kPeriod));
+  EXPECT_EQ(p->default_sample_type, "inuse_space");
+  absl::StatusOr<DecodedProfile> a = DecodePprof(allocs.body);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->default_sample_type, "alloc_space");
+  if (!kIntercepted && stats.samples == 0) {
+    GTEST_SKIP() << "the sanitizer's allocator is called without a GOT slot here";
+  }
+  // Bounds as in SitesBytesAndLiveHeapWithinTheirBounds (EstimateBounds:
+  // 1e-7 a side; four sides here, the file's check adds two).
+  const double live_truth = kLive * 4096.0;
+  const Bounds live_b = EstimateBounds(kLive, 4096);
+  const double served_live = static_cast<double>(LeafSum(*p, 3, "AllocSiteServedLive"));
+  EXPECT_GE(served_live, live_b.low * live_truth) << served_live << " of " << live_truth;
+  EXPECT_LE(served_live, live_b.high * live_truth) << served_live << " of " << live_truth;
+  EXPECT_EQ(LeafSum(*p, 3, "AllocSiteServedFreed"), 0);  // freed: not in use
+  const double freed_truth = kFreed * 65536.0;
+  const Bounds freed_b = EstimateBounds(kFreed, 65536);
+  const double served_freed = static_cast<double>(LeafSum(*p, 1, "AllocSiteServedFreed"));
+  EXPECT_GE(served_freed, freed_b.low * freed_truth) << served_freed << " of " << freed_truth;
+  EXPECT_LE(served_freed, freed_b.high * freed_truth) << served_freed << " of " << freed_truth;
+  // The same samples in the file at Stop: the page took nothing from it.
+  // The file's value is rounded per drained event (at most one per sample,
+  // each within one byte), the page's once.
+  auto file = ReadPprofFile(options.output);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const int file_alloc_space = file->ValueIndex("alloc_space");
+  EXPECT_NEAR(static_cast<double>(LeafSum(*file, file_alloc_space, "AllocSiteServedFreed")),
+              served_freed, kFreed + 1);
+  if (testing::GoPprofAvailable()) {
+    // The endpoint is gone after Stop: go tool pprof reads the page saved.
+    const std::string saved = testing::FreshTestDir("heap_endpoint_page") + "/heap.pb.gz";
+    {
+      std::ofstream out(saved, std::ios::binary);
+      out << heap.body;
+      ASSERT_TRUE(out.good());
+    }
+    auto top = testing::GoPprof("-sample_index=inuse_space -top " + saved);
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_TRUE(absl::StrContains(*top, "AllocSiteServedLive")) << *top;
+  }
 }
 
 __attribute__((noinline)) void* AllocSiteLabeled() { return Kept(std::malloc(64 * 1024)); }
@@ -432,8 +514,8 @@ TEST(AllocationProviderTest, ForkedChildAllocatesAndExits) {
   ASSERT_TRUE(profile.ok()) << profile.status();
 }
 
-// INPROF_ALLOC_PERIOD=0 (the default): nothing is patched, the sample
-// types are there and stay zero.
+// INPROF_ALLOC_PERIOD=0 (the default): nothing is patched, and the profile
+// has no allocation types.
 TEST(AllocationProviderTest, OffByDefault) {
   Options options = TestOptions("heap_off");
   options.alloc_period = 0;
@@ -448,8 +530,14 @@ TEST(AllocationProviderTest, OffByDefault) {
   EXPECT_EQ(AllocationProvider::stats().samples, before);
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
-  ASSERT_GE(profile->ValueIndex("alloc_space"), 0);
-  EXPECT_EQ(profile->Total(profile->ValueIndex("alloc_space")), 0);
+  // Off, its sample types are left out of the profile (and no "[events]"
+  // thread is added); the CPU types stay.
+  EXPECT_EQ(profile->ValueIndex("alloc_space"), -1);
+  EXPECT_EQ(profile->ValueIndex("inuse_space"), -1);
+  EXPECT_GE(profile->ValueIndex("cpu-time"), 0);
+  for (const auto& s : profile->samples) {
+    EXPECT_EQ(s.values.size(), profile->sample_types.size());
+  }
 }
 
 TEST(AllocationProviderTest, ByteSizesFromTheEnvironment) {

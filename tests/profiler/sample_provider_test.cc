@@ -7,6 +7,7 @@
 #include <chrono>
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
 #include "inprof/pprof_reader.h"
@@ -313,13 +314,58 @@ TEST(SampleProviderTest, TickingProvidersCreditRunningSamplesWithoutASignal) {
   EXPECT_GT(in_b, 0);
 }
 
-TEST(SampleProviderTest, DefaultProfilerHasCpuAndWallTypesOnce) {
+TEST(SampleProviderTest, DefaultProfilerHasCpuWallAndAllocationTypesOnce) {
   auto types = DefaultProfiler::SampleTypes();
-  ASSERT_EQ(types.size(), 4u);
+  ASSERT_EQ(types.size(), 8u);
   EXPECT_EQ(types[0].type, "cpu-samples");
   EXPECT_EQ(types[1].type, "cpu-time");
   EXPECT_EQ(types[2].type, "wall-samples");
   EXPECT_EQ(types[3].type, "wall-time");
+  EXPECT_EQ(types[4].type, "alloc_objects");
+  EXPECT_EQ(types[5].type, "alloc_space");
+  EXPECT_EQ(types[6].type, "inuse_objects");
+  EXPECT_EQ(types[7].type, "inuse_space");
+}
+
+// With the allocation provider off (INPROF_ALLOC_PERIOD unset), the profile
+// has no heap columns and no "[events]" thread; on, it has all four. The
+// CPU loop's samples keep their values in the right columns either way.
+TEST(SampleProviderTest, DefaultProfilerLeavesOutTheTypesOfAProviderThatIsOff) {
+  for (const int64_t alloc_period : {int64_t{0}, int64_t{64} << 10}) {
+    SCOPED_TRACE(alloc_period);
+    Options options;
+    options.output = testing::FreshTestDir("default_types") + "/profile.pb.gz";
+    options.alloc_period = alloc_period;
+    {
+      DefaultProfiler profiler(options);
+      ASSERT_TRUE(profiler.Start().ok());
+      {
+        auto self = profiler.RegisterThread("main");
+        const int64_t end = ThreadCpuNow() + 200'000'000;
+        volatile uint64_t x = 0;
+        while (ThreadCpuNow() < end) x = x + 1;
+      }
+      ASSERT_TRUE(profiler.Stop().ok());
+    }
+    auto profile = ReadPprofFile(options.output);
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    std::vector<std::string> names;
+    for (const ValueType& t : profile->sample_types) names.push_back(t.type);
+    if (alloc_period == 0) {
+      EXPECT_THAT(names, ::testing::ElementsAre("cpu-samples", "cpu-time", "wall-samples",
+                                                "wall-time"));
+    } else {
+      EXPECT_THAT(names, ::testing::ElementsAre("cpu-samples", "cpu-time", "wall-samples",
+                                                "wall-time", "alloc_objects", "alloc_space",
+                                                "inuse_objects", "inuse_space"));
+    }
+    // 200 ms of the thread's CPU at the default 10 ms period is ~20 expiries
+    // of its CPU-clock timer, not a draw: none recorded is a failure.
+    EXPECT_GT(profile->Total(profile->ValueIndex("cpu-time")), 0);
+    for (const auto& s : profile->samples) {
+      EXPECT_EQ(s.values.size(), names.size());
+    }
+  }
 }
 
 }  // namespace

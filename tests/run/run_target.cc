@@ -29,6 +29,9 @@
 //                               2 s), a thread in sigtimedwait (500 ms), a
 //                               thread spinning 300 ms; prints what the
 //                               waits returned
+//   run_target alloc N M        on a thread it creates: N mallocs of 64 KiB
+//                               at RunAllocFreedSite, freed, and M of 4 KiB
+//                               at RunAllocLiveSite, still allocated at exit
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
@@ -400,6 +403,39 @@ int SigwaitServer() {
   return sig == SIGALRM && timed == 0 ? 0 : 1;
 }
 
+// The allocation sites: noinline, and what each returns is kept, so that
+// the call to malloc stays and the site's frame is the stack's leaf.
+__attribute__((noinline)) void* RunAllocFreedSite() {
+  void* p = std::malloc(64 * 1024);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+__attribute__((noinline)) void* RunAllocLiveSite() {
+  void* p = std::malloc(4096);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+struct AllocCounts {
+  int freed;
+  int live;
+};
+
+void* AllocThread(void* arg) {
+  const auto* counts = static_cast<const AllocCounts*>(arg);
+  for (int i = 0; i < counts->freed; ++i) std::free(RunAllocFreedSite());
+  for (int i = 0; i < counts->live; ++i) (void)RunAllocLiveSite();  // kept to the end
+  return nullptr;
+}
+
+int Alloc(int freed, int live) {
+  AllocCounts counts{freed, live};
+  pthread_t thread;
+  if (pthread_create(&thread, nullptr, &AllocThread, &counts) != 0) return 13;
+  pthread_join(thread, nullptr);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -420,6 +456,7 @@ int main(int argc, char** argv) {
     return Churn(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
   }
   if (mode == "sigwait") return SigwaitServer();
+  if (mode == "alloc" && argc == 4) return Alloc(std::atoi(argv[2]), std::atoi(argv[3]));
   if (mode == "spin" && argc == 3) {
     SpinWork(std::atoi(argv[2]));
     return 0;

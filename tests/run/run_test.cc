@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/pprof_reader.h"
+#include "util/stat_bounds.h"
 #include "util/test_util.h"
 
 namespace inprof {
@@ -414,12 +416,67 @@ TEST(RunTest, TheLiveEndpointServesAnUnmodifiedProgram) {
   EXPECT_GT(exported_cpu, live_cpu);
 }
 
+// Sums values[index] of the samples whose leaf function contains `site`.
+int64_t LeafSum(const DecodedProfile& p, int index, const std::string& site) {
+  int64_t sum = 0;
+  for (const auto& s : p.samples) {
+    if (!s.stack.empty() && absl::StrContains(s.stack[0], site)) sum += s.values[index];
+  }
+  return sum;
+}
+
+// --alloc profiles an unmodified program's allocations: each site's bytes
+// on its own stack (the program's thread is registered by the preload
+// library), and what it still had allocated at exit in inuse_space.
+TEST(RunTest, AllocProfilesTheAllocationsOfAnUnmodifiedProgram) {
+  const std::string dir = FreshDir("alloc");
+  constexpr int kFreed = 1000;  // x 64 KiB
+  constexpr int kLive = 4000;   // x 4 KiB
+  CommandOutput r = RunInprof(absl::StrCat("--alloc=64KiB --no-wall -o ",
+                                           ShellQuote(dir + "/p.pb.gz"), " -- ",
+                                           ShellQuote(Target()), " alloc ", kFreed, " ", kLive));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto p = ReadPprofFile(dir + "/p.pb.gz");
+  ASSERT_TRUE(p.ok()) << p.status() << r.err;
+  const int alloc_space = p->ValueIndex("alloc_space");
+  const int inuse_space = p->ValueIndex("inuse_space");
+  ASSERT_GE(alloc_space, 0) << "no alloc_space in the profile; " << r.err;
+  ASSERT_GE(inuse_space, 0);
+  // Each allocation is sampled with chance p = 1 - exp(-size/64 KiB) and
+  // stands for size/p bytes: the estimate over truth is (samples/n)/p with
+  // samples ~ Binomial(n, p); stats::BinomialShare{Low,High} bound it at
+  // 1e-7 a side (four sides: 4e-7 in all), rounding within 0.1%.
+  const struct {
+    const char* site;
+    int index;
+    int n;
+    double size;
+  } checks[] = {{"RunAllocFreedSite", alloc_space, kFreed, 65536.0},
+                {"RunAllocLiveSite", inuse_space, kLive, 4096.0}};
+  for (const auto& c : checks) {
+    const double prob = 1 - std::exp(-c.size / 65536.0);
+    const double truth = c.n * c.size;
+    const double got = static_cast<double>(LeafSum(*p, c.index, c.site));
+    EXPECT_GE(got, stats::BinomialShareLow(c.n, prob) / prob * 0.999 * truth)
+        << c.site << ": " << got << " of " << truth;
+    EXPECT_LE(got, stats::BinomialShareHigh(c.n, prob) / prob * 1.001 * truth)
+        << c.site << ": " << got << " of " << truth;
+  }
+  EXPECT_EQ(LeafSum(*p, inuse_space, "RunAllocFreedSite"), 0);
+
+  // A bad size is one line naming the option.
+  CommandOutput bad = RunInprof(absl::StrCat("--alloc=lots -- ", ShellQuote(Target()),
+                                             " alloc 1 1"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--alloc='lots'"));
+}
+
 TEST(RunTest, HelpNamesEveryOption) {
   auto r = RunCommandSeparately(ShellQuote(Cli()) + " run --help");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 0);
   for (const char* o : {"--output", "--period", "--wall-period", "--no-wall",
-                        "--engine", "--export-period", "--no-symbolize", "--http",
+                        "--engine", "--alloc", "--export-period", "--no-symbolize", "--http",
                         "--no-children", "--quiet"}) {
     EXPECT_THAT(r->out, HasSubstr(o));
   }

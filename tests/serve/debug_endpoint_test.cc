@@ -205,6 +205,47 @@ TEST(DebugEndpointTest, AnswersLikeNetHttpPprof) {
   EXPECT_EQ(endpoint.captures(), 4u);
 }
 
+// /debug/pprof/heap and /allocs: the snapshot now, opening on inuse_space
+// and alloc_space; no page without one, and what Go takes that a snapshot
+// cannot answer is one line.
+TEST(DebugEndpointTest, HeapAndAllocsAreSnapshotsOpeningOnTheirType) {
+  FakeCaptures captures;
+  std::string title;
+  DebugEndpoint endpoint(captures.capture(), FakeRender(&title), "demo");
+  DebugResponse none = endpoint.Respond("GET", "/debug/pprof/heap");
+  EXPECT_EQ(none.status, 404);
+  EXPECT_THAT(none.body, HasSubstr("AllocationProvider"));
+
+  std::vector<std::string> asked;
+  bool on = false;
+  endpoint.SetSnapshot([&](absl::string_view type) -> absl::StatusOr<std::string> {
+    asked.emplace_back(type);
+    if (!on) return absl::NotFoundError("allocation profiling is off: INPROF_ALLOC_PERIOD");
+    return std::string("HEAP");
+  });
+  DebugResponse off = endpoint.Respond("GET", "/debug/pprof/heap");
+  EXPECT_EQ(off.status, 404);
+  EXPECT_THAT(off.body, HasSubstr("INPROF_ALLOC_PERIOD"));
+  on = true;
+  DebugResponse heap = endpoint.Respond("GET", "/debug/pprof/heap");
+  EXPECT_EQ(heap.status, 200);
+  EXPECT_EQ(heap.body, "HEAP");
+  EXPECT_EQ(heap.content_type, "application/octet-stream");
+  EXPECT_THAT(Header(heap, "Content-Disposition"), HasSubstr("heap.pb.gz"));
+  DebugResponse allocs = endpoint.Respond("GET", "/debug/pprof/allocs?gc=1");
+  EXPECT_EQ(allocs.status, 200);
+  EXPECT_THAT(Header(allocs, "Content-Disposition"), HasSubstr("allocs.pb.gz"));
+  EXPECT_THAT(asked, ::testing::ElementsAre("inuse_space", "inuse_space", "alloc_space"));
+
+  DebugResponse seconds = endpoint.Respond("GET", "/debug/pprof/heap?seconds=5");
+  EXPECT_EQ(seconds.status, 400);
+  EXPECT_THAT(seconds.body, HasSubstr("/debug/pprof/profile?seconds=N"));
+  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/allocs?debug=1").status, 400);
+  EXPECT_EQ(endpoint.Respond("POST", "/debug/pprof/heap").status, 405);
+  EXPECT_EQ(asked.size(), 3u);  // none of the refused ones asked
+  EXPECT_THAT(endpoint.Respond("GET", "/debug/pprof/").body, HasSubstr("href=\"heap\""));
+}
+
 TEST(DebugEndpointTest, RejectsBadRequestsWithOneLine) {
   FakeCaptures captures;
   std::string title;
@@ -217,7 +258,8 @@ TEST(DebugEndpointTest, RejectsBadRequestsWithOneLine) {
   };
   const std::vector<Case> cases = {
       {"GET", "/", 404, "no page '/': see /debug/pprof/"},
-      {"GET", "/debug/pprof/heap", 404, "no page '/debug/pprof/heap'"},
+      {"GET", "/debug/pprof/heap", 404, "no heap profile here"},  // no snapshot given
+      {"GET", "/debug/pprof/goroutine", 404, "no page '/debug/pprof/goroutine'"},
       {"GET", "/debug/pprof/profile/", 404, "no page"},
       {"POST", "/debug/pprof/profile", 405, "method 'POST' not allowed"},
       {"HEAD", "/debug/pprof/profile", 405, "needs GET"},

@@ -138,6 +138,10 @@ class AllocationProvider {
   std::string FlushEvents(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
                           bool window_end);
 
+  // sample_provider.h: SnapshotsEvents. Per stack: alloc_* since Start
+  // (the windows' sums: flushed, drained or still pending), inuse_* now.
+  bool SnapshotEvents(SampleAggregator& aggregator, uint32_t thread, size_t value_offset);
+
   // sample_provider.h: DrainsThreadEvents.
   static void DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit);
 
@@ -150,6 +154,7 @@ class AllocationProvider {
 
 static_assert(SampleProvider<AllocationProvider>);
 static_assert(RecordsEvents<AllocationProvider>);
+static_assert(SnapshotsEvents<AllocationProvider>);
 
 }  // namespace inprof
 

@@ -6,6 +6,11 @@
 //   /debug/pprof/flamegraph?seconds=N  the flame graph page of the same
 //   /debug/pprof/symbol                what go tool pprof asks (symbolz):
 //                                      captures come symbolized already
+//   /debug/pprof/heap                  gzip pprof of the live heap now
+//                                      (inuse_*) and what was allocated
+//                                      since Start (alloc_*), as Go serves
+//                                      it: with INPROF_ALLOC_PERIOD set
+//   /debug/pprof/allocs                the same, opening on alloc_space
 // An endpoint for several processes (`inprof agent --http`) takes `pid=N`
 // with a capture (optional while one process is connected), and its index
 // lists the processes.
@@ -82,6 +87,13 @@ class DebugEndpoint {
   DebugEndpoint(ProcessCapture capture, ProcessList processes, Render render,
                 std::string program);
 
+  // The heap snapshot (/debug/pprof/heap and /allocs): the gzip pprof of
+  // the allocation provider's state now, opening on `default_type`
+  // (inuse_space, alloc_space); NotFound when allocations are not profiled.
+  // Unset: those pages answer 404. Before the first request.
+  using Snapshot = std::function<absl::StatusOr<std::string>(absl::string_view default_type)>;
+  void SetSnapshot(Snapshot snapshot) { snapshot_ = std::move(snapshot); }
+
   // One request: `method` ("GET"), `target` as on the request line
   // ("/debug/pprof/profile?seconds=5"). Any thread; a capture blocks the
   // calling thread for its duration.
@@ -96,7 +108,10 @@ class DebugEndpoint {
   std::string Running() const;  // the index's line about a capture
   std::string ProcessTable() const;  // the index's processes (several)
 
+  DebugResponse HeapSnapshot(absl::string_view default_type, absl::string_view query);
+
   Capture capture_;
+  Snapshot snapshot_;
   ProcessCapture process_capture_;  // set for several processes
   ProcessList processes_;
   Render render_;

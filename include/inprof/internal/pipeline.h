@@ -47,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/options.h"
@@ -162,6 +163,16 @@ class PipelineAttachment {
   virtual std::string BeforeCutLocked(SampleAggregator& /*aggregator*/, bool /*window_end*/) {
     return "";
   }
+  // Snapshot(), with the pipeline's lock held: what the attachment adds to
+  // `aggregator` (a fresh one) is the snapshot's. Returns the sample types
+  // it filled (bit i: the i-th; 0: none, it has no snapshot) and their
+  // period. Must not call into the pipeline.
+  struct SnapshotShape {
+    uint64_t types = 0;
+    int64_t period = 0;
+    size_t period_type = 0;  // index of the period's sample type
+  };
+  virtual SnapshotShape SnapshotLocked(SampleAggregator& /*aggregator*/) { return {}; }
 };
 
 class Pipeline {
@@ -287,6 +298,14 @@ class Pipeline {
   // comment line in each window from the next cut on. Any thread.
   void SetEngineDetail(std::string detail);
 
+  // The sample types (bit i: sample_types()[i]) left out of the windows
+  // from the next cut on: those of a provider that is off, such as
+  // DefaultProfiler's allocation provider without INPROF_ALLOC_PERIOD, so
+  // that a CPU profile carries no empty heap columns. Any thread.
+  void SetOmittedTypes(uint64_t mask) {
+    omitted_types_.store(mask, std::memory_order_relaxed);
+  }
+
   // Windows handed to the sinks since construction.
   uint64_t windows_exported() const {
     return windows_exported_.load(std::memory_order_relaxed);
@@ -297,6 +316,12 @@ class Pipeline {
   // running or stops meanwhile. Blocks the calling thread for `duration`;
   // one at a time (the endpoint sees to it).
   absl::StatusOr<std::string> Capture(absl::Duration duration);
+
+  // The gzip pprof of the attachments' snapshots now (SnapshotLocked: the
+  // allocation provider's alloc_* since Start and inuse_* now), only their
+  // sample types, viewers opening on `default_type`. NotFound when no
+  // attachment has one (allocation profiling off). Any thread.
+  absl::StatusOr<std::string> Snapshot(absl::string_view default_type);
 
  private:
   struct Threads;
@@ -311,18 +336,22 @@ class Pipeline {
   void ExporterLoop(Threads* threads, const std::function<void()>& drain);
   void StartExporter(Threads* threads, const std::function<void()>& drain);
   std::string NotesLocked() const;  // mutex_ held
+  // A live request's profile (Capture, Snapshot), symbolized and gzipped.
+  absl::StatusOr<std::string> EncodeForRequest(const ProfileData& data);
 
   Options options_;
   ValueType period_type_;
   int64_t period_;
   std::string engine_;
   std::string engine_detail_;  // mutex_
+  std::atomic<uint64_t> omitted_types_{0};
   bool describe_unwind_tables_ = true;
 
   // Guards aggregator_, window_start_ns_, baseline_ and the notes.
   mutable std::mutex mutex_;
   SampleAggregator aggregator_;
   int64_t window_start_ns_ = 0;
+  int64_t run_start_ns_ = 0;  // the latest BeginWindow (Start)
   StatsFunction stats_;     // set before the threads start
   ProfilerStats baseline_;  // counters at the previous cut
   std::string process_note_;     // mutex_

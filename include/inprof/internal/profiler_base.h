@@ -195,6 +195,9 @@ class ProfilerBase : public ProfilerCommon {
   // Whether its unwinder works on this machine; `why_not` names it.
   virtual bool UnwinderSupported(std::string& why_not) const = 0;
   virtual absl::Status ConfigureProviders() = 0;
+  // The sample types (bit i: the i-th) of providers configured off, left
+  // out of the profile (Pipeline::SetOmittedTypes). After ConfigureProviders.
+  virtual uint64_t OmittedSampleTypes() const { return 0; }
   // How providers that say so sample, for the log and the profile's
   // comments (empty: nothing to say).
   virtual std::string DescribeProviders() const = 0;
