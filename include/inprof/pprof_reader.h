@@ -21,8 +21,10 @@
 #define INPROF_PPROF_READER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -105,6 +107,15 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
 // device). Errors name the path.
 absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path,
                                              const PprofReadLimits& limits = {});
+
+// `pprof` (gzip-compressed or not) with each entry of its string table that
+// equals a `renames` key replaced by the value (sample type names for a
+// service that names them its own way: Datadog's "alloc-space" for Go's
+// "alloc_space"); every other field is kept as it was. nullopt when no
+// entry matched (use `pprof` as it is); otherwise gzip-compressed.
+absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
+    std::string_view pprof,
+    const std::vector<std::pair<std::string_view, std::string_view>>& renames);
 
 }  // namespace inprof
 

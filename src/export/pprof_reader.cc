@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "inprof/internal/proto_wire.h"
+#include "inprof/pprof_writer.h"
 
 namespace inprof {
 namespace {
@@ -574,6 +575,57 @@ absl::flat_hash_map<std::string, int64_t> DecodedProfile::ByLabel(
     }
   }
   return out;
+}
+
+absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
+    std::string_view pprof,
+    const std::vector<std::pair<std::string_view, std::string_view>>& renames) {
+  const PprofReadLimits limits;
+  std::string inflated;
+  std::string_view raw = pprof;
+  if (pprof.size() >= 2 && static_cast<unsigned char>(pprof[0]) == 0x1f &&
+      static_cast<unsigned char>(pprof[1]) == 0x8b) {
+    absl::StatusOr<std::string> out = Gunzip(pprof, limits.max_decoded_bytes);
+    if (!out.ok()) return out.status();
+    inflated = std::move(*out);
+    raw = inflated;
+  }
+  // Profile.string_table is field 6; every other top-level field is copied
+  // as read (varints and length-delimited fields only, in profile.proto).
+  constexpr uint32_t kStringTable = 6;
+  internal::ProtoReader reader(raw);
+  internal::ProtoWriter writer;
+  bool renamed = false;
+  while (reader.Next()) {
+    if (reader.is_length_delimited()) {
+      std::string_view bytes = reader.bytes();
+      if (reader.field() == kStringTable) {
+        for (const auto& [from, to] : renames) {
+          if (bytes == from) {
+            bytes = to;
+            renamed = true;
+            break;
+          }
+        }
+      }
+      writer.Bytes(reader.field(), bytes);
+    } else if (reader.is_varint()) {
+      // Written even when 0: an unpacked repeated field keeps its zeros.
+      writer.VarintAlways(reader.field(), reader.varint());
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RenamePprofStrings: field ", reader.field(),
+          " has a wire type profile.proto does not use"));
+    }
+  }
+  if (!reader.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RenamePprofStrings: malformed profile at byte ", reader.error_offset()));
+  }
+  if (!renamed) return std::optional<std::string>();
+  absl::StatusOr<std::string> zipped = GzipCompress(writer.bytes());
+  if (!zipped.ok()) return zipped.status();
+  return std::optional<std::string>(std::move(*zipped));
 }
 
 }  // namespace inprof

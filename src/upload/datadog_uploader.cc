@@ -1,6 +1,10 @@
 #include "inprof/datadog_uploader.h"
 
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
@@ -8,9 +12,27 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "inprof/internal/upload_util.h"
+#include "inprof/pprof_reader.h"
 
 namespace inprof {
 namespace {
+
+// The allocation provider's sample types under the names Datadog's intake
+// gives them for native profiles (ddprof's, libdatadog's): Go's names
+// (alloc_objects, ...) are what pprof and Pyroscope read, and are kept in
+// the files and the other uploads. Empty: the profile has none of them (or
+// could not be read), and goes as it is.
+std::string DatadogNamed(const std::string& pprof) {
+  static const std::vector<std::pair<std::string_view, std::string_view>> kNames = {
+      {"alloc_objects", "alloc-samples"},
+      {"alloc_space", "alloc-space"},
+      {"inuse_objects", "inuse-objects"},
+      {"inuse_space", "inuse-space"},
+  };
+  absl::StatusOr<std::optional<std::string>> named = RenamePprofStrings(pprof, kNames);
+  if (!named.ok() || !named->has_value()) return {};
+  return std::move(**named);
+}
 
 // tags_profiler is comma-separated: a comma inside a tag would split it.
 std::string Tag(absl::string_view key, absl::string_view value) {
@@ -67,7 +89,7 @@ DatadogUploader::DatadogUploader(const DatadogOptions& datadog,
                                  .filename = "profile.pprof",
                                  .content_type = "application/octet-stream",
                                  .data = profile.pprof,
-                                 .owned = {}});
+                                 .owned = DatadogNamed(profile.pprof)});
         return request;
       });
 }

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -282,6 +283,48 @@ TEST(PprofReaderTest, ReadsUnpackedFieldsAndSkipsUnknownOnes) {
   ASSERT_FALSE(cut.ok());
   EXPECT_THAT(cut.status().message(),
               HasSubstr("do not parse as perftools.profiles.Profile"));
+}
+
+// RenamePprofStrings (the Datadog upload's type names): only matching
+// string-table entries change, other fields (an unpacked repeated comment
+// with a zero among them) are kept, libprotobuf parses the result, and
+// malformed input is one error.
+TEST(PprofReaderTest, RenameChangesOnlyMatchingStrings) {
+  perftools::profiles::Profile p;
+  for (const char* s : {"", "alloc_space", "bytes", "f", "alloc_space_not"}) p.add_string_table(s);
+  auto* st = p.add_sample_type();
+  st->set_type(1);
+  st->set_unit(2);
+  p.set_period(524288);
+  p.add_comment(0);
+  p.add_comment(3);
+  std::string bytes;
+  ASSERT_TRUE(p.SerializeToString(&bytes));
+  // Comments unpacked: tag 0x68 (field 13, varint) twice, one of them 0.
+  bytes += std::string("\x68\x00\x68\x03", 4);
+  absl::StatusOr<std::optional<std::string>> none =
+      RenamePprofStrings(bytes, {{"inuse_space", "inuse-space"}});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_value());
+  absl::StatusOr<std::optional<std::string>> renamed =
+      RenamePprofStrings(bytes, {{"alloc_space", "alloc-space"}});
+  ASSERT_TRUE(renamed.ok()) << renamed.status();
+  ASSERT_TRUE(renamed->has_value());
+  absl::StatusOr<DecodedProfile> d = DecodePprof(**renamed);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->sample_types.size(), 1u);
+  EXPECT_EQ(d->sample_types[0].type, "alloc-space");
+  EXPECT_EQ(d->sample_types[0].unit, "bytes");
+  perftools::profiles::Profile back;
+  ASSERT_TRUE(back.ParseFromString(Gunzip(**renamed)));
+  EXPECT_THAT(back.string_table(),
+              ElementsAre("", "alloc-space", "bytes", "f", "alloc_space_not"));
+  EXPECT_EQ(back.period(), 524288);
+  EXPECT_THAT(back.comment(), ElementsAre(0, 3, 0, 3));
+  absl::StatusOr<std::optional<std::string>> bad =
+      RenamePprofStrings(bytes.substr(0, bytes.size() - 5), {{"alloc_space", "x"}});
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("RenamePprofStrings"));
 }
 
 TEST_F(PprofWriterTest, OwnReaderSeesNamesLabelsAndHeader) {

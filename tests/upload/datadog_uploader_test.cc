@@ -181,6 +181,47 @@ TEST_F(DatadogUploaderTest, PostsEventAndProfileAsTheAgentExpects) {
   EXPECT_EQ(stats.uploaded, 1u);
 }
 
+// Allocation profiles go under the names Datadog's intake gives native
+// allocation and live-heap types (ddprof's): alloc-samples, alloc-space,
+// inuse-objects, inuse-space; the values, stacks and everything else are
+// those of the window. A profile without them goes byte for byte.
+TEST_F(DatadogUploaderTest, AllocationTypesGoUnderDatadogsNames) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  DatadogUploader uploader(Agent((*receiver)->url()), Fast());
+  auto profile = std::make_shared<ExportedProfile>();
+  profile->pprof = testing::MakeTestPprof(kStart, kEnd, /*with_heap=*/true);
+  profile->start = kStart;
+  profile->end = kEnd;
+  ASSERT_FALSE(profile->pprof.empty());
+  ASSERT_TRUE(uploader.Consume(profile).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const std::vector<ReceivedRequest> requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  const ParsedIntake intake = ParseIntake(requests[0]);
+  absl::StatusOr<DecodedProfile> sent = DecodePprof(intake.profile.body);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  absl::StatusOr<DecodedProfile> window = DecodePprof(profile->pprof);
+  ASSERT_TRUE(window.ok()) << window.status();
+  std::vector<std::string> types;
+  for (const ValueType& t : sent->sample_types) types.push_back(t.type + "/" + t.unit);
+  EXPECT_THAT(types, ::testing::ElementsAre("cpu-samples/count", "cpu-time/nanoseconds",
+                                            "alloc-samples/count", "alloc-space/bytes",
+                                            "inuse-objects/count", "inuse-space/bytes"));
+  ASSERT_THAT(sent->samples, SizeIs(1));
+  EXPECT_EQ(sent->samples[0].values, window->samples[0].values);
+  EXPECT_EQ(sent->samples[0].stack, window->samples[0].stack);
+  EXPECT_EQ(sent->period_type.type, "cpu-time");
+  EXPECT_EQ(sent->time_nanos, window->time_nanos);
+  if (testing::GoPprofAvailable()) {
+    const std::string path = testing::FreshTestDir("datadog-heap") + "/intake.pb.gz";
+    std::ofstream(path, std::ios::binary) << intake.profile.body;
+    auto top = testing::GoPprof("-sample_index=inuse-space -top " + path);
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_THAT(*top, HasSubstr("TestProfileLeaf"));
+  }
+}
+
 TEST_F(DatadogUploaderTest, ServiceDefaultsToProgramNameAndTagsAreOrdered) {
   DatadogOptions dd;
   dd.enabled = true;

@@ -385,9 +385,15 @@ __attribute__((noinline)) void TestProfileLeaf() {
   asm volatile("nop; nop; nop; nop; nop; nop; nop; nop");
 }
 
-std::string MakeTestPprof(absl::Time start, absl::Time end) {
+std::string MakeTestPprof(absl::Time start, absl::Time end, bool with_heap) {
   ProfileData data;
   data.sample_types = {{"cpu-samples", "count"}, {"cpu-time", "nanoseconds"}};
+  if (with_heap) {
+    data.sample_types.insert(data.sample_types.end(), {{"alloc_objects", "count"},
+                                                       {"alloc_space", "bytes"},
+                                                       {"inuse_objects", "count"},
+                                                       {"inuse_space", "bytes"}});
+  }
   data.period_type = {"cpu-time", "nanoseconds"};
   data.period = 10'000'000;
   data.time_nanos = absl::ToUnixNanos(start);
@@ -400,6 +406,7 @@ std::string MakeTestPprof(absl::Time start, absl::Time end) {
   sample.thread = 0;
   sample.frames = {reinterpret_cast<uint64_t>(&TestProfileLeaf) + 2};
   sample.values = {3, 30'000'000};
+  if (with_heap) sample.values.insert(sample.values.end(), {5, 5'000, 2, 2'000});
   data.samples.push_back(std::move(sample));
   Symbolizer symbolizer;
   absl::StatusOr<std::string> encoded = EncodePprof(data, symbolizer);

@@ -105,8 +105,10 @@ class HttpReceiver {
 };
 
 // A gzip-compressed pprof of one CPU sample in TestProfileLeaf() (a function
-// of the test binary, so pprof names it), covering [start, end).
-std::string MakeTestPprof(absl::Time start, absl::Time end);
+// of the test binary, so pprof names it), covering [start, end). with_heap:
+// the allocation provider's four types too (Go's names), the sample
+// {3, 30 ms, 5 objects, 5,000 bytes, 2 objects, 2,000 bytes}.
+std::string MakeTestPprof(absl::Time start, absl::Time end, bool with_heap = false);
 // The function MakeTestPprof's sample is in.
 void TestProfileLeaf();
 

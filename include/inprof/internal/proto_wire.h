@@ -40,6 +40,12 @@ class ProtoWriter {
     Tag(field, WireType::kVarint);
     RawVarint(value);
   }
+  // Varint field written even when 0 (a copy of one read, which may be an
+  // element of an unpacked repeated field).
+  void VarintAlways(uint32_t field, uint64_t value) {
+    Tag(field, WireType::kVarint);
+    RawVarint(value);
+  }
   // int64 (two's complement, ten bytes when negative), as protobuf does.
   void Int64(uint32_t field, int64_t value) {
     Varint(field, static_cast<uint64_t>(value));
