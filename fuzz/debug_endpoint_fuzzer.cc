@@ -71,6 +71,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       [](const std::string& pprof,
          absl::string_view) -> absl::StatusOr<std::string> { return pprof; },
       "fuzz");
+  int snapshots = 0;
+  endpoint.SetSnapshot([&](absl::string_view type) -> absl::StatusOr<std::string> {
+    Check(type == "inuse_space" || type == "alloc_space");
+    ++snapshots;
+    if (snapshots > 1) std::abort();
+    return std::string("\x1f\x8b", 2);
+  });
   const size_t space = input.find(' ');
   const absl::string_view method =
       space == std::string::npos ? absl::string_view("GET")
@@ -78,7 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view target =
       space == std::string::npos ? absl::string_view(input)
                                  : absl::string_view(input).substr(space + 1);
-  CheckResponse(endpoint.Respond(method, target), captures);
+  const inprof::internal::DebugResponse answer = endpoint.Respond(method, target);
+  CheckResponse(answer, captures + snapshots);
 
   // The same request to an endpoint for several processes (`inprof agent
   // --http`: pid=N picks one of two): a capture only of a listed pid.

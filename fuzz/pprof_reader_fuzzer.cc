@@ -1,18 +1,34 @@
 // libFuzzer target: the pprof reader (inprof::DecodePprof), which parses
 // profiles from disk or the network: gzip-compressed or raw protobuf.
 //
+// Also RenamePprofStrings, which rewrites a profile's string table for the
+// Datadog upload.
+//
 // Checked: nothing crashes or reads out of bounds, whatever the bytes; a
 // profile that decodes can be queried (totals, flat, cumulative, by label)
 // with any value index, valid or not.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string_view>
 
 #include "inprof/pprof_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto profile = inprof::DecodePprof(
-      std::string_view(reinterpret_cast<const char*>(data), size));
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  // The Datadog upload's rename (RenamePprofStrings): whatever the bytes,
+  // an error or a result; a renamed profile decodes as the original did,
+  // with the one type renamed.
+  auto renamed = inprof::RenamePprofStrings(bytes, {{"alloc_space", "alloc-space"}});
+  auto profile = inprof::DecodePprof(bytes);
+  if (renamed.ok() && renamed->has_value()) {
+    auto again = inprof::DecodePprof(**renamed);
+    if (profile.ok() != again.ok()) std::abort();
+    if (profile.ok() && (again->samples.size() != profile->samples.size() ||
+                         again->sample_types.size() != profile->sample_types.size())) {
+      std::abort();
+    }
+  }
   if (!profile.ok()) return 0;
   const int n = static_cast<int>(profile->sample_types.size());
   for (int i = -1; i <= n; ++i) {

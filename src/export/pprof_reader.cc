@@ -25,7 +25,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "inprof/internal/proto_wire.h"
-#include "inprof/pprof_writer.h"
 
 namespace inprof {
 namespace {
@@ -87,6 +86,27 @@ absl::StatusOr<std::string> Gunzip(std::string_view bytes, uint64_t max_out) {
     }
   }
   inflateEnd(&zs);
+  return out;
+}
+
+// `bytes` gzip-compressed (RenamePprofStrings' result; here rather than
+// pprof_writer's GzipCompress so that the reader stands alone).
+absl::StatusOr<std::string> Gzip(std::string_view bytes) {
+  z_stream zs;
+  std::memset(&zs, 0, sizeof zs);
+  if (deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
+    return absl::InternalError("RenamePprofStrings: deflateInit2 failed");
+  }
+  std::string out(deflateBound(&zs, static_cast<uLong>(bytes.size())), '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+  zs.avail_in = static_cast<uInt>(bytes.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  if (rc != Z_STREAM_END) return absl::InternalError("RenamePprofStrings: deflate failed");
   return out;
 }
 
@@ -581,6 +601,9 @@ absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
     std::string_view pprof,
     const std::vector<std::pair<std::string_view, std::string_view>>& renames) {
   const PprofReadLimits limits;
+  if (pprof.size() > limits.max_input_bytes) {
+    return absl::ResourceExhaustedError("RenamePprofStrings: profile larger than 256 MiB");
+  }
   std::string inflated;
   std::string_view raw = pprof;
   if (pprof.size() >= 2 && static_cast<unsigned char>(pprof[0]) == 0x1f &&
@@ -623,7 +646,7 @@ absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
         "RenamePprofStrings: malformed profile at byte ", reader.error_offset()));
   }
   if (!renamed) return std::optional<std::string>();
-  absl::StatusOr<std::string> zipped = GzipCompress(writer.bytes());
+  absl::StatusOr<std::string> zipped = Gzip(writer.bytes());
   if (!zipped.ok()) return zipped.status();
   return std::optional<std::string>(std::move(*zipped));
 }

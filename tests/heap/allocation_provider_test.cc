@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -201,6 +202,16 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
     ASSERT_TRUE(top.ok()) << top.status();
     EXPECT_TRUE(absl::StrContains(*top, "AllocSiteLive")) << *top;
   }
+  // inprof's own viewers offer the types: `inprof top -t inuse_space`
+  // ranks the live site first (its ~41 MB against nothing else live).
+  if (const char* cli = std::getenv("INPROF_CLI"); cli != nullptr && *cli != '\0') {
+    auto top = testing::RunCommandSeparately(testing::ShellQuote(cli) + " top -t inuse_space " +
+                                             testing::ShellQuote(options.output));
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_EQ(top->exit_code, 0) << top->err;
+    EXPECT_TRUE(absl::StrContains(top->out, "AllocSiteLive")) << top->out;
+    EXPECT_TRUE(absl::StrContains(top->out, "inuse_space")) << top->out;
+  }
   EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteSmallNew"), 0);
   EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteLargeMalloc"), 0);
   // The unregistered thread's allocations: on their frame, without a stack.
@@ -214,6 +225,43 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
     commented |= absl::StrContains(c, "allocations sampled=");
   }
   EXPECT_TRUE(commented);
+}
+
+// A host that asks the allocator about its blocks sees what it would see
+// unprofiled: the hooks keep no header in a block (sampled or not), and
+// malloc_usable_size, mallopt and malloc_trim are not intercepted.
+TEST(AllocationProviderTest, MallocUsableSizeTrimAndMalloptAreUnchanged) {
+  std::vector<size_t> before;
+  for (size_t size : {size_t{1}, size_t{48}, size_t{1000}, size_t{64} << 10, size_t{1} << 20}) {
+    void* p = std::malloc(size);
+    before.push_back(malloc_usable_size(p));
+    std::free(p);
+  }
+  Options options = TestOptions("heap_usable");
+  options.alloc_period = 1;  // nearly every allocation sampled: blocks with entries
+  HeapProfiler profiler(options);
+  const uint64_t samples_before = AllocationProvider::stats().samples;
+  ASSERT_TRUE(profiler.Start().ok());
+  {
+    auto self = profiler.RegisterThread("main");
+    size_t i = 0;
+    for (size_t size :
+         {size_t{1}, size_t{48}, size_t{1000}, size_t{64} << 10, size_t{1} << 20}) {
+      void* p = std::malloc(size);
+      EXPECT_EQ(malloc_usable_size(p), before[i++]) << size;
+      std::memset(p, 0xab, malloc_usable_size(p));  // all of it is the host's
+      std::free(p);
+    }
+    EXPECT_EQ(mallopt(M_TRIM_THRESHOLD, 1 << 20), 1);
+    (void)malloc_trim(0);
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  // At a period of 1 byte an allocation of `size` is sampled with chance
+  // 1 - e^-size: the four of 48 B and more all are but for e^-48 (1e-21);
+  // the 1-byte one is with chance 0.63, not counted on.
+  if (kIntercepted) {
+    EXPECT_GE(AllocationProvider::stats().samples - samples_before, 4u);
+  }
 }
 
 __attribute__((noinline)) void* AllocSiteServedLive() { return Kept(std::malloc(4096)); }
