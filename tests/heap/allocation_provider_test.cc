@@ -133,8 +133,7 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
   ASSERT_EQ(inuse_objects, alloc_objects + 2);
   ASSERT_EQ(inuse_space, alloc_objects + 3);
   EXPECT_GE(profile->ValueIndex("cpu-time"), 0);
-  if (!kIntercepted && stats.samples == 0) {
-    EXPECT_EQ(profile->Total(alloc_space), 0);
+  if (!kIntercepted) {
     GTEST_SKIP() << "the sanitizer's allocator is called without a GOT slot here";
   }
   // Every walk reached the allocating code: no hook frame is left.
@@ -237,6 +236,8 @@ TEST(AllocationProviderTest, MallocUsableSizeTrimAndMalloptAreUnchanged) {
     before.push_back(malloc_usable_size(p));
     std::free(p);
   }
+  // What the allocator answers unprofiled (glibc: 1; ASan's runtime: 0).
+  const int mallopt_before = mallopt(M_TRIM_THRESHOLD, 1 << 20);
   Options options = TestOptions("heap_usable");
   options.alloc_period = 1;  // nearly every allocation sampled: blocks with entries
   HeapProfiler profiler(options);
@@ -252,7 +253,7 @@ TEST(AllocationProviderTest, MallocUsableSizeTrimAndMalloptAreUnchanged) {
       std::memset(p, 0xab, malloc_usable_size(p));  // all of it is the host's
       std::free(p);
     }
-    EXPECT_EQ(mallopt(M_TRIM_THRESHOLD, 1 << 20), 1);
+    EXPECT_EQ(mallopt(M_TRIM_THRESHOLD, 1 << 20), mallopt_before);
     (void)malloc_trim(0);
   }
   ASSERT_TRUE(profiler.Stop().ok());
@@ -285,7 +286,6 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
     live.reserve(kLive);
     for (int i = 0; i < kLive; ++i) live.push_back(AllocSiteServedLive());
   }
-  const AllocationProvider::Stats stats = AllocationProvider::stats();
   const std::string address = profiler.http_address();
   ASSERT_FALSE(address.empty());
   testing::HttpReply heap = testing::HttpFetch(address, "GET", "/debug/pprof/heap");
@@ -307,7 +307,9 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   absl::StatusOr<DecodedProfile> a = DecodePprof(allocs.body);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->default_sample_type, "alloc_space");
-  if (!kIntercepted && stats.samples == 0) {
+  if (!kIntercepted) {
+    // Not "no sample in this process": libstdc++'s own allocations (through
+    // its slots) were sampled by the tests before this one.
     GTEST_SKIP() << "the sanitizer's allocator is called without a GOT slot here";
   }
   // Bounds as in SitesBytesAndLiveHeapWithinTheirBounds (EstimateBounds:
@@ -365,7 +367,9 @@ TEST(AllocationProviderTest, SamplesCarryTheThreadAndItsLabels) {
   worker.join();
   ASSERT_TRUE(profiler.Stop().ok());
   for (void* p : live) std::free(p);
-  if (!kIntercepted && AllocationProvider::stats().samples == 0) {
+  if (!kIntercepted) {
+    // (The tests before this one sampled libstdc++'s own allocations: the
+    // process's count is not 0 here.)
     GTEST_SKIP() << "the sanitizer's allocator is called without a GOT slot here";
   }
   auto profile = ReadPprofFile(options.output);
