@@ -10,6 +10,10 @@
 //                              starts FILE.1, ...
 //   CPUPROFILE_PER_THREAD_TIMERS, CPUPROFILE_TIMER_SIGNAL   accepted; inprof
 //                              always uses per-thread timers
+//   HEAPPROFILE=PREFIX         heap profile from load to exit: PREFIX.0001.heap
+//                              (<gperftools/heap-profiler.h>: HeapProfilerStart,
+//                              HeapProfilerDump, HeapProfilerStop,
+//                              IsHeapProfilerRunning)
 //
 // Built into libinprof_preload.so and, with INPROF_GPERFTOOLS_CONSTRUCTOR,
 // into libinprof_gperftools.a, whose constructor reads the variables (the
@@ -23,15 +27,19 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "inprof/base/log.h"
+#include "inprof/base/platform.h"
 #include "inprof/options.h"
 #include "src/run/gperftools_env.h"
 #include "src/run/auto_profiler.h"
+#include "gperftools/heap-profiler.h"
 #include "gperftools/profiler.h"
 
 namespace inprof::gperftools {
@@ -66,7 +74,61 @@ void* ToggleThread(void* arg) {
   }
 }
 
+// The heap profiler's state (HeapProfilerStart to HeapProfilerStop).
+struct HeapProfiling {
+  std::mutex mu;
+  bool running = false;
+  bool started_profiler = false;  // HeapProfilerStart started run::Start
+  std::string prefix;
+  int dumps = 0;
+};
+HeapProfiling& Heap() {
+  static auto* heap = new HeapProfiling;  // never destroyed: used at exit
+  return *heap;
+}
+
+void DumpLocked(HeapProfiling& h, const char* reason) {
+  absl::StatusOr<std::string> pprof = run::HeapSnapshot();
+  if (!pprof.ok()) {
+    internal::Log(absl::StrCat("HeapProfilerDump: no heap profile: ", pprof.status().message()));
+    return;
+  }
+  const std::string path = absl::StrFormat("%s.%04d.heap", h.prefix, ++h.dumps);
+  if (absl::Status s = WriteFileAtomically(path, *pprof); !s.ok()) {
+    internal::Log(absl::StrCat("HeapProfilerDump: ", s.message()));
+    return;
+  }
+  internal::Log(absl::StrCat("dumping heap profile to ", path,
+                             reason != nullptr && *reason != '\0'
+                                 ? absl::StrCat(" (", reason, ")")
+                                 : std::string()));
+}
+
+void DumpAtExit() {
+  HeapProfiling& h = Heap();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (h.running) DumpLocked(h, "exiting");
+}
+
 }  // namespace
+
+void ApplyHeapProfileDefaults(Options& options) {
+  const char* prefix = getenv("HEAPPROFILE");
+  if (prefix == nullptr || *prefix == '\0') return;
+  // Go's and jemalloc's mean, unless INPROF_ALLOC_PERIOD says otherwise.
+  if (options.alloc_period == 0 && getenv("INPROF_ALLOC_PERIOD") == nullptr) {
+    options.alloc_period = 512 * 1024;
+  }
+}
+
+void StartHeapFromEnvironment() {
+  const char* prefix = getenv("HEAPPROFILE");
+  if (prefix == nullptr || *prefix == '\0') return;
+  HeapProfilerStart(prefix);
+  // After run::Start's own exit hook: atexit runs this one first, while
+  // the profiler still runs.
+  if (IsHeapProfilerRunning()) atexit(&DumpAtExit);
+}
 
 void ApplyGperftoolsDefaults(Options& options) {
   if (getenv("INPROF_WALL_PERIOD") == nullptr) {
@@ -148,9 +210,11 @@ __attribute__((constructor)) void GperftoolsInit() {
   Options options = Options::FromEnv();
   if (!options.enabled) return;
   ApplyGperftoolsDefaults(options);
+  ApplyHeapProfileDefaults(options);
   if (!StartFromEnvironment(options, "", true)) {
     run::Init(options, "", true);  // threads register; ProfilerStart samples
   }
+  StartHeapFromEnvironment();
 }
 #endif
 
@@ -202,6 +266,54 @@ __attribute__((visibility("default"))) int ProfilingIsEnabledForAllThreads(void)
 
 __attribute__((visibility("default"))) void ProfilerRegisterThread(void) {
   run::RegisterCurrentThread();
+}
+
+__attribute__((visibility("default"))) void HeapProfilerStart(const char* prefix) {
+  if (prefix == nullptr || *prefix == '\0') return;
+  gperftools::HeapProfiling& h = gperftools::Heap();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (h.running) return;
+  if (!run::AllocationsSampled()) {
+    internal::Log(absl::StrCat("HeapProfilerStart('", prefix,
+                               "'): allocations are not sampled in this process: set "
+                               "HEAPPROFILE or INPROF_ALLOC_PERIOD (e.g. 512KiB) in its "
+                               "environment; no heap profile"));
+    return;
+  }
+  h.started_profiler = false;
+  if (!run::CurrentStatus().running) {
+    // The heap alone: the CPU profile of this run goes nowhere.
+    if (absl::Status s = run::Start("/dev/null"); !s.ok() && !absl::IsAlreadyExists(s)) {
+      internal::Log(absl::StrCat("HeapProfilerStart('", prefix, "'): ", s.message()));
+      return;
+    }
+    h.started_profiler = true;
+  }
+  h.running = true;
+  h.prefix = prefix;
+  h.dumps = 0;
+}
+
+__attribute__((visibility("default"))) int IsHeapProfilerRunning(void) {
+  gperftools::HeapProfiling& h = gperftools::Heap();
+  std::lock_guard<std::mutex> lock(h.mu);
+  return h.running ? 1 : 0;
+}
+
+__attribute__((visibility("default"))) void HeapProfilerStop(void) {
+  gperftools::HeapProfiling& h = gperftools::Heap();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (!h.running) return;
+  h.running = false;
+  if (h.started_profiler) run::Stop();
+  h.started_profiler = false;
+}
+
+__attribute__((visibility("default"))) void HeapProfilerDump(const char* reason) {
+  gperftools::HeapProfiling& h = gperftools::Heap();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (!h.running) return;
+  gperftools::DumpLocked(h, reason);
 }
 
 __attribute__((visibility("default"))) void ProfilerGetCurrentState(

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "inprof/base/alloc_guard.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/platform.h"
@@ -298,6 +299,27 @@ absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) 
 }
 
 absl::StatusOr<std::string> Pipeline::Snapshot(absl::string_view default_type) {
+  // What this does on a host's thread (HeapProfilerDump) is inprof's, not
+  // the host's: never sampled as its allocations.
+  AllocGuard guard;
+  // Events still in the threads' slots (a registered thread's sampled
+  // allocations wait there for the next drain, 50 ms) belong in it.
+  if (Threads* t = threads_.get(); t != nullptr) {
+    bool counted = false;
+    {
+      std::lock_guard<std::mutex> lock(t->mutex);
+      if (!t->stop) {
+        ++t->captures;  // StopCollector waits for it, as for a capture
+        counted = true;
+      }
+    }
+    if (counted) {
+      t->drain();
+      std::lock_guard<std::mutex> lock(t->mutex);
+      --t->captures;
+      t->cv.notify_all();
+    }
+  }
   SampleAggregator snapshot(aggregator_.sample_types());
   PipelineAttachment::SnapshotShape shape;
   std::string engine_detail;

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "inprof/options.h"
 
@@ -99,6 +100,15 @@ struct Status {
   int64_t samples = 0;       // taken so far in this process
 };
 Status CurrentStatus();
+
+// Whether Init's options sample allocations (INPROF_ALLOC_PERIOD, or
+// HEAPPROFILE in the gperftools drop-in).
+bool AllocationsSampled();
+
+// The heap now (ProfilerCommon::HeapProfile: a gzip pprof, alloc_* since
+// Start and inuse_* now). FailedPrecondition when not running; NotFound
+// when allocations are not sampled.
+absl::StatusOr<std::string> HeapSnapshot();
 
 // Registers the calling thread (a thread the program created before Init, or
 // without pthread_create) until it exits. No-op when it is registered.

@@ -596,6 +596,22 @@ Status CurrentStatus() {
   return out;
 }
 
+bool AllocationsSampled() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  return s.profiler != nullptr && s.options.alloc_period > 0;
+}
+
+absl::StatusOr<std::string> HeapSnapshot() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);  // Stop at exit waits for it
+  if (s.profiler == nullptr || !s.running) {
+    return absl::FailedPreconditionError("profiling is not running");
+  }
+  InprofScope scope;
+  return s.profiler->HeapProfile("inuse_space");
+}
+
 void RegisterCurrentThread() {
   PreloadProfiler* profiler = g_profiler.load(std::memory_order_acquire);
   if (profiler == nullptr) return;

@@ -1,6 +1,7 @@
 // internal: not part of the public API.
 //
-// gperftools' variables (CPUPROFILE, CPUPROFILE_FREQUENCY, CPUPROFILESIGNAL)
+// gperftools' variables (CPUPROFILE, CPUPROFILE_FREQUENCY, CPUPROFILESIGNAL,
+// HEAPPROFILE)
 // on inprof's automatic profiler: read by `inprof run's preload and by the
 // gperftools drop-in (src/gperftools/profiler_api.cc).
 #ifndef INPROF_GPERFTOOLS_GPERFTOOLS_ENV_H_
@@ -26,6 +27,14 @@ bool ApplyEnvironment(Options& options);
 // now, or on CPUPROFILESIGNAL; returns true. False (nothing done) otherwise.
 bool StartFromEnvironment(Options options, const std::string& report,
                           bool children);
+
+// When HEAPPROFILE is set and INPROF_ALLOC_PERIOD is not: allocations are
+// sampled every 512 KiB on average. Before run::Init.
+void ApplyHeapProfileDefaults(Options& options);
+
+// When HEAPPROFILE is set: HeapProfilerStart(HEAPPROFILE), and a dump at
+// exit. After run::Init (and the CPU profile's start, if any).
+void StartHeapFromEnvironment();
 
 }  // namespace inprof::gperftools
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/pprof_reader.h"
+#include "util/stat_bounds.h"
 #include "util/test_util.h"
 
 namespace inprof {
@@ -169,6 +171,113 @@ TEST(GperftoolsTest, DisabledMakesTheApiANoOp) {
   // ProfilerStart fails (returns 0): the program says so with its code.
   EXPECT_EQ(r->exit_code, 10) << r->err;
   EXPECT_NE(access(file.c_str(), F_OK), 0);
+}
+
+// Sums values[index] of the samples whose leaf function contains `site`.
+int64_t LeafSum(const DecodedProfile& p, int index, const std::string& site) {
+  int64_t sum = 0;
+  for (const auto& s : p.samples) {
+    if (!s.stack.empty() && absl::StrContains(s.stack[0], site)) sum += s.values[index];
+  }
+  return sum;
+}
+
+// The heap program's two sites against their truth, at a 64 KiB period:
+// each allocation of `size` is sampled with chance p = 1 - exp(-size/64 KiB)
+// and stands for size/p bytes, so the estimate over the truth is
+// (samples/n)/p with samples ~ Binomial(n, p): stats::BinomialShare{Low,
+// High} bound it at 1e-7 a side (four sides per call: 4e-7), rounding
+// within 0.1%.
+void ExpectHeapSites(const DecodedProfile& p) {
+  const int alloc_space = p.ValueIndex("alloc_space");
+  const int inuse_space = p.ValueIndex("inuse_space");
+  ASSERT_GE(alloc_space, 0);
+  ASSERT_GE(inuse_space, 0);
+  const struct {
+    const char* site;
+    int index;
+    int n;
+    double size;
+  } checks[] = {{"HeapFreedSite", alloc_space, 1000, 65536.0},
+                {"HeapLiveSite", inuse_space, 4000, 4096.0}};
+  for (const auto& c : checks) {
+    const double prob = 1 - std::exp(-c.size / 65536.0);
+    const double truth = c.n * c.size;
+    const double got = static_cast<double>(LeafSum(p, c.index, c.site));
+    EXPECT_GE(got, stats::BinomialShareLow(c.n, prob) / prob * 0.999 * truth)
+        << c.site << ": " << got << " of " << truth;
+    EXPECT_LE(got, stats::BinomialShareHigh(c.n, prob) / prob * 1.001 * truth)
+        << c.site << ": " << got << " of " << truth;
+  }
+  EXPECT_EQ(LeafSum(p, inuse_space, "HeapFreedSite"), 0);
+}
+
+// <gperftools/heap-profiler.h> with glibc's malloc: HeapProfilerStart,
+// HeapProfilerDump (PREFIX.0001.heap, a pprof go tool pprof reads),
+// HeapProfilerStop (a later dump writes nothing), IsHeapProfilerRunning.
+TEST(GperftoolsTest, HeapProfilerApiDumpsTheHeapWithGlibcMalloc) {
+  const std::string dir = Fresh("heap_api");
+  const std::string prefix = dir + "/app";
+  auto r = RunCommandSeparately(absl::StrCat("INPROF_ALLOC_PERIOD=64KiB ",
+                                             ShellQuote(Env("INPROF_GPERFTOOLS_HEAP_PROGRAM")),
+                                             " api ", ShellQuote(prefix)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+  EXPECT_THAT(r->out, HasSubstr("before: running=0"));
+  EXPECT_THAT(r->out, HasSubstr("started: running=1"));
+  EXPECT_THAT(r->out, HasSubstr("after: running=0"));
+  EXPECT_THAT(r->err, HasSubstr(absl::StrCat("dumping heap profile to ", prefix,
+                                             ".0001.heap (test)")));
+  EXPECT_NE(access((prefix + ".0002.heap").c_str(), F_OK), 0);  // the dump after Stop
+  auto p = ReadPprofFile(prefix + ".0001.heap");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->period, 65536);
+  ExpectHeapSites(*p);
+  if (GoPprofAvailable()) {
+    auto top = GoPprof(absl::StrCat("-sample_index=inuse_space -top ",
+                                    ShellQuote(prefix + ".0001.heap")));
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_THAT(*top, HasSubstr("HeapLiveSite"));
+  }
+}
+
+// HEAPPROFILE profiles from load to exit (PREFIX.0001.heap at exit, with
+// what was still allocated then), sampling every 512 KiB unless
+// INPROF_ALLOC_PERIOD says otherwise; without either, HeapProfilerStart
+// is one line and nothing else.
+TEST(GperftoolsTest, HeapprofileProfilesFromLoadToExit) {
+  const std::string program = ShellQuote(Env("INPROF_GPERFTOOLS_HEAP_PROGRAM"));
+  {
+    const std::string prefix = Fresh("heap_env") + "/env";
+    auto r = RunCommandSeparately(absl::StrCat("HEAPPROFILE=", ShellQuote(prefix),
+                                               " INPROF_ALLOC_PERIOD=64KiB ", program, " env"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    EXPECT_THAT(r->out, HasSubstr("env: running=1"));
+    EXPECT_THAT(r->err, HasSubstr(".0001.heap (exiting)"));
+    auto p = ReadPprofFile(prefix + ".0001.heap");
+    ASSERT_TRUE(p.ok()) << p.status() << r->err;
+    ExpectHeapSites(*p);
+  }
+  {
+    const std::string prefix = Fresh("heap_default") + "/default";
+    auto r = RunCommandSeparately(absl::StrCat("HEAPPROFILE=", ShellQuote(prefix), " ",
+                                               program, " env"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    auto p = ReadPprofFile(prefix + ".0001.heap");
+    ASSERT_TRUE(p.ok()) << p.status() << r->err;
+    EXPECT_EQ(p->period, 512 * 1024);  // Go's and jemalloc's mean
+  }
+  {
+    const std::string prefix = Fresh("heap_off") + "/off";
+    auto r = RunCommandSeparately(absl::StrCat(program, " api ", ShellQuote(prefix)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    EXPECT_THAT(r->out, HasSubstr("started: running=0"));
+    EXPECT_THAT(r->err, HasSubstr("allocations are not sampled in this process"));
+    EXPECT_NE(access((prefix + ".0001.heap").c_str(), F_OK), 0);
+  }
 }
 
 }  // namespace

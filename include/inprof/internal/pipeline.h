@@ -320,7 +320,10 @@ class Pipeline {
   // The gzip pprof of the attachments' snapshots now (SnapshotLocked: the
   // allocation provider's alloc_* since Start and inuse_* now), only their
   // sample types, viewers opening on `default_type`. NotFound when no
-  // attachment has one (allocation profiling off). Any thread.
+  // attachment has one (allocation profiling off). Drains the threads'
+  // slots first, as a capture's end does. Any thread, between
+  // StartCollector and StopCollector or outside them, not concurrently with
+  // either.
   absl::StatusOr<std::string> Snapshot(absl::string_view default_type);
 
  private:

@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_control.h"
@@ -71,6 +73,18 @@ class ProfilerCommon : public ProfilerControl, protected Registry::Owner {
   // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
   // off, not started or could not listen (logged), and on Windows.
   std::string http_address() const { return composition_.http_address(); }
+
+  // The heap now, as the live endpoint's /debug/pprof/heap serves it: a
+  // gzip pprof of the allocation provider's alloc_* since Start() and
+  // inuse_* now (only those types), opening on `default_type`
+  // ("inuse_space", "alloc_space"). NotFound when allocations are not
+  // profiled (INPROF_ALLOC_PERIOD unset, not running, or no
+  // AllocationProvider in the composition). Any thread, not concurrently
+  // with Start() or Stop(); it symbolizes, so it takes as long as a
+  // capture's encoding (~0.1 s).
+  absl::StatusOr<std::string> HeapProfile(absl::string_view default_type = "inuse_space") {
+    return pipeline_.Snapshot(default_type);
+  }
 
  protected:
   // What the composition's types fix of the profile.

@@ -1,0 +1,68 @@
+// A program written against gperftools' heap profiler API
+// (<gperftools/heap-profiler.h>), linked with inprof's drop-in
+// (inprof-gperftools) and glibc's malloc. tests/gperftools/gperftools_test.cc
+// runs it.
+//
+//   gperftools_heap_program api PREFIX   HeapProfilerStart(PREFIX); 1,000
+//                                        mallocs of 64 KiB freed at
+//                                        HeapFreedSite, 4,000 of 4 KiB kept
+//                                        at HeapLiveSite; HeapProfilerDump;
+//                                        HeapProfilerStop. Prints the states.
+//   gperftools_heap_program env          the same allocations, no API call
+//                                        (HEAPPROFILE)
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gperftools/heap-profiler.h>
+
+namespace {
+
+// noinline, and what each returns is kept: the call to malloc stays and the
+// site's frame is the stack's leaf.
+__attribute__((noinline)) void* HeapFreedSite() {
+  void* p = std::malloc(64 * 1024);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+__attribute__((noinline)) void* HeapLiveSite() {
+  void* p = std::malloc(4096);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+std::vector<void*>* Allocate() {
+  for (int i = 0; i < 1000; ++i) std::free(HeapFreedSite());
+  auto* live = new std::vector<void*>;
+  live->reserve(4000);
+  for (int i = 0; i < 4000; ++i) live->push_back(HeapLiveSite());
+  return live;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  const std::string mode = argv[1];
+  if (mode == "api" && argc == 3) {
+    std::printf("before: running=%d\n", IsHeapProfilerRunning());
+    HeapProfilerStart(argv[2]);
+    std::printf("started: running=%d\n", IsHeapProfilerRunning());
+    std::vector<void*>* live = Allocate();
+    HeapProfilerDump("test");
+    HeapProfilerStop();
+    std::printf("after: running=%d\n", IsHeapProfilerRunning());
+    HeapProfilerDump("stopped");  // no file: heap profiling is off
+    for (void* p : *live) std::free(p);
+    delete live;
+    return 0;
+  }
+  if (mode == "env") {
+    std::printf("env: running=%d\n", IsHeapProfilerRunning());
+    (void)Allocate();  // still allocated at exit
+    return 0;
+  }
+  return 2;
+}
