@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -26,6 +25,7 @@ namespace {
 using ::inprof::testing::CommandOutput;
 using ::inprof::testing::GoPprof;
 using ::inprof::testing::GoPprofAvailable;
+using ::inprof::testing::LeafSum;
 using ::inprof::testing::RunCommandSeparately;
 using ::inprof::testing::ShellQuote;
 using ::inprof::testing::TestTmpDir;
@@ -173,21 +173,9 @@ TEST(GperftoolsTest, DisabledMakesTheApiANoOp) {
   EXPECT_NE(access(file.c_str(), F_OK), 0);
 }
 
-// Sums values[index] of the samples whose leaf function contains `site`.
-int64_t LeafSum(const DecodedProfile& p, int index, const std::string& site) {
-  int64_t sum = 0;
-  for (const auto& s : p.samples) {
-    if (!s.stack.empty() && absl::StrContains(s.stack[0], site)) sum += s.values[index];
-  }
-  return sum;
-}
-
 // The heap program's two sites against their truth, at a 64 KiB period:
-// each allocation of `size` is sampled with chance p = 1 - exp(-size/64 KiB)
-// and stands for size/p bytes, so the estimate over the truth is
-// (samples/n)/p with samples ~ Binomial(n, p): stats::BinomialShare{Low,
-// High} bound it at 1e-7 a side (four sides per call: 4e-7), rounding
-// within 0.1%.
+// within stats::SampledAllocationRange (1e-7 a side; four sides per call:
+// 4e-7).
 void ExpectHeapSites(const DecodedProfile& p) {
   const int alloc_space = p.ValueIndex("alloc_space");
   const int inuse_space = p.ValueIndex("inuse_space");
@@ -201,13 +189,11 @@ void ExpectHeapSites(const DecodedProfile& p) {
   } checks[] = {{"HeapFreedSite", alloc_space, 1000, 65536.0},
                 {"HeapLiveSite", inuse_space, 4000, 4096.0}};
   for (const auto& c : checks) {
-    const double prob = 1 - std::exp(-c.size / 65536.0);
+    const stats::EstimateRange range = stats::SampledAllocationRange(c.n, c.size, 65536.0);
     const double truth = c.n * c.size;
     const double got = static_cast<double>(LeafSum(p, c.index, c.site));
-    EXPECT_GE(got, stats::BinomialShareLow(c.n, prob) / prob * 0.999 * truth)
-        << c.site << ": " << got << " of " << truth;
-    EXPECT_LE(got, stats::BinomialShareHigh(c.n, prob) / prob * 1.001 * truth)
-        << c.site << ": " << got << " of " << truth;
+    EXPECT_GE(got, range.low * truth) << c.site << ": " << got << " of " << truth;
+    EXPECT_LE(got, range.high * truth) << c.site << ": " << got << " of " << truth;
   }
   EXPECT_EQ(LeafSum(p, inuse_space, "HeapFreedSite"), 0);
 }

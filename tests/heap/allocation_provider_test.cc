@@ -69,30 +69,12 @@ __attribute__((noinline)) void* AllocSiteLargeMalloc() { return Kept(std::malloc
 __attribute__((noinline)) void* AllocSiteLive() { return Kept(std::malloc(4096)); }
 __attribute__((noinline)) void* AllocSiteUnregistered() { return Kept(std::malloc(64 * 1024)); }
 
-// values[index] of the samples whose leaf function's name contains `site`.
-int64_t LeafSum(const DecodedProfile& profile, int index, const std::string& site) {
-  int64_t sum = 0;
-  for (const auto& s : profile.samples) {
-    if (!s.stack.empty() && absl::StrContains(s.stack[0], site)) sum += s.values[index];
-  }
-  return sum;
-}
+using testing::LeafSum;
 
-// The estimate's bounds for `n` allocations of `size` bytes each at period
-// kPeriod: each is sampled with chance p = 1 - exp(-size/period),
-// independently (the countdown is memoryless), and a sample stands for
-// size/p bytes, so the estimate is (samples / n) / p times the truth, and
-// samples is Binomial(n, p): stats::BinomialShare{Low,High} bound the share
-// with a false-failure chance of at most 1e-7 a side (stat_bounds.h).
-struct Bounds {
-  double low;
-  double high;
-};
-Bounds EstimateBounds(int64_t n, double size) {
-  const double p = 1 - std::exp(-size / static_cast<double>(kPeriod));
-  // Rounding: each value in the profile is within one byte of its exact
-  // sum (a sample of >= 1,000 bytes stands for >= 1,000 bytes, so < 0.1%).
-  return {stats::BinomialShareLow(n, p) / p * 0.999, stats::BinomialShareHigh(n, p) / p * 1.001};
+// The estimate's range over the truth for `n` allocations of `size` bytes
+// at kPeriod (stats::SampledAllocationRange: 1e-7 a side).
+stats::EstimateRange EstimateBounds(int64_t n, double size) {
+  return stats::SampledAllocationRange(n, size, static_cast<double>(kPeriod));
 }
 
 TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
@@ -163,7 +145,7 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
   };
   for (const auto& c : checks) {
     const double truth = static_cast<double>(c.n) * c.size;
-    const Bounds b = EstimateBounds(c.n, c.size);
+    const stats::EstimateRange b = EstimateBounds(c.n, c.size);
     const double got = static_cast<double>(LeafSum(*profile, c.index, c.site));
     EXPECT_GE(got, b.low * truth) << c.site << ": " << got << " of " << truth;
     EXPECT_LE(got, b.high * truth) << c.site << ": " << got << " of " << truth;
@@ -172,7 +154,7 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
   // inuse_space are the same samples' estimates); the freed sites none.
   {
     const double truth = kLive * 4096.0;
-    const Bounds b = EstimateBounds(kLive, 4096);
+    const stats::EstimateRange b = EstimateBounds(kLive, 4096);
     const double got = static_cast<double>(LeafSum(*profile, inuse_space, "AllocSiteLive"));
     EXPECT_GE(got, b.low * truth) << got << " of " << truth;
     EXPECT_LE(got, b.high * truth) << got << " of " << truth;
@@ -315,13 +297,13 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   // Bounds as in SitesBytesAndLiveHeapWithinTheirBounds (EstimateBounds:
   // 1e-7 a side; four sides here, the file's check adds two).
   const double live_truth = kLive * 4096.0;
-  const Bounds live_b = EstimateBounds(kLive, 4096);
+  const stats::EstimateRange live_b = EstimateBounds(kLive, 4096);
   const double served_live = static_cast<double>(LeafSum(*p, 3, "AllocSiteServedLive"));
   EXPECT_GE(served_live, live_b.low * live_truth) << served_live << " of " << live_truth;
   EXPECT_LE(served_live, live_b.high * live_truth) << served_live << " of " << live_truth;
   EXPECT_EQ(LeafSum(*p, 3, "AllocSiteServedFreed"), 0);  // freed: not in use
   const double freed_truth = kFreed * 65536.0;
-  const Bounds freed_b = EstimateBounds(kFreed, 65536);
+  const stats::EstimateRange freed_b = EstimateBounds(kFreed, 65536);
   const double served_freed = static_cast<double>(LeafSum(*p, 1, "AllocSiteServedFreed"));
   EXPECT_GE(served_freed, freed_b.low * freed_truth) << served_freed << " of " << freed_truth;
   EXPECT_LE(served_freed, freed_b.high * freed_truth) << served_freed << " of " << freed_truth;

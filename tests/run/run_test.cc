@@ -17,7 +17,6 @@
 #include <map>
 #include <sstream>
 #include <string>
-#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -36,6 +35,7 @@ namespace {
 using ::inprof::testing::CommandOutput;
 using ::inprof::testing::GoPprof;
 using ::inprof::testing::GoPprofAvailable;
+using ::inprof::testing::LeafSum;
 using ::inprof::testing::RunCommandSeparately;
 using ::inprof::testing::ShellQuote;
 using ::inprof::testing::TestTmpDir;
@@ -416,15 +416,6 @@ TEST(RunTest, TheLiveEndpointServesAnUnmodifiedProgram) {
   EXPECT_GT(exported_cpu, live_cpu);
 }
 
-// Sums values[index] of the samples whose leaf function contains `site`.
-int64_t LeafSum(const DecodedProfile& p, int index, const std::string& site) {
-  int64_t sum = 0;
-  for (const auto& s : p.samples) {
-    if (!s.stack.empty() && absl::StrContains(s.stack[0], site)) sum += s.values[index];
-  }
-  return sum;
-}
-
 // --alloc profiles an unmodified program's allocations: each site's bytes
 // on its own stack (the program's thread is registered by the preload
 // library), and what it still had allocated at exit in inuse_space.
@@ -442,10 +433,8 @@ TEST(RunTest, AllocProfilesTheAllocationsOfAnUnmodifiedProgram) {
   const int inuse_space = p->ValueIndex("inuse_space");
   ASSERT_GE(alloc_space, 0) << "no alloc_space in the profile; " << r.err;
   ASSERT_GE(inuse_space, 0);
-  // Each allocation is sampled with chance p = 1 - exp(-size/64 KiB) and
-  // stands for size/p bytes: the estimate over truth is (samples/n)/p with
-  // samples ~ Binomial(n, p); stats::BinomialShare{Low,High} bound it at
-  // 1e-7 a side (four sides: 4e-7 in all), rounding within 0.1%.
+  // Each site's estimate over its truth within stats::SampledAllocationRange
+  // (1e-7 a side; four sides: 4e-7 in all).
   const struct {
     const char* site;
     int index;
@@ -454,13 +443,11 @@ TEST(RunTest, AllocProfilesTheAllocationsOfAnUnmodifiedProgram) {
   } checks[] = {{"RunAllocFreedSite", alloc_space, kFreed, 65536.0},
                 {"RunAllocLiveSite", inuse_space, kLive, 4096.0}};
   for (const auto& c : checks) {
-    const double prob = 1 - std::exp(-c.size / 65536.0);
+    const stats::EstimateRange range = stats::SampledAllocationRange(c.n, c.size, 65536.0);
     const double truth = c.n * c.size;
     const double got = static_cast<double>(LeafSum(*p, c.index, c.site));
-    EXPECT_GE(got, stats::BinomialShareLow(c.n, prob) / prob * 0.999 * truth)
-        << c.site << ": " << got << " of " << truth;
-    EXPECT_LE(got, stats::BinomialShareHigh(c.n, prob) / prob * 1.001 * truth)
-        << c.site << ": " << got << " of " << truth;
+    EXPECT_GE(got, range.low * truth) << c.site << ": " << got << " of " << truth;
+    EXPECT_LE(got, range.high * truth) << c.site << ": " << got << " of " << truth;
   }
   EXPECT_EQ(LeafSum(*p, inuse_space, "RunAllocFreedSite"), 0);
 

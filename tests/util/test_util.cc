@@ -518,4 +518,12 @@ HttpReply HttpFetch(const std::string& address, const std::string& method,
 }
 
 
+int64_t LeafSum(const DecodedProfile& profile, int index, const std::string& site) {
+  int64_t sum = 0;
+  for (const auto& s : profile.samples) {
+    if (!s.stack.empty() && s.stack[0].find(site) != std::string::npos) sum += s.values[index];
+  }
+  return sum;
+}
+
 }  // namespace inprof::testing

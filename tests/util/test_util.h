@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "inprof/pprof_reader.h"
 
 namespace inprof::testing {
 
@@ -135,6 +136,10 @@ struct HttpReply {
 // header is `host`, or `address` when null.
 HttpReply HttpFetch(const std::string& address, const std::string& method,
                     const std::string& target, const char* host = nullptr);
+
+// values[index] summed over the samples whose leaf function's name
+// contains `site`.
+int64_t LeafSum(const DecodedProfile& profile, int index, const std::string& site);
 
 }  // namespace inprof::testing
 
