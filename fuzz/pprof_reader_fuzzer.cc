@@ -2,7 +2,8 @@
 // profiles from disk or the network: gzip-compressed or raw protobuf.
 //
 // Also RenamePprofStrings, which rewrites a profile's string table for the
-// Datadog upload.
+// Datadog upload, and SelectPprofSampleTypes, which cuts a profile's
+// columns for the Pyroscope upload.
 //
 // Checked: nothing crashes or reads out of bounds, whatever the bytes; a
 // profile that decodes can be queried (totals, flat, cumulative, by label)
@@ -27,6 +28,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (profile.ok() && (again->samples.size() != profile->samples.size() ||
                          again->sample_types.size() != profile->sample_types.size())) {
       std::abort();
+    }
+  }
+  // The Pyroscope upload's cut: whatever the bytes, an error or a result;
+  // what is left of a readable profile has only the type asked for.
+  auto cut = inprof::SelectPprofSampleTypes(
+      bytes, [](std::string_view t) { return t == "alloc_space"; },
+      inprof::ValueType{"space", "bytes"}, 524288);
+  if (cut.ok() && profile.ok()) {
+    auto left = inprof::DecodePprof(*cut);
+    if (left.ok()) {
+      for (const auto& t : left->sample_types) {
+        if (t.type != "alloc_space") std::abort();
+      }
     }
   }
   if (!profile.ok()) return 0;

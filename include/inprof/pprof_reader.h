@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "inprof/profile_data.h"
 
@@ -116,6 +117,19 @@ absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path,
 absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
     std::string_view pprof,
     const std::vector<std::pair<std::string_view, std::string_view>>& renames);
+
+// `pprof` (gzip-compressed or not) with only the sample types whose names
+// `keep` is true for, for a service that files each kind of profile apart (Pyroscope
+// puts allocation types under "memory", CPU types under "process_cpu"): the
+// other types' columns are cut from every sample, and a sample left with
+// only zeros is left out. With `period_type.type` non-empty, the period
+// type and period are replaced by these. A default_sample_type that is cut
+// becomes the first type kept. Every other field is kept as it was (the
+// locations and functions, even those no sample uses any more). The result
+// is gzip-compressed; NotFound when `keep` takes none.
+absl::StatusOr<std::string> SelectPprofSampleTypes(
+    std::string_view pprof, absl::FunctionRef<bool(std::string_view)> keep,
+    const ValueType& period_type = {}, int64_t period = 0);
 
 }  // namespace inprof
 

@@ -1,19 +1,24 @@
 #include "inprof/pyroscope_uploader.h"
 
 #include <algorithm>
+#include <iterator>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/upload_util.h"
+#include "inprof/pprof_reader.h"
 
 namespace inprof {
 namespace {
 
+// `form`: a multipart body, which Pyroscope reads only without
+// format=pprof (that names a bare pprof body).
 std::string IngestUrlFor(absl::string_view base, absl::string_view name,
-                         int64_t sample_rate, absl::Time start,
-                         absl::Time end) {
+                         int64_t sample_rate, absl::Time start, absl::Time end,
+                         bool form = false) {
   // Pyroscope reads from/until as Unix seconds; until is rounded up so the
   // range always contains the window.
   const int64_t from = absl::ToUnixSeconds(start);
@@ -22,14 +27,39 @@ std::string IngestUrlFor(absl::string_view base, absl::string_view name,
                 (end > absl::FromUnixSeconds(absl::ToUnixSeconds(end)) ? 1 : 0));
   return absl::StrCat(base, "/ingest?name=", internal::UrlEncode(name),
                       "&from=", from, "&until=", until,
-                      "&format=pprof&spyName=inprof&sampleRate=", sample_rate);
+                      form ? "" : "&format=pprof", "&spyName=inprof&sampleRate=",
+                      sample_rate);
 }
+
+// Go's names for the allocation types (pprof_writer), which Pyroscope
+// files under "memory".
+constexpr std::string_view kAllocationTypes[] = {"alloc_objects", "alloc_space",
+                                                 "inuse_objects", "inuse_space"};
+
+// What is queued: a window, or one of its two parts (below). Every profile
+// this uploader queues is one of these, so the request builder may cast.
+struct IngestPart : ExportedProfile {
+  bool memory = false;  // the allocation types, as a form with their config
+};
+
+// Pyroscope's per-type settings for the allocation types. Its default
+// mapping takes alloc_* as cumulative (Go's heap profile counts since the
+// start, and the old server subtracted the previous upload); inprof's
+// windows hold what was allocated during the window. inuse_* is the live
+// heap at the window's end: averaged, not summed, over time.
+constexpr char kMemorySampleTypeConfig[] =
+    R"({"alloc_objects":{"units":"objects"},)"
+    R"("alloc_space":{"units":"bytes"},)"
+    R"("inuse_objects":{"units":"objects","aggregation":"average"},)"
+    R"("inuse_space":{"units":"bytes","aggregation":"average"}})";
 
 }  // namespace
 
 PyroscopeUploader::PyroscopeUploader(const PyroscopeOptions& pyroscope,
                                      const UploadOptions& upload,
-                                     absl::Duration cpu_period) {
+                                     absl::Duration cpu_period,
+                                     uint64_t alloc_period)
+    : alloc_period_(alloc_period) {
   absl::string_view base = pyroscope.url;
   while (absl::ConsumeSuffix(&base, "/")) {
   }
@@ -44,12 +74,27 @@ PyroscopeUploader::PyroscopeUploader(const PyroscopeOptions& pyroscope,
   uploader_ = std::make_unique<internal::Uploader>(
       "pyroscope", absl::StrCat(base_url_, "/ingest"), upload,
       [base = base_url_, name = name_, rate = sample_rate_, p = pyroscope,
-       timeout = upload.timeout](const ExportedProfile& profile) {
+       timeout = upload.timeout](const ExportedProfile& queued) {
+        const auto& profile = static_cast<const IngestPart&>(queued);
         internal::HttpRequest request;
-        request.url = IngestUrlFor(base, name, rate, profile.start, profile.end);
+        request.url =
+            IngestUrlFor(base, name, rate, profile.start, profile.end, profile.memory);
         request.timeout = timeout;
-        request.body = profile.pprof;
-        request.content_type = "application/octet-stream";
+        if (profile.memory) {
+          internal::HttpPart& part = request.parts.emplace_back();
+          part.name = "profile";
+          part.filename = "profile.pprof";
+          part.content_type = "application/octet-stream";
+          part.data = profile.pprof;
+          internal::HttpPart& config = request.parts.emplace_back();
+          config.name = "sample_type_config";
+          config.filename = "sample_type_config.json";
+          config.content_type = "application/json";
+          config.owned = kMemorySampleTypeConfig;
+        } else {
+          request.body = profile.pprof;
+          request.content_type = "application/octet-stream";
+        }
         request.basic_auth_user = p.basic_auth_user;
         request.basic_auth_password = p.basic_auth_password;
         request.bearer_token = p.auth_token;
@@ -68,7 +113,35 @@ std::string PyroscopeUploader::IngestUrl(absl::Time start,
 
 absl::Status PyroscopeUploader::Consume(
     std::shared_ptr<const ExportedProfile> profile) {
-  uploader_->Enqueue(std::move(profile));
+  auto part = [&profile](std::string pprof, bool memory) {
+    auto p = std::make_shared<IngestPart>();
+    static_cast<ExportedProfile&>(*p) = *profile;
+    p->pprof = std::move(pprof);
+    p->memory = memory;
+    return p;
+  };
+  auto is_alloc = [](std::string_view type) {
+    return std::find(std::begin(kAllocationTypes), std::end(kAllocationTypes), type) !=
+           std::end(kAllocationTypes);
+  };
+  // Pyroscope files a whole upload under one name, "process_cpu" as soon as
+  // one type names CPU: a window with allocation types goes as two
+  // uploads, so that they land under "memory" as Go's heap profiles do
+  // (with Go's period type, space/bytes, and the sampling period).
+  absl::StatusOr<std::string> memory =
+      SelectPprofSampleTypes(profile->pprof, is_alloc, ValueType{"space", "bytes"},
+                             static_cast<int64_t>(alloc_period_));
+  if (!memory.ok()) {
+    // NotFound: no allocation types (CPU and wall only): sent as it is. A
+    // profile that cannot be read is sent as it is too: the server says
+    // what is wrong with it.
+    uploader_->Enqueue(part(profile->pprof, false));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> others = SelectPprofSampleTypes(
+      profile->pprof, [&](std::string_view type) { return !is_alloc(type); });
+  if (others.ok()) uploader_->Enqueue(part(std::move(*others), false));
+  uploader_->Enqueue(part(std::move(*memory), true));
   return absl::OkStatus();
 }
 

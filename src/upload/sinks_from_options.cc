@@ -33,7 +33,8 @@ std::vector<std::shared_ptr<ProfileSink>> MakeSinks(const Options& options) {
       }
       if (!options.pyroscope.url.empty()) {
         sinks.insert(uploaders, std::make_shared<PyroscopeUploader>(
-                                    options.pyroscope, options.upload, options.cpu_period));
+                                    options.pyroscope, options.upload, options.cpu_period,
+                                    options.alloc_period));
       }
     }
   }

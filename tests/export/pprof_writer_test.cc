@@ -327,6 +327,86 @@ TEST(PprofReaderTest, RenameChangesOnlyMatchingStrings) {
   EXPECT_THAT(bad.status().message(), HasSubstr("RenamePprofStrings"));
 }
 
+TEST(PprofReaderTest, SelectKeepsOnlyTheChosenColumns) {
+  perftools::profiles::Profile p;
+  for (const char* s : {"", "cpu-time", "nanoseconds", "alloc_space", "bytes", "f",
+                        "g", "thread", "w", "note"}) {
+    p.add_string_table(s);
+  }
+  for (auto [type, unit] : {std::pair{1, 2}, std::pair{3, 4}}) {
+    auto* st = p.add_sample_type();
+    st->set_type(type);
+    st->set_unit(unit);
+  }
+  for (uint64_t id : {1, 2}) {
+    auto* fn = p.add_function();
+    fn->set_id(id);
+    fn->set_name(id == 1 ? 5 : 6);
+    auto* loc = p.add_location();
+    loc->set_id(id);
+    loc->add_line()->set_function_id(id);
+  }
+  // f: CPU and allocations, labelled; g: CPU only (nothing is left of it).
+  auto* both = p.add_sample();
+  both->add_location_id(1);
+  both->add_value(7);
+  both->add_value(4096);
+  auto* label = both->add_label();
+  label->set_key(7);
+  label->set_str(8);
+  auto* cpu_only = p.add_sample();
+  cpu_only->add_location_id(2);
+  cpu_only->add_value(9);
+  cpu_only->add_value(0);
+  p.mutable_period_type()->set_type(1);
+  p.mutable_period_type()->set_unit(2);
+  p.set_period(10'000'000);
+  p.set_time_nanos(1'700'000'000'000'000'000);
+  p.add_comment(9);
+  p.set_default_sample_type(1);
+  std::string bytes;
+  ASSERT_TRUE(p.SerializeToString(&bytes));
+  // One more sample, its values unpacked (tag 0x10, field 2 varint): f, 1, 8.
+  bytes += std::string("\x12\x06\x08\x01\x10\x01\x10\x08", 8);
+
+  auto alloc = SelectPprofSampleTypes(
+      bytes, [](std::string_view t) { return t == "alloc_space"; },
+      ValueType{"space", "bytes"}, 524288);
+  ASSERT_TRUE(alloc.ok()) << alloc.status();
+  absl::StatusOr<DecodedProfile> d = DecodePprof(*alloc);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(d->sample_types, ElementsAre(ValueType{"alloc_space", "bytes"}));
+  ASSERT_EQ(d->samples.size(), 2u);  // g's sample had nothing left
+  EXPECT_THAT(d->samples[0].stack, ElementsAre("f"));
+  EXPECT_THAT(d->samples[0].values, ElementsAre(4096));
+  EXPECT_EQ(d->samples[0].str_labels.at("thread"), "w");
+  EXPECT_THAT(d->samples[1].values, ElementsAre(8));
+  EXPECT_EQ(d->period_type, (ValueType{"space", "bytes"}));  // "space" appended
+  EXPECT_EQ(d->period, 524288);
+  EXPECT_EQ(d->default_sample_type, "alloc_space");  // cpu-time was cut
+  EXPECT_EQ(d->time_nanos, 1'700'000'000'000'000'000);
+  EXPECT_THAT(d->comments, ElementsAre("note"));
+
+  auto cpu = SelectPprofSampleTypes(bytes, [](std::string_view t) { return t == "cpu-time"; });
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  d = DecodePprof(*cpu);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(d->sample_types, ElementsAre(ValueType{"cpu-time", "nanoseconds"}));
+  ASSERT_EQ(d->samples.size(), 3u);
+  EXPECT_THAT(d->samples[1].stack, ElementsAre("g"));
+  EXPECT_THAT(d->samples[1].values, ElementsAre(9));
+  EXPECT_EQ(d->period_type, (ValueType{"cpu-time", "nanoseconds"}));  // kept
+  EXPECT_EQ(d->period, 10'000'000);
+  EXPECT_EQ(d->default_sample_type, "cpu-time");
+
+  auto none = SelectPprofSampleTypes(bytes, [](std::string_view) { return false; });
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  auto bad = SelectPprofSampleTypes(bytes.substr(0, bytes.size() - 3),
+                                    [](std::string_view) { return true; });
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("SelectPprofSampleTypes"));
+}
+
 TEST_F(PprofWriterTest, OwnReaderSeesNamesLabelsAndHeader) {
   absl::StatusOr<DecodedProfile> profile = ReadPprofFile(path_);
   ASSERT_TRUE(profile.ok()) << profile.status();

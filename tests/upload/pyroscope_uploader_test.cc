@@ -16,6 +16,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "upload/http_receiver.h"
 #include "inprof/inprof.h"
@@ -111,6 +113,143 @@ TEST_F(PyroscopeUploaderTest, PostsPprofToIngestWithQueryParameters) {
     ASSERT_THAT(*raw, SizeIs(1));
     EXPECT_THAT((*raw)[0].stack, Contains(HasSubstr("TestProfileLeaf")));
   }
+}
+
+// The name Grafana Pyroscope files an /ingest upload under (its
+// RawProfile.metricName, pkg/og/convert/pprof): "wall" when a type is
+// named so; else the first type naming CPU or allocations decides.
+std::string PyroscopeMetricName(const DecodedProfile& p) {
+  for (const ValueType& t : p.sample_types) {
+    if (t.type == "wall") return "wall";
+  }
+  for (const ValueType& t : p.sample_types) {
+    if (absl::StrContains(t.type, "cpu")) return "process_cpu";
+    if (absl::StrContains(t.type, "alloc_") || absl::StrContains(t.type, "inuse_")) {
+      return "memory";
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> TypeNames(const DecodedProfile& p) {
+  std::vector<std::string> names;
+  for (const ValueType& t : p.sample_types) names.push_back(t.type + "/" + t.unit);
+  return names;
+}
+
+TEST_F(PyroscopeUploaderTest, AllocationTypesGoAsAMemoryUploadWithTheirConfig) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  PyroscopeUploader uploader(Server((*receiver)->url()), Fast(),
+                             absl::Milliseconds(10), /*alloc_period=*/524288);
+  auto profile = std::make_shared<ExportedProfile>();
+  profile->pprof = testing::MakeTestPprof(kStart, kEnd, /*with_heap=*/true);
+  profile->start = kStart;
+  profile->end = kEnd;
+  ASSERT_FALSE(profile->pprof.empty());
+  ASSERT_TRUE(uploader.Consume(profile).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const std::vector<ReceivedRequest> requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(2));
+  absl::StatusOr<DecodedProfile> window = DecodePprof(profile->pprof);
+  ASSERT_TRUE(window.ok()) << window.status();
+  ASSERT_THAT(window->samples, SizeIs(1));
+
+  // The CPU types: a bare pprof body, as before, under process_cpu.
+  const ReceivedRequest& cpu_request = requests[0];
+  EXPECT_EQ(cpu_request.query.at("format"), "pprof");
+  EXPECT_EQ(cpu_request.headers.at("content-type"), "application/octet-stream");
+  absl::StatusOr<DecodedProfile> cpu = DecodePprof(cpu_request.body);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_THAT(TypeNames(*cpu), ::testing::ElementsAre("cpu-samples/count",
+                                                      "cpu-time/nanoseconds"));
+  EXPECT_EQ(PyroscopeMetricName(*cpu), "process_cpu");
+  ASSERT_THAT(cpu->samples, SizeIs(1));
+  EXPECT_EQ(cpu->samples[0].values, (std::vector<int64_t>{3, 30'000'000}));
+  EXPECT_EQ(cpu->samples[0].stack, window->samples[0].stack);
+  EXPECT_EQ(cpu->period_type.type, "cpu-time");
+  EXPECT_EQ(cpu->period, 10'000'000);
+
+  // The allocation types: a form (which Pyroscope reads only without
+  // format=pprof) with the profile and the types' configuration.
+  const ReceivedRequest& mem_request = requests[1];
+  EXPECT_EQ(mem_request.path, "/ingest");
+  EXPECT_FALSE(mem_request.query.contains("format"));
+  EXPECT_EQ(mem_request.query.at("name"), "checkout{region=eu,pod=a-1}");
+  EXPECT_EQ(mem_request.query.at("from"), "1700000000");
+  EXPECT_EQ(mem_request.query.at("until"), "1700000011");
+  auto parts = testing::ParseMultipart(mem_request.headers.at("content-type"),
+                                       mem_request.body);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  std::map<std::string, std::string> bodies;
+  for (const testing::FormPart& part : *parts) bodies[part.name] = part.body;
+  ASSERT_TRUE(bodies.contains("profile"));
+  ASSERT_TRUE(bodies.contains("sample_type_config"));
+  absl::StatusOr<DecodedProfile> mem = DecodePprof(bodies["profile"]);
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  EXPECT_THAT(TypeNames(*mem),
+              ::testing::ElementsAre("alloc_objects/count", "alloc_space/bytes",
+                                     "inuse_objects/count", "inuse_space/bytes"));
+  EXPECT_EQ(PyroscopeMetricName(*mem), "memory");
+  ASSERT_THAT(mem->samples, SizeIs(1));
+  EXPECT_EQ(mem->samples[0].values, (std::vector<int64_t>{5, 5'000, 2, 2'000}));
+  EXPECT_EQ(mem->samples[0].stack, window->samples[0].stack);
+  EXPECT_EQ(mem->period_type, (ValueType{"space", "bytes"}));  // Go's heap profile's
+  EXPECT_EQ(mem->period, 524288);
+  EXPECT_EQ(mem->time_nanos, window->time_nanos);
+  EXPECT_EQ(mem->duration_nanos, window->duration_nanos);
+
+  // The configuration as Pyroscope decodes it (map of SampleTypeConfig):
+  // alloc_* are what the window allocated, not running totals.
+  google::protobuf::Struct config;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(bodies["sample_type_config"],
+                                                          &config)
+                  .ok())
+      << bodies["sample_type_config"];
+  for (const char* type : {"alloc_objects", "alloc_space", "inuse_objects", "inuse_space"}) {
+    SCOPED_TRACE(type);
+    ASSERT_TRUE(config.fields().contains(type));
+    const auto& fields = config.fields().at(type).struct_value().fields();
+    const bool cumulative =
+        fields.contains("cumulative") && fields.at("cumulative").bool_value();
+    EXPECT_FALSE(cumulative);
+    EXPECT_EQ(fields.at("units").string_value(),
+              absl::StrContains(type, "space") ? "bytes" : "objects");
+    if (absl::StartsWith(type, "inuse_")) {
+      EXPECT_EQ(fields.at("aggregation").string_value(), "average");
+    }
+  }
+  EXPECT_EQ(uploader.stats().uploaded, 2u);
+  if (testing::GoPprofAvailable()) {
+    const std::string path = testing::FreshTestDir("pyroscope-memory") + "/memory.pb.gz";
+    std::ofstream(path, std::ios::binary) << bodies["profile"];
+    auto top = testing::GoPprof("-sample_index=inuse_space -top " + path);
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_THAT(*top, HasSubstr("TestProfileLeaf"));
+  }
+}
+
+TEST_F(PyroscopeUploaderTest, AWindowOfAllocationsAloneIsOneMemoryUpload) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  PyroscopeUploader uploader(Server((*receiver)->url()), Fast(),
+                             absl::Milliseconds(10), /*alloc_period=*/4096);
+  auto profile = std::make_shared<ExportedProfile>();
+  // The with_heap window cut to its allocation types.
+  absl::StatusOr<std::string> alloc_only = SelectPprofSampleTypes(
+      testing::MakeTestPprof(kStart, kEnd, /*with_heap=*/true),
+      [](std::string_view type) { return !type.starts_with("cpu-"); });
+  ASSERT_TRUE(alloc_only.ok()) << alloc_only.status();
+  profile->pprof = *alloc_only;
+  profile->start = kStart;
+  profile->end = kEnd;
+  ASSERT_TRUE(uploader.Consume(profile).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const std::vector<ReceivedRequest> requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_FALSE(requests[0].query.contains("format"));
+  EXPECT_TRUE(absl::StartsWith(requests[0].headers.at("content-type"),
+                               "multipart/form-data"));
 }
 
 TEST_F(PyroscopeUploaderTest, UrlPrefixAndDefaultName) {
