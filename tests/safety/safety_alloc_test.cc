@@ -1,0 +1,309 @@
+// Safety of the allocation hooks (AllocationProvider, inprof/heap): with
+// every allocation sampled (Options::alloc_period = 1), the host's
+// allocator behaves as it does unprofiled.
+//
+//   - errno: a sampled allocation, free, realloc or calloc that succeeds
+//     leaves the host's errno as it was (when unprofiled libc does too);
+//     one that fails keeps its error (ENOMEM, EINVAL) and realloc's old
+//     block;
+//   - small stacks: a registered thread that allocates on an 8 KiB
+//     makecontext stack (a coroutine's), with a PROT_NONE guard page below
+//     it, does not crash: the sampled path keeps to a few kilobytes there
+//     and does not walk (the stack is not the thread's own);
+//   - Start/Stop: the hooks are installed and removed 10 times while three
+//     registered threads allocate, reallocate and free without pause: no
+//     crash, every block freed by the allocator that made it, every profile
+//     readable, and allocations sampled.
+//
+// The small-stack scenario runs in a forked child (safety::RunInChild): an
+// overflow hits the guard page and the child dies of SIGSEGV, which the
+// test reports instead of taking the test binary down.
+#include <malloc.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "safety/safety_util.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using HeapProfiler =
+    Profiler<DefaultUnwinder, DefaultSampleRing, CpuTimeProvider, AllocationProvider>;
+
+// A sanitizer's runtime linked statically (clang's) defines malloc in the
+// executable itself, whose own calls to it go through no GOT slot: they
+// are not intercepted (allocation_provider.h), and nothing here is sampled.
+#if defined(INPROF_ASAN) || defined(INPROF_TSAN)
+constexpr bool kIntercepted = false;
+#else
+constexpr bool kIntercepted = true;
+#endif
+
+Options EverySampled(const std::string& name) {
+  Options options;
+  options.output = testing::FreshTestDir(name) + "/profile.pb.gz";
+  options.alloc_period = 1;  // every allocation
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  return options;
+}
+
+// Kept so that the calls to the allocator stay.
+template <typename T>
+inline __attribute__((always_inline)) T* Kept(T* p) {
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+// Successful calls of each form, with errno set to a sentinel before each:
+// how many left it changed.
+int ErrnoChangesOnSuccess(int rounds) {
+  constexpr int kSentinel = 4242;
+  int changed = 0;
+  auto check = [&] {
+    if (errno != kSentinel) ++changed;
+    errno = kSentinel;
+  };
+  errno = kSentinel;
+  for (int i = 0; i < rounds; ++i) {
+    void* p = Kept(std::malloc(64 + static_cast<size_t>(i % 7) * 512));
+    check();
+    p = Kept(std::realloc(p, 128 * 1024));
+    check();
+    std::free(p);
+    check();
+    void* c = Kept(std::calloc(16, 100));
+    check();
+    std::free(c);
+    check();
+    char* n = Kept(new char[300]);
+    check();
+    delete[] n;
+    check();
+    void* a = nullptr;
+    if (posix_memalign(&a, 64, 1000) == 0) std::free(Kept(a));
+    check();
+  }
+  return changed;
+}
+
+// Failed calls keep their errors; a failed realloc keeps the old block.
+void ExpectFailuresKeepTheirErrors() {
+  // Through a volatile: sizes the compiler would refuse to see called.
+  volatile size_t huge_v = static_cast<size_t>(PTRDIFF_MAX) - 4096;
+  volatile size_t half_v = SIZE_MAX / 2;
+  const size_t huge = huge_v, half = half_v;
+  errno = 0;
+  EXPECT_EQ(Kept(std::malloc(huge)), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  errno = 0;
+  EXPECT_EQ(Kept(std::calloc(half, 4)), nullptr);  // overflows
+  EXPECT_EQ(errno, ENOMEM);
+  char* block = static_cast<char*>(Kept(std::malloc(100)));
+  ASSERT_NE(block, nullptr);
+  std::memset(block, 'x', 100);
+  errno = 0;
+  EXPECT_EQ(Kept(std::realloc(block, huge)), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  EXPECT_EQ(block[0], 'x');
+  EXPECT_EQ(block[99], 'x');
+  std::free(block);
+  void* aligned = nullptr;
+  EXPECT_EQ(posix_memalign(&aligned, 3, 16), EINVAL);  // not a power of two
+  EXPECT_EQ(aligned, nullptr);
+}
+
+TEST(SafetyAllocTest, SampledCallsKeepTheHostsErrnoAndErrors) {
+  // Unprofiled first: where libc itself changes errno on success, the
+  // profiled run is held to the same count.
+  const int unprofiled = ErrnoChangesOnSuccess(200);
+  HeapProfiler profiler(EverySampled("safety_alloc_errno"));
+  ASSERT_TRUE(profiler.Start().ok());
+  const uint64_t before = AllocationProvider::stats().samples;
+  int profiled = 0;
+  {
+    auto self = profiler.RegisterThread("main");
+    profiled = ErrnoChangesOnSuccess(200);
+    ExpectFailuresKeepTheirErrors();
+  }
+  const uint64_t sampled = AllocationProvider::stats().samples - before;
+  ASSERT_TRUE(profiler.Stop().ok());
+  std::printf("errno changed by %d of 1400 successful calls unprofiled, %d "
+              "profiled; %llu allocations sampled\n",
+              unprofiled, profiled, static_cast<unsigned long long>(sampled));
+  EXPECT_EQ(profiled, unprofiled);
+  // Every allocation is sampled at period 1: 1,000 successful ones at least
+  // (deterministic).
+  if (kIntercepted) {
+    EXPECT_GE(sampled, 1000u);
+  }
+}
+
+// An 8 KiB stack with a PROT_NONE guard page below it.
+class GuardedStack {
+ public:
+  explicit GuardedStack(size_t size) : size_(size) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    map_size_ = size_ + page;
+    void* m = mmap(nullptr, map_size_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return;
+    map_ = static_cast<char*>(m);
+    mprotect(map_, page, PROT_NONE);
+    base_ = map_ + page;
+  }
+  ~GuardedStack() {
+    if (map_ != nullptr) munmap(map_, map_size_);
+  }
+  GuardedStack(const GuardedStack&) = delete;
+  GuardedStack& operator=(const GuardedStack&) = delete;
+  char* base() const { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_;
+  size_t map_size_ = 0;
+  char* map_ = nullptr;
+  char* base_ = nullptr;
+};
+
+constexpr size_t kSmallStack = 8 * 1024;
+constexpr int kAllocationsOnSmallStack = 1000;
+std::atomic<int> g_done{0};
+
+void AllocateOnSmallStack() {
+  for (int i = 0; i < kAllocationsOnSmallStack; ++i) {
+    void* p = Kept(std::malloc(32 + static_cast<size_t>(i % 5) * 1000));
+    p = Kept(std::realloc(p, 8000));
+    std::free(p);
+    g_done.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+enum SmallStackResult { kOk = 0, kStartFailed = 10, kStackFailed, kNotAllDone, kNotSampled };
+
+int AllocateOnASmallStackScenario() {
+  HeapProfiler profiler(EverySampled("safety_alloc_small_stack"));
+  if (!profiler.Start().ok()) return kStartFailed;
+  int result = kOk;
+  const uint64_t before = AllocationProvider::stats().samples;
+  std::thread worker([&] {
+    auto registration = profiler.RegisterThread("coroutine");
+    GuardedStack stack(kSmallStack);
+    if (stack.base() == nullptr) {
+      result = kStackFailed;
+      return;
+    }
+    ucontext_t main_context, coroutine;
+    getcontext(&coroutine);
+    coroutine.uc_stack.ss_sp = stack.base();
+    coroutine.uc_stack.ss_size = stack.size();
+    coroutine.uc_link = &main_context;
+    makecontext(&coroutine, &AllocateOnSmallStack, 0);
+    if (swapcontext(&main_context, &coroutine) != 0) result = kStackFailed;
+  });
+  worker.join();
+  const uint64_t sampled = AllocationProvider::stats().samples - before;
+  if (!profiler.Stop().ok() && result == kOk) result = kStartFailed;
+  if (result == kOk && g_done.load() != kAllocationsOnSmallStack) result = kNotAllDone;
+  // 2,000 allocations, each sampled (deterministic).
+  if (result == kOk && kIntercepted && sampled < 2u * kAllocationsOnSmallStack) {
+    result = kNotSampled;
+  }
+  return result;
+}
+
+TEST(SafetyAllocTest, AllocationsOnACoroutinesSmallStackNeverOverflowIt) {
+  const int rc = safety::RunInChild(AllocateOnASmallStackScenario, 60);
+  EXPECT_EQ(rc, kOk) << (rc == 128 + SIGSEGV ? "the 8 KiB stack overflowed (SIGSEGV)"
+                         : rc == 128 + SIGALRM ? "the child hung"
+                         : rc == kNotSampled  ? "the allocations were not sampled"
+                                              : "see the exit code");
+}
+
+// Three registered threads allocate without pause while the hooks come and
+// go: the GOT slots are patched and put back under them.
+TEST(SafetyAllocTest, StartStopCyclesWhileThreadsAllocate) {
+  constexpr int kCycles = 10;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> operations{0};
+  uint64_t sampled = 0;
+  int64_t in_profiles = 0;
+  {
+    HeapProfiler profiler(EverySampled("safety_alloc_cycles"));
+    const std::string output = profiler.options().output;
+    std::vector<std::thread> workers;
+    for (int t = 0; t < 3; ++t) {
+      workers.emplace_back([&, t] {
+        auto registration = profiler.RegisterThread("allocator");
+        std::vector<void*> held(64, nullptr);
+        uint64_t i = static_cast<uint64_t>(t);
+        while (!stop.load(std::memory_order_relaxed)) {
+          void*& slot = held[i % held.size()];
+          if (slot == nullptr) {
+            slot = Kept(std::malloc(16 + (i * 37) % 4000));
+          } else if (i % 3 == 0) {
+            slot = Kept(std::realloc(slot, 16 + (i * 53) % 9000));
+          } else {
+            // The allocator's own size for the block, profiled or not.
+            if (malloc_usable_size(slot) < 16) std::abort();
+            std::free(slot);
+            slot = nullptr;
+          }
+          ++i;
+          operations.fetch_add(1, std::memory_order_relaxed);
+        }
+        for (void* p : held) std::free(p);
+      });
+    }
+    for (int cycle = 0; cycle < kCycles; ++cycle) {
+      const uint64_t before = AllocationProvider::stats().samples;
+      ASSERT_TRUE(profiler.Start().ok()) << "cycle " << cycle;
+      // Until this window has seen allocations (at least 50 ms).
+      const int64_t until = safety::MonotonicNow() + 50'000'000;
+      while (safety::MonotonicNow() < until ||
+             (kIntercepted && AllocationProvider::stats().samples - before < 100 &&
+              safety::MonotonicNow() < until + 5'000'000'000)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      ASSERT_TRUE(profiler.Stop().ok()) << "cycle " << cycle;
+      sampled += AllocationProvider::stats().samples - before;
+      absl::StatusOr<DecodedProfile> profile = ReadPprofFile(output);
+      ASSERT_TRUE(profile.ok()) << "cycle " << cycle << ": " << profile.status();
+      if (const int objects = profile->ValueIndex("alloc_objects"); objects >= 0) {
+        in_profiles += profile->Total(objects);
+      }
+    }
+    stop.store(true);
+    for (std::thread& w : workers) w.join();
+  }
+  std::printf("%d start/stop cycles; %lld allocator calls; %llu sampled; "
+              "%lld objects in the profiles\n",
+              kCycles, static_cast<long long>(operations.load()),
+              static_cast<unsigned long long>(sampled),
+              static_cast<long long>(in_profiles));
+  EXPECT_GT(operations.load(), 0);
+  if (kIntercepted) {
+    // Each window waited for 100 samples (every allocation is sampled).
+    EXPECT_GE(sampled, 100u * kCycles);
+    EXPECT_GT(in_profiles, 0);
+  }
+}
+
+}  // namespace
+}  // namespace inprof
