@@ -231,8 +231,18 @@ TEST(AllocationProviderTest, MallocUsableSizeTrimAndMalloptAreUnchanged) {
     for (size_t size :
          {size_t{1}, size_t{48}, size_t{1000}, size_t{64} << 10, size_t{1} << 20}) {
       void* p = std::malloc(size);
-      EXPECT_EQ(malloc_usable_size(p), before[i++]) << size;
-      std::memset(p, 0xab, malloc_usable_size(p));  // all of it is the host's
+      // The allocator's own answer for its own block: at least `size`, and
+      // what it was unprofiled give or take one 16-byte step (glibc hands
+      // over a whole free chunk when splitting it would leave less than
+      // its 32-byte minimum, whichever call it is: measured once, 40 for
+      // 24 for malloc(1), depending on what the heap held). A header of the
+      // hooks' would move the pointer off the chunk the size is read from.
+      const size_t usable = malloc_usable_size(p);
+      EXPECT_GE(usable, size);
+      EXPECT_LE(usable, before[i] + 16) << size;
+      EXPECT_GE(usable + 16, before[i]) << size;
+      ++i;
+      std::memset(p, 0xab, usable);  // all of it is the host's
       std::free(p);
     }
     EXPECT_EQ(mallopt(M_TRIM_THRESHOLD, 1 << 20), mallopt_before);
