@@ -120,8 +120,17 @@ std::optional<absl::Status> AgentForwarding::ExportLast(Pipeline& pipeline,
   if (link_ == nullptr) return std::nullopt;
   std::string line;
   const bool ended = pipeline.WithLock([&](Pipeline::Locked& l) {
-    const std::vector<uint64_t> counters = StatsToCounters(l.stats(&stats));
     if (link_->lost()) return false;
+    // The window ends in the process too: the live heap at Stop (and the
+    // allocations still pending) are forwarded before the end, as a local
+    // last window would hold them.
+    l.EndWindowAtAttachments();
+    const std::vector<uint64_t> counters = StatsToCounters(l.stats(&stats));
+    if (link_->lost()) {
+      OnLostLocked(l, absl::GetCurrentTimeNanos());
+      line = l.attachment_note();
+      return false;
+    }
     // The agent exports the last window once it reads the end.
     link_->End(counters);
     if (!link_->lost()) {

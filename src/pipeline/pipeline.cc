@@ -598,6 +598,10 @@ absl::Status Pipeline::ExportWindow(const ProfilerStats* stats,
   return first_error;
 }
 
+void Pipeline::Locked::EndWindowAtAttachments() {
+  for (const auto& a : p_.attachments_) a->BeforeCutLocked(p_.aggregator_, /*window_end=*/true);
+}
+
 absl::Status Pipeline::Export(const ProfilerStats& stats) {
   for (const auto& a : attachments_) {
     if (std::optional<absl::Status> taken = a->ExportLast(*this, stats)) {

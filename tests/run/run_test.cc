@@ -419,37 +419,46 @@ TEST(RunTest, TheLiveEndpointServesAnUnmodifiedProgram) {
 // --alloc profiles an unmodified program's allocations: each site's bytes
 // on its own stack (the program's thread is registered by the preload
 // library), and what it still had allocated at exit in inuse_space.
+// Run in the process, and with --agent (library mode: the agent writes the
+// profile; the live heap at the end is forwarded before the end).
 TEST(RunTest, AllocProfilesTheAllocationsOfAnUnmodifiedProgram) {
-  const std::string dir = FreshDir("alloc");
-  constexpr int kFreed = 1000;  // x 64 KiB
-  constexpr int kLive = 4000;   // x 4 KiB
-  CommandOutput r = RunInprof(absl::StrCat("--alloc=64KiB --no-wall -o ",
-                                           ShellQuote(dir + "/p.pb.gz"), " -- ",
-                                           ShellQuote(Target()), " alloc ", kFreed, " ", kLive));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto p = ReadPprofFile(dir + "/p.pb.gz");
-  ASSERT_TRUE(p.ok()) << p.status() << r.err;
-  const int alloc_space = p->ValueIndex("alloc_space");
-  const int inuse_space = p->ValueIndex("inuse_space");
-  ASSERT_GE(alloc_space, 0) << "no alloc_space in the profile; " << r.err;
-  ASSERT_GE(inuse_space, 0);
-  // Each site's estimate over its truth within stats::SampledAllocationRange
-  // (1e-7 a side; four sides: 4e-7 in all).
-  const struct {
-    const char* site;
-    int index;
-    int n;
-    double size;
-  } checks[] = {{"RunAllocFreedSite", alloc_space, kFreed, 65536.0},
-                {"RunAllocLiveSite", inuse_space, kLive, 4096.0}};
-  for (const auto& c : checks) {
-    const stats::EstimateRange range = stats::SampledAllocationRange(c.n, c.size, 65536.0);
-    const double truth = c.n * c.size;
-    const double got = static_cast<double>(LeafSum(*p, c.index, c.site));
-    EXPECT_GE(got, range.low * truth) << c.site << ": " << got << " of " << truth;
-    EXPECT_LE(got, range.high * truth) << c.site << ": " << got << " of " << truth;
+  for (const char* mode : {"", "--agent "}) {
+    SCOPED_TRACE(*mode == '\0' ? "in the process" : "through an agent");
+    const std::string dir = FreshDir(*mode == '\0' ? "alloc" : "alloc_agent");
+    constexpr int kFreed = 1000;  // x 64 KiB
+    constexpr int kLive = 4000;   // x 4 KiB
+    CommandOutput r = RunInprof(absl::StrCat(mode, "--alloc=64KiB --no-wall -o ",
+                                             ShellQuote(dir + "/p-%p.pb.gz"), " -- ",
+                                             ShellQuote(Target()), " alloc ", kFreed, " ",
+                                             kLive));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<std::string> written = Profiles(dir);
+    ASSERT_EQ(written.size(), 1u) << r.err;
+    auto p = ReadPprofFile(written[0]);
+    ASSERT_TRUE(p.ok()) << p.status() << r.err;
+    const int alloc_space = p->ValueIndex("alloc_space");
+    const int inuse_space = p->ValueIndex("inuse_space");
+    ASSERT_GE(alloc_space, 0) << "no alloc_space in the profile; " << r.err;
+    ASSERT_GE(inuse_space, 0);
+    // Each site's estimate over its truth within
+    // stats::SampledAllocationRange (1e-7 a side; four sides per mode, two
+    // modes: 8e-7 in all).
+    const struct {
+      const char* site;
+      int index;
+      int n;
+      double size;
+    } checks[] = {{"RunAllocFreedSite", alloc_space, kFreed, 65536.0},
+                  {"RunAllocLiveSite", inuse_space, kLive, 4096.0}};
+    for (const auto& c : checks) {
+      const stats::EstimateRange range = stats::SampledAllocationRange(c.n, c.size, 65536.0);
+      const double truth = c.n * c.size;
+      const double got = static_cast<double>(LeafSum(*p, c.index, c.site));
+      EXPECT_GE(got, range.low * truth) << c.site << ": " << got << " of " << truth;
+      EXPECT_LE(got, range.high * truth) << c.site << ": " << got << " of " << truth;
+    }
+    EXPECT_EQ(LeafSum(*p, inuse_space, "RunAllocFreedSite"), 0);
   }
-  EXPECT_EQ(LeafSum(*p, inuse_space, "RunAllocFreedSite"), 0);
 
   // A bad size is one line naming the option.
   CommandOutput bad = RunInprof(absl::StrCat("--alloc=lots -- ", ShellQuote(Target()),

@@ -238,6 +238,11 @@ class Pipeline {
     // process note (SetProcessNote); empty: none.
     void SetAttachmentNote(std::string note) { p_.attachment_note_ = std::move(note); }
     const std::string& attachment_note() const { return p_.attachment_note_; }
+    // A window handed on elsewhere ends here (library mode's last): what
+    // the attachments add at a window's end (BeforeCutLocked: the live
+    // heap, the allocations still pending) goes into the aggregate now,
+    // and on with it. Their comment lines are not kept.
+    void EndWindowAtAttachments();
 
    private:
     friend class Pipeline;
