@@ -25,6 +25,9 @@
 #   agent_stream_fuzzer   what `inprof agent` reads from a profiled process's
 #                         shared memory (AgentRingReader, DecodeAgentOp,
 #                         ReadAgentThreadArea)
+#   got_scan_fuzzer       a loaded object's dynamic section, relocations and
+#                         symbols, as the allocation hooks read them
+#                         (internal::ScanGotSlots)
 # Each is linked with only the sources it needs (compiled with coverage
 # instrumentation) and the Debian libraries (GCC-built, libstdc++ ABI).
 # New inputs go to BUILD_DIR/corpus/<target>; crashes to
@@ -37,7 +40,7 @@ seconds=${FUZZ_SECONDS:-20}
 step=${FUZZ_STEP:-all}
 jobs=${FUZZ_JOBS:-2}
 cxx=${CXX:-clang++}
-targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer agent_protocol_fuzzer agent_stream_fuzzer}
+targets=${FUZZ_TARGETS:-options_fuzzer pprof_reader_fuzzer pprof_writer_fuzzer symbolizer_fuzzer cfi_table_fuzzer debug_endpoint_fuzzer agent_protocol_fuzzer agent_stream_fuzzer got_scan_fuzzer}
 
 mkdir -p "$out/obj" "$out/corpus" "$out/artifacts"
 
@@ -62,6 +65,7 @@ declare -A sources=(
   [debug_endpoint_fuzzer]="src/serve/debug_endpoint.cc src/base/addresses.cc"
   [agent_protocol_fuzzer]="src/agent/agent_protocol.cc src/base/addresses.cc"
   [agent_stream_fuzzer]="src/agent/agent_stream.cc"
+  [got_scan_fuzzer]="src/alloc/got_scan_linux.cc"
 )
 
 # Compile every needed source once, two at a time, with coverage for
