@@ -157,34 +157,6 @@ TEST(SafetyAllocTest, SampledCallsKeepTheHostsErrnoAndErrors) {
   }
 }
 
-// An 8 KiB stack with a PROT_NONE guard page below it.
-class GuardedStack {
- public:
-  explicit GuardedStack(size_t size) : size_(size) {
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    map_size_ = size_ + page;
-    void* m = mmap(nullptr, map_size_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return;
-    map_ = static_cast<char*>(m);
-    mprotect(map_, page, PROT_NONE);
-    base_ = map_ + page;
-  }
-  ~GuardedStack() {
-    if (map_ != nullptr) munmap(map_, map_size_);
-  }
-  GuardedStack(const GuardedStack&) = delete;
-  GuardedStack& operator=(const GuardedStack&) = delete;
-  char* base() const { return base_; }
-  size_t size() const { return size_; }
-
- private:
-  size_t size_;
-  size_t map_size_ = 0;
-  char* map_ = nullptr;
-  char* base_ = nullptr;
-};
-
 constexpr size_t kSmallStack = 8 * 1024;
 constexpr int kAllocationsOnSmallStack = 1000;
 std::atomic<int> g_done{0};
@@ -207,7 +179,7 @@ int AllocateOnASmallStackScenario() {
   const uint64_t before = AllocationProvider::stats().samples;
   std::thread worker([&] {
     auto registration = profiler.RegisterThread("coroutine");
-    GuardedStack stack(kSmallStack);
+    safety::GuardedStack stack(kSmallStack);
     if (stack.base() == nullptr) {
       result = kStackFailed;
       return;

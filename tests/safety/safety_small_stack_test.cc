@@ -53,35 +53,6 @@ constexpr const char* kSmallStackFrame = "[inprof: on a small or foreign stack]"
 // Profiling signals each scenario sends itself while on the small stack.
 constexpr int kSignalsOnSmallStack = 25;
 
-// An 8 KiB stack with a PROT_NONE guard page below it: whatever overflows it
-// faults at once instead of corrupting the memory below.
-class GuardedStack {
- public:
-  explicit GuardedStack(size_t size) : size_(size) {
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    map_size_ = size_ + page;
-    void* m = mmap(nullptr, map_size_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return;
-    map_ = static_cast<char*>(m);
-    mprotect(map_, page, PROT_NONE);
-    base_ = map_ + page;
-  }
-  ~GuardedStack() {
-    if (map_ != nullptr) munmap(map_, map_size_);
-  }
-  GuardedStack(const GuardedStack&) = delete;
-  GuardedStack& operator=(const GuardedStack&) = delete;
-  char* base() const { return base_; }
-  size_t size() const { return size_; }
-
- private:
-  size_t size_;
-  size_t map_size_ = 0;
-  char* map_ = nullptr;
-  char* base_ = nullptr;
-};
-
 Options SmallStackOptions(const std::string& name) {
   Options options;
   options.output = testing::TestTmpDir() + "/safety_small_stack_" + name + ".pb.gz";
@@ -166,7 +137,7 @@ int RunScenario(const char* kind) {
   std::thread worker([&] {
     auto registration = profiler.RegisterThread("small-stack");
     safety::BurnCpu(20'000'000);  // on its own stack: walked
-    GuardedStack stack(kSmallStack);
+    safety::GuardedStack stack(kSmallStack);
     if (stack.base() == nullptr) {
       result = kStackFailed;
       return;
@@ -268,7 +239,7 @@ int RunWaitScenario() {
   int result = kOk;
   std::thread worker([&] {
     auto registration = profiler.RegisterThread("small-stack-wait");
-    GuardedStack stack(kSmallStack);
+    safety::GuardedStack stack(kSmallStack);
     if (stack.base() == nullptr) {
       result = kStackFailed;
       return;

@@ -19,6 +19,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -236,6 +237,36 @@ inline bool WaitUntilBlocked(pid_t tid,
   }
   return false;
 }
+
+// A small stack (a coroutine's, a sigaltstack) of `size` bytes with a
+// PROT_NONE guard page below it: whatever overflows it faults at once
+// instead of corrupting the memory below. base() is null when mmap failed.
+class GuardedStack {
+ public:
+  explicit GuardedStack(size_t size) : size_(size) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    map_size_ = size_ + page;
+    void* m = mmap(nullptr, map_size_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return;
+    map_ = static_cast<char*>(m);
+    mprotect(map_, page, PROT_NONE);
+    base_ = map_ + page;
+  }
+  ~GuardedStack() {
+    if (map_ != nullptr) munmap(map_, map_size_);
+  }
+  GuardedStack(const GuardedStack&) = delete;
+  GuardedStack& operator=(const GuardedStack&) = delete;
+  char* base() const { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_;
+  size_t map_size_ = 0;
+  char* map_ = nullptr;
+  char* base_ = nullptr;
+};
 
 // Runs `body` in a forked child and returns its exit code, or 128 + signal
 // when it died of a signal. The child is killed by SIGALRM after
