@@ -453,7 +453,8 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "stacks truncated=", window_stats.stacks_truncated,
         " walked by frame pointers through a module without its CFI table yet=",
         window_stats.stacks_before_tables,
-        "; blocked episodes sampled again once the tables were ready=",
+        "; blocked episodes begun on such a walk=", window_stats.blocked_episodes_provisional,
+        ", sampled again once the tables were ready=",
         window_stats.blocked_episodes_resampled));
   } else {
     data.comments.push_back(

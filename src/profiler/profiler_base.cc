@@ -293,6 +293,8 @@ ProfilerStats ProfilerBase::stats() const {
   }
   s.blocked_episodes_resampled =
       wall_episodes_resampled_.load(std::memory_order_relaxed);
+  s.blocked_episodes_provisional =
+      wall_episodes_provisional_.load(std::memory_order_relaxed);
   s.wall_signals = wall_signals_.load(std::memory_order_relaxed);
   s.wall_stacks_read = wall_stacks_read_.load(std::memory_order_relaxed);
   s.wall_running_credits = wall_running_credits_.load(std::memory_order_relaxed);

@@ -112,7 +112,13 @@ class Symbolizer;
   X(wall_tail_frame_ns, true, "wall time on the tail frame, ns")          \
   /* Threads that registered in a burst and whose CPU engine the wall      \
      sampler's thread armed (sample_provider.h: ArmsInTwoSteps). */         \
-  X(threads_armed_by_sampler, true, "threads armed by the sampler thread")
+  X(threads_armed_by_sampler, true, "threads armed by the sampler thread")   \
+  /* Blocking episodes whose first stack was walked before the unwinder's    \
+     tables were ready (the walks of stacks_before_tables that began an      \
+     episode; others were CPU samples, or reads that were then signalled     \
+     for instead): each is sampled again once the tables are ready           \
+     (blocked_episodes_resampled). */                                        \
+  X(blocked_episodes_provisional, true, "blocked episodes begun before the tables")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;

@@ -328,6 +328,9 @@ class ProfilerBase : public ProfilerCommon {
   // Blocked threads' stacks read without a signal (ReadBlockedStack).
   std::atomic<uint64_t> wall_stacks_read_{0};
   std::atomic<uint64_t> wall_episodes_resampled_{0};
+  // Episodes whose first stack was a walk before the tables (registry and
+  // aggregate locks: ProfilerCollector<>::AddRecordLocked).
+  std::atomic<uint64_t> wall_episodes_provisional_{0};
   // Wall time (ns) of threads with no wall sample that went to the tail
   // frame (Profiler<>::TakeTailOne): where they were could not be read.
   std::atomic<uint64_t> wall_tail_frame_ns_{0};

@@ -187,6 +187,7 @@ class ProfilerCollector : public ProfilerBase {
       slot->blocked_stack.assign(frames.begin(), frames.end());
       slot->blocked_labels.assign(labels, labels + label_words);
       slot->blocked_provisional = meta.provisional;
+      if (meta.provisional) wall_episodes_provisional_.fetch_add(1, std::memory_order_relaxed);
       slot->blocked_tables_ready = meta.tables_ready;
       slot->blocked_tables_generation = meta.generation;
     }
@@ -329,8 +330,10 @@ class ProfilerCollector : public ProfilerBase {
       if (unwound.truncated) {
         // A frame whose rbp the copy does not settle: the same stack at the
         // same place will not walk either, and a failed read is work the
-        // ticker does on top of the signal. Signalled there from now on.
-        slot->unreadable_site = site;
+        // ticker does on top of the signal. Signalled there from now on --
+        // unless the walk lacked the tables (frame pointers only, from an
+        // unknown rbp: it stops at once), which the next read may have.
+        if (!unwound.provisional) slot->unreadable_site = site;
         return false;
       }
       if (ThreadCpuNanos(slot->cpu_clock) != clock) {
