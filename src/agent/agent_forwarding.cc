@@ -46,7 +46,7 @@ absl::Status AgentForwarding::Connect(Pipeline& pipeline,
   });
   link_.reset();
   AgentDescribe describe{pipeline.sample_types(), pipeline.period_type(),
-                         pipeline.period(), pipeline.engine()};
+                         pipeline.period(), pipeline.engine(), pipeline.omitted_types()};
   absl::StatusOr<std::unique_ptr<AgentLink>> link =
       AgentLink::Connect(options_, describe, /*timeout_ms=*/1000);
   if (!link.ok()) {

@@ -179,6 +179,7 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
   program_value_ = table.Intern(hello_.program);
   pipeline_ = std::make_unique<internal::Pipeline>(
       options_, d.sample_types, d.period_type, d.period, d.engine);
+  pipeline_->SetOmittedTypes(d.omitted_types);
   pipeline_->SetSinkFactory([options = options_] { return internal::MakeSinks(options); });
   pipeline_->UseSymbolizer(std::move(symbolizer_));
   std::vector<std::string> tags;

@@ -203,6 +203,7 @@ struct Encoder {
     PutString(out, d.period_type.type);
     PutString(out, d.period_type.unit);
     PutString(out, d.engine);
+    out.push_back(d.omitted_types);
   }
   void operator()(const AgentEngine& e) {
     out.push_back(kEngine);
@@ -299,7 +300,13 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
       d.period_type.type = r.String("period type");
       d.period_type.unit = r.String("period unit");
       d.engine = r.String("engine");
+      d.omitted_types = r.Word("omitted sample types");
       if (absl::Status s = r.Finish(); !s.ok()) return s;
+      if (d.sample_types.size() < 64 && (d.omitted_types >> d.sample_types.size()) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "agent stream: describe record: omitted sample types 0x",
+            absl::Hex(d.omitted_types), " name types past its ", d.sample_types.size()));
+      }
       return d;
     }
     case kEngine: {

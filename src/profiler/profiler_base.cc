@@ -69,6 +69,10 @@ absl::Status ProfilerBase::Start() {
     Log(why_not);
     return absl::OkStatus();
   }
+  // Before the agent is told the sample types: which ones are left out
+  // (a provider that is off) is known once the providers are configured.
+  if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
+  pipeline_.SetOmittedTypes(OmittedSampleTypes());
   // Library mode: the agent gets the samples (a local socket round trip;
   // without an agent, profiling stays here unless INPROF_AGENT_FALLBACK=off).
   // The last session's shared rings (drained, no handler runs) go back
@@ -79,8 +83,6 @@ absl::Status ProfilerBase::Start() {
   // No unwind tables are built here: the collector thread builds them
   // first thing (Drain), so Start() returns in well under a millisecond.
   if (absl::Status s = InstallSignalHandler(); !s.ok()) return s;
-  if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
-  pipeline_.SetOmittedTypes(OmittedSampleTypes());
   if (const std::string how = DescribeProviders(); !how.empty()) Log(how);
   // A new session per run: signals still queued from the previous run
   // carry the old one in their tag and are ignored.

@@ -33,6 +33,7 @@
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
 #include "inprof/base/sanitizers.h"
+#include "inprof/pprof_reader.h"
 #include "src/agent/agent_server.h"
 #include "tests/util/test_util.h"
 
@@ -264,6 +265,13 @@ TEST_F(AgentLibraryTest, TwoProcessesAndAnExecdChildReportToOneAgent) {
   EXPECT_THAT(pc.comments, HasSubstr("profiled through inprof agent"));
   // And protoc reads them as profile.proto says.
   EXPECT_TRUE(testing::ProtocDecodeOk(by_pid[a.at("pid")].output).ok());
+  // With allocations not sampled (no INPROF_ALLOC_PERIOD), the agent's
+  // profile has no heap columns, as the process's own would not.
+  auto types = ReadPprofFile(by_pid[a.at("pid")].output);
+  ASSERT_TRUE(types.ok()) << types.status();
+  EXPECT_GE(types->ValueIndex("cpu-time"), 0);
+  EXPECT_EQ(types->ValueIndex("alloc_space"), -1);
+  EXPECT_EQ(types->ValueIndex("inuse_objects"), -1);
 }
 
 TEST_F(AgentLibraryTest, AProcessThatDiesKeepsWhatItForwarded) {

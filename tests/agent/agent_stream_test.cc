@@ -24,7 +24,7 @@ TEST(AgentStreamTest, EveryRecordRoundTrips) {
   const std::vector<AgentOp> ops = {
       AgentDescribe{{{"cpu-samples", "count"}, {"cpu-time", "nanoseconds"}},
                     {"cpu-time", "nanoseconds"}, 10'000'000,
-                    "unwinder=dwarf providers=cpu,wall"},
+                    "unwinder=dwarf providers=cpu,wall", /*omitted_types=*/0b10},
       AgentEngine{"cpu engine=perf"},
       AgentString{7, "request id"},
       AgentThreadAdd{3, 4242, "worker-1"},
@@ -78,6 +78,13 @@ TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
   }
   EXPECT_THAT(DecodeAgentOp(std::vector<uint64_t>{99}).status().message(),
               HasSubstr("unknown record type 99"));
+  // The omitted types name types the record has.
+  std::vector<uint64_t> past = EncodeAgentOp(
+      AgentDescribe{{{"cpu-samples", "count"}}, {"cpu-samples", "count"}, 1, "e", 0b1});
+  EXPECT_TRUE(DecodeAgentOp(past).ok());
+  past.back() = 0b10;
+  EXPECT_THAT(DecodeAgentOp(past).status().message(),
+              HasSubstr("omitted sample types 0x2 name types past its 1"));
   // A thread record whose name claims more bytes than the record has.
   std::vector<uint64_t> words = EncodeAgentOp(AgentThreadAdd{1, 2, "ab"});
   words[3] = 1000;

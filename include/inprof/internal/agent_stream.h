@@ -113,6 +113,10 @@ struct AgentDescribe {
   ValueType period_type;
   int64_t period = 0;
   std::string engine;  // "unwinder=... providers=..."
+  // The sample types (bit i: sample_types[i]) the process leaves out of its
+  // profiles (Pipeline::SetOmittedTypes: a provider that is off); the
+  // agent's windows leave them out too.
+  uint64_t omitted_types = 0;
 };
 // How samples are taken (the engine's detail line), when it changes.
 struct AgentEngine {

@@ -316,6 +316,7 @@ class Pipeline {
   void SetOmittedTypes(uint64_t mask) {
     omitted_types_.store(mask, std::memory_order_relaxed);
   }
+  uint64_t omitted_types() const { return omitted_types_.load(std::memory_order_relaxed); }
 
   // Windows handed to the sinks since construction.
   uint64_t windows_exported() const {
