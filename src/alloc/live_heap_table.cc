@@ -19,6 +19,12 @@ double BitsDouble(uint64_t bits) {
 // many times (each time is a fresh probe) before the block counts as an
 // overflow.
 constexpr int kInsertAttempts = 4;
+// An entry's bytes for the counters (bytes_in, bytes_out): the same
+// rounding in and out, so that what stays is what the live entries make.
+uint64_t EntryBytes(uint64_t size, double weight_objects) {
+  const double bytes = static_cast<double>(size) * weight_objects;
+  return bytes >= 1.8e19 ? uint64_t{1} << 63 : static_cast<uint64_t>(bytes + 0.5);
+}
 }  // namespace
 
 LiveHeapTable::LiveHeapTable(size_t capacity)
@@ -82,6 +88,8 @@ bool LiveHeapTable::Insert(const void* address, const Entry& entry) {
     }
     if (chain) {
       inserts_.fetch_add(1, std::memory_order_relaxed);
+      bytes_in_.fetch_add(EntryBytes(entry.size, entry.weight_objects),
+                          std::memory_order_relaxed);
       return true;
     }
     uintptr_t expected = a;
@@ -112,6 +120,8 @@ bool LiveHeapTable::Take(const void* address, Entry* out) {
     }
     if (out != nullptr) *out = entry;
     erases_.fetch_add(1, std::memory_order_relaxed);
+    bytes_out_.fetch_add(EntryBytes(entry.size, entry.weight_objects),
+                         std::memory_order_relaxed);
     Reclaim(index);
     return true;
   }
@@ -178,6 +188,8 @@ LiveHeapTable::Stats LiveHeapTable::stats() const {
   s.erases = erases_.load(std::memory_order_relaxed);
   s.overflows = overflows_.load(std::memory_order_relaxed);
   s.rejected = rejected_.load(std::memory_order_relaxed);
+  s.bytes_in = bytes_in_.load(std::memory_order_relaxed);
+  s.bytes_out = bytes_out_.load(std::memory_order_relaxed);
   return s;
 }
 

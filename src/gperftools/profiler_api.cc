@@ -14,6 +14,12 @@
 //                              (<gperftools/heap-profiler.h>: HeapProfilerStart,
 //                              HeapProfilerDump, HeapProfilerStop,
 //                              IsHeapProfilerRunning)
+//   HEAP_PROFILE_ALLOCATION_INTERVAL=BYTES    dump each time this many more
+//                              bytes were allocated (1073741824; 0: never)
+//   HEAP_PROFILE_DEALLOCATION_INTERVAL=BYTES  ... freed (0)
+//   HEAP_PROFILE_INUSE_INTERVAL=BYTES         ... whenever the bytes in use
+//                              pass their last high mark by this (104857600)
+//   HEAP_PROFILE_TIME_INTERVAL=SECONDS        ... every this many seconds (0)
 //
 // Built into libinprof_preload.so and, with INPROF_GPERFTOOLS_CONSTRUCTOR,
 // into libinprof_gperftools.a, whose constructor reads the variables (the
@@ -23,8 +29,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -34,8 +44,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/platform.h"
+#include "inprof/heap/allocation_provider.h"
 #include "inprof/options.h"
 #include "src/run/gperftools_env.h"
 #include "src/run/auto_profiler.h"
@@ -74,17 +86,81 @@ void* ToggleThread(void* arg) {
   }
 }
 
+// gperftools' dump intervals (its HEAP_PROFILE_* variables, read at each
+// HeapProfilerStart; 0 turns one off). Checked against the allocation
+// profiler's estimates (AllocationProvider::Stats) every kIntervalCheck, on
+// a thread of inprof's, where gperftools checks at each allocation: a dump
+// comes up to that much later, and its reason says what had been reached.
+struct DumpIntervals {
+  int64_t allocation = int64_t{1} << 30;  // bytes allocated since the last dump
+  int64_t deallocation = 0;               // bytes freed since the last dump
+  int64_t inuse = int64_t{100} << 20;     // growth of the high mark of bytes in use
+  int64_t time_s = 0;                     // seconds since the last dump
+  bool any() const { return allocation > 0 || deallocation > 0 || inuse > 0 || time_s > 0; }
+};
+constexpr auto kIntervalCheck = std::chrono::milliseconds(100);
+
 // The heap profiler's state (HeapProfilerStart to HeapProfilerStop).
 struct HeapProfiling {
   std::mutex mu;
+  std::condition_variable changed;  // running or the intervals changed
   bool running = false;
   bool started_profiler = false;  // HeapProfilerStart started run::Start
   std::string prefix;
   int dumps = 0;
+  DumpIntervals intervals;
+  // What the last interval dump saw (at HeapProfilerStart: what was then).
+  uint64_t last_dump_alloc = 0;
+  uint64_t last_dump_free = 0;
+  uint64_t high_mark = 0;
+  int64_t last_dump_ns = 0;  // steady clock
+  bool checker_started = false;
 };
+void CheckerGoneInChild();
 HeapProfiling& Heap() {
-  static auto* heap = new HeapProfiling;  // never destroyed: used at exit
+  static auto* heap = [] {
+    auto* h = new HeapProfiling;  // never destroyed: used at exit
+    // A fork() while the interval checker dumps would leave the lock held
+    // in the child, whose exit dump would then wait forever.
+    internal::RegisterForkLock(&h->mu, internal::kForkRankOutermost);
+    pthread_atfork(nullptr, nullptr, &CheckerGoneInChild);
+    return h;
+  }();
   return *heap;
+}
+// The child has no checker thread (fork copies the calling thread only):
+// its intervals are not checked, its dumps come at HeapProfilerDump and exit.
+void CheckerGoneInChild() { Heap().checker_started = false; }
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A HEAP_PROFILE_* variable: a whole number, 0 or more; otherwise one line
+// naming it, and `fallback`.
+int64_t IntervalFromEnvironment(const char* name, int64_t fallback, const char* unit) {
+  const char* value = getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n < 0) {
+    internal::Log(absl::StrCat(name, "='", value, "': expected a whole number of ", unit,
+                               " (0: never); using ", fallback));
+    return fallback;
+  }
+  return n;
+}
+
+DumpIntervals IntervalsFromEnvironment() {
+  DumpIntervals d;
+  d.allocation =
+      IntervalFromEnvironment("HEAP_PROFILE_ALLOCATION_INTERVAL", d.allocation, "bytes");
+  d.deallocation =
+      IntervalFromEnvironment("HEAP_PROFILE_DEALLOCATION_INTERVAL", d.deallocation, "bytes");
+  d.inuse = IntervalFromEnvironment("HEAP_PROFILE_INUSE_INTERVAL", d.inuse, "bytes");
+  d.time_s = IntervalFromEnvironment("HEAP_PROFILE_TIME_INTERVAL", d.time_s, "seconds");
+  return d;
 }
 
 void DumpLocked(HeapProfiling& h, const char* reason) {
@@ -108,6 +184,52 @@ void DumpAtExit() {
   HeapProfiling& h = Heap();
   std::lock_guard<std::mutex> lock(h.mu);
   if (h.running) DumpLocked(h, "exiting");
+  h.running = false;  // the interval checker dumps no more: the profiler stops
+}
+
+// gperftools' MaybeDumpProfileLocked, on the estimates: one dump at most a
+// check, for the first interval reached, in gperftools' order.
+void MaybeDumpLocked(HeapProfiling& h) {
+  const AllocationProvider::Stats s = AllocationProvider::stats();
+  const DumpIntervals& d = h.intervals;
+  const int64_t now = SteadyNanos();
+  const int64_t since_s = (now - h.last_dump_ns) / 1'000'000'000;
+  constexpr int kMiB = 20;
+  std::string reason;
+  if (d.allocation > 0 && s.alloc_bytes >= h.last_dump_alloc + d.allocation) {
+    reason = absl::StrCat(s.alloc_bytes >> kMiB, " MB allocated cumulatively, ",
+                          s.inuse_bytes >> kMiB, " MB currently in use");
+  } else if (d.deallocation > 0 && s.freed_bytes >= h.last_dump_free + d.deallocation) {
+    reason = absl::StrCat(s.freed_bytes >> kMiB, " MB freed cumulatively, ",
+                          s.inuse_bytes >> kMiB, " MB currently in use");
+  } else if (d.inuse > 0 && s.inuse_bytes > h.high_mark + d.inuse) {
+    reason = absl::StrCat(s.inuse_bytes >> kMiB, " MB currently in use");
+  } else if (d.time_s > 0 && since_s >= d.time_s) {
+    reason = absl::StrCat(since_s, " sec since the last dump");
+    h.last_dump_ns = now;
+  } else {
+    return;
+  }
+  DumpLocked(h, reason.c_str());
+  h.last_dump_alloc = s.alloc_bytes;
+  h.last_dump_free = s.freed_bytes;
+  h.high_mark = std::max(h.high_mark, s.inuse_bytes);
+}
+
+// The interval checker: sleeps while heap profiling is off or has no
+// interval, else checks every kIntervalCheck. Lives as long as the process.
+void* IntervalThread(void*) {
+  HeapProfiling& h = Heap();
+  std::unique_lock<std::mutex> lock(h.mu);
+  while (true) {
+    if (!h.running || !h.intervals.any()) {
+      h.changed.wait(lock);
+      continue;
+    }
+    h.changed.wait_for(lock, kIntervalCheck);
+    if (h.running) MaybeDumpLocked(h);
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -292,6 +414,22 @@ __attribute__((visibility("default"))) void HeapProfilerStart(const char* prefix
   h.running = true;
   h.prefix = prefix;
   h.dumps = 0;
+  h.intervals = gperftools::IntervalsFromEnvironment();
+  const AllocationProvider::Stats s = AllocationProvider::stats();
+  h.last_dump_alloc = s.alloc_bytes;
+  h.last_dump_free = s.freed_bytes;
+  h.high_mark = s.inuse_bytes;  // what it grows by from now on, as gperftools'
+  h.last_dump_ns = gperftools::SteadyNanos();
+  if (h.intervals.any() && !h.checker_started) {
+    h.checker_started =
+        run::StartDetachedThread("inprof-heapdump", &gperftools::IntervalThread, nullptr);
+    if (!h.checker_started) {
+      internal::Log(absl::StrCat("HeapProfilerStart('", prefix,
+                                 "'): no thread for the HEAP_PROFILE_* dump intervals; "
+                                 "dumps at HeapProfilerDump and exit only"));
+    }
+  }
+  h.changed.notify_all();
 }
 
 __attribute__((visibility("default"))) int IsHeapProfilerRunning(void) {
@@ -305,6 +443,7 @@ __attribute__((visibility("default"))) void HeapProfilerStop(void) {
   std::lock_guard<std::mutex> lock(h.mu);
   if (!h.running) return;
   h.running = false;
+  h.changed.notify_all();
   if (h.started_profiler) run::Stop();
   h.started_profiler = false;
 }

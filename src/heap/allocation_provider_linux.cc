@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <mutex>
@@ -93,6 +94,7 @@ struct HeapState {
   std::atomic<uint64_t> samples_untrimmed{0};
   std::atomic<uint64_t> samples_own{0};
   std::atomic<uint64_t> samples_threadless{0};
+  std::atomic<uint64_t> alloc_bytes{0};  // the samples' weight_bytes, rounded
 
   HeapState() {
     stacks.resize(kFirstStackId);
@@ -157,6 +159,8 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
     return internal::kAllocUntracked;
   }
   h.samples.fetch_add(1, std::memory_order_relaxed);
+  h.alloc_bytes.fetch_add(static_cast<uint64_t>(std::min(sample.weight_bytes, 1.8e19) + 0.5),
+                          std::memory_order_relaxed);
   // Only a thread registered with the running profiler is walked: its
   // stack's bounds are known (EventContext::unwind checks again).
   internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
@@ -440,7 +444,11 @@ AllocationProvider::Stats AllocationProvider::stats() {
   s.samples_untrimmed = h.samples_untrimmed.load(std::memory_order_relaxed);
   s.samples_own = h.samples_own.load(std::memory_order_relaxed);
   s.samples_threadless = h.samples_threadless.load(std::memory_order_relaxed);
-  s.live_overflows = h.live.stats().overflows;
+  const LiveHeapTable::Stats live = h.live.stats();
+  s.live_overflows = live.overflows;
+  s.alloc_bytes = h.alloc_bytes.load(std::memory_order_relaxed);
+  s.freed_bytes = live.bytes_out;
+  s.inuse_bytes = live.bytes_in >= live.bytes_out ? live.bytes_in - live.bytes_out : 0;
   {
     AllocGuard guard;
     std::lock_guard<std::mutex> lock(h.mutex);

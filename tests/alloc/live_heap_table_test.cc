@@ -62,6 +62,29 @@ TEST(LiveHeapTableTest, SumScalesEachEntryByItsWeight) {
   EXPECT_DOUBLE_EQ(totals.bytes, 415.0);
 }
 
+// The byte counters give the live entries' inuse_space without a walk: in
+// at Insert, out at Take and Erase, the same rounding both ways; an
+// overflow or a rejected address counts neither.
+TEST(LiveHeapTableTest, ByteCountersFollowInsertsAndErases) {
+  LiveHeapTable table(16);
+  ASSERT_TRUE(table.Insert(Addr(0x1000), {100, 4.0, 0}));
+  ASSERT_TRUE(table.Insert(Addr(0x2000), {10, 1.55, 0}));  // 15.5 rounds to 16
+  EXPECT_FALSE(table.Insert(Addr(0x3001), {1000, 1.0, 0}));
+  LiveHeapTable::Stats stats = table.stats();
+  EXPECT_EQ(stats.bytes_in, 416u);
+  EXPECT_EQ(stats.bytes_out, 0u);
+  EXPECT_TRUE(table.Erase(Addr(0x2000)));
+  EXPECT_FALSE(table.Erase(Addr(0x2000)));  // a second free: nothing more
+  stats = table.stats();
+  EXPECT_EQ(stats.bytes_out, 16u);
+  EXPECT_EQ(stats.bytes_in - stats.bytes_out, 400u);
+  EXPECT_DOUBLE_EQ(table.Sum().bytes, 400.0);
+  for (uintptr_t i = 1; i <= 40; ++i) table.Insert(Addr(0x10000 + i * 16), {8, 1.0, 0});
+  stats = table.stats();
+  EXPECT_EQ(stats.bytes_in, 416u + 8u * (stats.inserts - 2));
+  EXPECT_GT(stats.overflows, 0u);
+}
+
 TEST(LiveHeapTableTest, MoveAsReallocDoes) {
   LiveHeapTable table(64);
   ASSERT_TRUE(table.Insert(Addr(0x1000), {100, 4.0, 9}));

@@ -10,10 +10,19 @@
 //                                        HeapProfilerStop. Prints the states.
 //   gperftools_heap_program env          the same allocations, no API call
 //                                        (HEAPPROFILE)
+//   gperftools_heap_program intervals N live|freed
+//                                        HEAPPROFILE: N mallocs of 1 MiB at
+//                                        HeapMiBSite, kept or freed, then
+//                                        waits (60 s at most) for the
+//                                        interval dump $HEAPPROFILE.0001.heap
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gperftools/heap-profiler.h>
@@ -29,6 +38,12 @@ __attribute__((noinline)) void* HeapFreedSite() {
 }
 __attribute__((noinline)) void* HeapLiveSite() {
   void* p = std::malloc(4096);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+__attribute__((noinline)) void* HeapMiBSite() {
+  void* p = std::malloc(1 << 20);
   asm volatile("" : : "r"(p) : "memory");
   return p;
 }
@@ -58,6 +73,32 @@ int main(int argc, char** argv) {
     for (void* p : *live) std::free(p);
     delete live;
     return 0;
+  }
+  if (mode == "intervals" && argc == 4) {
+    const char* prefix = std::getenv("HEAPPROFILE");
+    if (prefix == nullptr) return 2;
+    const int n = std::atoi(argv[2]);
+    const bool keep = std::strcmp(argv[3], "live") == 0;
+    std::vector<void*> live;
+    live.reserve(n);
+    for (int i = 0; i < n; ++i) {
+      void* p = HeapMiBSite();
+      if (keep) {
+        live.push_back(p);
+      } else {
+        std::free(p);
+      }
+    }
+    const std::string first = std::string(prefix) + ".0001.heap";
+    bool dumped = false;
+    for (int i = 0; i < 6000 && !dumped; ++i) {
+      dumped = access(first.c_str(), F_OK) == 0;
+      if (!dumped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::printf("interval dump: %s\n", dumped ? "yes" : "no");
+    std::fflush(stdout);
+    for (void* p : live) std::free(p);
+    return dumped ? 0 : 1;
   }
   if (mode == "env") {
     std::printf("env: running=%d\n", IsHeapProfilerRunning());

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/pprof_reader.h"
@@ -263,6 +264,68 @@ TEST(GperftoolsTest, HeapprofileProfilesFromLoadToExit) {
     EXPECT_THAT(r->out, HasSubstr("started: running=0"));
     EXPECT_THAT(r->err, HasSubstr("allocations are not sampled in this process"));
     EXPECT_NE(access((prefix + ".0001.heap").c_str(), F_OK), 0);
+  }
+}
+
+// gperftools' dump intervals (HEAP_PROFILE_*), each alone. At
+// INPROF_ALLOC_PERIOD=1 every allocation of 1 MiB is sampled with weight 1
+// (p = 1 - exp(-2^20)), so the estimates the intervals read are the truth
+// and which dumps happen is deterministic. The program waits for the
+// interval dump before it exits (and writes the exit dump after it).
+TEST(GperftoolsTest, HeapProfileIntervalsDumpAsGperftoolsDoes) {
+  const std::string program = ShellQuote(Env("INPROF_GPERFTOOLS_HEAP_PROGRAM"));
+  const struct {
+    const char* name;
+    const char* variables;
+    const char* args;
+    const char* reason;  // in the first dump's line
+    // At least this much of the site's alloc_space and inuse_space in the
+    // first dump: what triggered it, less 1 MiB for the program's other
+    // blocks (a few KiB).
+    int64_t min_alloc_mib, min_inuse_mib;
+    const char* also_said;  // another line on stderr
+  } cases[] = {
+      // 40 MiB allocated and freed: one dump past 32 MiB, no second (that
+      // would need 64), then the exit dump.
+      {"heap_alloc_interval",
+       "HEAP_PROFILE_ALLOCATION_INTERVAL=33554432 HEAP_PROFILE_INUSE_INTERVAL=0", "40 freed",
+       " MB allocated cumulatively, ", 31, 0, ""},
+      {"heap_inuse_interval",
+       "HEAP_PROFILE_ALLOCATION_INTERVAL=0 HEAP_PROFILE_INUSE_INTERVAL=16777216", "20 live",
+       " MB currently in use)", 15, 15, ""},
+      // Nothing allocated: time alone. A variable that is no number is one
+      // line naming it, and its default.
+      {"heap_time_interval",
+       "HEAP_PROFILE_ALLOCATION_INTERVAL=0 HEAP_PROFILE_INUSE_INTERVAL=lots "
+       "HEAP_PROFILE_TIME_INTERVAL=1",
+       "0 live", " sec since the last dump)", 0, 0,
+       "HEAP_PROFILE_INUSE_INTERVAL='lots': expected a whole number of bytes (0: never); "
+       "using 104857600"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string prefix = Fresh(c.name) + "/app";
+    auto r = RunCommandSeparately(absl::StrCat("HEAPPROFILE=", ShellQuote(prefix),
+                                               " INPROF_ALLOC_PERIOD=1 ", c.variables, " ",
+                                               program, " intervals ", c.args));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+    EXPECT_THAT(r->err, HasSubstr(absl::StrCat("dumping heap profile to ", prefix, ".0001.heap (")));
+    EXPECT_THAT(r->err, HasSubstr(c.reason));
+    EXPECT_THAT(r->err, HasSubstr(c.also_said));
+    // The exit dump last: the second file, but with time as the interval,
+    // where a stalled program may see a second interval dump first.
+    int last = 1;
+    while (access(absl::StrFormat("%s.%04d.heap", prefix, last + 1).c_str(), F_OK) == 0) ++last;
+    EXPECT_THAT(r->err, HasSubstr(absl::StrFormat("%s.%04d.heap (exiting)", prefix, last)));
+    if (c.min_alloc_mib > 0) {
+      EXPECT_EQ(last, 2) << r->err;
+    }
+    auto p = ReadPprofFile(prefix + ".0001.heap");
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->period, 1);
+    EXPECT_GE(LeafSum(*p, p->ValueIndex("alloc_space"), "HeapMiBSite"), c.min_alloc_mib << 20);
+    EXPECT_GE(LeafSum(*p, p->ValueIndex("inuse_space"), "HeapMiBSite"), c.min_inuse_mib << 20);
   }
 }
 

@@ -486,6 +486,33 @@ TEST(AllocationProviderTest, StopPutsTheAllocatorBack) {
   }
 }
 
+// Stats' byte estimates (what the gperftools drop-in's dump intervals
+// read): at a period of 1 byte every allocation of 1,000 bytes is sampled
+// with p = 1 - exp(-1000) = 1 in a double, so each weighs exactly its
+// size and the estimates are the truth (deterministic).
+TEST(AllocationProviderTest, ByteEstimatesAreExactWhenEveryAllocationIsSampled) {
+  if (!kIntercepted) GTEST_SKIP() << "the sanitizer's allocator is not intercepted";
+  Options options = TestOptions("heap_stats_bytes");
+  options.alloc_period = 1;
+  HeapProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  auto self = profiler.RegisterThread("main");
+  char* blocks[10];
+  const AllocationProvider::Stats before = AllocationProvider::stats();
+  for (char*& b : blocks) b = AllocSiteSmallNew();
+  const AllocationProvider::Stats allocated = AllocationProvider::stats();
+  for (int i = 0; i < 4; ++i) delete[] blocks[i];
+  const AllocationProvider::Stats freed = AllocationProvider::stats();
+  for (int i = 4; i < 10; ++i) delete[] blocks[i];
+  EXPECT_EQ(allocated.alloc_bytes - before.alloc_bytes, 10'000u);
+  EXPECT_EQ(allocated.inuse_bytes - before.inuse_bytes, 10'000u);
+  EXPECT_EQ(freed.freed_bytes - allocated.freed_bytes, 4'000u);
+  EXPECT_EQ(freed.inuse_bytes, allocated.inuse_bytes - 4'000u);
+  EXPECT_EQ(AllocationProvider::stats().inuse_bytes, before.inuse_bytes);
+  EXPECT_EQ(freed.live_overflows, before.live_overflows);
+  ASSERT_TRUE(profiler.Stop().ok());
+}
+
 // The host keeps working in the states the hooks can be caught in.
 __attribute__((noinline)) void* AllocSiteBeforeStart() { return Kept(std::malloc(64 * 1024)); }
 

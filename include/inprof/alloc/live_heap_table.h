@@ -62,6 +62,12 @@ class LiveHeapTable {
     uint64_t erases = 0;
     uint64_t overflows = 0;  // Inserts that found no free slot: not tracked
     uint64_t rejected = 0;   // Inserts of an address the table cannot hold (odd, null)
+    // What the kept entries stand for, in bytes (size * weight_objects,
+    // rounded the same way for both): in by Insert, out by Erase and Take.
+    // bytes_in - bytes_out is the live blocks' inuse_space without a walk
+    // over the table (Sum).
+    uint64_t bytes_in = 0;
+    uint64_t bytes_out = 0;
   };
   // The live entries' sum, scaled: inuse_objects and inuse_space.
   struct Totals {
@@ -160,6 +166,8 @@ class LiveHeapTable {
   std::atomic<uint64_t> erases_{0};
   std::atomic<uint64_t> overflows_{0};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
 };
 
 }  // namespace inprof::internal

@@ -20,6 +20,8 @@
 namespace inprof::internal {
 
 enum ForkLockRank {
+  kForkRankOutermost = -1, // the gperftools drop-in's heap dumps (a dump
+                           // takes the profiler's locks under it)
   kForkRankModules = 0,    // DWARF module state (a rebuild drains the rings
                            // between two tables: registry lock under it)
   kForkRankRegistry = 1,   // a profiler's registry lock

@@ -115,6 +115,14 @@ class AllocationProvider {
     uint64_t samples_threadless = 0;    // on "[events]": no room in the thread's slot
     uint64_t stacks = 0;                // distinct stacks kept
     uint64_t live_overflows = 0;        // sampled blocks the live table could not keep
+    // Estimates from the samples' weights, in bytes: allocated (by the
+    // threads it profiles), and of the sampled blocks the live table keeps,
+    // freed since and still allocated now (inuse_space, without the walk
+    // over the table a profile makes). The gperftools drop-in's dump
+    // intervals read them.
+    uint64_t alloc_bytes = 0;
+    uint64_t freed_bytes = 0;
+    uint64_t inuse_bytes = 0;
   };
 
   absl::Status Configure(const Options& options);

@@ -20,8 +20,15 @@
      protobuf) with alloc_objects, alloc_space (since the profiler started),
      inuse_objects and inuse_space (now): `go tool pprof
      -sample_index=inuse_space PREFIX.0001.heap` reads it;
-   - dumps happen at HeapProfilerDump and at exit, not every
-     HEAP_PROFILE_ALLOCATION_INTERVAL bytes;
+   - besides HeapProfilerDump and exit, dumps come at gperftools'
+     intervals: HEAP_PROFILE_ALLOCATION_INTERVAL bytes allocated since the
+     last (1 GiB), HEAP_PROFILE_DEALLOCATION_INTERVAL freed (off),
+     HEAP_PROFILE_INUSE_INTERVAL of growth of the bytes in use over their
+     last high mark (100 MiB), HEAP_PROFILE_TIME_INTERVAL seconds (off);
+     0 turns one off. They are checked on estimates (the samples' weights)
+     every 100 ms on a thread of inprof's, not at each allocation, so a
+     dump may come up to 100 ms after its interval was reached; a forked
+     child's are not checked (its dumps: HeapProfilerDump and exit);
    - GetHeapProfile is not provided (the profile is binary).
 
    Thread-safety: every function may be called from any thread; none from a
