@@ -3,7 +3,8 @@
 //
 // Also RenamePprofStrings, which rewrites a profile's string table for the
 // Datadog upload, and SelectPprofSampleTypes, which cuts a profile's
-// columns for the Pyroscope upload.
+// columns for the Pyroscope upload, and PprofToLegacyHeapProfile, the
+// gperftools drop-in's GetHeapProfile text.
 //
 // Checked: nothing crashes or reads out of bounds, whatever the bytes; a
 // profile that decodes can be queried (totals, flat, cumulative, by label)
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "inprof/internal/legacy_heap.h"
 #include "inprof/pprof_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -43,6 +45,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
+  // The legacy text: an error or a text that starts as gperftools' does.
+  auto legacy = inprof::internal::PprofToLegacyHeapProfile(bytes, "maps\n");
+  if (legacy.ok() && legacy->rfind("heap profile: ", 0) != 0) std::abort();
   if (!profile.ok()) return 0;
   const int n = static_cast<int>(profile->sample_types.size());
   for (int i = -1; i <= n; ++i) {

@@ -19,7 +19,8 @@ packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev libbz2-dev
           libcurl4-openssl-dev libmicrohttpd-dev golang-go clang libclang-rt-14-dev)
 # The tests load the flame graph pages in a real browser.
-[ "${1:-}" = test ] && packages+=(chromium)
+# gperftools' pprof reads the drop-in's GetHeapProfile text.
+[ "${1:-}" = test ] && packages+=(chromium google-perftools)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

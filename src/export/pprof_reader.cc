@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -21,10 +22,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "inprof/internal/legacy_heap.h"
 #include "inprof/internal/proto_wire.h"
 
 namespace inprof {
@@ -810,4 +813,82 @@ absl::StatusOr<std::string> SelectPprofSampleTypes(
   return Gzip(out.bytes());
 }
 
+namespace internal {
+
+absl::StatusOr<std::string> PprofToLegacyHeapProfile(std::string_view pprof,
+                                                     std::string_view maps) {
+  constexpr absl::string_view kWho = "legacy heap profile";
+  std::string inflated;
+  absl::StatusOr<std::string_view> bytes = RawProfileBytes(pprof, inflated, kWho);
+  if (!bytes.ok()) return bytes.status();
+  if (absl::Status s = CheckCounts(*bytes, PprofReadLimits()); !s.ok()) return s;
+  RawProfile p;
+  if (!ParseProfile(*bytes, p)) {
+    return absl::InvalidArgumentError(absl::StrCat(kWho, ": malformed profile"));
+  }
+  auto text = [&](int64_t index) -> std::string_view {
+    return index >= 0 && static_cast<size_t>(index) < p.strings.size() ? p.strings[index]
+                                                                        : std::string_view();
+  };
+  // The columns in gperftools' order: in use, then allocated.
+  constexpr std::string_view kTypes[4] = {"inuse_objects", "inuse_space", "alloc_objects",
+                                          "alloc_space"};
+  size_t column[4];
+  for (int t = 0; t < 4; ++t) {
+    size_t i = 0;
+    while (i < p.sample_types.size() && text(p.sample_types[i].type) != kTypes[t]) ++i;
+    if (i == p.sample_types.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kWho, ": the profile has no ", std::string(kTypes[t]), " sample type"));
+    }
+    column[t] = i;
+  }
+  absl::flat_hash_map<uint64_t, uint64_t> address_of;
+  for (const RawLocation& l : p.locations) address_of[l.id] = l.address;
+  // Stacks as addresses, merged (labels and threads are not kept).
+  absl::flat_hash_map<std::vector<uint64_t>, std::array<int64_t, 4>, absl::Hash<std::vector<uint64_t>>>
+      stacks;
+  std::array<int64_t, 4> total = {};
+  for (const RawSample& s : p.samples) {
+    std::array<int64_t, 4> v;
+    bool any = false;
+    for (int t = 0; t < 4; ++t) {
+      v[t] = column[t] < s.values.size() ? std::max<int64_t>(s.values[column[t]], 0) : 0;
+      any |= v[t] != 0;
+    }
+    if (!any) continue;
+    std::vector<uint64_t> addresses;
+    for (size_t k = 0; k < s.location_ids.size(); ++k) {
+      auto it = address_of.find(s.location_ids[k]);
+      if (it == address_of.end() || it->second == 0) continue;
+      addresses.push_back(k == 0 ? it->second + 1 : it->second);
+    }
+    auto& sum = stacks[addresses];
+    for (int t = 0; t < 4; ++t) {
+      sum[t] += v[t];
+      total[t] += v[t];
+    }
+  }
+  std::vector<const std::pair<const std::vector<uint64_t>, std::array<int64_t, 4>>*> order;
+  order.reserve(stacks.size());
+  for (const auto& entry : stacks) order.push_back(&entry);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    if (a->second[1] != b->second[1]) return a->second[1] > b->second[1];
+    return a->first < b->first;
+  });
+  auto bucket = [](const std::array<int64_t, 4>& v) {
+    return absl::StrFormat("%6d: %8d [%6d: %8d] @", v[0], v[1], v[2], v[3]);
+  };
+  std::string out = absl::StrCat("heap profile: ", bucket(total), " heapprofile\n");
+  for (const auto* entry : order) {
+    absl::StrAppend(&out, bucket(entry->second));
+    for (uint64_t a : entry->first) absl::StrAppend(&out, absl::StrFormat(" 0x%016x", a));
+    out.push_back('\n');
+  }
+  absl::StrAppend(&out, "\nMAPPED_LIBRARIES:\n");
+  out.append(maps);
+  return out;
+}
+
+}  // namespace internal
 }  // namespace inprof

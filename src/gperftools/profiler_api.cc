@@ -13,7 +13,7 @@
 //   HEAPPROFILE=PREFIX         heap profile from load to exit: PREFIX.0001.heap
 //                              (<gperftools/heap-profiler.h>: HeapProfilerStart,
 //                              HeapProfilerDump, HeapProfilerStop,
-//                              IsHeapProfilerRunning)
+//                              IsHeapProfilerRunning, GetHeapProfile)
 //   HEAP_PROFILE_ALLOCATION_INTERVAL=BYTES    dump each time this many more
 //                              bytes were allocated (1073741824; 0: never)
 //   HEAP_PROFILE_DEALLOCATION_INTERVAL=BYTES  ... freed (0)
@@ -37,6 +37,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 
@@ -48,6 +50,7 @@
 #include "inprof/base/log.h"
 #include "inprof/base/platform.h"
 #include "inprof/heap/allocation_provider.h"
+#include "inprof/internal/legacy_heap.h"
 #include "inprof/options.h"
 #include "src/run/gperftools_env.h"
 #include "src/run/auto_profiler.h"
@@ -453,6 +456,35 @@ __attribute__((visibility("default"))) void HeapProfilerDump(const char* reason)
   std::lock_guard<std::mutex> lock(h.mu);
   if (!h.running) return;
   gperftools::DumpLocked(h, reason);
+}
+
+__attribute__((visibility("default"))) char* GetHeapProfile(void) {
+  std::string text;
+  {
+    gperftools::HeapProfiling& h = gperftools::Heap();
+    std::lock_guard<std::mutex> lock(h.mu);
+    if (h.running) {
+      absl::StatusOr<std::string> pprof = run::HeapSnapshot();
+      std::string maps;
+      if (pprof.ok()) {
+        std::ifstream in("/proc/self/maps");
+        maps.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      absl::StatusOr<std::string> legacy =
+          pprof.ok() ? internal::PprofToLegacyHeapProfile(*pprof, maps) : pprof.status();
+      if (legacy.ok()) {
+        text = std::move(*legacy);
+      } else {
+        internal::Log(absl::StrCat("GetHeapProfile: no heap profile: ", legacy.status().message()));
+      }
+    }
+  }
+  // The caller frees it (gperftools' contract): the C allocator's block.
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out == nullptr) return nullptr;
+  std::memcpy(out, text.data(), text.size());
+  out[text.size()] = '\0';
+  return out;
 }
 
 __attribute__((visibility("default"))) void ProfilerGetCurrentState(

@@ -10,6 +10,11 @@
 //                                        HeapProfilerStop. Prints the states.
 //   gperftools_heap_program env          the same allocations, no API call
 //                                        (HEAPPROFILE)
+//   gperftools_heap_program text FILE    GetHeapProfile before
+//                                        HeapProfilerStart (must be ""),
+//                                        then HeapProfilerStart(FILE), the
+//                                        allocations of `api`, and
+//                                        GetHeapProfile's text into FILE
 //   gperftools_heap_program intervals N live|freed
 //                                        HEAPPROFILE: N mallocs of 1 MiB at
 //                                        HeapMiBSite, kept or freed, then
@@ -70,6 +75,24 @@ int main(int argc, char** argv) {
     HeapProfilerStop();
     std::printf("after: running=%d\n", IsHeapProfilerRunning());
     HeapProfilerDump("stopped");  // no file: heap profiling is off
+    for (void* p : *live) std::free(p);
+    delete live;
+    return 0;
+  }
+  if (mode == "text" && argc == 3) {
+    char* before = GetHeapProfile();
+    std::printf("before start: %s\n", before != nullptr && *before == '\0' ? "empty" : "not empty");
+    std::free(before);
+    HeapProfilerStart(argv[2]);
+    std::vector<void*>* live = Allocate();
+    char* text = GetHeapProfile();
+    HeapProfilerStop();
+    if (text == nullptr) return 3;
+    FILE* f = std::fopen(argv[2], "w");
+    if (f == nullptr) return 4;
+    std::fputs(text, f);
+    std::fclose(f);
+    std::free(text);
     for (void* p : *live) std::free(p);
     delete live;
     return 0;

@@ -10,10 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/pprof_reader.h"
@@ -264,6 +268,64 @@ TEST(GperftoolsTest, HeapprofileProfilesFromLoadToExit) {
     EXPECT_THAT(r->out, HasSubstr("started: running=0"));
     EXPECT_THAT(r->err, HasSubstr("allocations are not sampled in this process"));
     EXPECT_NE(access((prefix + ".0001.heap").c_str(), F_OK), 0);
+  }
+}
+
+// GetHeapProfile: "" while heap profiling is off; then gperftools' legacy
+// text. gperftools' own pprof (google-pprof) reads it with the binary,
+// symbolized through its MAPPED_LIBRARIES section: each site's bytes in the
+// column it belongs to, within stats::SampledAllocationRange (four sides:
+// 4e-7). go tool pprof parses it too (its values; it does not symbolize
+// this format's stacks of a PIE executable: every frame reads
+// [gperftools_heap_program]).
+TEST(GperftoolsTest, GetHeapProfileIsTheLegacyTextPprofReads) {
+  const std::string binary = Env("INPROF_GPERFTOOLS_HEAP_PROGRAM");
+  const std::string file = Fresh("heap_text") + "/heap.txt";
+  auto r = RunCommandSeparately(absl::StrCat("INPROF_ALLOC_PERIOD=64KiB ", ShellQuote(binary),
+                                             " text ", ShellQuote(file)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+  EXPECT_THAT(r->out, HasSubstr("before start: empty"));
+  std::string text;
+  {
+    FILE* f = std::fopen(file.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    std::fclose(f);
+  }
+  EXPECT_TRUE(absl::StartsWith(text, "heap profile: ")) << text.substr(0, 200);
+  EXPECT_THAT(text, HasSubstr("] @ heapprofile\n"));
+  EXPECT_THAT(text, HasSubstr("\nMAPPED_LIBRARIES:\n"));
+  if (GoPprofAvailable()) {
+    auto top = GoPprof(absl::StrCat("-sample_index=inuse_space -top ", ShellQuote(binary), " ",
+                                    ShellQuote(file)));
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_THAT(*top, HasSubstr("Type: inuse_space"));
+  }
+  const std::string google_pprof = testing::EnvOrEmpty("INPROF_GOOGLE_PPROF");
+  if (google_pprof.empty()) {
+    GTEST_SKIP() << "google-pprof not installed (Debian's google-perftools)";
+  }
+  for (const auto& [column, site, n, size] :
+       {std::tuple{"--inuse_space", "HeapLiveSite", 4000, 4096.0},
+        std::tuple{"--alloc_space", "HeapFreedSite", 1000, 65536.0}}) {
+    auto top = RunCommandSeparately(absl::StrCat(ShellQuote(google_pprof), " --text --show_bytes ",
+                                                 column, " ", ShellQuote(binary), " ",
+                                                 ShellQuote(file)));
+    ASSERT_TRUE(top.ok()) << top.status();
+    // "flat flat% sum% cum cum% name", bytes: the site's flat bytes.
+    int64_t flat = -1;
+    for (absl::string_view line : absl::StrSplit(top->out, '\n')) {
+      if (!absl::StrContains(line, site)) continue;
+      std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (!f.empty()) (void)absl::SimpleAtoi(f[0], &flat);
+    }
+    const stats::EstimateRange range = stats::SampledAllocationRange(n, size, 65536.0);
+    const double truth = n * size;
+    EXPECT_GE(flat, range.low * truth) << column << " " << site << "\n" << top->out << top->err;
+    EXPECT_LE(flat, range.high * truth) << column << " " << site << "\n" << top->out;
   }
 }
 

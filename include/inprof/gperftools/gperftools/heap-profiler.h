@@ -29,7 +29,11 @@
      every 100 ms on a thread of inprof's, not at each allocation, so a
      dump may come up to 100 ms after its interval was reached; a forked
      child's are not checked (its dumps: HeapProfilerDump and exit);
-   - GetHeapProfile is not provided (the profile is binary).
+   - GetHeapProfile's text is gperftools' legacy format, made from the
+     same sampled estimates: gperftools' pprof (`google-pprof --text
+     BINARY FILE`) reads and symbolizes it; `go tool pprof` reads its
+     values but, for a PIE executable, not its function names. The dumps
+     are pprof files, which `go tool pprof` reads whole.
 
    Thread-safety: every function may be called from any thread; none from a
    signal handler, and none from inside an allocator.
@@ -68,6 +72,13 @@ PERFTOOLS_DLL_DECL void HeapProfilerStop(void);
 /* Writes the heap now to the next PREFIX.NNNN.heap; `reason` goes into the
    line on stderr that names the file. No-op when heap profiling is off. */
 PERFTOOLS_DLL_DECL void HeapProfilerDump(const char* reason);
+
+/* The heap now as gperftools' legacy text heap profile ("heap profile:
+   ..." lines, then MAPPED_LIBRARIES: and /proc/self/maps), in a block from
+   malloc() that the caller frees; "" when heap profiling is off. Write it
+   to a file and read it with `google-pprof --text --inuse_space BINARY
+   FILE` (gperftools' pprof). */
+PERFTOOLS_DLL_DECL char* GetHeapProfile(void);
 
 #ifdef __cplusplus
 }  /* extern "C" */

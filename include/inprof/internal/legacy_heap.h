@@ -1,0 +1,41 @@
+// internal: not part of the public API.
+//
+// gperftools' legacy text heap profile, for the drop-in's GetHeapProfile
+// (<gperftools/heap-profiler.h>), made from inprof's pprof heap profile:
+//
+//   heap profile: INUSE_OBJS: INUSE_BYTES [ALLOC_OBJS: ALLOC_BYTES] @ heapprofile
+//   INUSE_OBJS: INUSE_BYTES [ALLOC_OBJS: ALLOC_BYTES] @ 0xADDR 0xADDR ...
+//   ...
+//   MAPPED_LIBRARIES:
+//   (the process's /proc/self/maps)
+//
+// One line per distinct stack (leaf first), by in-use bytes, largest first,
+// as gperftools orders them. Readers subtract one from every address (they
+// take them all for return addresses), so the leaf, an exact pc in inprof's
+// profile, is written one past it. Frames without an address (inprof's own
+// frames, "[inprof: ...]") are left out of the stacks; their values stay.
+// gperftools' pprof (`google-pprof --text BINARY FILE`) reads it, alloc_*
+// and inuse_*, symbolized from the binaries the maps name; `go tool pprof`
+// reads its values but leaves a PIE executable's frames unsymbolized.
+//
+// Thread-safety: reentrant.
+#ifndef INPROF_INTERNAL_LEGACY_HEAP_H_
+#define INPROF_INTERNAL_LEGACY_HEAP_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace inprof::internal {
+
+// `pprof` (gzip-compressed or not) must have the sample types
+// alloc_objects, alloc_space, inuse_objects and inuse_space; `maps` is
+// copied after the MAPPED_LIBRARIES: line. InvalidArgument for a malformed
+// profile or a missing type (the message names it).
+absl::StatusOr<std::string> PprofToLegacyHeapProfile(std::string_view pprof,
+                                                     std::string_view maps);
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_LEGACY_HEAP_H_
