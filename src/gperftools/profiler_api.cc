@@ -37,8 +37,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 #include <string>
 
@@ -51,6 +49,7 @@
 #include "inprof/base/platform.h"
 #include "inprof/heap/allocation_provider.h"
 #include "inprof/internal/legacy_heap.h"
+#include "inprof/internal/process_maps.h"
 #include "inprof/options.h"
 #include "src/run/gperftools_env.h"
 #include "src/run/auto_profiler.h"
@@ -467,8 +466,10 @@ __attribute__((visibility("default"))) char* GetHeapProfile(void) {
       absl::StatusOr<std::string> pprof = run::HeapSnapshot();
       std::string maps;
       if (pprof.ok()) {
-        std::ifstream in("/proc/self/maps");
-        maps.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        // The maps as the symbolizer reads them (O_CLOEXEC, closed here).
+        if (auto read = internal::ReadProcessMaps(getpid(), &maps); !read.ok()) {
+          pprof = read.status();
+        }
       }
       absl::StatusOr<std::string> legacy =
           pprof.ok() ? internal::PprofToLegacyHeapProfile(*pprof, maps) : pprof.status();
