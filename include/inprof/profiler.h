@@ -430,6 +430,15 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                                        std::make_index_sequence<Layout::kNumProviders>{});
     }
 
+    void LiveStateLocked(SampleAggregator& agg, bool all) override {
+      if (!thread_.has_value() && !profiler_.AnyEventProviderOn()) return;
+      if (!thread_.has_value()) {
+        thread_ = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
+      }
+      profiler_.LiveStateEach(agg, *thread_, all,
+                              std::make_index_sequence<Layout::kNumProviders>{});
+    }
+
     SnapshotShape SnapshotLocked(SampleAggregator& agg) override {
       SnapshotShape shape;
       std::optional<uint32_t> thread;
@@ -442,6 +451,19 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     Profiler& profiler_;
     std::optional<uint32_t> thread_;
   };
+  // Each event provider's live state (ReportsLiveState).
+  template <size_t... I>
+  void LiveStateEach(SampleAggregator& agg, uint32_t thread, bool all,
+                     std::index_sequence<I...>) {
+    (
+        [&] {
+          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
+          if constexpr (ReportsLiveState<P>) {
+            std::get<I>(providers_).AddLiveState(agg, thread, Layout::kValueOffsets[I], all);
+          }
+        }(),
+        ...);
+  }
   // The first event provider's snapshot that has one (SnapshotsEvents).
   template <size_t... I>
   void SnapshotEach(SampleAggregator& agg, std::optional<uint32_t>& thread,

@@ -110,6 +110,10 @@ class SampleAggregator {
   // from a mirror, independently of the exporter's Take()s. Not owned; it
   // must outlive its use.
   void SetMirror(SampleAggregator* mirror);
+  // While paused, what is added does not go to the mirror: rows that are
+  // not samples (library mode's state rows, Pipeline::Locked::
+  // LiveStateAtAttachments). The mirror stays set.
+  void PauseMirror(bool paused) { mirror_paused_ = paused; }
 
   // From now on samples go to `forwarder` instead of being summed here
   // (nullptr: summed here again). The thread table is still kept, and
@@ -172,6 +176,7 @@ class SampleAggregator {
   uint64_t records_added_ = 0;
   uint64_t values_rejected_ = 0;
   SampleAggregator* mirror_ = nullptr;
+  bool mirror_paused_ = false;
   SampleForwarder* forwarder_ = nullptr;
   std::vector<uint32_t> mirror_threads_;  // this table's index -> mirror's
 };

@@ -307,6 +307,23 @@ concept SnapshotsEvents =
       { p.SnapshotEvents(aggregator, thread, offset) } -> std::same_as<bool>;
     };
 
+// Optional, with RecordsEvents: a provider whose FlushEvents reports state
+// as of a window's end (the live heap) reports that state alone too, for
+// windows cut elsewhere (library mode: `inprof agent` cuts them, and keeps
+// the newest state of each row between its cuts):
+//   p.AddLiveState(SampleAggregator&, uint32_t thread, size_t value_offset,
+//       bool all)
+// with the pipeline's lock held: adds, as rows whose values are absolute
+// (the values now, not added to earlier ones), those that changed since its
+// previous call, a row gone as zeros; every row it has reported and not
+// zeroed since when `all` (the previous rows may not all have arrived).
+template <typename P>
+concept ReportsLiveState =
+    RecordsEvents<P> && requires(P& p, SampleAggregator& aggregator, uint32_t thread,
+                                 size_t offset, bool all) {
+      p.AddLiveState(aggregator, thread, offset, all);
+    };
+
 }  // namespace inprof
 
 #endif  // !_WIN32

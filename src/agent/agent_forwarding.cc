@@ -63,6 +63,8 @@ absl::Status AgentForwarding::Connect(Pipeline& pipeline,
     return absl::OkStatus();
   }
   link_ = std::move(*link);
+  last_live_state_ns_ = 0;
+  resend_live_state_ = false;
   if (thread_rings != nullptr) link_->EnableThreadRings(*thread_rings);
   pipeline.WithLock([&](Pipeline::Locked& l) { l.aggregator().SetForwarder(link_.get()); });
   return absl::OkStatus();
@@ -89,6 +91,15 @@ void AgentForwarding::AfterDrain(Pipeline& pipeline) {
   std::string line;
   const bool lost_now = pipeline.WithLock([&](Pipeline::Locked& l) {
     if (link_->lost()) return false;
+    // The agent cuts the windows: what the event providers recorded goes on
+    // after each drain, as samples do; their state (the live heap) and
+    // their counters' line every kLiveStateInterval.
+    const std::string events = l.FlushEventsAtAttachments();
+    const int64_t now = absl::GetCurrentTimeNanos();
+    if (now - last_live_state_ns_ >= absl::ToInt64Nanoseconds(kLiveStateInterval)) {
+      last_live_state_ns_ = now;
+      SendLiveStateLocked(l, events);
+    }
     if (link_->Flush(StatsToCounters(l.stats()), l.engine_detail())) return false;
     OnLostLocked(l, absl::GetCurrentTimeNanos());
     line = l.attachment_note();
@@ -101,6 +112,17 @@ void AgentForwarding::AfterDrain(Pipeline& pipeline) {
                                : "; samples are no longer kept "
                                  "(INPROF_AGENT_FALLBACK=off)"));
   if (local) pipeline.ExportHere();
+}
+
+void AgentForwarding::SendLiveStateLocked(Pipeline::Locked& l, const std::string& events) {
+  // A state row the full ring refused leaves the agent's row behind: the
+  // next state is sent in full.
+  const uint64_t dropped = link_->state_rows_dropped();
+  link_->SetStateRows(true);
+  l.LiveStateAtAttachments(/*all=*/resend_live_state_);
+  link_->SetStateRows(false);
+  resend_live_state_ = link_->state_rows_dropped() != dropped;
+  link_->EventsNote(events);
 }
 
 void AgentForwarding::OnLostLocked(Pipeline::Locked& l, int64_t now) {
@@ -121,10 +143,10 @@ std::optional<absl::Status> AgentForwarding::ExportLast(Pipeline& pipeline,
   std::string line;
   const bool ended = pipeline.WithLock([&](Pipeline::Locked& l) {
     if (link_->lost()) return false;
-    // The window ends in the process too: the live heap at Stop (and the
-    // allocations still pending) are forwarded before the end, as a local
-    // last window would hold them.
-    l.EndWindowAtAttachments();
+    // The window ends in the process too: the allocations still pending,
+    // the live heap at Stop and the counters' line are forwarded before
+    // the end, as a local last window would hold them.
+    SendLiveStateLocked(l, l.FlushEventsAtAttachments());
     const std::vector<uint64_t> counters = StatsToCounters(l.stats(&stats));
     if (link_->lost()) {
       OnLostLocked(l, absl::GetCurrentTimeNanos());

@@ -384,7 +384,13 @@ void AgentLink::ForwardSample(uint32_t thread, std::span<const uint64_t> frames,
   }
   if (!label_words.empty()) SendNewStrings(label_words);
   EncodeAgentSample(thread, static_cast<uint32_t>(value_offset), values,
-                    label_words, frames, scratch_);
+                    label_words, frames, state_rows_, scratch_);
+  if (state_rows_) {
+    // Absolute values: nothing to add up later; the caller sends them all
+    // again next time.
+    if (!Push(scratch_)) ++state_rows_dropped_;
+    return;
+  }
   if (Push(scratch_)) {
     ++samples_forwarded_;
     return;
@@ -400,9 +406,18 @@ void AgentLink::ForwardSample(uint32_t thread, std::span<const uint64_t> frames,
 void AgentLink::ForwardSynthetic(uint32_t thread, absl::string_view frame,
                                  size_t value_offset,
                                  std::span<const int64_t> values) {
-  Push(EncodeAgentOp(AgentSynthetic{thread, static_cast<uint32_t>(value_offset),
-                                    std::vector<int64_t>(values.begin(), values.end()),
-                                    std::string(frame)}));
+  if (!Usable() || gone_) return;
+  if (!Push(EncodeAgentOp(AgentSynthetic{thread, static_cast<uint32_t>(value_offset),
+                                         std::vector<int64_t>(values.begin(), values.end()),
+                                         std::string(frame), state_rows_})) &&
+      state_rows_) {
+    ++state_rows_dropped_;
+  }
+}
+
+void AgentLink::EventsNote(const std::string& line) {
+  if (gone_ || !Usable() || line == last_events_note_) return;
+  if (Push(EncodeAgentOp(AgentEventsNote{line}))) last_events_note_ = line;
 }
 
 void AgentLink::MarkGone() {

@@ -22,6 +22,23 @@ namespace {
 
 constexpr uint32_t kUnknownString = UINT32_MAX;
 
+// The process's state rows (its live heap) at the end of each window the
+// agent cuts, and its event providers' line in the window's comments.
+class StateAttachment final : public internal::PipelineAttachment {
+ public:
+  explicit StateAttachment(AgentSession& session) : session_(session) {}
+  std::string BeforeCutLocked(SampleAggregator& aggregator, bool window_end) override {
+    return session_.AddStateLocked(aggregator, window_end);
+  }
+
+ private:
+  AgentSession& session_;
+};
+
+void AppendWords(std::string& key, std::span<const uint64_t> words) {
+  key.append(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(uint64_t));
+}
+
 }  // namespace
 
 std::string ExpandProcessPattern(const std::string& pattern, pid_t pid) {
@@ -150,7 +167,10 @@ void AgentSession::Drain() {
       error_ = "the first record must describe the profile";
       break;
     }
-    if (std::holds_alternative<internal::AgentSample>(*op)) ++samples;
+    if (const auto* sample = std::get_if<internal::AgentSample>(&*op);
+        sample != nullptr && !sample->state) {
+      ++samples;  // the process counts the samples it forwards, not state rows
+    }
     Apply(*op);
     if (!error_.empty()) break;
   }
@@ -188,6 +208,7 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
                        tags.empty() ? "" : " tags ", absl::StrJoin(tags, ","),
                        "; profiled through inprof agent (pid ", getpid(), ")");
   pipeline_->SetProcessNote(note_);
+  pipeline_->Attach(std::make_unique<StateAttachment>(*this));
   pipeline_->BeginWindow();
   pipeline_->StartCollector([this] { Drain(); }, [this] { return stats_; });
 }
@@ -239,9 +260,20 @@ void AgentSession::Apply(const internal::AgentOp& op) {
     // Canonical there already (one per key, the state label included); the
     // process's own labels are added.
     TranslateLabels(s->labels, /*state_label=*/false, /*blocked=*/false);
-    agg.Add(Thread(agg, s->thread), s->frames, labels_, s->value_offset, s->values);
+    if (s->state) {
+      KeepStateLocked(Thread(agg, s->thread), s->value_offset, s->frames, "", s->values);
+    } else {
+      agg.Add(Thread(agg, s->thread), s->frames, labels_, s->value_offset, s->values);
+    }
   } else if (const auto* y = std::get_if<AgentSynthetic>(&op)) {
-    agg.AddSynthetic(Thread(agg, y->thread), y->frame, y->value_offset, y->values);
+    if (y->state) {
+      labels_.clear();
+      KeepStateLocked(Thread(agg, y->thread), y->value_offset, {}, y->frame, y->values);
+    } else {
+      agg.AddSynthetic(Thread(agg, y->thread), y->frame, y->value_offset, y->values);
+    }
+  } else if (const auto* n = std::get_if<AgentEventsNote>(&op)) {
+    events_note_ = n->line;
   } else if (const auto* t = std::get_if<AgentThreadAdd>(&op)) {
     if (auto it = threads_.find(t->index); it != threads_.end()) {
       agg.RemoveThread(it->second);
@@ -266,6 +298,60 @@ void AgentSession::Apply(const internal::AgentOp& op) {
   } else if (const auto* st = std::get_if<AgentStats>(&op)) {
     stats_ = internal::StatsFromCounters(st->counters);
   }
+}
+
+void AgentSession::KeepStateLocked(uint32_t thread, uint32_t value_offset,
+                                   std::span<const uint64_t> frames,
+                                   const std::string& synthetic,
+                                   std::span<const int64_t> values) {
+  // The row's identity: thread, value offset, labels (labels_) and frames,
+  // or the synthetic frame.
+  std::string key;
+  const uint64_t head[] = {thread, value_offset, labels_.size(), frames.size(),
+                           synthetic.size()};
+  AppendWords(key, head);
+  AppendWords(key, labels_);
+  AppendWords(key, frames);
+  key += synthetic;
+  const bool zero = std::all_of(values.begin(), values.end(), [](int64_t v) { return v == 0; });
+  auto it = state_.find(key);
+  if (zero) {
+    if (it != state_.end()) state_.erase(it);
+    return;
+  }
+  if (it == state_.end()) {
+    if (state_.size() >= kMaxStateRows) {
+      ++state_rows_refused_;
+      return;
+    }
+    StateRow row;
+    row.thread = thread;
+    row.value_offset = value_offset;
+    row.labels = labels_;
+    row.frames.assign(frames.begin(), frames.end());
+    row.synthetic = synthetic;
+    it = state_.emplace(std::move(key), std::move(row)).first;
+  }
+  it->second.values.assign(values.begin(), values.end());
+}
+
+std::string AgentSession::AddStateLocked(SampleAggregator& aggregator, bool window_end) {
+  // Called with the pipeline's lock held, which guards the state (Apply
+  // writes it under that lock too); never mu_, which Drain holds while it
+  // waits for the pipeline's lock.
+  if (window_end) {
+    for (const auto& [key, row] : state_) {
+      if (row.synthetic.empty()) {
+        aggregator.Add(row.thread, row.frames, row.labels, row.value_offset, row.values);
+      } else {
+        aggregator.AddSynthetic(row.thread, row.synthetic, row.value_offset, row.values);
+      }
+    }
+  }
+  if (state_rows_refused_ == 0) return events_note_;
+  return absl::StrCat(events_note_, events_note_.empty() ? "" : "; ",
+                      "live-heap rows of the process the agent did not keep (over ",
+                      kMaxStateRows, "): ", state_rows_refused_);
 }
 
 void AgentSession::TranslateLabels(std::span<const uint64_t> words,

@@ -87,6 +87,15 @@ class AgentSession {
   // Why its ring stopped being read (empty while it is fine).
   std::string error() const;
 
+  // The pipeline's lock held (its StateAttachment, before each cut): the
+  // process's newest state rows (its live heap) into `aggregator` at a
+  // window's end; returns the process's event-providers line for the
+  // window's comments.
+  std::string AddStateLocked(SampleAggregator& aggregator, bool window_end);
+  // The most state rows kept per process (its allocation stacks are at
+  // most 65,536; a row per stack and labels).
+  static constexpr size_t kMaxStateRows = size_t{1} << 17;
+
  private:
   void Apply(const internal::AgentOp& op);  // mu_ held
   // mu_ and the pipeline's lock held (Pipeline::Ingest: `agg`).
@@ -99,6 +108,11 @@ class AgentSession {
                        bool blocked);
   void ReadThreadRings();  // mu_ held; the process is gone
   uint32_t ThreadByTid(SampleAggregator& agg, int64_t tid, std::string_view name);
+  // mu_ and the pipeline's lock held: keeps a state row (labels_ as its
+  // labels) as its newest values; all zeros removes it.
+  void KeepStateLocked(uint32_t thread, uint32_t value_offset,
+                       std::span<const uint64_t> frames, const std::string& synthetic,
+                       std::span<const int64_t> values);
 
   Options options_;
   internal::AgentHello hello_;
@@ -126,6 +140,19 @@ class AgentSession {
   // Every sample's labels pid (numeric) and program (label-table ids).
   uint64_t pid_key_ = 0, program_key_ = 0, program_value_ = 0;
   ProfilerStats stats_;  // the process's newest counters (the pipeline's lock)
+  // The process's state rows and its event providers' newest line (the
+  // pipeline's lock).
+  struct StateRow {
+    uint32_t thread = 0;
+    uint32_t value_offset = 0;
+    std::vector<uint64_t> labels;
+    std::vector<uint64_t> frames;
+    std::string synthetic;  // a synthetic row's frame (frames empty)
+    std::vector<int64_t> values;
+  };
+  absl::flat_hash_map<std::string, StateRow> state_;
+  uint64_t state_rows_refused_ = 0;
+  std::string events_note_;
   std::unique_ptr<internal::Pipeline> pipeline_;
 };
 

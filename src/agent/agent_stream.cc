@@ -103,6 +103,9 @@ enum OpType : uint64_t {
   kSynthetic = 8,
   kStats = 9,
   kEnd = 10,
+  kStateSample = 11,     // an AgentSample with `state`
+  kStateSynthetic = 12,  // an AgentSynthetic with `state`
+  kEventsNote = 13,
 };
 
 void PutString(std::vector<uint64_t>& out, const std::string& s) {
@@ -231,11 +234,11 @@ struct Encoder {
   }
   void operator()(const AgentSample& s) {
     std::vector<uint64_t> tmp;
-    EncodeAgentSample(s.thread, s.value_offset, s.values, s.labels, s.frames, tmp);
+    EncodeAgentSample(s.thread, s.value_offset, s.values, s.labels, s.frames, s.state, tmp);
     out.insert(out.end(), tmp.begin(), tmp.end());
   }
   void operator()(const AgentSynthetic& s) {
-    out.push_back(kSynthetic);
+    out.push_back(s.state ? kStateSynthetic : kSynthetic);
     out.push_back(s.thread);
     out.push_back(s.value_offset);
     out.push_back(s.values.size());
@@ -248,6 +251,10 @@ struct Encoder {
     out.insert(out.end(), s.counters.begin(), s.counters.end());
   }
   void operator()(const AgentEnd&) { out.push_back(kEnd); }
+  void operator()(const AgentEventsNote& n) {
+    out.push_back(kEventsNote);
+    PutString(out, n.line);
+  }
 };
 
 }  // namespace
@@ -255,11 +262,11 @@ struct Encoder {
 void EncodeAgentSample(uint32_t thread, uint32_t value_offset,
                        std::span<const int64_t> values,
                        std::span<const uint64_t> labels,
-                       std::span<const uint64_t> frames,
+                       std::span<const uint64_t> frames, bool state,
                        std::vector<uint64_t>& out) {
   out.clear();
   out.reserve(6 + values.size() + labels.size() + frames.size());
-  out.push_back(kSample);
+  out.push_back(state ? kStateSample : kSample);
   out.push_back(thread);
   out.push_back(value_offset);
   out.push_back(values.size());
@@ -346,9 +353,11 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
       if (absl::Status s = r.Finish(); !s.ok()) return s;
       return t;
     }
-    case kSample: {
-      Reader r(record, "sample");
+    case kSample:
+    case kStateSample: {
+      Reader r(record, record[0] == kSample ? "sample" : "state sample");
       AgentSample s;
+      s.state = record[0] == kStateSample;
       s.thread = r.U32("thread");
       s.value_offset = r.U32("value offset");
       const uint64_t nvalues = r.Word("value count");
@@ -371,9 +380,11 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
       if (absl::Status st = r.Finish(); !st.ok()) return st;
       return s;
     }
-    case kSynthetic: {
-      Reader r(record, "synthetic");
+    case kSynthetic:
+    case kStateSynthetic: {
+      Reader r(record, record[0] == kSynthetic ? "synthetic" : "state synthetic");
       AgentSynthetic s;
+      s.state = record[0] == kStateSynthetic;
       s.thread = r.U32("thread");
       s.value_offset = r.U32("value offset");
       const size_t n = r.Count("value count", kAgentOpMaxValues);
@@ -394,6 +405,12 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
       Reader r(record, "end");
       if (absl::Status st = r.Finish(); !st.ok()) return st;
       return AgentEnd{};
+    }
+    case kEventsNote: {
+      Reader r(record, "events note");
+      AgentEventsNote n{r.String("line")};
+      if (absl::Status st = r.Finish(); !st.ok()) return st;
+      return n;
     }
     default:
       return absl::InvalidArgumentError(

@@ -22,6 +22,9 @@
 #include "inprof/internal/signal_dispatch.h"
 
 namespace inprof {
+
+// Library mode reports its live heap to the agent (agent_forwarding.h).
+static_assert(ReportsLiveState<AllocationProvider>);
 namespace {
 
 using internal::AllocGuard;
@@ -63,6 +66,11 @@ struct StackEntry {
   // live endpoint's alloc_* totals, as Go's heap profile has them).
   double total_objects = 0;
   double total_bytes = 0;
+  // The live sums AddLiveState last reported for it (library mode), and
+  // whether it ever reported more than zero since Start.
+  double live_objects_sent = 0;
+  double live_bytes_sent = 0;
+  bool live_reported = false;
 
   std::span<const uint64_t> labels() const {
     if (key.empty()) return {};
@@ -137,6 +145,19 @@ int64_t RoundUnbiasedLocked(HeapState& h, double x) {
   h.rounding = h.rounding * 6364136223846793005ULL + 1442695040888963407ULL;
   const double u = static_cast<double>(h.rounding >> 11) * 0x1.0p-53;
   return static_cast<int64_t>(whole) + (u < x - whole ? 1 : 0);
+}
+
+// The live table's blocks summed per stack id: (objects, bytes) as
+// weighted. Without the mutex (the table is lock-free).
+using LiveSums = absl::flat_hash_map<uint64_t, std::pair<double, double>>;
+LiveSums LiveSumsByStack(HeapState& h) {
+  LiveSums live;
+  h.live.ForEach([&](const void*, const LiveHeapTable::Entry& entry) {
+    auto& [objects, bytes] = live[entry.tag];
+    objects += entry.weight_objects;
+    bytes += entry.weight_objects * static_cast<double>(entry.size);
+  });
+  return live;
 }
 
 // On the "[events]" thread at the next flush. mutex held.
@@ -301,7 +322,11 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
   for (const void* address : stale) h.live.Erase(address);
   {
     std::lock_guard<std::mutex> lock(h.mutex);
-    for (StackEntry& entry : h.stacks) entry.total_objects = entry.total_bytes = 0;
+    for (StackEntry& entry : h.stacks) {
+      entry.total_objects = entry.total_bytes = 0;
+      entry.live_objects_sent = entry.live_bytes_sent = 0;
+      entry.live_reported = false;
+    }
   }
   h.unwind.store(context.unwind, std::memory_order_release);
   h.thread_data.store(context.thread_data, std::memory_order_release);
@@ -340,14 +365,7 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
   HeapState& h = State();
   AllocGuard guard;  // what this allocates is never sampled (nor deadlocks on h.mutex)
   // The live table first, outside the lock: per stack, the blocks live now.
-  absl::flat_hash_map<uint64_t, std::pair<double, double>> live;
-  if (window_end) {
-    h.live.ForEach([&](const void*, const LiveHeapTable::Entry& entry) {
-      auto& [objects, bytes] = live[entry.tag];
-      objects += entry.weight_objects;
-      bytes += entry.weight_objects * static_cast<double>(entry.size);
-    });
-  }
+  const LiveSums live = window_end ? LiveSumsByStack(h) : LiveSums();
   std::lock_guard<std::mutex> lock(h.mutex);
   for (uint32_t id : h.pending) {
     StackEntry& entry = h.stacks[id];
@@ -384,6 +402,32 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       table.inserts + table.overflows);
 }
 
+void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thread,
+                                      size_t value_offset, bool all) {
+  if (!g_state_made.load(std::memory_order_acquire)) return;
+  HeapState& h = State();
+  AllocGuard guard;  // as in FlushEvents
+  const LiveSums live = LiveSumsByStack(h);
+  std::lock_guard<std::mutex> lock(h.mutex);
+  for (size_t id = 0; id < h.stacks.size(); ++id) {
+    StackEntry& entry = h.stacks[id];
+    double objects = 0;
+    double bytes = 0;
+    if (auto it = live.find(id); it != live.end()) {
+      objects = it->second.first;
+      bytes = it->second.second;
+    }
+    const bool changed = objects != entry.live_objects_sent || bytes != entry.live_bytes_sent;
+    if (!changed && !(all && entry.live_reported)) continue;
+    entry.live_objects_sent = objects;
+    entry.live_bytes_sent = bytes;
+    entry.live_reported = entry.live_reported || objects != 0 || bytes != 0;
+    const int64_t values[4] = {0, 0, RoundUnbiasedLocked(h, objects),
+                               RoundUnbiasedLocked(h, bytes)};
+    AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
+  }
+}
+
 bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t thread,
                                         size_t value_offset) {
   // Not started_: the endpoint's thread asks, while Start and Stop write it.
@@ -391,12 +435,7 @@ bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t t
   HeapState& h = State();
   if (!h.running.load(std::memory_order_acquire)) return false;
   AllocGuard guard;  // as in FlushEvents
-  absl::flat_hash_map<uint64_t, std::pair<double, double>> live;
-  h.live.ForEach([&](const void*, const LiveHeapTable::Entry& entry) {
-    auto& [objects, bytes] = live[entry.tag];
-    objects += entry.weight_objects;
-    bytes += entry.weight_objects * static_cast<double>(entry.size);
-  });
+  const LiveSums live = LiveSumsByStack(h);
   std::lock_guard<std::mutex> lock(h.mutex);
   for (size_t id = 0; id < h.stacks.size(); ++id) {
     const StackEntry& entry = h.stacks[id];

@@ -599,8 +599,22 @@ absl::Status Pipeline::ExportWindow(const ProfilerStats* stats,
   return first_error;
 }
 
-void Pipeline::Locked::EndWindowAtAttachments() {
-  for (const auto& a : p_.attachments_) a->BeforeCutLocked(p_.aggregator_, /*window_end=*/true);
+std::string Pipeline::Locked::FlushEventsAtAttachments() {
+  std::string lines;
+  for (const auto& a : p_.attachments_) {
+    if (std::string line = a->BeforeCutLocked(p_.aggregator_, /*window_end=*/false);
+        !line.empty()) {
+      absl::StrAppend(&lines, lines.empty() ? "" : "; ", line);
+    }
+  }
+  return lines;
+}
+
+void Pipeline::Locked::LiveStateAtAttachments(bool all) {
+  // A live capture's window (the mirror) sums samples; state rows are not.
+  p_.aggregator_.PauseMirror(true);
+  for (const auto& a : p_.attachments_) a->LiveStateLocked(p_.aggregator_, all);
+  p_.aggregator_.PauseMirror(false);
 }
 
 absl::Status Pipeline::Export(const ProfilerStats& stats) {

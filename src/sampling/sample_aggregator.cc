@@ -111,7 +111,7 @@ void SampleAggregator::Add(uint32_t thread, std::span<const uint64_t> frames,
   }
   if (forwarder_ != nullptr) {
     forwarder_->ForwardSample(thread, frames, label_words, value_offset, values);
-    if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+    if (mirror_ != nullptr && !mirror_paused_ && thread < mirror_threads_.size()) {
       mirror_->Add(mirror_threads_[thread], frames, label_words, value_offset,
                    values);
     }
@@ -119,7 +119,7 @@ void SampleAggregator::Add(uint32_t thread, std::span<const uint64_t> frames,
   }
   std::vector<int64_t>& totals = Slot({thread, frames, label_words, {}});
   for (size_t i = 0; i < values.size(); ++i) totals[value_offset + i] += values[i];
-  if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+  if (mirror_ != nullptr && !mirror_paused_ && thread < mirror_threads_.size()) {
     mirror_->Add(mirror_threads_[thread], frames, label_words, value_offset,
                  values);
   }
@@ -135,14 +135,14 @@ void SampleAggregator::AddSynthetic(uint32_t thread, absl::string_view frame,
   }
   if (forwarder_ != nullptr) {
     forwarder_->ForwardSynthetic(thread, frame, value_offset, values);
-    if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+    if (mirror_ != nullptr && !mirror_paused_ && thread < mirror_threads_.size()) {
       mirror_->AddSynthetic(mirror_threads_[thread], frame, value_offset, values);
     }
     return;
   }
   std::vector<int64_t>& totals = Slot({thread, {}, {}, frame});
   for (size_t i = 0; i < values.size(); ++i) totals[value_offset + i] += values[i];
-  if (mirror_ != nullptr && thread < mirror_threads_.size()) {
+  if (mirror_ != nullptr && !mirror_paused_ && thread < mirror_threads_.size()) {
     mirror_->AddSynthetic(mirror_threads_[thread], frame, value_offset, values);
   }
 }

@@ -34,6 +34,9 @@ TEST(AgentStreamTest, EveryRecordRoundTrips) {
       AgentSynthetic{2, 0, {1, 10'000'000}, "[inprof: samples lost, agent ring full]"},
       AgentStats{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
       AgentEnd{},
+      AgentSample{2, 3, {0, 0, 4, 4096}, {}, {0x401000}, /*state=*/true},
+      AgentSynthetic{2, 3, {0, 0, 1, 64}, "[inprof: unregistered]", /*state=*/true},
+      AgentEventsNote{"allocations sampled=3"},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);
@@ -46,11 +49,22 @@ TEST(AgentStreamTest, EveryRecordRoundTrips) {
   const int64_t values[] = {5, -6};
   const uint64_t labels[] = {7 | kNumericLabel, 99};
   const uint64_t frames[] = {0x401000, 0x402000, 0x403000};
-  EncodeAgentSample(2, 1, values, labels, frames, direct);
+  EncodeAgentSample(2, 1, values, labels, frames, /*state=*/false, direct);
   EXPECT_EQ(direct, EncodeAgentOp(ops[6]));
   auto sample = std::get<AgentSample>(*DecodeAgentOp(direct));
   EXPECT_EQ(sample.values, (std::vector<int64_t>{5, -6}));
   EXPECT_EQ(sample.frames.size(), 3u);
+  EXPECT_FALSE(sample.state);
+  // A state row is a sample of its own type: what it is survives the trip.
+  const uint64_t frame[] = {0x401000};
+  const int64_t live[] = {0, 0, 4, 4096};
+  EncodeAgentSample(2, 3, live, {}, frame, /*state=*/true, direct);
+  EXPECT_EQ(direct, EncodeAgentOp(ops[10]));
+  EXPECT_NE(direct[0], EncodeAgentOp(ops[6])[0]);
+  EXPECT_TRUE(std::get<AgentSample>(*DecodeAgentOp(direct)).state);
+  EXPECT_TRUE(std::get<AgentSynthetic>(*DecodeAgentOp(EncodeAgentOp(ops[11]))).state);
+  EXPECT_EQ(std::get<AgentEventsNote>(*DecodeAgentOp(EncodeAgentOp(ops[12]))).line,
+            "allocations sampled=3");
 }
 
 TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
@@ -59,6 +73,9 @@ TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
       AgentThreadAdd{3, 4242, "worker-1"},
       AgentSample{2, 0, {5}, {1, 2}, {0x401000}},
       AgentSynthetic{2, 0, {1}, "frame"},
+      AgentSample{2, 0, {5}, {1, 2}, {0x401000}, /*state=*/true},
+      AgentSynthetic{2, 0, {1}, "frame", /*state=*/true},
+      AgentEventsNote{"line"},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);

@@ -21,6 +21,14 @@
 //   agent_workload until FILE MS spins in AgentSpinLong until FILE exists
 //                                (60 s at most), then MS ms more in one call;
 //                                prints "started" once its profiler runs
+//   agent_workload heap DIR      allocates 100 blocks of 64 KiB in
+//                                AgentHeapKept and keeps them, 50 of 32 KiB in
+//                                AgentHeapFreed and frees them; waits until the
+//                                agent wrote 4 more windows of its into DIR
+//                                (agent-PID-*.pb.gz; 60 s at most); frees the
+//                                kept ones and keeps 10 of 16 KiB from
+//                                AgentHeapLate until Stop()
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -34,6 +42,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "inprof/inprof.h"
 
@@ -62,9 +71,34 @@ std::atomic<uint64_t> g_sink;
     return ThreadCpuNs() - t0;                                 \
   }
 
+// The agent's windows of this process written into `dir` so far.
+size_t AgentWindowsIn(const char* dir) {
+  const std::string prefix = "agent-" + std::to_string(getpid()) + "-";
+  size_t n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
 }  // namespace
 
 extern "C" {
+// Each allocates `bytes` on a stack of its own (the pointer escapes, so the
+// call stays; the store after it keeps the call from being a tail call).
+#define INPROF_ALLOC_FUNCTION(name)                                      \
+  __attribute__((noinline)) void* name(size_t bytes) {                 \
+    void* p = std::malloc(bytes);                                        \
+    g_sink.store(reinterpret_cast<uintptr_t>(p), std::memory_order_relaxed); \
+    return p;                                                            \
+  }
+INPROF_ALLOC_FUNCTION(AgentHeapKept)
+INPROF_ALLOC_FUNCTION(AgentHeapFreed)
+INPROF_ALLOC_FUNCTION(AgentHeapLate)
+
 INPROF_SPIN_FUNCTION(AgentSpinLight, 1)
 INPROF_SPIN_FUNCTION(AgentSpinHeavy, 3)
 INPROF_SPIN_FUNCTION(AgentSpinParent, 5)
@@ -140,6 +174,21 @@ int main(int argc, char** argv) {
       AgentSpinLong(5'000'000);
     }
     AgentSpinLong(std::atoll(argv[3]) * 1'000'000);
+    return 0;
+  }
+  if (mode == "heap" && argc == 3) {
+    std::vector<void*> kept;
+    for (int i = 0; i < 100; ++i) kept.push_back(AgentHeapKept(64 * 1024));
+    for (int i = 0; i < 50; ++i) std::free(AgentHeapFreed(32 * 1024));
+    const size_t before = AgentWindowsIn(argv[2]);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (AgentWindowsIn(argv[2]) < before + 4 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (void* p : kept) std::free(p);
+    // Still live when the profiler stops (never freed: the process ends).
+    for (int i = 0; i < 10; ++i) g_sink.fetch_add(reinterpret_cast<uintptr_t>(AgentHeapLate(16 * 1024)));
+    std::printf("pid %d\n", static_cast<int>(getpid()));
     return 0;
   }
   std::fprintf(stderr, "agent_workload: unknown mode %s\n", mode.c_str());

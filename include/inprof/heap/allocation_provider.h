@@ -150,6 +150,12 @@ class AllocationProvider {
   // (the windows' sums: flushed, drained or still pending), inuse_* now.
   bool SnapshotEvents(SampleAggregator& aggregator, uint32_t thread, size_t value_offset);
 
+  // sample_provider.h: ReportsLiveState. Per stack: inuse_* now (the
+  // alloc_* columns zero), for the stacks whose live sums changed since the
+  // previous call (every stack that had any when `all`).
+  void AddLiveState(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
+                    bool all);
+
   // sample_provider.h: DrainsThreadEvents.
   static void DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit);
 

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/options.h"
 
@@ -32,6 +33,12 @@ struct AgentThreadRingLayout;
 
 class AgentForwarding final : public PipelineAttachment {
  public:
+  // How often the live heap goes to the agent: the inuse_* of a window the
+  // agent cuts are those of at most this (and a collector pass) before its
+  // end. A walk over the live table (2 MiB) and the stacks whose live sums
+  // changed, each time.
+  static constexpr absl::Duration kLiveStateInterval = absl::Seconds(1);
+
   explicit AgentForwarding(const Options& options);
   ~AgentForwarding() override;
 
@@ -59,11 +66,20 @@ class AgentForwarding final : public PipelineAttachment {
   // The pipeline's lock held: the agent is gone; the fallback's state and
   // note.
   void OnLostLocked(Pipeline::Locked& locked, int64_t now);
+  // The pipeline's lock held: the event providers' state now (the live
+  // heap, only what changed since the last time) as state rows the agent
+  // keeps and reports at the end of each window it cuts, then `events`,
+  // their counters' line.
+  void SendLiveStateLocked(Pipeline::Locked& locked, const std::string& events);
 
   Options options_;  // agent_socket: the spawned agent's once there is one
   // While connected, and after the agent was lost (for its counts);
   // touched by Start/Stop and the collector thread, never at once.
   std::unique_ptr<AgentLink> link_;
+  // The collector thread's: when the state was last sent, and whether the
+  // next must be sent in full.
+  int64_t last_live_state_ns_ = 0;
+  bool resend_live_state_ = false;
 };
 
 }  // namespace inprof::internal

@@ -76,6 +76,14 @@ class AgentLink final : public SampleForwarder {
   // engine's detail (when it changed), then whether the agent is still
   // there. Returns false once it is gone (and from then on).
   bool Flush(const std::vector<uint64_t>& counters, const std::string& engine_detail);
+  // While on, what the aggregate forwards goes as state rows (agent_stream.h:
+  // the live heap, Pipeline::Locked::LiveStateAtAttachments), not samples.
+  void SetStateRows(bool on) { state_rows_ = on; }
+  // State rows the full ring refused (the rows are sent again in full).
+  uint64_t state_rows_dropped() const { return state_rows_dropped_; }
+  // The event providers' comment line, when it changed since the last one
+  // the ring took.
+  void EventsNote(const std::string& line);
   // The process stops profiling: the last counters and an end record, then
   // the connection is closed (the agent exports the process's last window).
   void End(const std::vector<uint64_t>& counters);
@@ -143,6 +151,9 @@ class AgentLink final : public SampleForwarder {
   size_t num_values_ = 0;
   std::vector<uint64_t> last_counters_;
   std::string last_engine_detail_;
+  std::string last_events_note_;
+  bool state_rows_ = false;
+  uint64_t state_rows_dropped_ = 0;
   std::vector<uint64_t> scratch_;
 
   // The threads' area: its header page, chunk size, the mapped batches of

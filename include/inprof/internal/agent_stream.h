@@ -139,18 +139,26 @@ struct AgentThreadName {
 struct AgentThreadRemove {
   uint32_t index = 0;
 };
+// A sample adds its values to the window. A state row (`state`: the
+// process's live heap, which the agent's windows report at their end)
+// says instead what the values of its row -- thread, value offset, labels
+// and frames (a synthetic's frame) -- are now; the agent keeps the newest
+// of each row and adds the rows it keeps to every window it cuts. The
+// process sends a row again only when it changed (all zeros: gone).
 struct AgentSample {
   uint32_t thread = 0;
   uint32_t value_offset = 0;
   std::vector<int64_t> values;
   std::vector<uint64_t> labels;  // canonical label words (ids of AgentStrings)
   std::vector<uint64_t> frames;
+  bool state = false;
 };
 struct AgentSynthetic {
   uint32_t thread = 0;
   uint32_t value_offset = 0;
   std::vector<int64_t> values;
   std::string frame;
+  bool state = false;
 };
 // The process's counters (ProfilerStats, in its field order).
 struct AgentStats {
@@ -158,10 +166,16 @@ struct AgentStats {
 };
 // The process stopped its profiler: nothing follows.
 struct AgentEnd {};
+// The comment line of the process's event providers (the allocation
+// counters), when it changed: the agent's windows carry the newest.
+struct AgentEventsNote {
+  std::string line;
+};
 
 using AgentOp = std::variant<AgentDescribe, AgentEngine, AgentString,
                              AgentThreadAdd, AgentThreadName, AgentThreadRemove,
-                             AgentSample, AgentSynthetic, AgentStats, AgentEnd>;
+                             AgentSample, AgentSynthetic, AgentStats, AgentEnd,
+                             AgentEventsNote>;
 
 // Bounds the decoder enforces (a record is never longer than the ring).
 inline constexpr size_t kAgentOpMaxValues = 64;
@@ -180,7 +194,7 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record);
 void EncodeAgentSample(uint32_t thread, uint32_t value_offset,
                        std::span<const int64_t> values,
                        std::span<const uint64_t> labels,
-                       std::span<const uint64_t> frames,
+                       std::span<const uint64_t> frames, bool state,
                        std::vector<uint64_t>& out);
 
 // ---------------------------------------------------------------------------

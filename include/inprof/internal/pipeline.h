@@ -179,6 +179,13 @@ class PipelineAttachment {
     size_t period_type = 0;  // index of the period's sample type
   };
   virtual SnapshotShape SnapshotLocked(SampleAggregator& /*aggregator*/) { return {}; }
+  // Library mode, where the agent cuts the windows (Locked::
+  // LiveStateAtAttachments), with the pipeline's lock held: what the
+  // attachment reports as of a window's end (the live heap), alone, as rows
+  // of `aggregator` (which forwards them as state rows: agent_stream.h):
+  // those that changed since its previous call, or every row it has when
+  // `all`. Must not call into the pipeline.
+  virtual void LiveStateLocked(SampleAggregator& /*aggregator*/, bool /*all*/) {}
 };
 
 class Pipeline {
@@ -244,11 +251,15 @@ class Pipeline {
     // process note (SetProcessNote); empty: none.
     void SetAttachmentNote(std::string note) { p_.attachment_note_ = std::move(note); }
     const std::string& attachment_note() const { return p_.attachment_note_; }
-    // A window handed on elsewhere ends here (library mode's last): what
-    // the attachments add at a window's end (BeforeCutLocked: the live
-    // heap, the allocations still pending) goes into the aggregate now,
-    // and on with it. Their comment lines are not kept.
-    void EndWindowAtAttachments();
+    // Library mode (the aggregate forwards; the agent cuts the windows),
+    // after each drain and at the end: what the attachments recorded since
+    // their previous flush (BeforeCutLocked without a window's end: the
+    // sampled allocations) goes into the aggregate, and on with it. Returns
+    // their comment lines, "; "-joined.
+    std::string FlushEventsAtAttachments();
+    // Library mode: the attachments' state as of now (LiveStateLocked: the
+    // live heap), into the aggregate and on.
+    void LiveStateAtAttachments(bool all);
 
    private:
     friend class Pipeline;
