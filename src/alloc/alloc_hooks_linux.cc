@@ -323,6 +323,7 @@ bool IsWrapper(uintptr_t value) {
 absl::Mutex g_mu;
 struct HookState {
   bool installed = false;
+  pid_t installed_pid = 0;  // the process that installed (a forked child's parent)
   AllocHooks::Options options;
   // Slot address -> the value it held before we wrote it.
   absl::flat_hash_map<uintptr_t, uintptr_t> saved;
@@ -544,11 +545,24 @@ absl::Status AllocHooks::Install(const Options& options) {
   const Resolution r = Resolve(options.resolve);
   absl::MutexLock lock(&g_mu);
   HookState& state = State();
-  if (state.installed) {
+  if (state.installed && state.installed_pid == getpid()) {
     return absl::FailedPreconditionError("the allocation hooks are already installed");
+  }
+  if (state.installed) {
+    // A forked child: the slots are patched already, by its parent's
+    // installation, whose profiler stopped at the fork (the mean is 0, the
+    // wrappers only forward). The child's caller takes it over as it is.
+    state.options = options;
+    state.installed_pid = getpid();
+    g_live.store(options.live, std::memory_order_release);
+    g_context.store(options.context, std::memory_order_relaxed);
+    g_callback.store(options.callback, std::memory_order_release);
+    SetAllocSamplingMean(options.mean_bytes);
+    return absl::OkStatus();
   }
   state.options = options;
   state.installed = true;
+  state.installed_pid = getpid();
   ApplyResolution(state, r, /*replace=*/true);
   g_live.store(options.live, std::memory_order_release);
   g_context.store(options.context, std::memory_order_relaxed);

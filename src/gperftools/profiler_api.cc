@@ -11,6 +11,7 @@
 //   CPUPROFILE_PER_THREAD_TIMERS, CPUPROFILE_TIMER_SIGNAL   accepted; inprof
 //                              always uses per-thread timers
 //   HEAPPROFILE=PREFIX         heap profile from load to exit: PREFIX.0001.heap
+//                              (a forked or exec'd child: PREFIX_<pid>.0001.heap)
 //                              (<gperftools/heap-profiler.h>: HeapProfilerStart,
 //                              HeapProfilerDump, HeapProfilerStop,
 //                              IsHeapProfilerRunning, GetHeapProfile)
@@ -108,7 +109,8 @@ struct HeapProfiling {
   std::condition_variable changed;  // running or the intervals changed
   bool running = false;
   bool started_profiler = false;  // HeapProfilerStart started run::Start
-  std::string prefix;
+  std::string prefix;      // the dumps' (a child's: with its pid)
+  std::string prefix_as_given;
   int dumps = 0;
   DumpIntervals intervals;
   // What the last interval dump saw (at HeapProfilerStart: what was then).
@@ -118,21 +120,18 @@ struct HeapProfiling {
   int64_t last_dump_ns = 0;  // steady clock
   bool checker_started = false;
 };
-void CheckerGoneInChild();
+void HeapAtForkChild();
 HeapProfiling& Heap() {
   static auto* heap = [] {
     auto* h = new HeapProfiling;  // never destroyed: used at exit
     // A fork() while the interval checker dumps would leave the lock held
     // in the child, whose exit dump would then wait forever.
     internal::RegisterForkLock(&h->mu, internal::kForkRankOutermost);
-    pthread_atfork(nullptr, nullptr, &CheckerGoneInChild);
+    pthread_atfork(nullptr, nullptr, &HeapAtForkChild);
     return h;
   }();
   return *heap;
 }
-// The child has no checker thread (fork copies the calling thread only):
-// its intervals are not checked, its dumps come at HeapProfilerDump and exit.
-void CheckerGoneInChild() { Heap().checker_started = false; }
 
 int64_t SteadyNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -234,6 +233,33 @@ void* IntervalThread(void*) {
   return nullptr;
 }
 
+// A forked child profiles its own heap from the fork on (the run layer's
+// handler, registered before this one, started its profiler and with it
+// the allocation hooks' takeover, AllocHooks::Install) into PREFIX_<pid>,
+// as gperftools names a child's files: never into its parent's. It has no
+// checker thread (fork copies the calling thread only): one of its own.
+// The dumps' lock is held by the fork guard until its own child handler,
+// which may come after this one: not taken here (one thread).
+void HeapAtForkChild() {
+  HeapProfiling& h = Heap();
+  h.checker_started = false;
+  if (!h.running) return;
+  if (!run::AllocationsSampled()) {
+    h.running = false;  // no profiler of its own: no dumps, none of its parent's
+    return;
+  }
+  h.prefix = absl::StrCat(h.prefix_as_given, "_", getpid());
+  h.dumps = 0;
+  const AllocationProvider::Stats s = AllocationProvider::stats();
+  h.last_dump_alloc = s.alloc_bytes;
+  h.last_dump_free = s.freed_bytes;
+  h.high_mark = s.inuse_bytes;
+  h.last_dump_ns = SteadyNanos();
+  if (h.intervals.any()) {
+    h.checker_started = run::StartDetachedThread("inprof-heapdump", &IntervalThread, nullptr);
+  }
+}
+
 }  // namespace
 
 void ApplyHeapProfileDefaults(Options& options) {
@@ -248,7 +274,12 @@ void ApplyHeapProfileDefaults(Options& options) {
 void StartHeapFromEnvironment() {
   const char* prefix = getenv("HEAPPROFILE");
   if (prefix == nullptr || *prefix == '\0') return;
-  HeapProfilerStart(prefix);
+  // An exec'd child inherits the variable: as with gperftools (and
+  // CPUPROFILE here), a process other than the tree's first writes
+  // PREFIX_<pid>.NNNN.heap, never its parent's files.
+  const std::string own =
+      run::IsFirstProcess() ? std::string(prefix) : absl::StrCat(prefix, "_", getpid());
+  HeapProfilerStart(own.c_str());
   // After run::Start's own exit hook: atexit runs this one first, while
   // the profiler still runs.
   if (IsHeapProfilerRunning()) atexit(&DumpAtExit);
@@ -415,6 +446,7 @@ __attribute__((visibility("default"))) void HeapProfilerStart(const char* prefix
   }
   h.running = true;
   h.prefix = prefix;
+  h.prefix_as_given = prefix;
   h.dumps = 0;
   h.intervals = gperftools::IntervalsFromEnvironment();
   const AllocationProvider::Stats s = AllocationProvider::stats();

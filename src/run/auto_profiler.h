@@ -80,6 +80,9 @@ inline constexpr char kFirstPidVariable[] = "INPROF_RUN_FIRST_PID";
 // an existing FIFO or character device (/dev/null) is kept: every process
 // writes into it, nothing is created or replaced.
 std::string OutputPatternForThisProcess(const std::string& pattern);
+// Whether this process is the tree's first (kFirstPidVariable): false in a
+// forked or exec'd child of a process that called Init().
+bool IsFirstProcess();
 
 // Starts sampling into `output_pattern` (%p, %t). FailedPrecondition when
 // not initialised, disabled or stepped aside; AlreadyExists when running.

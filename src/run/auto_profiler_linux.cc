@@ -549,6 +549,11 @@ void Init(Options options, std::string report, bool children) {
   pthread_atfork(nullptr, nullptr, &AtForkChild);
 }
 
+bool IsFirstProcess() {
+  const pid_t first = state().first_pid;
+  return first == 0 || getpid() == first;
+}
+
 std::string OutputPatternForThisProcess(const std::string& pattern) {
   bool names_pid = false;
   for (size_t i = 0; i + 1 < pattern.size(); ++i) {

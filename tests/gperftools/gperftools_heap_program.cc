@@ -20,6 +20,18 @@
 //                                        HeapMiBSite, kept or freed, then
 //                                        waits (60 s at most) for the
 //                                        interval dump $HEAPPROFILE.0001.heap
+//   gperftools_heap_program fork [exec]  HEAPPROFILE: the allocations of
+//                                        `api` (kept), then a child -- forked,
+//                                        or exec'ing this program in `child`
+//                                        mode -- that keeps 8 mallocs of 1 MiB
+//                                        at HeapMiBSite, waits for the interval
+//                                        dump its HEAP_PROFILE_* say (60 s at
+//                                        most) and exits (its exit dump); the
+//                                        parent waits for it, then exits.
+//                                        Prints "child PID"
+//   gperftools_heap_program child PREFIX the child's part, PREFIX the
+//                                        dumps' it waits for
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -51,6 +63,18 @@ __attribute__((noinline)) void* HeapMiBSite() {
   void* p = std::malloc(1 << 20);
   asm volatile("" : : "r"(p) : "memory");
   return p;
+}
+
+// The child's part of `fork`: 8 MiB kept, then the first interval dump of
+// `prefix` (its HEAP_PROFILE_INUSE_INTERVAL), then exit.
+int ChildPart(const std::string& prefix) {
+  std::vector<void*> kept;
+  for (int i = 0; i < 8; ++i) kept.push_back(HeapMiBSite());
+  const std::string first = prefix + ".0001.heap";
+  for (int i = 0; i < 6000 && access(first.c_str(), F_OK) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return access(first.c_str(), F_OK) == 0 ? 0 : 1;
 }
 
 std::vector<void*>* Allocate() {
@@ -123,6 +147,26 @@ int main(int argc, char** argv) {
     for (void* p : live) std::free(p);
     return dumped ? 0 : 1;
   }
+  if (mode == "fork" && (argc == 2 || argc == 3)) {
+    const char* prefix = std::getenv("HEAPPROFILE");
+    if (prefix == nullptr) return 2;
+    (void)Allocate();  // still allocated at exit
+    const pid_t child = fork();
+    if (child == 0) {
+      const std::string own = std::string(prefix) + "_" + std::to_string(getpid());
+      if (argc == 3) {
+        execl("/proc/self/exe", "gperftools_heap_program", "child", own.c_str(), nullptr);
+        _exit(127);
+      }
+      std::exit(ChildPart(own));
+    }
+    std::printf("child %d\n", static_cast<int>(child));
+    std::fflush(stdout);
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  }
+  if (mode == "child" && argc == 3) return ChildPart(argv[2]);
   if (mode == "env") {
     std::printf("env: running=%d\n", IsHeapProfilerRunning());
     (void)Allocate();  // still allocated at exit

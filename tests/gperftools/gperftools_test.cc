@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/pprof_reader.h"
@@ -388,6 +389,57 @@ TEST(GperftoolsTest, HeapProfileIntervalsDumpAsGperftoolsDoes) {
     EXPECT_EQ(p->period, 1);
     EXPECT_GE(LeafSum(*p, p->ValueIndex("alloc_space"), "HeapMiBSite"), c.min_alloc_mib << 20);
     EXPECT_GE(LeafSum(*p, p->ValueIndex("inuse_space"), "HeapMiBSite"), c.min_inuse_mib << 20);
+  }
+}
+
+// A child of a process under HEAPPROFILE -- forked, or exec'd with the
+// variable inherited -- profiles its own heap into PREFIX_<pid>.NNNN.heap,
+// as gperftools names a child's files, and never writes its parent's: the
+// parent's files hold the parent's heap only. At INPROF_ALLOC_PERIOD=1
+// every block has weight 1, so the sums are exact: the parent's 4,000
+// blocks of 4 KiB still live at its exit dump, the child's 8 MiB at its
+// own. The child waits for its own interval dump
+// (HEAP_PROFILE_INUSE_INTERVAL=4 MiB: the checker of its own) and exits
+// non-zero without it.
+TEST(GperftoolsTest, HeapProfilesOfChildrenAreTheirOwn) {
+  const std::string program = ShellQuote(Env("INPROF_GPERFTOOLS_HEAP_PROGRAM"));
+  for (const char* how : {"", " exec"}) {
+    SCOPED_TRACE(*how != '\0' ? "exec'd child" : "forked child");
+    const std::string prefix = Fresh(*how != '\0' ? "heap_exec_child" : "heap_fork_child") + "/app";
+    auto r = RunCommandSeparately(absl::StrCat(
+        "HEAPPROFILE=", ShellQuote(prefix),
+        " INPROF_ALLOC_PERIOD=1 HEAP_PROFILE_ALLOCATION_INTERVAL=0 "
+        "HEAP_PROFILE_INUSE_INTERVAL=4194304 ",
+        program, " fork", how));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+    int child = 0;
+    for (absl::string_view line : absl::StrSplit(r->out, '\n')) {
+      if (absl::ConsumePrefix(&line, "child ")) (void)absl::SimpleAtoi(line, &child);
+    }
+    ASSERT_GT(child, 0) << r->out;
+    const std::string own = absl::StrCat(prefix, "_", child);
+    EXPECT_THAT(r->err, HasSubstr(absl::StrCat("dumping heap profile to ", own, ".0001.heap (")));
+    // Each process's dumps, in order; its last is its exit dump.
+    for (const auto& [files, site, other, bytes] :
+         {std::tuple{prefix, "HeapLiveSite", "HeapMiBSite", int64_t{4000 * 4096}},
+          std::tuple{own, "HeapMiBSite", "HeapLiveSite", int64_t{8} << 20}}) {
+      int last = 0;
+      while (access(absl::StrFormat("%s.%04d.heap", files, last + 1).c_str(), F_OK) == 0) ++last;
+      ASSERT_GE(last, 1) << files << "\n" << r->err;
+      for (int n = 1; n <= last; ++n) {
+        auto p = ReadPprofFile(absl::StrFormat("%s.%04d.heap", files, n));
+        ASSERT_TRUE(p.ok()) << p.status();
+        // Nothing of the other process's: not its allocations, not its
+        // live blocks (the parent's, still allocated in the child, were
+        // allocated before the child's profiler started).
+        EXPECT_EQ(LeafSum(*p, p->ValueIndex("alloc_space"), other), 0) << files << " " << n;
+        EXPECT_EQ(LeafSum(*p, p->ValueIndex("inuse_space"), other), 0) << files << " " << n;
+        if (n == last) {
+          EXPECT_EQ(LeafSum(*p, p->ValueIndex("inuse_space"), site), bytes) << files << " " << n;
+        }
+      }
+    }
   }
 }
 

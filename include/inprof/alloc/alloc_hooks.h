@@ -121,8 +121,11 @@ class AllocHooks {
 
   // Sets the mean and callback, patches every loaded object's slots and
   // starts patching objects dlopen loads. FailedPrecondition when already
-  // installed; Unimplemented where !Supported(). A failure on one object
-  // is logged and skipped, not returned. Not from a signal handler.
+  // installed by this process; in a forked child whose parent had
+  // installed them, takes that installation over (the slots are patched;
+  // the new mean, callback and table apply). Unimplemented where
+  // !Supported(). A failure on one object is logged and skipped, not
+  // returned. Not from a signal handler.
   static absl::Status Install(const Options& options);
 
   // Writes every saved original back into the slots of the objects still
