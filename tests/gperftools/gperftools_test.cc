@@ -276,9 +276,9 @@ TEST(GperftoolsTest, HeapprofileProfilesFromLoadToExit) {
 // text. gperftools' own pprof (google-pprof) reads it with the binary,
 // symbolized through its MAPPED_LIBRARIES section: each site's bytes in the
 // column it belongs to, within stats::SampledAllocationRange (four sides:
-// 4e-7). go tool pprof parses it too (its values; it does not symbolize
-// this format's stacks of a PIE executable: every frame reads
-// [gperftools_heap_program]).
+// 4e-7). go tool pprof parses it too: its values, and its source lines
+// with -lines (Go's own cmd/pprof finds no C++ function names for this
+// format: its function view reads [gperftools_heap_program]).
 TEST(GperftoolsTest, GetHeapProfileIsTheLegacyTextPprofReads) {
   const std::string binary = Env("INPROF_GPERFTOOLS_HEAP_PROGRAM");
   const std::string file = Fresh("heap_text") + "/heap.txt";
@@ -304,6 +304,10 @@ TEST(GperftoolsTest, GetHeapProfileIsTheLegacyTextPprofReads) {
                                     ShellQuote(file)));
     ASSERT_TRUE(top.ok()) << top.status();
     EXPECT_THAT(*top, HasSubstr("Type: inuse_space"));
+    auto lines = GoPprof(absl::StrCat("-sample_index=inuse_space -lines -top ",
+                                      ShellQuote(binary), " ", ShellQuote(file)));
+    ASSERT_TRUE(lines.ok()) << lines.status();
+    EXPECT_THAT(*lines, HasSubstr("gperftools_heap_program.cc:")) << *lines;
   }
   const std::string google_pprof = testing::EnvOrEmpty("INPROF_GOOGLE_PPROF");
   if (google_pprof.empty()) {

@@ -16,7 +16,9 @@
 // frames, "[inprof: ...]") are left out of the stacks; their values stay.
 // gperftools' pprof (`google-pprof --text BINARY FILE`) reads it, alloc_*
 // and inuse_*, symbolized from the binaries the maps name; `go tool pprof`
-// reads its values but leaves a PIE executable's frames unsymbolized.
+// (Go's own cmd/pprof, which symbolizes with Go's DWARF reader, not
+// binutils) reads its values and source lines (-lines) but no C++
+// function names.
 //
 // Thread-safety: reentrant.
 #ifndef INPROF_INTERNAL_LEGACY_HEAP_H_

@@ -28,11 +28,14 @@
      0 turns one off. They are checked on estimates (the samples' weights)
      every 100 ms on a thread of inprof's, not at each allocation, so a
      dump may come up to 100 ms after its interval was reached; a forked
-     child's are not checked (its dumps: HeapProfilerDump and exit);
+     or exec'd child profiles its own heap, with checks of its own, into
+     PREFIX_<pid>.NNNN.heap (gperftools' convention), never its parent's;
    - GetHeapProfile's text is gperftools' legacy format, made from the
      same sampled estimates: gperftools' pprof (`google-pprof --text
      BINARY FILE`) reads and symbolizes it; `go tool pprof` reads its
-     values but, for a PIE executable, not its function names. The dumps
+     values and, with -lines, its source lines, but finds no function
+     names in a C++ binary for this format (its own symbolizer reads the
+     DWARF line table only). The dumps
      are pprof files, which `go tool pprof` reads whole.
 
    Thread-safety: every function may be called from any thread; none from a
