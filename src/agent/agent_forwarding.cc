@@ -122,7 +122,7 @@ void AgentForwarding::SendLiveStateLocked(Pipeline::Locked& l, const std::string
   l.LiveStateAtAttachments(/*all=*/resend_live_state_);
   link_->SetStateRows(false);
   resend_live_state_ = link_->state_rows_dropped() != dropped;
-  link_->EventsNote(events);
+  link_->EventsNote(events, static_cast<int64_t>(options_.alloc_period));
 }
 
 void AgentForwarding::OnLostLocked(Pipeline::Locked& l, int64_t now) {

@@ -415,9 +415,12 @@ void AgentLink::ForwardSynthetic(uint32_t thread, absl::string_view frame,
   }
 }
 
-void AgentLink::EventsNote(const std::string& line) {
-  if (gone_ || !Usable() || line == last_events_note_) return;
-  if (Push(EncodeAgentOp(AgentEventsNote{line}))) last_events_note_ = line;
+void AgentLink::EventsNote(const std::string& line, int64_t period) {
+  if (gone_ || !Usable() || (line == last_events_note_ && period == last_events_period_)) return;
+  if (Push(EncodeAgentOp(AgentEventsNote{line, period}))) {
+    last_events_note_ = line;
+    last_events_period_ = period;
+  }
 }
 
 void AgentLink::MarkGone() {

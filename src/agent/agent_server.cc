@@ -126,6 +126,9 @@ void AgentServer::StartEndpoint() {
       },
       &internal::RenderFlamegraphPage,
       absl::StrCat("inprof agent (pid ", getpid(), ")"));
+  endpoint_->SetProcessSnapshot([this](absl::string_view default_type, int64_t pid) {
+    return HeapSnapshot(default_type, pid);
+  });
   absl::StatusOr<std::unique_ptr<internal::DebugServer>> server =
       internal::DebugServer::Start(*address, endpoint_.get());
   if (!server.ok()) {
@@ -144,21 +147,32 @@ std::string AgentServer::http_address() const {
   return http_ != nullptr ? http_->address() : std::string();
 }
 
-absl::StatusOr<std::string> AgentServer::Capture(absl::Duration duration, int64_t pid) {
+std::shared_ptr<AgentSession> AgentServer::ConnectedSession(int64_t pid) {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::shared_ptr<AgentSession> session;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& c : clients_) {
-      if (c->process.connected && c->session != nullptr &&
-          c->process.hello.pid == pid) {
-        session = c->session;
-      }
+  for (const auto& c : clients_) {
+    if (c->process.connected && c->session != nullptr && c->process.hello.pid == pid) {
+      session = c->session;
     }
   }
+  return session;
+}
+
+absl::StatusOr<std::string> AgentServer::Capture(absl::Duration duration, int64_t pid) {
+  std::shared_ptr<AgentSession> session = ConnectedSession(pid);
   if (session == nullptr) {
     return absl::NotFoundError(absl::StrCat("no process ", pid, " is connected"));
   }
   return session->Capture(duration);
+}
+
+absl::StatusOr<std::string> AgentServer::HeapSnapshot(absl::string_view default_type,
+                                                      int64_t pid) {
+  std::shared_ptr<AgentSession> session = ConnectedSession(pid);
+  if (session == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no process ", pid, " is connected"));
+  }
+  return session->HeapSnapshot(default_type);
 }
 
 void AgentServer::Stop() {

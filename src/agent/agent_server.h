@@ -60,6 +60,8 @@
 
 namespace inprof::agent {
 
+class AgentSession;
+
 struct AgentServerOptions {
   internal::AgentSocketAddress address;
   // Users besides the agent's own (and root) whose processes it serves.
@@ -159,7 +161,11 @@ class AgentServer {
   // empty when they would not.
   std::string DescriptorShortage(int connected, int needed) const;
   void StartEndpoint();
+  // The endpoint's: process `pid`'s live capture and heap snapshot
+  // (NotFound when it is not connected).
   absl::StatusOr<std::string> Capture(absl::Duration duration, int64_t pid);
+  absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type, int64_t pid);
+  std::shared_ptr<AgentSession> ConnectedSession(int64_t pid);
   void Log(const std::string& line) const;
   void LogEvent(const std::string& line) const;  // unless !log_connections
   // At most 10 such lines a second; the rest are counted, and the count

@@ -30,6 +30,9 @@ class StateAttachment final : public internal::PipelineAttachment {
   std::string BeforeCutLocked(SampleAggregator& aggregator, bool window_end) override {
     return session_.AddStateLocked(aggregator, window_end);
   }
+  SnapshotShape SnapshotLocked(SampleAggregator& aggregator) override {
+    return session_.HeapSnapshotLocked(aggregator);
+  }
 
  private:
   AgentSession& session_;
@@ -117,7 +120,7 @@ uint64_t AgentSession::samples_read() const {
   return samples_read_;
 }
 
-absl::StatusOr<std::string> AgentSession::Capture(absl::Duration duration) {
+absl::StatusOr<internal::Pipeline*> AgentSession::LivePipeline() const {
   internal::Pipeline* pipeline = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -129,7 +132,13 @@ absl::StatusOr<std::string> AgentSession::Capture(absl::Duration duration) {
     return absl::UnavailableError(absl::StrCat(
         "process ", pid_, " has not described its profile yet, or has ended"));
   }
-  return pipeline->Capture(duration);
+  return pipeline;
+}
+
+absl::StatusOr<std::string> AgentSession::Capture(absl::Duration duration) {
+  absl::StatusOr<internal::Pipeline*> pipeline = LivePipeline();
+  if (!pipeline.ok()) return pipeline.status();
+  return (*pipeline)->Capture(duration);
 }
 
 uint64_t AgentSession::samples_from_thread_rings() const {
@@ -197,6 +206,21 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
   pid_key_ = table.Intern("pid") | internal::kNumericLabel;
   program_key_ = table.Intern("program");
   program_value_ = table.Intern(hello_.program);
+  // The allocation provider's four columns, when the process profiles
+  // allocations (its heap snapshots: HeapSnapshot).
+  static constexpr const char* kHeapTypes[] = {"alloc_objects", "alloc_space", "inuse_objects",
+                                               "inuse_space"};
+  for (size_t i = 0; i + 4 <= d.sample_types.size() && i + 4 <= 64; ++i) {
+    bool match = true;
+    for (size_t k = 0; k < 4; ++k) {
+      match = match && d.sample_types[i + k].type == kHeapTypes[k] &&
+              (d.omitted_types >> (i + k) & 1) == 0;
+    }
+    if (match) {
+      alloc_offset_ = static_cast<int>(i);
+      break;
+    }
+  }
   pipeline_ = std::make_unique<internal::Pipeline>(
       options_, d.sample_types, d.period_type, d.period, d.engine);
   pipeline_->SetOmittedTypes(d.omitted_types);
@@ -261,19 +285,30 @@ void AgentSession::Apply(const internal::AgentOp& op) {
     // process's own labels are added.
     TranslateLabels(s->labels, /*state_label=*/false, /*blocked=*/false);
     if (s->state) {
-      KeepStateLocked(Thread(agg, s->thread), s->value_offset, s->frames, "", s->values);
+      KeepStateLocked(state_, s->thread, Thread(agg, s->thread), s->value_offset, s->frames,
+                      "", s->values, /*add=*/false);
     } else {
       agg.Add(Thread(agg, s->thread), s->frames, labels_, s->value_offset, s->values);
+      if (alloc_offset_ >= 0 && s->value_offset == static_cast<uint32_t>(alloc_offset_)) {
+        KeepStateLocked(alloc_totals_, s->thread, Thread(agg, s->thread), s->value_offset,
+                        s->frames, "", s->values, /*add=*/true);
+      }
     }
   } else if (const auto* y = std::get_if<AgentSynthetic>(&op)) {
+    labels_.clear();
     if (y->state) {
-      labels_.clear();
-      KeepStateLocked(Thread(agg, y->thread), y->value_offset, {}, y->frame, y->values);
+      KeepStateLocked(state_, y->thread, Thread(agg, y->thread), y->value_offset, {}, y->frame,
+                      y->values, /*add=*/false);
     } else {
       agg.AddSynthetic(Thread(agg, y->thread), y->frame, y->value_offset, y->values);
+      if (alloc_offset_ >= 0 && y->value_offset == static_cast<uint32_t>(alloc_offset_)) {
+        KeepStateLocked(alloc_totals_, y->thread, Thread(agg, y->thread), y->value_offset, {},
+                        y->frame, y->values, /*add=*/true);
+      }
     }
   } else if (const auto* n = std::get_if<AgentEventsNote>(&op)) {
     events_note_ = n->line;
+    events_period_ = n->period;
   } else if (const auto* t = std::get_if<AgentThreadAdd>(&op)) {
     if (auto it = threads_.find(t->index); it != threads_.end()) {
       agg.RemoveThread(it->second);
@@ -282,8 +317,10 @@ void AgentSession::Apply(const internal::AgentOp& op) {
     const uint32_t ours = agg.AddThread(t->tid, t->name);
     threads_.emplace(t->index, ours);
     tids_[t->tid] = ours;
+    thread_ids_[t->index] = {t->tid, t->name};
   } else if (const auto* n = std::get_if<AgentThreadName>(&op)) {
     agg.SetThreadName(Thread(agg, n->index), n->name);
+    if (auto it = thread_ids_.find(n->index); it != thread_ids_.end()) it->second.second = n->name;
   } else if (const auto* r = std::get_if<AgentThreadRemove>(&op)) {
     if (auto it = threads_.find(r->index); it != threads_.end()) {
       agg.RemoveThread(it->second);
@@ -300,54 +337,98 @@ void AgentSession::Apply(const internal::AgentOp& op) {
   }
 }
 
-void AgentSession::KeepStateLocked(uint32_t thread, uint32_t value_offset,
+void AgentSession::KeepStateLocked(Rows& rows, uint32_t process_thread, uint32_t thread,
+                                   uint32_t value_offset,
                                    std::span<const uint64_t> frames,
                                    const std::string& synthetic,
-                                   std::span<const int64_t> values) {
-  // The row's identity: thread, value offset, labels (labels_) and frames,
-  // or the synthetic frame.
+                                   std::span<const int64_t> values, bool add) {
+  // The row's identity: thread (its tid: the process reuses the index of a
+  // thread that ended), value offset, labels (labels_) and frames, or the
+  // synthetic frame.
+  const auto id = thread_ids_.find(process_thread);
+  const int64_t tid = id != thread_ids_.end() ? id->second.first : 0;
   std::string key;
-  const uint64_t head[] = {thread, value_offset, labels_.size(), frames.size(),
-                           synthetic.size()};
+  const uint64_t head[] = {static_cast<uint64_t>(tid), value_offset, labels_.size(),
+                           frames.size(), synthetic.size()};
   AppendWords(key, head);
   AppendWords(key, labels_);
   AppendWords(key, frames);
   key += synthetic;
   const bool zero = std::all_of(values.begin(), values.end(), [](int64_t v) { return v == 0; });
-  auto it = state_.find(key);
+  auto it = rows.find(key);
   if (zero) {
-    if (it != state_.end()) state_.erase(it);
+    if (it != rows.end() && !add) rows.erase(it);
     return;
   }
-  if (it == state_.end()) {
-    if (state_.size() >= kMaxStateRows) {
+  if (it == rows.end()) {
+    if (rows.size() >= kMaxStateRows) {
       ++state_rows_refused_;
       return;
     }
     StateRow row;
     row.thread = thread;
+    row.tid = tid;
+    row.thread_name = id != thread_ids_.end() ? id->second.second : "[thread not announced]";
     row.value_offset = value_offset;
     row.labels = labels_;
     row.frames.assign(frames.begin(), frames.end());
     row.synthetic = synthetic;
-    it = state_.emplace(std::move(key), std::move(row)).first;
+    it = rows.emplace(std::move(key), std::move(row)).first;
   }
-  it->second.values.assign(values.begin(), values.end());
+  if (!add) {
+    it->second.values.assign(values.begin(), values.end());
+    return;
+  }
+  std::vector<int64_t>& sums = it->second.values;
+  if (sums.size() < values.size()) sums.resize(values.size(), 0);
+  for (size_t i = 0; i < values.size(); ++i) sums[i] += values[i];
+}
+
+void AgentSession::AddRowsLocked(const Rows& rows, SampleAggregator& aggregator,
+                                 ThreadsByName* fresh) {
+  for (const auto& [key, row] : rows) {
+    uint32_t thread = row.thread;
+    if (fresh != nullptr) {
+      // A fresh aggregate (a snapshot): the row's thread by its identity.
+      auto [it, added] = fresh->try_emplace(std::make_pair(row.tid, row.thread_name), 0);
+      if (added) it->second = aggregator.AddThread(row.tid, row.thread_name);
+      thread = it->second;
+    }
+    if (row.synthetic.empty()) {
+      aggregator.Add(thread, row.frames, row.labels, row.value_offset, row.values);
+    } else {
+      aggregator.AddSynthetic(thread, row.synthetic, row.value_offset, row.values);
+    }
+  }
+}
+
+internal::PipelineAttachment::SnapshotShape AgentSession::HeapSnapshotLocked(
+    SampleAggregator& aggregator) {
+  internal::PipelineAttachment::SnapshotShape shape;
+  if (alloc_offset_ < 0) return shape;  // the process profiles no allocations
+  // alloc_* since the process connected (what it forwarded), inuse_* as of
+  // its newest state (at most a second old).
+  ThreadsByName threads;
+  AddRowsLocked(alloc_totals_, aggregator, &threads);
+  AddRowsLocked(state_, aggregator, &threads);
+  const auto first = static_cast<size_t>(alloc_offset_);
+  shape.types = uint64_t{0xf} << first;
+  shape.period = events_period_;
+  shape.period_type = first + 1;  // alloc_space, as the process's own snapshot
+  return shape;
+}
+
+absl::StatusOr<std::string> AgentSession::HeapSnapshot(absl::string_view default_type) {
+  absl::StatusOr<internal::Pipeline*> pipeline = LivePipeline();
+  if (!pipeline.ok()) return pipeline.status();
+  return (*pipeline)->Snapshot(default_type);
 }
 
 std::string AgentSession::AddStateLocked(SampleAggregator& aggregator, bool window_end) {
   // Called with the pipeline's lock held, which guards the state (Apply
   // writes it under that lock too); never mu_, which Drain holds while it
   // waits for the pipeline's lock.
-  if (window_end) {
-    for (const auto& [key, row] : state_) {
-      if (row.synthetic.empty()) {
-        aggregator.Add(row.thread, row.frames, row.labels, row.value_offset, row.values);
-      } else {
-        aggregator.AddSynthetic(row.thread, row.synthetic, row.value_offset, row.values);
-      }
-    }
-  }
+  if (window_end) AddRowsLocked(state_, aggregator, nullptr);
   if (state_rows_refused_ == 0) return events_note_;
   return absl::StrCat(events_note_, events_note_.empty() ? "" : "; ",
                       "live-heap rows of the process the agent did not keep (over ",

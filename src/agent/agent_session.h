@@ -32,6 +32,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
 #include "inprof/internal/pipeline.h"
@@ -87,6 +89,15 @@ class AgentSession {
   // Why its ring stopped being read (empty while it is fine).
   std::string error() const;
 
+  // `inprof agent --http`'s /debug/pprof/heap and /allocs of the process:
+  // per stack, alloc_* since it connected and inuse_* as of its newest
+  // state (sent every second), in a gzip pprof opening on `default_type`.
+  // NotFound when it profiles no allocations; Unavailable before it
+  // described its profile or once it is finished.
+  absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type);
+  // The pipeline's lock held (Pipeline::Snapshot): the rows of HeapSnapshot.
+  internal::PipelineAttachment::SnapshotShape HeapSnapshotLocked(SampleAggregator& aggregator);
+
   // The pipeline's lock held (its StateAttachment, before each cut): the
   // process's newest state rows (its live heap) into `aggregator` at a
   // window's end; returns the process's event-providers line for the
@@ -97,6 +108,9 @@ class AgentSession {
   static constexpr size_t kMaxStateRows = size_t{1} << 17;
 
  private:
+  // The pipeline, for a request (Capture, HeapSnapshot); Unavailable
+  // before the process described its profile or once it is finished.
+  absl::StatusOr<internal::Pipeline*> LivePipeline() const;
   void Apply(const internal::AgentOp& op);  // mu_ held
   // mu_ and the pipeline's lock held (Pipeline::Ingest: `agg`).
   uint32_t Thread(SampleAggregator& agg, uint32_t index);
@@ -108,11 +122,31 @@ class AgentSession {
                        bool blocked);
   void ReadThreadRings();  // mu_ held; the process is gone
   uint32_t ThreadByTid(SampleAggregator& agg, int64_t tid, std::string_view name);
-  // mu_ and the pipeline's lock held: keeps a state row (labels_ as its
-  // labels) as its newest values; all zeros removes it.
-  void KeepStateLocked(uint32_t thread, uint32_t value_offset,
-                       std::span<const uint64_t> frames, const std::string& synthetic,
-                       std::span<const int64_t> values);
+  // Rows kept between windows, by identity (thread, value offset, labels,
+  // frames or synthetic frame).
+  struct StateRow {
+    uint32_t thread = 0;  // ours, in the windows' aggregate
+    int64_t tid = 0;      // and who it is (a snapshot's fresh aggregate)
+    std::string thread_name;
+    uint32_t value_offset = 0;
+    std::vector<uint64_t> labels;
+    std::vector<uint64_t> frames;
+    std::string synthetic;  // a synthetic row's frame (frames empty)
+    std::vector<int64_t> values;
+  };
+  using Rows = absl::flat_hash_map<std::string, StateRow>;
+  // mu_ and the pipeline's lock held: a row of `rows` (labels_ as its
+  // labels) gets `values`: as its newest (all zeros removes it), or added
+  // to its sums when `add`. At most kMaxStateRows each; more are counted.
+  void KeepStateLocked(Rows& rows, uint32_t process_thread, uint32_t thread,
+                       uint32_t value_offset, std::span<const uint64_t> frames,
+                       const std::string& synthetic, std::span<const int64_t> values,
+                       bool add);
+  // Adds `rows` to `aggregator`: the windows' own (their thread indices), or
+  // a fresh one (`fresh`: its threads, added by identity as they come).
+  using ThreadsByName = absl::flat_hash_map<std::pair<int64_t, std::string>, uint32_t>;
+  static void AddRowsLocked(const Rows& rows, SampleAggregator& aggregator,
+                            ThreadsByName* fresh);
 
   Options options_;
   internal::AgentHello hello_;
@@ -135,24 +169,22 @@ class AgentSession {
   absl::flat_hash_map<int64_t, uint32_t> tids_;  // tid -> our thread
   std::vector<uint64_t> record_;
   absl::flat_hash_map<uint32_t, uint32_t> threads_;  // process index -> ours
+  // process index -> its tid and name, kept after it is removed (mu_)
+  absl::flat_hash_map<uint32_t, std::pair<int64_t, std::string>> thread_ids_;
   std::vector<uint32_t> strings_;  // process label id -> ours (0: unknown)
   std::vector<uint64_t> labels_;   // scratch
   // Every sample's labels pid (numeric) and program (label-table ids).
   uint64_t pid_key_ = 0, program_key_ = 0, program_value_ = 0;
   ProfilerStats stats_;  // the process's newest counters (the pipeline's lock)
-  // The process's state rows and its event providers' newest line (the
-  // pipeline's lock).
-  struct StateRow {
-    uint32_t thread = 0;
-    uint32_t value_offset = 0;
-    std::vector<uint64_t> labels;
-    std::vector<uint64_t> frames;
-    std::string synthetic;  // a synthetic row's frame (frames empty)
-    std::vector<int64_t> values;
-  };
-  absl::flat_hash_map<std::string, StateRow> state_;
+  // The pipeline's lock: the process's state rows (its live heap), the sums
+  // of what it forwarded at the allocation columns since it connected, its
+  // event providers' newest line and period.
+  Rows state_;
+  Rows alloc_totals_;
   uint64_t state_rows_refused_ = 0;
   std::string events_note_;
+  int64_t events_period_ = 0;
+  int alloc_offset_ = -1;  // of alloc_objects in its sample types (-1: none; mu_)
   std::unique_ptr<internal::Pipeline> pipeline_;
 };
 

@@ -253,6 +253,7 @@ struct Encoder {
   void operator()(const AgentEnd&) { out.push_back(kEnd); }
   void operator()(const AgentEventsNote& n) {
     out.push_back(kEventsNote);
+    out.push_back(static_cast<uint64_t>(n.period));
     PutString(out, n.line);
   }
 };
@@ -408,7 +409,9 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
     }
     case kEventsNote: {
       Reader r(record, "events note");
-      AgentEventsNote n{r.String("line")};
+      AgentEventsNote n;
+      n.period = static_cast<int64_t>(r.Word("period"));
+      n.line = r.String("line");
       if (absl::Status st = r.Finish(); !st.ok()) return st;
       return n;
     }

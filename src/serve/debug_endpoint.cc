@@ -172,7 +172,11 @@ std::string DebugEndpoint::ProcessTable() const {
                     "</td><td><a href=\"profile?seconds=", kDefaultSeconds,
                     "&amp;pid=", p.pid, "\">profile</a></td><td><a href=\"",
                     "flamegraph?seconds=", kDefaultSeconds, "&amp;pid=", p.pid,
-                    "\">flamegraph</a></td></tr>\n");
+                    "\">flamegraph</a></td>",
+                    process_snapshot_ ? absl::StrCat("<td><a href=\"heap?pid=", p.pid,
+                                                     "\">heap</a></td>")
+                                      : std::string(),
+                    "</tr>\n");
   }
   absl::StrAppend(&out, "</table>\n");
   return out;
@@ -186,10 +190,54 @@ std::string DebugEndpoint::Running() const {
                       " s left.</p>\n");
 }
 
+std::optional<DebugResponse> DebugEndpoint::ParsePid(const std::string& value,
+                                                    int64_t* pid) const {
+  if (value.empty() || value.size() > 10 ||
+      !absl::c_all_of(value, [](char c) { return absl::ascii_isdigit(c); }) ||
+      !absl::SimpleAtoi(value, pid) || *pid < 1 || *pid > INT32_MAX) {
+    return Text(400, absl::StrCat("pid=", Quote(value),
+                                  ": expected a process id (see ", kIndexPath, ")"));
+  }
+  return std::nullopt;
+}
+
+std::optional<DebugResponse> DebugEndpoint::ChooseProcess(int64_t* pid,
+                                                         std::string* title) const {
+  const std::vector<Process> list = processes_();
+  const Process* chosen = nullptr;
+  for (const Process& p : list) {
+    if (*pid == 0 ? list.size() == 1 : p.pid == *pid) chosen = &p;
+  }
+  if (chosen == nullptr) {
+    if (*pid != 0) {
+      return Text(404, absl::StrCat("no process ", *pid, " is connected (see ",
+                                    kIndexPath, ")"));
+    }
+    if (list.empty()) return Text(503, "no process is connected");
+    return Text(400, absl::StrCat(list.size(), " processes are connected: add pid=N (see ",
+                                  kIndexPath, ")"));
+  }
+  *pid = chosen->pid;
+  *title = absl::StrCat(chosen->program, " (pid ", *pid, ")");
+  return std::nullopt;
+}
+
 DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
                                           absl::string_view query) {
+  int64_t pid = 0;  // several processes: 0 until pid= names one
+  bool pid_seen = false;
   for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     const absl::string_view key = pair.substr(0, pair.find('='));
+    if (key == "pid" && !pid_seen && processes_) {
+      pid_seen = true;
+      std::string value;
+      if (pair.find('=') == absl::string_view::npos ||
+          !FormDecode(pair.substr(pair.find('=') + 1), &value)) {
+        return Text(400, absl::StrCat("pid: expected pid=N (see ", kIndexPath, ")"));
+      }
+      if (std::optional<DebugResponse> bad = ParsePid(value, &pid)) return *bad;
+      continue;
+    }
     if (key == "seconds") {
       // Go answers with the difference of two snapshots; windows of
       // alloc_* are /debug/pprof/profile's.
@@ -202,13 +250,21 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
                        "file, for go tool pprof");
     }
   }
-  if (!snapshot_ || processes_) {
+  if (processes_ ? !process_snapshot_ : !snapshot_) {
     return Text(404, "no heap profile here: allocations are profiled by a profiler "
                      "that composes AllocationProvider, in its own process");
   }
-  absl::StatusOr<std::string> pprof = snapshot_(default_type);
+  if (processes_) {
+    std::string title;
+    if (std::optional<DebugResponse> none = ChooseProcess(&pid, &title)) return *none;
+  }
+  absl::StatusOr<std::string> pprof =
+      processes_ ? process_snapshot_(default_type, pid) : snapshot_(default_type);
   if (!pprof.ok()) {
-    return Text(pprof.status().code() == absl::StatusCode::kNotFound ? 404 : 500,
+    const absl::StatusCode code = pprof.status().code();
+    return Text(code == absl::StatusCode::kNotFound      ? 404
+                : code == absl::StatusCode::kUnavailable ? 503
+                                                         : 500,
                 std::string(pprof.status().message()));
   }
   captures_.fetch_add(1);
@@ -282,12 +338,7 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
     }
     if (key == "pid" && !pid_seen && processes_) {
       pid_seen = true;
-      if (value.empty() || value.size() > 10 ||
-          !absl::c_all_of(value, [](char c) { return absl::ascii_isdigit(c); }) ||
-          !absl::SimpleAtoi(value, &pid) || pid < 1 || pid > INT32_MAX) {
-        return Text(400, absl::StrCat("pid=", Quote(value),
-                                      ": expected a process id (see ", kIndexPath, ")"));
-      }
+      if (std::optional<DebugResponse> bad = ParsePid(value, &pid)) return *bad;
       continue;
     }
     if (key != "seconds" || seen) continue;  // the first one counts
@@ -306,22 +357,7 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
 
   std::string title = program_;
   if (processes_) {
-    const std::vector<Process> list = processes_();
-    const Process* chosen = nullptr;
-    for (const Process& p : list) {
-      if (pid == 0 ? list.size() == 1 : p.pid == pid) chosen = &p;
-    }
-    if (chosen == nullptr) {
-      if (pid != 0) {
-        return Text(404, absl::StrCat("no process ", pid, " is connected (see ",
-                                      kIndexPath, ")"));
-      }
-      if (list.empty()) return Text(503, "no process is connected");
-      return Text(400, absl::StrCat(list.size(), " processes are connected: add pid=N (see ",
-                                    kIndexPath, ")"));
-    }
-    pid = chosen->pid;
-    title = absl::StrCat(chosen->program, " (pid ", pid, ")");
+    if (std::optional<DebugResponse> none = ChooseProcess(&pid, &title)) return *none;
   }
 
   bool expected = false;

@@ -274,87 +274,6 @@ TEST_F(AgentLibraryTest, TwoProcessesAndAnExecdChildReportToOneAgent) {
   EXPECT_EQ(types->ValueIndex("inuse_objects"), -1);
 }
 
-// The agent cuts the windows (every second here), not the process: each of
-// them still has the allocations made in it (alloc_*) and the live heap at
-// its end (inuse_*), as a window the process cut itself would. At
-// INPROF_ALLOC_PERIOD=1 every allocation is sampled with weight exactly 1,
-// so the sums are exact. The process sends its live heap every second
-// (AgentForwarding::kLiveStateInterval) and the workload waits for 4 of the
-// agent's windows after its first allocations: the state arrives in time
-// unless its collector (every 50 ms) did not run for 2 s of those.
-TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
-  AgentServerOptions options = ServerOptions();
-  options.profile_options.output = dir_ + "/agent-%p-%t.pb.gz";
-  options.profile_options.export_period = absl::Seconds(1);
-  AgentServer server(options);
-  ASSERT_TRUE(server.Start().ok());
-  auto run = testing::RunCommandSeparately(
-      "INPROF_ALLOC_PERIOD=1 " +
-      Workload(options.address.ToString(), "heap " + testing::ShellQuote(dir_)));
-  ASSERT_TRUE(run.ok()) << run.status();
-  EXPECT_EQ(run->exit_code, 0) << run->err;
-  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
-  server.Stop();
-  const std::vector<AgentProcess> processes = server.Processes();
-  ASSERT_EQ(processes.size(), 1u) << Log();
-  const std::string prefix = absl::StrCat(dir_, "/agent-", processes[0].hello.pid, "-");
-  std::vector<std::string> windows;
-  for (const std::string& f : testing::FilesEndingIn(dir_, ".pb.gz")) {
-    if (absl::StartsWith(f, prefix)) windows.push_back(f);
-  }
-  ASSERT_GE(windows.size(), 5u) << Log();
-  struct Site {
-    int64_t alloc = 0, inuse = 0;
-  };
-  std::vector<std::map<std::string, Site>> sites;  // per window, by function
-  std::string comments;
-  for (const std::string& w : windows) {
-    auto p = ReadPprofFile(w);
-    ASSERT_TRUE(p.ok()) << w << ": " << p.status();
-    const int alloc = p->ValueIndex("alloc_space"), inuse = p->ValueIndex("inuse_space");
-    ASSERT_GE(alloc, 0) << w;
-    ASSERT_GE(inuse, 0) << w;
-    std::map<std::string, Site>& by = sites.emplace_back();
-    for (const DecodedProfile::Sample& s : p->samples) {
-      for (const char* fn : {"AgentHeapKept", "AgentHeapFreed", "AgentHeapLate"}) {
-        if (std::none_of(s.stack.begin(), s.stack.end(),
-                         [&](const std::string& f) { return absl::StrContains(f, fn); })) {
-          continue;
-        }
-        by[fn].alloc += s.values[alloc];
-        by[fn].inuse += s.values[inuse];
-      }
-    }
-    if (&w == &windows.back()) {
-      for (const std::string& c : p->comments) comments += c + "\n";
-    }
-  }
-  constexpr int64_t kKept = 100 * 64 * 1024, kFreed = 50 * 32 * 1024, kLate = 10 * 16 * 1024;
-  int64_t kept_alloc = 0, freed_alloc = 0, late_alloc = 0;
-  bool kept_live_before_the_last = false;
-  for (size_t i = 0; i < sites.size(); ++i) {
-    kept_alloc += sites[i]["AgentHeapKept"].alloc;
-    freed_alloc += sites[i]["AgentHeapFreed"].alloc;
-    late_alloc += sites[i]["AgentHeapLate"].alloc;
-    // What was freed at once is never live at a window's end.
-    EXPECT_EQ(sites[i]["AgentHeapFreed"].inuse, 0) << windows[i];
-    if (i + 1 < sites.size() && sites[i]["AgentHeapKept"].inuse == kKept) {
-      kept_live_before_the_last = true;
-    }
-  }
-  // Every allocation in exactly one window, the first ones before the last.
-  EXPECT_EQ(kept_alloc, kKept);
-  EXPECT_EQ(freed_alloc, kFreed);
-  EXPECT_EQ(late_alloc, kLate);
-  EXPECT_EQ(sites.back()["AgentHeapKept"].alloc, 0);
-  EXPECT_TRUE(kept_live_before_the_last) << "no window before the last had the kept blocks live";
-  // At the end: the kept blocks freed, the late ones live.
-  EXPECT_EQ(sites.back()["AgentHeapKept"].inuse, 0);
-  EXPECT_EQ(sites.back()["AgentHeapLate"].inuse, kLate);
-  // And the allocation counters' line, as the process's own windows have it.
-  EXPECT_THAT(comments, HasSubstr("allocations sampled="));
-}
-
 TEST_F(AgentLibraryTest, AProcessThatDiesKeepsWhatItForwarded) {
   const AgentProcess p = RunDyingWorkload("", "");
   ASSERT_FALSE(HasFailure());
@@ -550,6 +469,11 @@ TEST_F(AgentLibraryTest, TheAgentServesALiveCaptureOfAProcess) {
       testing::HttpFetch(http, "GET", "/debug/pprof/profile?seconds=1&pid=1");
   EXPECT_EQ(missing.status, 404);
   EXPECT_THAT(missing.body, HasSubstr("no process 1 is connected"));
+  // Its allocations are not profiled: no heap page of it.
+  testing::HttpReply no_heap =
+      testing::HttpFetch(http, "GET", absl::StrCat("/debug/pprof/heap?pid=", pid));
+  EXPECT_EQ(no_heap.status, 404);
+  EXPECT_THAT(no_heap.body, HasSubstr("allocation profiling is off in this process"));
 
   // The workload's CPU around the capture: the capture lies within it.
   clockid_t workload_clock;
@@ -596,6 +520,142 @@ TEST_F(AgentLibraryTest, TheAgentServesALiveCaptureOfAProcess) {
   }
   server.Stop();
   EXPECT_EQ(server.http_address(), "");
+}
+
+// The agent cuts the windows (every second here), not the process: each of
+// them still has the allocations made in it (alloc_*) and the live heap at
+// its end (inuse_*), as a window the process cut itself would. At
+// INPROF_ALLOC_PERIOD=1 every allocation is sampled with weight exactly 1,
+// so the sums are exact. The process sends its live heap every second
+// (AgentForwarding::kLiveStateInterval) and the workload waits for 4 of the
+// agent's windows after its first allocations: the state arrives in time
+// unless its collector (every 50 ms) did not run for 2 s of those.
+TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
+  AgentServerOptions options = ServerOptions();
+  options.profile_options.output = dir_ + "/agent-%p-%t.pb.gz";
+  options.profile_options.export_period = absl::Seconds(1);
+  options.profile_options.http_addr = "127.0.0.1:0";
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  RunningWorkload workload(
+      "INPROF_ALLOC_PERIOD=1 " +
+          Workload(options.address.ToString(), "heap " + testing::ShellQuote(dir_)),
+      dir_ + "/workload.err");
+  ASSERT_TRUE(workload.started());
+  // Meanwhile, the agent's heap page of the process (its first allocations
+  // made, the kept ones live; the workload waits for 4 windows): once its
+  // state arrived, the sums are exact, as in the windows below.
+  pid_t pid = 0;
+  ASSERT_TRUE(Eventually([&] {
+    for (const AgentProcess& p : server.Processes()) pid = p.hello.pid;
+    return pid != 0;
+  })) << Log();
+  int64_t heap_kept = -1, heap_kept_alloc = -1, heap_freed_alloc = -1, heap_freed = -1;
+  std::string heap_error;
+  const auto give_up = absl::Now() + absl::Seconds(20);
+  while (heap_kept != 64 * 1024 * 100 && absl::Now() < give_up) {
+    testing::HttpReply heap = testing::HttpFetch(server.http_address(), "GET",
+                                                 absl::StrCat("/debug/pprof/heap?pid=", pid));
+    if (heap.status == 503) {  // connected, its profile not described yet
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
+    }
+    if (heap.status != 200) {
+      heap_error = absl::StrCat(heap.status, " ", heap.error, heap.body);
+      break;
+    }
+    auto p = DecodePprof(heap.body);
+    if (!p.ok()) {
+      heap_error = std::string(p.status().message());
+      break;
+    }
+    EXPECT_EQ(p->period, 1);  // the process's INPROF_ALLOC_PERIOD
+    EXPECT_EQ(p->default_sample_type, "inuse_space");
+    heap_kept = heap_kept_alloc = heap_freed_alloc = heap_freed = 0;
+    for (const DecodedProfile::Sample& s : p->samples) {
+      auto has = [&](const char* fn) {
+        return std::any_of(s.stack.begin(), s.stack.end(),
+                           [&](const std::string& f) { return absl::StrContains(f, fn); });
+      };
+      if (has("AgentHeapKept")) {
+        heap_kept += s.values[p->ValueIndex("inuse_space")];
+        heap_kept_alloc += s.values[p->ValueIndex("alloc_space")];
+      }
+      if (has("AgentHeapFreed")) {
+        heap_freed += s.values[p->ValueIndex("inuse_space")];
+        heap_freed_alloc += s.values[p->ValueIndex("alloc_space")];
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(heap_error, "");
+  EXPECT_EQ(heap_kept, 64 * 1024 * 100);
+  EXPECT_EQ(heap_kept_alloc, 64 * 1024 * 100);
+  EXPECT_EQ(heap_freed_alloc, 32 * 1024 * 50);
+  EXPECT_EQ(heap_freed, 0);
+  std::string err;
+  const int status = workload.Wait(&err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
+  server.Stop();
+  const std::vector<AgentProcess> processes = server.Processes();
+  ASSERT_EQ(processes.size(), 1u) << Log();
+  const std::string prefix = absl::StrCat(dir_, "/agent-", processes[0].hello.pid, "-");
+  std::vector<std::string> windows;
+  for (const std::string& f : testing::FilesEndingIn(dir_, ".pb.gz")) {
+    if (absl::StartsWith(f, prefix)) windows.push_back(f);
+  }
+  ASSERT_GE(windows.size(), 5u) << Log();
+  struct Site {
+    int64_t alloc = 0, inuse = 0;
+  };
+  std::vector<std::map<std::string, Site>> sites;  // per window, by function
+  std::string comments;
+  for (const std::string& w : windows) {
+    auto p = ReadPprofFile(w);
+    ASSERT_TRUE(p.ok()) << w << ": " << p.status();
+    const int alloc = p->ValueIndex("alloc_space"), inuse = p->ValueIndex("inuse_space");
+    ASSERT_GE(alloc, 0) << w;
+    ASSERT_GE(inuse, 0) << w;
+    std::map<std::string, Site>& by = sites.emplace_back();
+    for (const DecodedProfile::Sample& s : p->samples) {
+      for (const char* fn : {"AgentHeapKept", "AgentHeapFreed", "AgentHeapLate"}) {
+        if (std::none_of(s.stack.begin(), s.stack.end(),
+                         [&](const std::string& f) { return absl::StrContains(f, fn); })) {
+          continue;
+        }
+        by[fn].alloc += s.values[alloc];
+        by[fn].inuse += s.values[inuse];
+      }
+    }
+    if (&w == &windows.back()) {
+      for (const std::string& c : p->comments) comments += c + "\n";
+    }
+  }
+  constexpr int64_t kKept = 100 * 64 * 1024, kFreed = 50 * 32 * 1024, kLate = 10 * 16 * 1024;
+  int64_t kept_alloc = 0, freed_alloc = 0, late_alloc = 0;
+  bool kept_live_before_the_last = false;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    kept_alloc += sites[i]["AgentHeapKept"].alloc;
+    freed_alloc += sites[i]["AgentHeapFreed"].alloc;
+    late_alloc += sites[i]["AgentHeapLate"].alloc;
+    // What was freed at once is never live at a window's end.
+    EXPECT_EQ(sites[i]["AgentHeapFreed"].inuse, 0) << windows[i];
+    if (i + 1 < sites.size() && sites[i]["AgentHeapKept"].inuse == kKept) {
+      kept_live_before_the_last = true;
+    }
+  }
+  // Every allocation in exactly one window, the first ones before the last.
+  EXPECT_EQ(kept_alloc, kKept);
+  EXPECT_EQ(freed_alloc, kFreed);
+  EXPECT_EQ(late_alloc, kLate);
+  EXPECT_EQ(sites.back()["AgentHeapKept"].alloc, 0);
+  EXPECT_TRUE(kept_live_before_the_last) << "no window before the last had the kept blocks live";
+  // At the end: the kept blocks freed, the late ones live.
+  EXPECT_EQ(sites.back()["AgentHeapKept"].inuse, 0);
+  EXPECT_EQ(sites.back()["AgentHeapLate"].inuse, kLate);
+  // And the allocation counters' line, as the process's own windows have it.
+  EXPECT_THAT(comments, HasSubstr("allocations sampled="));
 }
 
 TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServes) {

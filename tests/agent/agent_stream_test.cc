@@ -36,7 +36,7 @@ TEST(AgentStreamTest, EveryRecordRoundTrips) {
       AgentEnd{},
       AgentSample{2, 3, {0, 0, 4, 4096}, {}, {0x401000}, /*state=*/true},
       AgentSynthetic{2, 3, {0, 0, 1, 64}, "[inprof: unregistered]", /*state=*/true},
-      AgentEventsNote{"allocations sampled=3"},
+      AgentEventsNote{"allocations sampled=3", 524288},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);
@@ -63,8 +63,9 @@ TEST(AgentStreamTest, EveryRecordRoundTrips) {
   EXPECT_NE(direct[0], EncodeAgentOp(ops[6])[0]);
   EXPECT_TRUE(std::get<AgentSample>(*DecodeAgentOp(direct)).state);
   EXPECT_TRUE(std::get<AgentSynthetic>(*DecodeAgentOp(EncodeAgentOp(ops[11]))).state);
-  EXPECT_EQ(std::get<AgentEventsNote>(*DecodeAgentOp(EncodeAgentOp(ops[12]))).line,
-            "allocations sampled=3");
+  const auto note = std::get<AgentEventsNote>(*DecodeAgentOp(EncodeAgentOp(ops[12])));
+  EXPECT_EQ(note.line, "allocations sampled=3");
+  EXPECT_EQ(note.period, 524288);
 }
 
 TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
@@ -75,7 +76,7 @@ TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
       AgentSynthetic{2, 0, {1}, "frame"},
       AgentSample{2, 0, {5}, {1, 2}, {0x401000}, /*state=*/true},
       AgentSynthetic{2, 0, {1}, "frame", /*state=*/true},
-      AgentEventsNote{"line"},
+      AgentEventsNote{"line", 1},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);

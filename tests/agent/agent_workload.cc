@@ -27,7 +27,8 @@
 //                                agent wrote 4 more windows of its into DIR
 //                                (agent-PID-*.pb.gz; 60 s at most); frees the
 //                                kept ones and keeps 10 of 16 KiB from
-//                                AgentHeapLate until Stop()
+//                                AgentHeapLate until Stop(); prints
+//                                "started" after the first allocations
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -180,6 +181,8 @@ int main(int argc, char** argv) {
     std::vector<void*> kept;
     for (int i = 0; i < 100; ++i) kept.push_back(AgentHeapKept(64 * 1024));
     for (int i = 0; i < 50; ++i) std::free(AgentHeapFreed(32 * 1024));
+    std::printf("started\n");
+    std::fflush(stdout);
     const size_t before = AgentWindowsIn(argv[2]);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (AgentWindowsIn(argv[2]) < before + 4 && std::chrono::steady_clock::now() < give_up) {
@@ -188,7 +191,6 @@ int main(int argc, char** argv) {
     for (void* p : kept) std::free(p);
     // Still live when the profiler stops (never freed: the process ends).
     for (int i = 0; i < 10; ++i) g_sink.fetch_add(reinterpret_cast<uintptr_t>(AgentHeapLate(16 * 1024)));
-    std::printf("pid %d\n", static_cast<int>(getpid()));
     return 0;
   }
   std::fprintf(stderr, "agent_workload: unknown mode %s\n", mode.c_str());

@@ -45,6 +45,7 @@ using internal::ParseListenAddress;
 using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 
 // ---------------------------------------------------------------------------
@@ -356,6 +357,61 @@ TEST(DebugEndpointTest, SeveralProcessesAreListedAndACaptureNamesOne) {
   EXPECT_EQ(none.status, 503);
   EXPECT_THAT(none.body, HasSubstr("no process is connected"));
   EXPECT_EQ(asked.size(), 3u);
+}
+
+// `inprof agent --http`: each process's heap, named with pid= as a capture.
+TEST(DebugEndpointTest, SeveralProcessesEachHaveTheirHeap) {
+  std::vector<DebugEndpoint::Process> processes = {{4242, "checkout"}, {77, "worker"}};
+  std::string title;
+  DebugEndpoint endpoint(
+      [](absl::Duration, int64_t) -> absl::StatusOr<std::string> { return std::string(); },
+      [&] { return processes; }, FakeRender(&title), "inprof agent (pid 1)");
+  // No snapshot given (an agent without heap pages): 404, and no links.
+  DebugResponse none = endpoint.Respond("GET", "/debug/pprof/heap?pid=4242");
+  EXPECT_EQ(none.status, 404);
+  EXPECT_THAT(none.body, HasSubstr("no heap profile here"));
+  EXPECT_THAT(endpoint.Respond("GET", "/debug/pprof/").body, Not(HasSubstr("heap?pid=")));
+
+  std::vector<std::pair<std::string, int64_t>> asked;
+  endpoint.SetProcessSnapshot(
+      [&](absl::string_view type, int64_t pid) -> absl::StatusOr<std::string> {
+        asked.emplace_back(std::string(type), pid);
+        if (pid == 77) {
+          return absl::NotFoundError("allocation profiling is off in this process");
+        }
+        return absl::StrCat("HEAP ", std::string(type), " of ", pid);
+      });
+  EXPECT_THAT(endpoint.Respond("GET", "/debug/pprof/").body,
+              HasSubstr("<a href=\"heap?pid=4242\">heap</a>"));
+  DebugResponse heap = endpoint.Respond("GET", "/debug/pprof/heap?pid=4242");
+  EXPECT_EQ(heap.status, 200);
+  EXPECT_EQ(heap.body, "HEAP inuse_space of 4242");
+  DebugResponse allocs = endpoint.Respond("GET", "/debug/pprof/allocs?pid=4242");
+  EXPECT_EQ(allocs.status, 200);
+  EXPECT_EQ(allocs.body, "HEAP alloc_space of 4242");
+  struct Case {
+    std::string target;
+    int status;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"/debug/pprof/heap", 400, "2 processes are connected: add pid=N"},
+           {"/debug/pprof/heap?pid=9", 404, "no process 9 is connected"},
+           {"/debug/pprof/heap?pid=abc", 400, "pid='abc': expected a process id"},
+           {"/debug/pprof/allocs?pid", 400, "pid: expected pid=N"},
+           {"/debug/pprof/heap?pid=77", 404, "allocation profiling is off in this process"},
+           {"/debug/pprof/heap?pid=4242&seconds=5", 400, "seconds= is not taken here"},
+       }) {
+    SCOPED_TRACE(c.target);
+    DebugResponse r = endpoint.Respond("GET", c.target);
+    EXPECT_EQ(r.status, c.status);
+    EXPECT_THAT(r.body, HasSubstr(c.says));
+    EXPECT_EQ(std::count(r.body.begin(), r.body.end(), '\n'), 1) << r.body;
+  }
+  // One process: pid= is not needed.
+  processes.pop_back();
+  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/heap").body, "HEAP inuse_space of 4242");
+  EXPECT_EQ(asked.size(), 4u);  // the two above, pid 77's refusal, and this one
 }
 
 TEST(DebugEndpointTest, OneCaptureAtATimeOthersGet429) {

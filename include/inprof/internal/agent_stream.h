@@ -167,9 +167,12 @@ struct AgentStats {
 // The process stopped its profiler: nothing follows.
 struct AgentEnd {};
 // The comment line of the process's event providers (the allocation
-// counters), when it changed: the agent's windows carry the newest.
+// counters), when it changed: the agent's windows carry the newest. And
+// their sampling period (the allocations' mean, in bytes; 0: none), the
+// period of the agent's heap snapshots (/debug/pprof/heap).
 struct AgentEventsNote {
   std::string line;
+  int64_t period = 0;
 };
 
 using AgentOp = std::variant<AgentDescribe, AgentEngine, AgentString,

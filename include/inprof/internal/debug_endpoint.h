@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +94,13 @@ class DebugEndpoint {
   // Unset: those pages answer 404. Before the first request.
   using Snapshot = std::function<absl::StatusOr<std::string>(absl::string_view default_type)>;
   void SetSnapshot(Snapshot snapshot) { snapshot_ = std::move(snapshot); }
+  // Several processes: process `pid`'s (NotFound when it is not connected
+  // or profiles no allocations). Before the first request.
+  using ProcessSnapshot =
+      std::function<absl::StatusOr<std::string>(absl::string_view default_type, int64_t pid)>;
+  void SetProcessSnapshot(ProcessSnapshot snapshot) {
+    process_snapshot_ = std::move(snapshot);
+  }
 
   // One request: `method` ("GET"), `target` as on the request line
   // ("/debug/pprof/profile?seconds=5"). Any thread; a capture blocks the
@@ -109,9 +117,15 @@ class DebugEndpoint {
   std::string ProcessTable() const;  // the index's processes (several)
 
   DebugResponse HeapSnapshot(absl::string_view default_type, absl::string_view query);
+  // Several processes: `pid=` of a query (0 when absent) as the process
+  // it names (the only one connected when 0), with its title; or the
+  // answer saying why not.
+  std::optional<DebugResponse> ParsePid(const std::string& value, int64_t* pid) const;
+  std::optional<DebugResponse> ChooseProcess(int64_t* pid, std::string* title) const;
 
   Capture capture_;
   Snapshot snapshot_;
+  ProcessSnapshot process_snapshot_;
   ProcessCapture process_capture_;  // set for several processes
   ProcessList processes_;
   Render render_;
