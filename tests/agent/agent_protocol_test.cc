@@ -62,12 +62,13 @@ TEST(AgentProtocolTest, EveryTruncationIsAnErrorNamingWhereItStopped) {
 TEST(AgentProtocolTest, AnotherVersionIsToldApartFromGarbage) {
   std::string bytes = EncodeAgentMessage(SampleHello());
   std::string v2 = bytes;
-  v2[4] = 2;
+  v2[4] = static_cast<char>(kAgentProtocolVersion + 1);
   auto m = DecodeAgentMessage(v2);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().message(),
-            "agent protocol version 2, this side speaks version 1 (use an "
-            "inprof agent and library of the same release)");
+            absl::StrCat("agent protocol version ", kAgentProtocolVersion + 1,
+                         ", this side speaks version ", kAgentProtocolVersion,
+                         " (use an inprof agent and library of the same release)"));
   std::string garbage = bytes;
   garbage[0] = 'X';
   m = DecodeAgentMessage(garbage);

@@ -96,14 +96,15 @@ TEST(AgentServerTest, APeerOfAnotherVersionIsToldSo) {
   auto fd = internal::ConnectAgentSocket(server.address());
   ASSERT_TRUE(fd.ok()) << fd.status();
   std::string v2 = internal::EncodeAgentMessage(Hello("new"));
-  v2[4] = 2;
+  v2[4] = static_cast<char>(internal::kAgentProtocolVersion + 1);
   ASSERT_EQ(send(*fd, v2.data(), v2.size(), MSG_NOSIGNAL), static_cast<ssize_t>(v2.size()));
   auto answer = internal::ReceiveAgentMessage(*fd, 2000);
   ASSERT_TRUE(answer.ok()) << answer.status();
   ASSERT_TRUE(std::holds_alternative<internal::AgentReject>(*answer));
   EXPECT_EQ(std::get<internal::AgentReject>(*answer).reason,
-            "agent protocol version 2, this side speaks version 1 (use an "
-            "inprof agent and library of the same release)");
+            absl::StrCat("agent protocol version ", internal::kAgentProtocolVersion + 1,
+                         ", this side speaks version ", internal::kAgentProtocolVersion,
+                         " (use an inprof agent and library of the same release)"));
   close(*fd);
   EXPECT_EQ(server.refused(), 1u);
 }

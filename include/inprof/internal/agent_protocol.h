@@ -42,7 +42,9 @@
 
 namespace inprof::internal {
 
-inline constexpr uint16_t kAgentProtocolVersion = 1;
+// 2: the describe record's omitted types, state rows and the events note
+// (agent_stream.h); an agent of version 1 could not read them.
+inline constexpr uint16_t kAgentProtocolVersion = 2;
 inline constexpr uint32_t kAgentMagic = 0x41504e49;  // "INPA", little-endian
 inline constexpr size_t kAgentHeaderBytes = 16;
 // Largest message either side sends or accepts.
