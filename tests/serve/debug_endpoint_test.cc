@@ -298,6 +298,22 @@ TEST(DebugEndpointTest, RejectsBadRequestsWithOneLine) {
   EXPECT_EQ(endpoint.captures(), 0u);
 }
 
+// GET of each target: its status, and one line that says why.
+struct Refusal {
+  std::string target;
+  int status;
+  const char* says;
+};
+void ExpectOneLineRefusals(DebugEndpoint& endpoint, const std::vector<Refusal>& refusals) {
+  for (const Refusal& c : refusals) {
+    SCOPED_TRACE(c.target);
+    DebugResponse r = endpoint.Respond("GET", c.target);
+    EXPECT_EQ(r.status, c.status);
+    EXPECT_THAT(r.body, HasSubstr(c.says));
+    EXPECT_EQ(std::count(r.body.begin(), r.body.end(), '\n'), 1) << r.body;
+  }
+}
+
 // `inprof agent --http`: one endpoint for the processes the agent serves.
 TEST(DebugEndpointTest, SeveralProcessesAreListedAndACaptureNamesOne) {
   std::vector<DebugEndpoint::Process> processes = {{4242, "checkout <a>"}};
@@ -330,25 +346,16 @@ TEST(DebugEndpointTest, SeveralProcessesAreListedAndACaptureNamesOne) {
   EXPECT_EQ(asked[0], std::make_pair(absl::Seconds(2), int64_t{4242}));
   EXPECT_EQ(asked[1], std::make_pair(absl::Seconds(1), int64_t{77}));
 
-  struct Case {
-    std::string target;
-    int status;
-    const char* says;
-  };
-  for (const Case& c : std::vector<Case>{
-           {"/debug/pprof/profile?seconds=1", 400,
-            "2 processes are connected: add pid=N (see /debug/pprof/)"},
-           {"/debug/pprof/profile?pid=9", 404, "no process 9 is connected"},
-           {"/debug/pprof/profile?pid=abc", 400, "pid='abc': expected a process id"},
-           {"/debug/pprof/profile?pid=0", 400, "pid='0'"},
-           {"/debug/pprof/profile?pid=99999999999", 400, "pid='99999999999'"},
-       }) {
-    SCOPED_TRACE(c.target);
-    DebugResponse r = endpoint.Respond("GET", c.target);
-    EXPECT_EQ(r.status, c.status);
-    EXPECT_THAT(r.body, HasSubstr(c.says));
-    EXPECT_EQ(std::count(r.body.begin(), r.body.end(), '\n'), 1) << r.body;
-  }
+  ExpectOneLineRefusals(endpoint,
+                        {
+                            {"/debug/pprof/profile?seconds=1", 400,
+                             "2 processes are connected: add pid=N (see /debug/pprof/)"},
+                            {"/debug/pprof/profile?pid=9", 404, "no process 9 is connected"},
+                            {"/debug/pprof/profile?pid=abc", 400,
+                             "pid='abc': expected a process id"},
+                            {"/debug/pprof/profile?pid=0", 400, "pid='0'"},
+                            {"/debug/pprof/profile?pid=99999999999", 400, "pid='99999999999'"},
+                        });
   // The process left during the request: 404, and none connected: 503.
   result = absl::NotFoundError("no process 77 is connected");
   EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/profile?pid=77").status, 404);
@@ -389,25 +396,16 @@ TEST(DebugEndpointTest, SeveralProcessesEachHaveTheirHeap) {
   DebugResponse allocs = endpoint.Respond("GET", "/debug/pprof/allocs?pid=4242");
   EXPECT_EQ(allocs.status, 200);
   EXPECT_EQ(allocs.body, "HEAP alloc_space of 4242");
-  struct Case {
-    std::string target;
-    int status;
-    const char* says;
-  };
-  for (const Case& c : std::vector<Case>{
-           {"/debug/pprof/heap", 400, "2 processes are connected: add pid=N"},
-           {"/debug/pprof/heap?pid=9", 404, "no process 9 is connected"},
-           {"/debug/pprof/heap?pid=abc", 400, "pid='abc': expected a process id"},
-           {"/debug/pprof/allocs?pid", 400, "pid: expected pid=N"},
-           {"/debug/pprof/heap?pid=77", 404, "allocation profiling is off in this process"},
-           {"/debug/pprof/heap?pid=4242&seconds=5", 400, "seconds= is not taken here"},
-       }) {
-    SCOPED_TRACE(c.target);
-    DebugResponse r = endpoint.Respond("GET", c.target);
-    EXPECT_EQ(r.status, c.status);
-    EXPECT_THAT(r.body, HasSubstr(c.says));
-    EXPECT_EQ(std::count(r.body.begin(), r.body.end(), '\n'), 1) << r.body;
-  }
+  ExpectOneLineRefusals(
+      endpoint,
+      {
+          {"/debug/pprof/heap", 400, "2 processes are connected: add pid=N"},
+          {"/debug/pprof/heap?pid=9", 404, "no process 9 is connected"},
+          {"/debug/pprof/heap?pid=abc", 400, "pid='abc': expected a process id"},
+          {"/debug/pprof/allocs?pid", 400, "pid: expected pid=N"},
+          {"/debug/pprof/heap?pid=77", 404, "allocation profiling is off in this process"},
+          {"/debug/pprof/heap?pid=4242&seconds=5", 400, "seconds= is not taken here"},
+      });
   // One process: pid= is not needed.
   processes.pop_back();
   EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/heap").body, "HEAP inuse_space of 4242");
