@@ -117,12 +117,13 @@ void AgentForwarding::AfterDrain(Pipeline& pipeline) {
 void AgentForwarding::SendLiveStateLocked(Pipeline::Locked& l, const std::string& events) {
   // A state row the full ring refused leaves the agent's row behind: the
   // next state is sent in full.
+  // The note first: the period it carries is there before any row.
+  link_->EventsNote(events, static_cast<int64_t>(options_.alloc_period));
   const uint64_t dropped = link_->state_rows_dropped();
   link_->SetStateRows(true);
   l.LiveStateAtAttachments(/*all=*/resend_live_state_);
   link_->SetStateRows(false);
   resend_live_state_ = link_->state_rows_dropped() != dropped;
-  link_->EventsNote(events, static_cast<int64_t>(options_.alloc_period));
 }
 
 void AgentForwarding::OnLostLocked(Pipeline::Locked& l, int64_t now) {

@@ -562,6 +562,7 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
     for (const AgentProcess& p : server.Processes()) pid = p.hello.pid;
     return pid != 0;
   })) << Log();
+  int64_t heap_period = -1;  // the process's INPROF_ALLOC_PERIOD, once its state is in
   int64_t heap_kept = -1, heap_kept_alloc = -1, heap_freed_alloc = -1, heap_freed = -1;
   std::string heap_error;
   const auto give_up = absl::Now() + absl::Seconds(20);
@@ -581,7 +582,7 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
       heap_error = std::string(p.status().message());
       break;
     }
-    EXPECT_EQ(p->period, 1);  // the process's INPROF_ALLOC_PERIOD
+    heap_period = p->period;
     EXPECT_EQ(p->default_sample_type, "inuse_space");
     heap_kept = heap_kept_alloc = heap_freed_alloc = heap_freed = 0;
     for (const DecodedProfile::Sample& s : p->samples) {
@@ -601,6 +602,7 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_EQ(heap_error, "");
+  EXPECT_EQ(heap_period, 1);
   EXPECT_EQ(heap_kept, 64 * 1024 * 100);
   EXPECT_EQ(heap_kept_alloc, 64 * 1024 * 100);
   EXPECT_EQ(heap_freed_alloc, 32 * 1024 * 50);
