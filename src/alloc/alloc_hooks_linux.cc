@@ -10,15 +10,16 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "inprof/alloc/alloc_sampler.h"
 #include "inprof/alloc/got_scan.h"
+#include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/sanitizers.h"
 
@@ -33,6 +34,14 @@ std::atomic<void*> g_real[kAllocSymbolCount];
 std::atomic<AllocSampleCallback> g_callback{nullptr};
 std::atomic<void*> g_context{nullptr};
 std::atomic<LiveHeapTable*> g_live{nullptr};
+// Whether the plain operators new and delete (throwing, nothrow, sized;
+// not the aligned ones) are libstdc++'s, which are malloc and free (size 0
+// as 1) with a new_handler loop on failure: then their wrappers call malloc
+// and free themselves, one layer of hooks instead of three (new[] -> new ->
+// malloc each through a patched slot: ~20 % of an allocation-heavy
+// program's CPU). Any other definition (a replaced operator new, a
+// sanitizer's) keeps the layered path.
+std::atomic<bool> g_new_is_malloc{false};
 
 std::atomic<uint64_t> g_slots_patched{0};
 std::atomic<uint64_t> g_slots_restored{0};
@@ -99,6 +108,17 @@ inline __attribute__((always_inline)) void* AllocateNew(AllocSymbol symbol, size
   return address;
 }
 
+// operator new's fast path (g_new_is_malloc): malloc once, sampled as
+// `size` bytes. Null when malloc failed: the caller then runs the original
+// operator, whose new_handler loop and bad_alloc are the program's.
+inline __attribute__((always_inline)) void* MallocForNew(size_t size) {
+  const auto real = Real<void* (*)(size_t)>(kSymMalloc);
+  if (__builtin_expect(!ShouldSampleAlloc(size), 1)) return real(size == 0 ? 1 : size);
+  void* address = real(size == 0 ? 1 : size);
+  if (address != nullptr) RecordSample(address, size, __builtin_return_address(0));
+  return address;
+}
+
 // Before the original frees `address`: once freed, another thread may get
 // the same address back and sample it.
 inline void BeforeFree(void* address) {
@@ -106,27 +126,24 @@ inline void BeforeFree(void* address) {
   if (LiveHeapTable* live = g_live.load(std::memory_order_acquire)) live->Erase(address);
 }
 
-// realloc semantics shared by realloc and reallocarray: the block's live
-// entry moves with it (its size becomes the new one, its weight stays),
-// and the call is an allocation of `size` bytes for the countdown.
+// realloc is a free of the old block and an allocation of `size` bytes, as
+// jemalloc, tcmalloc and Go account it: the old block leaves the live heap
+// whatever its sampling (ReallocCommon took its entry), and the new size
+// has its own chance of being sampled. A block kept with its old weight at
+// its new size counted a buffer regrown k times about k + 1 times.
 void AfterRealloc(void* old_address, bool had_entry, const LiveHeapTable::Entry& old_entry,
                   void* new_address, size_t size, void* caller) {
-  LiveHeapTable* live = g_live.load(std::memory_order_acquire);
   if (new_address == nullptr) {
-    // Failed (the old block is intact) or realloc(p, 0) freed it (glibc).
+    // Failed (the old block is intact: its entry goes back) or realloc(p,
+    // 0) freed it (glibc: nothing to put back).
+    LiveHeapTable* live = g_live.load(std::memory_order_acquire);
     if (had_entry && size != 0 && live != nullptr) {
       AllocGuard guard;
       live->Insert(old_address, old_entry);
     }
     return;
   }
-  if (__builtin_expect(ShouldSampleAlloc(size), 0)) {
-    RecordSample(new_address, size, caller);
-  } else if (had_entry && live != nullptr) {
-    LiveHeapTable::Entry moved = old_entry;
-    moved.size = size;
-    live->Insert(new_address, moved);
-  }
+  if (__builtin_expect(ShouldSampleAlloc(size), 0)) RecordSample(new_address, size, caller);
 }
 
 void* ReallocCommon(AllocSymbol symbol, void* address, size_t nmemb, size_t size,
@@ -140,6 +157,10 @@ void* ReallocCommon(AllocSymbol symbol, void* address, size_t nmemb, size_t size
     result = Real<void* (*)(void*, size_t)>(kSymRealloc)(address, size);
     bytes = size;
   } else {
+    // glibc's reallocarray calls realloc through libc's own (patched)
+    // slot: that inner call runs under a guard and is neither sampled nor
+    // counted, so the call counts once.
+    AllocGuard nested;
     result = Real<void* (*)(void*, size_t, size_t)>(kSymReallocarray)(address, nmemb, size);
     if (__builtin_mul_overflow(nmemb, size, &bytes)) bytes = SIZE_MAX;
   }
@@ -200,13 +221,29 @@ void* inprof_dlmopen(Lmid_t lmid, const char* file, int mode) {
 
 // operator new and delete: exceptions from the throwing forms' originals
 // pass through the wrapper unchanged (it has nothing to clean up).
-void* NewWrapper(size_t size) { return AllocateNew<void* (*)(size_t)>(kSymNew, size, size); }
-void* NewArrayWrapper(size_t size) { return AllocateNew<void* (*)(size_t)>(kSymNewArray, size, size); }
+void* NewWrapper(size_t size) {
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
+  }
+  return AllocateNew<void* (*)(size_t)>(kSymNew, size, size);
+}
+void* NewArrayWrapper(size_t size) {
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
+  }
+  return AllocateNew<void* (*)(size_t)>(kSymNewArray, size, size);
+}
 void* NewNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
+  }
   return AllocateNew<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewNothrow, size, size,
                                                                      tag);
 }
 void* NewArrayNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
+  }
   return AllocateNew<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewArrayNothrow, size,
                                                                      size, tag);
 }
@@ -228,18 +265,34 @@ void* NewArrayAlignedNothrowWrapper(size_t size, std::align_val_t align,
 }
 void DeleteWrapper(void* p) noexcept {
   BeforeFree(p);
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    Real<void (*)(void*)>(kSymFree)(p);
+    return;
+  }
   Real<void (*)(void*) noexcept>(kSymDelete)(p);
 }
 void DeleteArrayWrapper(void* p) noexcept {
   BeforeFree(p);
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    Real<void (*)(void*)>(kSymFree)(p);
+    return;
+  }
   Real<void (*)(void*) noexcept>(kSymDeleteArray)(p);
 }
 void DeleteSizedWrapper(void* p, size_t size) noexcept {
   BeforeFree(p);
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    Real<void (*)(void*)>(kSymFree)(p);
+    return;
+  }
   Real<void (*)(void*, size_t) noexcept>(kSymDeleteSized)(p, size);
 }
 void DeleteArraySizedWrapper(void* p, size_t size) noexcept {
   BeforeFree(p);
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    Real<void (*)(void*)>(kSymFree)(p);
+    return;
+  }
   Real<void (*)(void*, size_t) noexcept>(kSymDeleteArraySized)(p, size);
 }
 void DeleteAlignedWrapper(void* p, std::align_val_t align) noexcept {
@@ -262,10 +315,18 @@ void DeleteArraySizedAlignedWrapper(void* p, size_t size, std::align_val_t align
 }
 void DeleteNothrowWrapper(void* p, const std::nothrow_t& tag) noexcept {
   BeforeFree(p);
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    Real<void (*)(void*)>(kSymFree)(p);
+    return;
+  }
   Real<void (*)(void*, const std::nothrow_t&) noexcept>(kSymDeleteNothrow)(p, tag);
 }
 void DeleteArrayNothrowWrapper(void* p, const std::nothrow_t& tag) noexcept {
   BeforeFree(p);
+  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
+    Real<void (*)(void*)>(kSymFree)(p);
+    return;
+  }
   Real<void (*)(void*, const std::nothrow_t&) noexcept>(kSymDeleteArrayNothrow)(p, tag);
 }
 void DeleteAlignedNothrowWrapper(void* p, std::align_val_t align,
@@ -319,8 +380,16 @@ bool IsWrapper(uintptr_t value) {
   return std::find(std::begin(w.at), std::end(w.at), value) != std::end(w.at);
 }
 
-// Install's state, under g_mu.
-absl::Mutex g_mu;
+// Install's state, under g_mu. A fork lock (base/fork_guard.h): a child
+// forked while another thread patched an object dlopen() had just loaded
+// would otherwise find it held forever, and its first Install or dlopen
+// hung (39 of 40 children of a program that forks beside a dlopen loop).
+// Leaf rank: Install and Uninstall run under a profiler's registry lock,
+// and nothing registered is taken under this one (its allocations run
+// under a guard, never reaching the provider's lock).
+std::mutex g_mu;
+[[maybe_unused]] const bool g_mu_registered =
+    (RegisterForkLock(&g_mu, kForkRankLeaf), true);
 struct HookState {
   bool installed = false;
   pid_t installed_pid = 0;  // the process that installed (a forked child's parent)
@@ -333,7 +402,7 @@ struct HookState {
   // binds a slot to (0: none yet).
   uintptr_t bound[kAllocSymbolCount] = {};
 };
-HookState& State() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
+HookState& State() {
   static HookState* state = new HookState;  // never destroyed: wrappers outlive exit
   return *state;
 }
@@ -472,7 +541,7 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
   }
 }
 
-void Walk(HookState& state, Mode mode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
+void Walk(HookState& state, Mode mode) {
   // The hooks' own allocations (the maps above, log lines) are not sampled.
   AllocGuard guard;
   WalkContext walk{&state, mode};
@@ -493,7 +562,20 @@ void Walk(HookState& state, Mode mode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
 struct Resolution {
   uintptr_t bound[kAllocSymbolCount] = {};
   void* real[kAllocSymbolCount] = {};
+  bool new_is_malloc = false;  // g_new_is_malloc
 };
+
+// Whether `address` is in libstdc++.so (by the file's base name).
+bool InLibstdcxx(uintptr_t address) {
+  Dl_info info;
+  if (address == 0 || dladdr(reinterpret_cast<void*>(address), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return false;
+  }
+  const char* base = std::strrchr(info.dli_fname, '/');
+  base = base == nullptr ? info.dli_fname : base + 1;
+  return std::strncmp(base, "libstdc++.so", 12) == 0;
+}
 Resolution Resolve(void* (*resolve)(const char*)) {
   AllocGuard guard;
   Resolution r;
@@ -503,6 +585,17 @@ Resolution Resolve(void* (*resolve)(const char*)) {
                                     : reinterpret_cast<void*>(r.bound[i]);
     if (real != nullptr && !IsWrapper(reinterpret_cast<uintptr_t>(real))) r.real[i] = real;
   }
+  // The operators' shortcut to malloc and free holds only for libstdc++'s
+  // own definitions, and only when the wrappers call the global malloc and
+  // free (not a test's stand-ins).
+  r.new_is_malloc = resolve == nullptr && r.real[kSymMalloc] != nullptr &&
+                    r.real[kSymFree] != nullptr;
+  for (AllocSymbol symbol :
+       {kSymNew, kSymNewArray, kSymNewNothrow, kSymNewArrayNothrow, kSymDelete, kSymDeleteArray,
+        kSymDeleteSized, kSymDeleteArraySized, kSymDeleteNothrow, kSymDeleteArrayNothrow}) {
+    if (!r.new_is_malloc) break;
+    r.new_is_malloc = InLibstdcxx(r.bound[symbol]);
+  }
   return r;
 }
 
@@ -510,8 +603,7 @@ Resolution Resolve(void* (*resolve)(const char*)) {
 // all, at Install). An original is replaced, never cleared: a wrapper
 // address a host kept (a GLOB_DAT pointer read while installed) stays
 // callable after Uninstall.
-void ApplyResolution(HookState& state, const Resolution& r, bool replace)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_mu) {
+void ApplyResolution(HookState& state, const Resolution& r, bool replace) {
   for (int i = 0; i < kAllocSymbolCount; ++i) {
     if (replace || state.bound[i] == 0) state.bound[i] = r.bound[i];
     if (r.real[i] != nullptr &&
@@ -519,18 +611,19 @@ void ApplyResolution(HookState& state, const Resolution& r, bool replace)
       g_real[i].store(r.real[i], std::memory_order_release);
     }
   }
+  g_new_is_malloc.store(r.new_is_malloc, std::memory_order_relaxed);
 }
 
 void PatchLoadedObjects() {
   void* (*resolve)(const char*);
   {
-    absl::MutexLock lock(&g_mu);
+    std::lock_guard<std::mutex> lock(g_mu);
     if (!State().installed) return;
     resolve = State().options.resolve;
   }
   // A symbol first defined by what was just loaded (libstdc++'s operators).
   const Resolution r = Resolve(resolve);
-  absl::MutexLock lock(&g_mu);
+  std::lock_guard<std::mutex> lock(g_mu);
   HookState& state = State();
   if (!state.installed) return;
   ApplyResolution(state, r, /*replace=*/false);
@@ -543,7 +636,7 @@ bool AllocHooks::Supported() { return true; }
 
 absl::Status AllocHooks::Install(const Options& options) {
   const Resolution r = Resolve(options.resolve);
-  absl::MutexLock lock(&g_mu);
+  std::lock_guard<std::mutex> lock(g_mu);
   HookState& state = State();
   if (state.installed && state.installed_pid == getpid()) {
     return absl::FailedPreconditionError("the allocation hooks are already installed");
@@ -573,7 +666,7 @@ absl::Status AllocHooks::Install(const Options& options) {
 }
 
 void AllocHooks::Uninstall() {
-  absl::MutexLock lock(&g_mu);
+  std::lock_guard<std::mutex> lock(g_mu);
   HookState& state = State();
   if (!state.installed) return;
   Walk(state, Mode::kRestore);
@@ -589,7 +682,7 @@ void AllocHooks::Uninstall() {
 }
 
 bool AllocHooks::Installed() {
-  absl::MutexLock lock(&g_mu);
+  std::lock_guard<std::mutex> lock(g_mu);
   return State().installed;
 }
 
@@ -606,7 +699,7 @@ AllocHooks::Stats AllocHooks::stats() {
 void AllocHooks::ForEachPatchedSlot(
     void (*visit)(void* context, const char* symbol, uintptr_t slot, uintptr_t original),
     void* context) {
-  absl::MutexLock lock(&g_mu);
+  std::lock_guard<std::mutex> lock(g_mu);
   HookState& state = State();
   struct Ctx {
     HookState* state;

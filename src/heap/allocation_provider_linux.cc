@@ -32,7 +32,11 @@ using internal::AllocHooks;
 using internal::AllocSample;
 using internal::LiveHeapTable;
 
-constexpr size_t kLiveSlots = 1 << 16;  // 2 MiB (allocation_provider.h)
+// The live table: 2 MiB at first, growing with the sampled live set up to
+// 16 M slots (512 MiB at the limit, reached only at ~8 M live sampled
+// blocks: a 4 TiB heap at the 512 KiB default; allocation_provider.h).
+constexpr size_t kLiveSlots = 1 << 16;
+constexpr size_t kMaxLiveSlots = 1 << 24;
 
 // Stack ids: the first three stand for samples without a stack.
 constexpr uint32_t kUnregisteredId = 0;
@@ -91,7 +95,7 @@ struct HeapState {
   absl::flat_hash_map<std::vector<uint64_t>, uint32_t, FramesHash, FramesEq> index;
   std::vector<uint32_t> pending;  // ids with allocations since the last flush
   uint64_t rounding = 0x853c49e6748fea9bULL;  // RoundUnbiasedLocked's state
-  LiveHeapTable live{kLiveSlots};
+  LiveHeapTable live{kLiveSlots, kMaxLiveSlots};
   std::atomic<size_t (*)(std::span<uintptr_t>) noexcept> unwind{nullptr};
   std::atomic<void* (*)(ThreadContext&) noexcept> thread_data{nullptr};
   std::atomic<std::atomic<uint64_t>*> activity{nullptr};
@@ -399,7 +403,8 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       h.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
       h.stacks.size() - kFirstStackId, " of ", kMaxStacks,
       ", live blocks the table could not keep=", table.overflows, " of ",
-      table.inserts + table.overflows);
+      table.inserts + table.overflows, " (table: ", table.capacity, " slots), freed unseen and "
+      "replaced when their address was handed out again=", table.replaced);
 }
 
 void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thread,

@@ -476,8 +476,13 @@ TEST_F(AllocHooksTest, MeanZeroSamplesNothing) {
   EXPECT_EQ(live.stats().inserts, 0u);
 }
 
-// realloc of a sampled block that is not itself sampled moves its entry.
-TEST_F(AllocHooksTest, ReallocMovesASampledBlocksEntry) {
+// realloc is a free and a new allocation: the old block's entry leaves
+// the table whatever the realloc's own sampling, and the new block is in
+// it only when the realloc itself was sampled, with the new size and the
+// weight of that size. (Before, an unsampled realloc moved the entry with
+// its old weight to the new size: a buffer regrown k times counted ~k+1
+// times.)
+TEST_F(AllocHooksTest, ReallocFreesTheOldBlockAndSamplesTheNewOneOnItsOwn) {
   LiveHeapTable live(1024);
   AllocHooks::Options options = CountingOptions(/*mean=*/1);
   options.live = &live;
@@ -486,14 +491,20 @@ TEST_F(AllocHooksTest, ReallocMovesASampledBlocksEntry) {
   ASSERT_EQ(live.Sum().entries, 1u);
   SetAllocSamplingMean(0);  // the realloc itself is not sampled
   void* q = lib_.Get<void* (*)(void*, size_t)>("LibRealloc")(p, 1 << 16);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(live.Sum().entries, 0u);
+  SetAllocSamplingMean(1);  // this one is: the new block, at its size
+  void* r = lib_.Get<void* (*)(void*, size_t)>("LibRealloc")(q, 1 << 17);
+  ASSERT_NE(r, nullptr);
   std::vector<std::pair<const void*, uint64_t>> entries;
   live.ForEach([&](const void* a, const LiveHeapTable::Entry& e) {
     entries.push_back({a, e.size});
+    EXPECT_NEAR(e.weight_objects, 1.0, 1e-9);
   });
   ASSERT_EQ(entries.size(), 1u);
-  EXPECT_EQ(entries[0].first, q);
-  EXPECT_EQ(entries[0].second, uint64_t{1} << 16);
-  lib_.Get<void (*)(void*)>("LibFree")(q);
+  EXPECT_EQ(entries[0].first, r);
+  EXPECT_EQ(entries[0].second, uint64_t{1} << 17);
+  lib_.Get<void (*)(void*)>("LibFree")(r);
   EXPECT_EQ(live.Sum().entries, 0u);
 }
 

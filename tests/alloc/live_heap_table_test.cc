@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -100,6 +101,46 @@ TEST(LiveHeapTableTest, MoveAsReallocDoes) {
     EXPECT_EQ(e.tag, 9u);
   });
   EXPECT_EQ(seen, std::vector<const void*>{Addr(0x8000)});
+}
+
+// An address the allocator hands out again was freed, seen or not: an
+// Insert of it replaces what the table held (a free inprof missed left a
+// phantom block live forever), and counts the replacement.
+TEST(LiveHeapTableTest, InsertOfAnAddressStillThereReplacesItsEntry) {
+  LiveHeapTable table(64);
+  ASSERT_TRUE(table.Insert(Addr(0x1000), {100, 4.0, 1}));
+  ASSERT_TRUE(table.Insert(Addr(0x1000), {30, 2.0, 2}));
+  std::vector<std::pair<const void*, uint64_t>> seen;
+  table.ForEach([&](const void* a, const LiveHeapTable::Entry& e) { seen.push_back({a, e.tag}); });
+  EXPECT_EQ(seen, (std::vector<std::pair<const void*, uint64_t>>{{Addr(0x1000), 2}}));
+  const LiveHeapTable::Stats stats = table.stats();
+  EXPECT_EQ(stats.replaced, 1u);
+  EXPECT_EQ(stats.erases, 0u);  // no free was seen
+  EXPECT_EQ(stats.bytes_in - stats.bytes_out, 60u);
+  EXPECT_DOUBLE_EQ(table.Sum().bytes, 60.0);
+}
+
+// The table grows with the live set instead of dropping blocks: 16 slots
+// growing to 4,096 keep 1,500 live blocks, every one found by its free,
+// and a table at its limit counts what it cannot keep.
+TEST(LiveHeapTableTest, GrowsWithTheLiveSetUpToItsLimit) {
+  LiveHeapTable table(16, 4096);
+  for (uintptr_t i = 1; i <= 1500; ++i) ASSERT_TRUE(table.Insert(Addr(i * 16), {8, 1.0, i}));
+  LiveHeapTable::Stats stats = table.stats();
+  EXPECT_EQ(stats.overflows, 0u);
+  EXPECT_GT(stats.levels, 1u);
+  EXPECT_EQ(stats.capacity, table.capacity());
+  EXPECT_LE(table.capacity(), 4096u);
+  EXPECT_EQ(table.Sum().entries, 1500u);
+  for (uintptr_t i = 1; i <= 1500; ++i) ASSERT_TRUE(table.Erase(Addr(i * 16))) << i;
+  EXPECT_EQ(table.Sum().entries, 0u);
+  // 16 + 32 + ... + 2048 = 4,080 slots at most: 5,000 blocks cannot all fit.
+  size_t kept = 0;
+  for (uintptr_t i = 1; i <= 5000; ++i) kept += table.Insert(Addr(0x100000 + i * 16), {8, 1.0, 0});
+  stats = table.stats();
+  EXPECT_EQ(stats.overflows, 5000u - kept);
+  EXPECT_GT(stats.overflows, 0u);
+  EXPECT_EQ(table.Sum().entries, kept);
 }
 
 // Tombstones go back to empty: a long run of inserts and erases leaves the

@@ -2,20 +2,36 @@
 // docs/allocations_plan.md).
 //
 // LiveHeapTable: the sampled blocks that are still allocated, keyed by
-// address, for the live-heap (inuse_*) profile. A fixed-capacity
-// open-addressed table with linear probing; every operation is lock-free
-// (compare-and-swap on the slot's key) and never allocates, so the free()
-// wrapper may call Erase for every block it sees: a block that was never
-// sampled costs one hash and, while the table is sparse, one or two loads.
+// address, for the live-heap (inuse_*) profile. Open-addressed levels with
+// linear probing; every operation is lock-free (compare-and-swap on the
+// slot's key) and never calls malloc, so the free() wrapper may call Erase
+// for every block it sees: a block that was never sampled costs one hash
+// and one bit of an occupancy bitmap per level (one level in most
+// programs).
+//
+// The table grows with the sampled live set: when the newest level holds
+// more than half its slots, the next Insert maps a level twice its size
+// (mmap: no malloc on the sampled path, and zero pages until used), and
+// new entries go there while the older levels drain as their blocks are
+// freed. It stops growing at `max_capacity` slots in all; past that (or
+// when the kernel refuses the mapping) an Insert that finds no free slot
+// within kMaxProbe is counted as an overflow (stats().overflows) and the
+// block is not tracked: the profile's comments show the count.
+//
+// An address is in the table at most once: Insert replaces what any level
+// held for it. The allocator hands an address out again only after it was
+// freed, so an entry still there is a block whose free inprof did not see
+// (a free through a pointer taken before the hooks were installed, an
+// object that frees through its own slot); counted as stats().replaced.
 //
 // Deletion uses tombstones. Insert reuses them, and Erase turns a
 // tombstone back into an empty slot (walking backwards) when the slot after
-// it is empty, so that a long-running program's chains stay short. Probes
-// are bounded (kMaxProbe): an Insert that finds no free slot within them is
-// counted as an overflow (stats().overflows) and the block is not tracked.
+// it is empty, so that a long-running program's chains stay short.
 //
-// Memory: 32 bytes and a bit a slot, allocated once at construction
-// (capacity rounded up to a power of two): 65,536 slots take 2 MiB + 8 KiB.
+// Memory: 32 bytes and a bit a slot, mapped per level: the first level
+// (`capacity`, rounded up to a power of two; 65,536 slots: 2 MiB + 8 KiB)
+// at construction, each further one when the live set needs it; at most
+// 64 bytes a live sampled block once the table has grown.
 //
 // Thread-safety: Insert, Erase, Take and ForEach may run concurrently from
 // any threads. An entry inserted by a thread is found by a later Erase of
@@ -26,11 +42,11 @@
 // empties a tombstone whose next slot is empty, then puts the tombstone
 // back if an Insert filled that next slot meanwhile; a free of the block
 // just inserted there that probes inside that moment stops early and
-// leaves the entry behind (counted live until the address is freed again).
-// Not async-signal-safe to destroy.
+// leaves the entry behind (counted live until the address is handed out
+// and sampled again, which replaces it). Not async-signal-safe to destroy.
 //
 // Example:
-//   LiveHeapTable live(1 << 16);
+//   LiveHeapTable live(1 << 16, 1 << 23);  // grows from 65,536 to 8 M slots
 //   live.Insert(p, {.size = 48, .weight_objects = 10922.7, .tag = stack_id});
 //   ...
 //   live.Erase(q);                         // q unsampled: nothing happens
@@ -41,7 +57,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 #include "absl/functional/function_ref.h"
 
@@ -62,10 +77,13 @@ class LiveHeapTable {
     uint64_t erases = 0;
     uint64_t overflows = 0;  // Inserts that found no free slot: not tracked
     uint64_t rejected = 0;   // Inserts of an address the table cannot hold (odd, null)
+    uint64_t replaced = 0;   // Inserts that replaced an entry for the same address
+    uint64_t levels = 0;     // levels mapped
+    uint64_t capacity = 0;   // their slots, in all
     // What the kept entries stand for, in bytes (size * weight_objects,
-    // rounded the same way for both): in by Insert, out by Erase and Take.
-    // bytes_in - bytes_out is the live blocks' inuse_space without a walk
-    // over the table (Sum).
+    // rounded the same way for both): in by Insert, out by Erase, Take and
+    // a replacement. bytes_in - bytes_out is the live blocks' inuse_space
+    // without a walk over the table (Sum).
     uint64_t bytes_in = 0;
     uint64_t bytes_out = 0;
   };
@@ -76,36 +94,48 @@ class LiveHeapTable {
     double bytes = 0.0;    // sum of size * weight_objects
   };
 
-  // Probes an operation makes at most before it gives up.
+  // Probes an operation makes at most in one level before it gives up.
   static constexpr size_t kMaxProbe = 64;
+  // Levels at most: 2^16 slots doubling 9 times reach 2^25 (1 GiB).
+  static constexpr int kMaxLevels = 10;
 
-  // `capacity` slots, rounded up to a power of two (at least 16).
-  explicit LiveHeapTable(size_t capacity);
+  // `capacity` slots, rounded up to a power of two (at least 16), growing
+  // up to `max_capacity` slots in all (0 or less than `capacity`: never
+  // grows).
+  explicit LiveHeapTable(size_t capacity, size_t max_capacity = 0);
+  ~LiveHeapTable();
   LiveHeapTable(const LiveHeapTable&) = delete;
   LiveHeapTable& operator=(const LiveHeapTable&) = delete;
 
-  size_t capacity() const { return mask_ + 1; }
+  // The slots of every level mapped so far.
+  size_t capacity() const;
 
-  // Records `address` with `entry`. False (and counted) when the table has
-  // no free slot within kMaxProbe of the address's home slot, or the
-  // address is null or odd (the allocator's blocks are at least 2-aligned;
-  // the low bit marks a slot being written). Lock-free; never allocates.
+  // Records `address` with `entry`, replacing any entry the table held for
+  // it. False (and counted) when no level has a free slot within
+  // kMaxProbe of the address's home slot, or the address is null or odd
+  // (the allocator's blocks are at least 2-aligned; the low bit marks a
+  // slot being written). Lock-free; never calls malloc.
   bool Insert(const void* address, const Entry& entry);
 
   // Removes `address` if it is there. True when it was. Lock-free; never
   // allocates.
   bool Erase(const void* address) {
-    // The common case inline: a block never sampled, its home slot empty,
-    // which the occupancy bitmap says without touching the slot (8 KiB
-    // for 65,536 slots stay in cache; the 2 MiB of slots do not, and every
-    // free() of a program that frees millions of blocks a second missed
-    // there: bench/alloc/compare_heap_profilers.py).
-    const size_t home = Home(reinterpret_cast<uintptr_t>(address));
-    if ((occupied_[home / 64].load(std::memory_order_acquire) & (uint64_t{1} << (home % 64))) ==
-        0) {
-      return false;
+    // The common case inline: a block never sampled, its home slot empty in
+    // every level, which the occupancy bitmaps say without touching the
+    // slots (8 KiB for 65,536 slots stay in cache; the 2 MiB of slots do
+    // not, and every free() of a program that frees millions of blocks a
+    // second missed there: bench/alloc/compare_heap_profilers.py).
+    const int n = nlevels_.load(std::memory_order_acquire);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(address);
+    for (int i = 0; i < n; ++i) {
+      const Level& level = levels_[i];
+      const size_t home = level.Home(a);
+      if ((level.occupied[home / 64].load(std::memory_order_acquire) &
+           (uint64_t{1} << (home % 64))) != 0) {
+        return Take(address, nullptr);
+      }
     }
-    return Take(address, nullptr);
+    return false;
   }
 
   // Removes `address` if it is there and copies its entry to `*out`
@@ -137,35 +167,57 @@ class LiveHeapTable {
   static constexpr uintptr_t kTombstone = 1;  // an odd value: never an address
   static constexpr uintptr_t kBusy = 1;       // low bit of a key being written
 
-  size_t Home(uintptr_t address) const {
-    // Fibonacci hashing: the product's high bits depend on every bit of the
-    // address, including the low ones that alignment leaves zero.
-    return static_cast<size_t>((static_cast<uint64_t>(address) * 0x9e3779b97f4a7c15ULL) >>
-                               shift_);
-  }
-  // Turns tombstones back into empty slots from `index` backwards while the
-  // slot after each is empty.
-  void Reclaim(size_t index);
+  // One open-addressed table. Its fields are written once, before the
+  // level is published through nlevels_, and read-only after.
+  struct Level {
+    size_t mask = 0;
+    unsigned shift = 0;  // 64 - log2(capacity)
+    Slot* slots = nullptr;
+    // The occupancy bitmap: a slot's bit is set whenever its key is not
+    // kEmpty (and, transiently, around a change). Set before and after a
+    // slot's key leaves kEmpty; cleared after it returns to kEmpty, then
+    // set again if the key left kEmpty meanwhile (SetOccupied,
+    // ClearOccupied).
+    std::atomic<uint64_t>* occupied = nullptr;
+    void* mapping = nullptr;
+    size_t mapping_bytes = 0;
+    std::atomic<uint64_t> live{0};  // keys in it (a growth trigger, approximate)
 
-  // The occupancy bitmap: a slot's bit is set whenever its key is not
-  // kEmpty (and, transiently, around a change). Set before and after a
-  // slot's key leaves kEmpty; cleared after it returns to kEmpty, then set
-  // again if the key left kEmpty meanwhile (SetOccupied, ClearOccupied).
-  void SetOccupied(size_t index) {
-    occupied_[index / 64].fetch_or(uint64_t{1} << (index % 64), std::memory_order_seq_cst);
-  }
-  void ClearOccupied(size_t index);
+    size_t Home(uintptr_t address) const {
+      // Fibonacci hashing: the product's high bits depend on every bit of
+      // the address, including the low ones that alignment leaves zero.
+      return static_cast<size_t>((static_cast<uint64_t>(address) * 0x9e3779b97f4a7c15ULL) >>
+                                 shift);
+    }
+    void SetOccupied(size_t index) {
+      occupied[index / 64].fetch_or(uint64_t{1} << (index % 64), std::memory_order_seq_cst);
+    }
+    void ClearOccupied(size_t index);
+    // Inserts into this level; false when no free slot within kMaxProbe.
+    bool Insert(uintptr_t a, const Entry& entry);
+    bool Take(uintptr_t a, Entry* out);
+    // Turns tombstones back into empty slots from `index` backwards while
+    // the slot after each is empty.
+    void Reclaim(size_t index);
+  };
 
-  size_t mask_;
-  unsigned shift_;  // 64 - log2(capacity)
-  std::unique_ptr<Slot[]> slots_;
-  std::unique_ptr<std::atomic<uint64_t>[]> occupied_;  // one bit a slot
+  // Maps level `index` with `slots` slots; false when the kernel refuses.
+  bool MakeLevel(int index, size_t slots);
+  // Maps the next level when the newest is over half full and the table
+  // may still grow.
+  void MaybeGrow(int newest);
+
+  Level levels_[kMaxLevels];
+  std::atomic<int> nlevels_{0};
+  std::atomic<bool> growing_{false};
+  size_t max_capacity_;
   // Counters on a line of their own: the hot path (Erase of an unsampled
-  // block) reads only slots_.
+  // block) reads only the levels.
   alignas(64) std::atomic<uint64_t> inserts_{0};
   std::atomic<uint64_t> erases_{0};
   std::atomic<uint64_t> overflows_{0};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> replaced_{0};
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
 };

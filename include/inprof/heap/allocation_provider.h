@@ -15,7 +15,9 @@
 // so that the estimates are unbiased, as Go's runtime does. A sampled
 // allocation's stack is walked by the profiler's unwinder, cut at the code
 // that called the allocator (allocator and hook frames trimmed), and
-// kept while the block lives (LiveHeapTable, 2 MiB).
+// kept while the block lives (LiveHeapTable). A realloc is a free of the
+// old block and an allocation of the new size, as jemalloc and tcmalloc
+// account it.
 //
 // alloc_* samples carry the allocating thread (its id and registered name)
 // and the labels it had (ScopedLabels); inuse_* samples carry the labels
@@ -26,8 +28,9 @@
 // threads are left out; calls an object makes without a GOT slot (libc's
 // internal ones, static linking) are not seen.
 //
-// Memory: the live table (2 MiB, 65,536 blocks: more are counted, not
-// kept) and at most kMaxStacks distinct stacks of at most kMaxDepth frames
+// Memory: the live table (2 MiB, growing with the sampled live set to at
+// most 16 M slots, 64 bytes a live sampled block; past that blocks are
+// counted in the comments, not kept) and at most kMaxStacks distinct stacks of at most kMaxDepth frames
 // (~9 MiB at the limit), for the process's life: the hooks' wrappers may
 // still run after Stop.
 //
