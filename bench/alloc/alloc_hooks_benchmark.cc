@@ -2,7 +2,11 @@
 // the benchmark's own PLT, with its GOT slots unpatched, patched and
 // unsampled (mean 512 KiB: one 48-byte allocation in ~11,000 is sampled,
 // and mean 0: off), patched and always sampled (mean 1, into a live table),
-// and free of a sampled block alone. Report medians:
+// and free of a sampled block alone; then `new char[48]` + `delete[]` and
+// malloc(48) + free with every loaded object patched (libstdc++'s operator
+// new[] calls operator new and malloc through slots of its own: the chain
+// a real program pays) beside a live table holding 20,000 sampled blocks
+// (a 10 GiB heap at the 512 KiB default). Report medians:
 //   alloc_hooks_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <cstdlib>
 #include <vector>
@@ -38,6 +42,59 @@ void Install(uint64_t mean) {
   options.live = &Live();
   if (!AllocHooks::Install(options).ok()) std::abort();
 }
+
+// 20,000 entries at addresses inside one live block of ours: never an
+// address malloc hands out while it lives.
+void PopulateLive() {
+  static char* block = [] {
+    constexpr size_t kEntries = 20'000;
+    char* b = static_cast<char*>(std::malloc(kEntries * 64));
+    for (size_t i = 0; i < kEntries; ++i) {
+      Live().Insert(b + i * 64, {48, 10922.0, 0});
+    }
+    return b;
+  }();
+  benchmark::DoNotOptimize(block);
+}
+
+void InstallEverywhere(uint64_t mean) {
+  PopulateLive();
+  AllocHooks::Options options;
+  options.mean_bytes = mean;
+  options.callback = NoteSample;
+  options.live = &Live();
+  if (!AllocHooks::Install(options).ok()) std::abort();
+}
+
+void NewDeleteLoop(benchmark::State& state) {
+  for (auto _ : state) {
+    char* p = new char[48];
+    benchmark::DoNotOptimize(p);
+    delete[] p;
+  }
+}
+
+void BM_AllocHooks_NewDeleteArray_Unpatched(benchmark::State& state) {
+  PopulateLive();
+  NewDeleteLoop(state);
+}
+BENCHMARK(BM_AllocHooks_NewDeleteArray_Unpatched);
+
+void BM_AllocHooks_NewDeleteArray_PatchedEverywhereUnsampled(benchmark::State& state) {
+  InstallEverywhere(512 * 1024);
+  NewDeleteLoop(state);
+  AllocHooks::Uninstall();
+}
+BENCHMARK(BM_AllocHooks_NewDeleteArray_PatchedEverywhereUnsampled);
+
+void MallocFreeLoop(benchmark::State& state);
+
+void BM_AllocHooks_MallocFree_PatchedEverywhereUnsampled(benchmark::State& state) {
+  InstallEverywhere(512 * 1024);
+  MallocFreeLoop(state);
+  AllocHooks::Uninstall();
+}
+BENCHMARK(BM_AllocHooks_MallocFree_PatchedEverywhereUnsampled);
 
 void MallocFreeLoop(benchmark::State& state) {
   for (auto _ : state) {

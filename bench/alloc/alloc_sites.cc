@@ -1,6 +1,7 @@
 // A whole program for comparing heap profilers: two threads allocate at
-// five call sites of different sizes and allocators (~2.7 GB in all, ~4 s of
-// CPU), free most blocks at once and keep every 16th until the process
+// eight call sites of different sizes and allocators (~4.5 GB in all; a
+// buffer grown by realloc, reallocarray, and 8 M small new[]/delete[]
+// among them), free most blocks at once and keep every 16th until the process
 // exits. The program counts its own truth per site and prints it, so that
 // a profile's per-site figures can be checked against it
 // (bench/alloc/compare_heap_profilers.py runs it plain, under inprof,
@@ -75,6 +76,26 @@ __attribute__((noinline)) void* SiteE4MiB() {
   return p;
 }
 
+// A buffer grown by realloc from 128 B to 64 KiB, doubling: 1 malloc and 9
+// reallocs a call (what the profile should count: 10 allocations, 130,944
+// bytes; one 64 KiB block live when kept).
+__attribute__((noinline)) void* SiteFReallocGrow() {
+  void* p = std::malloc(128);
+  for (size_t size = 256; size <= 64 * 1024; size *= 2) p = std::realloc(p, size);
+  Touch(p, 64 * 1024);
+  return p;
+}
+__attribute__((noinline)) void* SiteGReallocarray() {
+  void* p = reallocarray(nullptr, 512, 64);  // 32 KiB
+  Touch(p, 32 * 1024);
+  return p;
+}
+__attribute__((noinline)) void* SiteHNewArray48() {
+  char* p = new char[48];
+  Touch(p, 48);
+  return p;
+}
+
 // The program's own work between allocations, so that allocating is a
 // share of its time as in a real program, not all of it: 256 dependent
 // multiply-adds per block and one per 8 bytes (most of the ~4 s of CPU).
@@ -88,9 +109,13 @@ enum Free { kDelete, kFree, kDeleteArray };
 struct Site {
   const char* name;
   void* (*alloc)();
-  size_t size;
+  size_t size;  // the block a call returns
   int per_round;  // per thread
   Free free;
+  // What one call allocates in all, when more than its block (realloc
+  // growth): bytes and allocations (0: size, 1).
+  size_t call_bytes = 0;
+  int call_objects = 1;
 };
 constexpr Site kSites[] = {
     {"SiteA48B", &SiteA48B, 48, 50000, kDelete},
@@ -98,6 +123,9 @@ constexpr Site kSites[] = {
     {"SiteC16KiB", &SiteC16KiB, 16 * 1024, 188, kFree},
     {"SiteD256KiB", &SiteD256KiB, 256 * 1024, 12, kDeleteArray},
     {"SiteE4MiB", &SiteE4MiB, 4 * 1024 * 1024, 1, kFree},
+    {"SiteFReallocGrow", &SiteFReallocGrow, 64 * 1024, 60, kFree, 131072 - 128, 10},
+    {"SiteGReallocarray", &SiteGReallocarray, 32 * 1024, 100, kFree},
+    {"SiteHNewArray48", &SiteHNewArray48, 48, 50000, kDeleteArray},
 };
 constexpr size_t kNumSites = std::size(kSites);
 
@@ -207,8 +235,10 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "TRUTH site=%s alloc_bytes=%llu alloc_objects=%llu live_bytes=%llu live_objects=%llu\n",
-        kSites[s].name, static_cast<unsigned long long>(objects * kSites[s].size),
-        static_cast<unsigned long long>(objects),
+        kSites[s].name,
+        static_cast<unsigned long long>(
+            objects * (kSites[s].call_bytes != 0 ? kSites[s].call_bytes : kSites[s].size)),
+        static_cast<unsigned long long>(objects * kSites[s].call_objects),
         static_cast<unsigned long long>(kept * kSites[s].size),
         static_cast<unsigned long long>(kept));
   }

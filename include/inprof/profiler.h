@@ -492,25 +492,29 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   }
 
   // EventContext::unwind: the calling thread's stack, walked by U from a
-  // context of this frame. Only a thread registered with the running
-  // profiler, and with room on its own stack for the walk (as the signal
-  // handler requires), is walked: its bounds are known.
+  // context of this frame, when the thread is on its own stack with room
+  // for the walk (as the signal handler requires): a registered thread's
+  // bounds are its slot's, any other thread's are found once and cached.
   __attribute__((noinline)) static size_t UnwindHere(std::span<uintptr_t> out) noexcept {
     internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
     const uint64_t active = internal::ActiveSession();
-    if (slot == nullptr || active == 0 ||
-        slot->session.load(std::memory_order_relaxed) != active) {
-      return 0;
+    StackBounds stack;
+    size_t room = Layout::kHandlerStackBytes;
+    if (slot != nullptr && active != 0 &&
+        slot->session.load(std::memory_order_relaxed) == active) {
+      stack = slot->stack;
+      room = slot->sample_stack_bytes;
+    } else if (!internal::CachedCurrentThreadStack(&stack)) {
+      return 0;  // a thread that never registered: its bounds, found once
     }
+    // Not on its own stack (a coroutine's, a signal's alternate stack) or
+    // without room for the walk: not walked (counted by the caller).
     const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
-    if (!(sp >= slot->stack.lo && sp < slot->stack.hi &&
-          sp - slot->stack.lo >= slot->sample_stack_bytes)) {
-      return 0;
-    }
+    if (!(sp >= stack.lo && sp < stack.hi && sp - stack.lo >= room)) return 0;
     ucontext_t context;
     if (getcontext(&context) != 0) return 0;
     U unwinder;
-    return unwinder.Unwind(&context, slot->stack, out).depth;
+    return unwinder.Unwind(&context, stack, out).depth;
   }
 
   // The ticker thread ("inprof-tick"): drives providers that model

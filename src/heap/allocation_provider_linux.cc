@@ -100,6 +100,8 @@ struct HeapState {
   std::atomic<void* (*)(ThreadContext&) noexcept> thread_data{nullptr};
   std::atomic<std::atomic<uint64_t>*> activity{nullptr};
   std::atomic<bool> running{false};
+  // The label words of kUnregisteredLabel (interned at the first Start).
+  uint64_t unregistered_label[2] = {0, 0};
 
   std::atomic<uint64_t> samples{0};
   std::atomic<uint64_t> samples_unregistered{0};
@@ -192,9 +194,11 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
   const uint64_t active = internal::ActiveSession();
   const bool registered = slot != nullptr && active != 0 &&
                           slot->session.load(std::memory_order_relaxed) == active;
+  // Every thread is walked where it allocates: a registered one within its
+  // slot's bounds, any other within its own, found once (EventContext).
   uintptr_t pcs[AllocationProvider::kMaxDepth + 8];
   size_t depth = 0;
-  if (auto unwind = h.unwind.load(std::memory_order_acquire); registered && unwind != nullptr) {
+  if (auto unwind = h.unwind.load(std::memory_order_acquire); unwind != nullptr) {
     depth = unwind(std::span<uintptr_t>(pcs, std::size(pcs)));
   }
   // Cut at the code that called the allocator: the walk begins in the
@@ -216,7 +220,13 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
   constexpr size_t kMaxLabelWords = 2 * internal::ThreadSlotHeader::kMaxLabels;
   uint64_t key[1 + kMaxLabelWords + 2 + AllocationProvider::kMaxDepth];
   size_t nlabel_words = 0;
-  if (registered) {
+  if (!registered) {
+    // A thread that never registered has no labels of its own: it is named
+    // as such, so that its stacks stay apart from a registered thread's.
+    key[1] = h.unregistered_label[0];
+    key[2] = h.unregistered_label[1];
+    nlabel_words = 2;
+  } else {
     std::atomic_signal_fence(std::memory_order_acquire);
     uint32_t nlabels = slot->label_count;
     if (nlabels > internal::ThreadSlotHeader::kMaxLabels) nlabels = 0;
@@ -331,6 +341,11 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
       entry.live_objects_sent = entry.live_bytes_sent = 0;
       entry.live_reported = false;
     }
+  }
+  if (h.unregistered_label[0] == 0) {
+    internal::LabelTable& labels = internal::LabelTable::Global();
+    h.unregistered_label[1] = labels.Intern(kUnregisteredLabel[1]);
+    h.unregistered_label[0] = labels.Intern(kUnregisteredLabel[0]);
   }
   h.unwind.store(context.unwind, std::memory_order_release);
   h.thread_data.store(context.thread_data, std::memory_order_release);

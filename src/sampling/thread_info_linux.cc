@@ -43,6 +43,32 @@ absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread() {
   return info;
 }
 
+namespace {
+// 0, 0: not looked up yet; 1, 1: looked up and not found.
+__thread uintptr_t t_stack_lo __attribute__((tls_model("initial-exec")));
+__thread uintptr_t t_stack_hi __attribute__((tls_model("initial-exec")));
+}  // namespace
+
+bool CachedCurrentThreadStack(StackBounds* out) noexcept {
+  if (t_stack_hi == 0) {
+    t_stack_lo = t_stack_hi = 1;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      void* addr = nullptr;
+      size_t size = 0;
+      if (pthread_attr_getstack(&attr, &addr, &size) == 0 && addr != nullptr && size != 0) {
+        t_stack_lo = reinterpret_cast<uintptr_t>(addr);
+        t_stack_hi = t_stack_lo + size;
+      }
+      pthread_attr_destroy(&attr);
+    }
+  }
+  if (t_stack_hi <= t_stack_lo) return false;
+  out->lo = t_stack_lo;
+  out->hi = t_stack_hi;
+  return true;
+}
+
 int CopyOwnMemory(pid_t pid, uintptr_t address, size_t bytes, void* out) noexcept {
   iovec local{out, bytes};
   iovec remote{reinterpret_cast<void*>(address), bytes};

@@ -196,12 +196,30 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
   }
   EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteSmallNew"), 0);
   EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteLargeMalloc"), 0);
-  // The unregistered thread's allocations: on their frame, without a stack.
-  EXPECT_EQ(LeafSum(*profile, alloc_space, "AllocSiteUnregistered"), 0);
+  // The unregistered thread's allocations: walked on that thread, on their
+  // own site, labelled as a thread that never registered (expected value
+  // the truth, bounds as above: two more sides at 1e-7).
+  {
+    const double truth = kUnregistered * 65536.0;
+    const stats::EstimateRange b = EstimateBounds(kUnregistered, 65536);
+    const double got =
+        static_cast<double>(LeafSum(*profile, alloc_space, "AllocSiteUnregistered"));
+    EXPECT_GE(got, b.low * truth) << got << " of " << truth;
+    EXPECT_LE(got, b.high * truth) << got << " of " << truth;
+    int64_t labelled = 0;
+    for (const auto& sample : profile->samples) {
+      if (sample.stack.empty() || !absl::StrContains(sample.stack[0], "AllocSiteUnregistered")) {
+        continue;
+      }
+      auto it = sample.str_labels.find(AllocationProvider::kUnregisteredLabel[0]);
+      if (it != sample.str_labels.end() && it->second == AllocationProvider::kUnregisteredLabel[1]) {
+        labelled += sample.values[alloc_space];
+      }
+    }
+    EXPECT_EQ(labelled, LeafSum(*profile, alloc_space, "AllocSiteUnregistered"));
+  }
   EXPECT_GE(stats.samples_unregistered, 1u);  // expected ~632; P(0) = (1 - 0.632)^1000
-  const int64_t unregistered = LeafSum(*profile, alloc_space, "allocations of unregistered");
-  EXPECT_GE(unregistered, static_cast<int64_t>(EstimateBounds(kUnregistered, 65536).low *
-                                               kUnregistered * 65536.0));
+  EXPECT_EQ(LeafSum(*profile, alloc_space, "allocations of unregistered"), 0);
   bool commented = false;
   for (const std::string& c : profile->comments) {
     commented |= absl::StrContains(c, "allocations sampled=");

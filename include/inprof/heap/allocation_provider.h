@@ -22,10 +22,12 @@
 // alloc_* samples carry the allocating thread (its id and registered name)
 // and the labels it had (ScopedLabels); inuse_* samples carry the labels
 // and the profiler's "[events]" thread (a live block outlives the thread
-// that allocated it). What it cannot see: allocations of threads not
-// registered with the profiler are counted on one frame ("[inprof:
-// allocations of unregistered threads]") without a stack; inprof's own
-// threads are left out; calls an object makes without a GOT slot (libc's
+// that allocated it). Threads not registered with the profiler are walked
+// too, their bounds found once per thread, and their samples carry the
+// label "allocating thread"="unregistered" on the "[events]" thread; one
+// whose stack cannot be walked (no bounds, a foreign stack) is counted on
+// "[inprof: allocations of unregistered threads]". inprof's own threads
+// are left out; calls an object makes without a GOT slot (libc's
 // internal ones, static linking) are not seen.
 //
 // Memory: the live table (2 MiB, growing with the sampled live set to at
@@ -83,6 +85,10 @@ class AllocationProvider {
   // Distinct stacks kept at most, and frames per stack.
   static constexpr size_t kMaxStacks = 1 << 16;
   static constexpr size_t kMaxDepth = 128;
+
+  // The label a sample of a thread that never registered carries (its
+  // stack is walked all the same; it has no labels of its own).
+  static constexpr const char* kUnregisteredLabel[2] = {"allocating thread", "unregistered"};
 
   // Where samples without a stack go.
   static constexpr const char* kUnregisteredFrame =

@@ -24,6 +24,13 @@ struct CurrentThreadInfo {
 // never call it from a signal handler.
 absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread();
 
+// The calling thread's stack bounds, found once per thread (by
+// pthread_getattr_np, which allocates: call it where allocating is safe,
+// as the allocation hooks' sampled path is) and kept in initial-exec TLS
+// for the thread's life. False when they cannot be found. For threads that
+// never registered: a registered thread's slot has its own.
+bool CachedCurrentThreadStack(StackBounds* out) noexcept;
+
 // The calling thread's kernel thread id. Async-signal-safe.
 pid_t CurrentTid() noexcept;
 
