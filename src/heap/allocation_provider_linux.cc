@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "inprof/base/profiler_thread.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/signal_dispatch.h"
+#include "inprof/internal/thread_info.h"
 
 namespace inprof {
 
@@ -108,6 +110,8 @@ struct HeapState {
   std::atomic<uint64_t> samples_untrimmed{0};
   std::atomic<uint64_t> samples_own{0};
   std::atomic<uint64_t> samples_threadless{0};
+  std::atomic<uint64_t> samples_no_room{0};  // OnAllocSample: too little stack
+  std::atomic<uint64_t> no_room_bytes{0};    // and their weight_bytes, rounded
   std::atomic<uint64_t> alloc_bytes{0};  // the samples' weight_bytes, rounded
 
   HeapState() {
@@ -177,48 +181,27 @@ void AddPendingLocked(HeapState& h, uint32_t id, double objects, double bytes) {
   }
 }
 
-// The sampled path (AllocHooks' callback), on the allocating thread inside
-// an AllocGuard: its own allocations are not sampled.
-uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
-  HeapState& h = State();
-  if (internal::IsProfilerThread()) {
-    h.samples_own.fetch_add(1, std::memory_order_relaxed);
-    return internal::kAllocUntracked;
-  }
-  h.samples.fetch_add(1, std::memory_order_relaxed);
+// What the sampled path may use of the allocating thread's stack past
+// OnAllocSample's check: OnAllocSampleBody's frame (~1.5 KiB: the key and
+// the walk share one buffer), interning a new stack (malloc, absl's hash
+// map) and the provider's lock; the walk itself checks its own room
+// (EventContext::unwind). With less, the sample is counted, not recorded:
+// a thread near its stack's end, or a signal handler on a small
+// alternate stack that allocates, ran out of stack here (4.5 KiB were
+// needed and none checked).
+constexpr size_t kSampledPathStackBytes = 8 * 1024;
+
+// The sampled path's body: see OnAllocSample.
+__attribute__((noinline)) uint64_t OnAllocSampleBody(HeapState& h, const AllocSample& sample,
+                                                     internal::ThreadSlotHeader* slot,
+                                                     bool registered) {
   h.alloc_bytes.fetch_add(static_cast<uint64_t>(std::min(sample.weight_bytes, 1.8e19) + 0.5),
                           std::memory_order_relaxed);
-  // Only a thread registered with the running profiler is walked: its
-  // stack's bounds are known (EventContext::unwind checks again).
-  internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
-  const uint64_t active = internal::ActiveSession();
-  const bool registered = slot != nullptr && active != 0 &&
-                          slot->session.load(std::memory_order_relaxed) == active;
-  // Every thread is walked where it allocates: a registered one within its
-  // slot's bounds, any other within its own, found once (EventContext).
-  uintptr_t pcs[AllocationProvider::kMaxDepth + 8];
-  size_t depth = 0;
-  if (auto unwind = h.unwind.load(std::memory_order_acquire); unwind != nullptr) {
-    depth = unwind(std::span<uintptr_t>(pcs, std::size(pcs)));
-  }
-  // Cut at the code that called the allocator: the walk begins in the
-  // unwinder's own frame, then this callback's, the hook's and the
-  // wrapper's. A walk that never reaches the caller keeps its frames.
-  size_t first = depth;
-  for (size_t i = 0; i < depth; ++i) {
-    if (pcs[i] == sample.caller) {
-      first = i;
-      break;
-    }
-  }
-  if (depth > 0 && first == depth) {
-    h.samples_untrimmed.fetch_add(1, std::memory_order_relaxed);
-    first = 0;
-  }
   // The key: the thread's labels (written only by this thread), canonical,
-  // then the frames.
+  // then the frames, walked into the key's own tail and cut there.
   constexpr size_t kMaxLabelWords = 2 * internal::ThreadSlotHeader::kMaxLabels;
-  uint64_t key[1 + kMaxLabelWords + 2 + AllocationProvider::kMaxDepth];
+  constexpr size_t kWalkExtra = 8;  // the unwinder's, this path's and the hook's frames
+  uint64_t key[1 + kMaxLabelWords + 2 + AllocationProvider::kMaxDepth + kWalkExtra];
   size_t nlabel_words = 0;
   if (!registered) {
     // A thread that never registered has no labels of its own: it is named
@@ -236,10 +219,30 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
   }
   key[0] = nlabel_words;
   uint64_t* const frames = key + 1 + nlabel_words;
-  size_t n = 0;
-  for (size_t i = first; i < depth && n < AllocationProvider::kMaxDepth; ++i) {
-    frames[n++] = pcs[i];
+  // Every thread is walked where it allocates: a registered one within its
+  // slot's bounds, any other within its own, found once (EventContext).
+  static_assert(sizeof(uint64_t) == sizeof(uintptr_t));
+  size_t depth = 0;
+  if (auto unwind = h.unwind.load(std::memory_order_acquire); unwind != nullptr) {
+    depth = unwind(std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(frames),
+                                        AllocationProvider::kMaxDepth + kWalkExtra));
   }
+  // Cut at the code that called the allocator: the walk begins in the
+  // unwinder's own frame, then this path's, the hook's and the wrapper's.
+  // A walk that never reaches the caller keeps its frames.
+  size_t first = depth;
+  for (size_t i = 0; i < depth; ++i) {
+    if (frames[i] == sample.caller) {
+      first = i;
+      break;
+    }
+  }
+  if (depth > 0 && first == depth) {
+    h.samples_untrimmed.fetch_add(1, std::memory_order_relaxed);
+    first = 0;
+  }
+  const size_t n = std::min(depth - first, AllocationProvider::kMaxDepth);
+  if (first > 0) std::memmove(frames, frames + first, n * sizeof(uint64_t));
   // The leaf is a return address, and the profile takes its leaf pc as
   // exact (pprof_writer.cc): point it into the call instead.
   if (n > 0 && first > 0) frames[0] -= 1;
@@ -278,6 +281,42 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
   }
   AddPendingLocked(h, id, sample.weight_objects, sample.weight_bytes);
   return id;
+}
+
+// The sampled path (AllocHooks' callback), on the allocating thread inside
+// an AllocGuard: its own allocations are not sampled. Checks the room left
+// on the thread's stack first, as the signal handler does, in a small frame
+// of its own.
+uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
+  HeapState& h = State();
+  if (internal::IsProfilerThread()) {
+    h.samples_own.fetch_add(1, std::memory_order_relaxed);
+    return internal::kAllocUntracked;
+  }
+  h.samples.fetch_add(1, std::memory_order_relaxed);
+  internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
+  const uint64_t active = internal::ActiveSession();
+  const bool registered = slot != nullptr && active != 0 &&
+                          slot->session.load(std::memory_order_relaxed) == active;
+  StackBounds stack;
+  bool known = false;
+  if (slot != nullptr && slot->stack.hi > slot->stack.lo) {
+    stack = slot->stack;
+    known = true;
+  } else {
+    known = internal::CachedCurrentThreadStack(&stack);
+  }
+  const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  if (!known || sp < stack.lo || sp >= stack.hi || sp - stack.lo < kSampledPathStackBytes) {
+    // Not on its own stack (a signal's alternate stack, a coroutine's: the
+    // room is unknown) or near its end: counted, in the comments.
+    h.samples_no_room.fetch_add(1, std::memory_order_relaxed);
+    h.no_room_bytes.fetch_add(
+        static_cast<uint64_t>(std::min(sample.weight_bytes, 1.8e19) + 0.5),
+        std::memory_order_relaxed);
+    return internal::kAllocUntracked;
+  }
+  return OnAllocSampleBody(h, sample, slot, registered);
 }
 
 const char* SyntheticFrame(uint32_t id) {
@@ -417,6 +456,9 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       ", on \"[events]\" for want of room in their thread's slot=",
       h.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
       h.stacks.size() - kFirstStackId, " of ", kMaxStacks,
+      ", not recorded for want of stack room (a small or foreign stack)=",
+      h.samples_no_room.load(std::memory_order_relaxed), " (~",
+      h.no_room_bytes.load(std::memory_order_relaxed), " bytes)",
       ", live blocks the table could not keep=", table.overflows, " of ",
       table.inserts + table.overflows, " (table: ", table.capacity, " slots), freed unseen and "
       "replaced when their address was handed out again=", table.replaced);
@@ -503,6 +545,7 @@ AllocationProvider::Stats AllocationProvider::stats() {
   s.samples_untrimmed = h.samples_untrimmed.load(std::memory_order_relaxed);
   s.samples_own = h.samples_own.load(std::memory_order_relaxed);
   s.samples_threadless = h.samples_threadless.load(std::memory_order_relaxed);
+  s.samples_no_room = h.samples_no_room.load(std::memory_order_relaxed);
   const LiveHeapTable::Stats live = h.live.stats();
   s.live_overflows = live.overflows;
   s.alloc_bytes = h.alloc_bytes.load(std::memory_order_relaxed);

@@ -1,6 +1,7 @@
 #include "inprof/internal/thread_info.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -51,6 +52,13 @@ __thread uintptr_t t_stack_hi __attribute__((tls_model("initial-exec")));
 
 bool CachedCurrentThreadStack(StackBounds* out) noexcept {
   if (t_stack_hi == 0) {
+    // Not from a signal's alternate stack: the lookup itself needs room
+    // (the main thread's reads /proc/self/maps with stdio), which a small
+    // one lacks. Asked again at the thread's next call.
+    stack_t alternate;
+    if (sigaltstack(nullptr, &alternate) == 0 && (alternate.ss_flags & SS_ONSTACK) != 0) {
+      return false;
+    }
     t_stack_lo = t_stack_hi = 1;
     pthread_attr_t attr;
     if (pthread_getattr_np(pthread_self(), &attr) == 0) {

@@ -8,8 +8,11 @@
 //     block;
 //   - small stacks: a registered thread that allocates on an 8 KiB
 //     makecontext stack (a coroutine's), with a PROT_NONE guard page below
-//     it, does not crash: the sampled path keeps to a few kilobytes there
-//     and does not walk (the stack is not the thread's own);
+//     it, does not crash: on a stack that is not the thread's own the
+//     sampled path records nothing (the room is unknown) and counts it;
+//     a thread near the end of its own stack, and a signal handler on a
+//     4 KiB alternate stack, that allocate where the program alone
+//     survives, survive too;
 //   - Start/Stop: the hooks are installed and removed 10 times while three
 //     registered threads allocate, reallocate and free without pause: no
 //     crash, every block freed by the allocator that made it, every profile
@@ -18,7 +21,10 @@
 // The small-stack scenario runs in a forked child (safety::RunInChild): an
 // overflow hits the guard page and the child dies of SIGSEGV, which the
 // test reports instead of taking the test binary down.
+#include <alloca.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -29,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -196,11 +203,149 @@ int AllocateOnASmallStackScenario() {
   const uint64_t sampled = AllocationProvider::stats().samples - before;
   if (!profiler.Stop().ok() && result == kOk) result = kStartFailed;
   if (result == kOk && g_done.load() != kAllocationsOnSmallStack) result = kNotAllDone;
-  // 2,000 allocations, each sampled (deterministic).
-  if (result == kOk && kIntercepted && sampled < 2u * kAllocationsOnSmallStack) {
+  // 2,000 allocations, each sampled (deterministic), none recorded: the
+  // coroutine's stack is not the thread's, its room unknown.
+  if (result == kOk && kIntercepted &&
+      (sampled < 2u * kAllocationsOnSmallStack ||
+       AllocationProvider::stats().samples_no_room < 2u * kAllocationsOnSmallStack)) {
     result = kNotSampled;
   }
   return result;
+}
+
+// Near the end of a thread's own stack: the thread uses all but `kLeft`
+// bytes of its 64 KiB stack (a guard page below), then allocates 100
+// blocks. glibc's malloc alone runs with ~1.9 KiB left; the sampled path
+// needed several KiB and checked none: with 3,000 bytes left a registered
+// thread hit the guard page (the test failed so before the check).
+constexpr size_t kThreadStack = 64 * 1024;
+constexpr size_t kLeft = 3000;
+
+__attribute__((noinline)) int AllocateWithLittleLeft(uintptr_t stack_lo) {
+  const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  if (sp < stack_lo + kLeft + 512) return 1;
+  // Take all but kLeft bytes (and this frame's) of what is left.
+  volatile char* used = static_cast<volatile char*>(alloca(sp - stack_lo - kLeft));
+  used[0] = 1;
+  int failed = 0;
+  for (int i = 0; i < 100; ++i) {
+    void* p = Kept(std::malloc(64 + static_cast<size_t>(i) * 8));
+    if (p == nullptr) ++failed;
+    std::free(p);
+  }
+  return failed + (used[0] == 1 ? 0 : 1);
+}
+
+int NearTheStacksEnd(bool profiled, bool registered) {
+  HeapProfiler* profiler = nullptr;
+  if (profiled) {
+    profiler = new HeapProfiler(EverySampled("safety_alloc_stack_end"));
+    if (!profiler->Start().ok()) return kStartFailed;
+  }
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, kThreadStack);
+  struct Arg {
+    HeapProfiler* profiler;
+    bool registered;
+    int result;
+  } arg{profiler, registered, kStackFailed};
+  pthread_t thread;
+  if (pthread_create(
+          &thread, &attr,
+          [](void* a) -> void* {
+            Arg& arg = *static_cast<Arg*>(a);
+            std::optional<ThreadRegistration> registration;
+            if (arg.profiler != nullptr && arg.registered) {
+              registration.emplace(arg.profiler->RegisterThread("near the end"));
+            }
+            std::free(Kept(std::malloc(100)));  // the thread's first, with room
+            pthread_attr_t self;
+            void* lo = nullptr;
+            size_t size = 0;
+            if (pthread_getattr_np(pthread_self(), &self) != 0) return nullptr;
+            pthread_attr_getstack(&self, &lo, &size);
+            pthread_attr_destroy(&self);
+            arg.result = AllocateWithLittleLeft(reinterpret_cast<uintptr_t>(lo)) == 0
+                             ? kOk
+                             : kNotAllDone;
+            return nullptr;
+          },
+          &arg) != 0) {
+    return kStackFailed;
+  }
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
+  if (profiler != nullptr && !profiler->Stop().ok() && arg.result == kOk) return kStartFailed;
+  return arg.result;
+}
+
+TEST(SafetyAllocTest, AllocationsNearTheEndOfAThreadsStackNeverOverflowIt) {
+  if (safety::kSanitized) GTEST_SKIP() << "the allocator is the sanitizer's (no hooks)";
+  // The program alone, then profiled with the thread registered and not.
+  ASSERT_EQ(safety::RunInChild([] { return NearTheStacksEnd(false, false); }, 60), kOk)
+      << "the program alone does not fit " << kLeft << " bytes here";
+  for (bool registered : {true, false}) {
+    const int rc = safety::RunInChild([&] { return NearTheStacksEnd(true, registered); }, 60);
+    EXPECT_EQ(rc, kOk) << (registered ? "registered: " : "unregistered: ")
+                       << (rc == 128 + SIGSEGV ? "the stack overflowed (SIGSEGV)"
+                                               : "see the exit code");
+  }
+}
+
+// A signal handler on a 4 KiB alternate stack that allocates (not
+// async-signal-safe, but programs do it from a signal they raise
+// themselves): profiled with every allocation sampled, it survives as it
+// does alone.
+constexpr size_t kAltStack = 4096;
+std::atomic<int> g_handler_failures{0};
+
+void AllocatingHandler(int) {
+  for (int i = 0; i < 10; ++i) {
+    void* p = Kept(std::malloc(200));
+    if (p == nullptr) g_handler_failures.fetch_add(1);
+    std::free(p);
+  }
+}
+
+int AltStackHandler(bool profiled) {
+  HeapProfiler* profiler = nullptr;
+  if (profiled) {
+    profiler = new HeapProfiler(EverySampled("safety_alloc_altstack"));
+    if (!profiler->Start().ok()) return kStartFailed;
+  }
+  safety::GuardedStack alt(kAltStack);
+  if (alt.base() == nullptr) return kStackFailed;
+  stack_t ss{};
+  ss.ss_sp = alt.base();
+  ss.ss_size = alt.size();
+  if (sigaltstack(&ss, nullptr) != 0) return kStackFailed;
+  struct sigaction sa {};
+  sa.sa_handler = &AllocatingHandler;
+  sa.sa_flags = SA_ONSTACK | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGUSR2, &sa, nullptr) != 0) return kStackFailed;
+  for (int i = 0; i < 20; ++i) raise(SIGUSR2);
+  ss.ss_flags = SS_DISABLE;
+  sigaltstack(&ss, nullptr);
+  if (profiler != nullptr && !profiler->Stop().ok()) return kStartFailed;
+  if (g_handler_failures.load() != 0) return kNotAllDone;
+  // 200 allocations sampled, none recorded: the alternate stack is not the
+  // thread's (deterministic at period 1).
+  if (profiled && kIntercepted && AllocationProvider::stats().samples_no_room < 200) {
+    return kNotSampled;
+  }
+  return kOk;
+}
+
+TEST(SafetyAllocTest, AnAllocatingHandlerOnASmallAlternateStackSurvives) {
+  if (safety::kSanitized) GTEST_SKIP() << "the allocator is the sanitizer's (no hooks)";
+  ASSERT_EQ(safety::RunInChild([] { return AltStackHandler(false); }, 60), kOk)
+      << "the program alone does not fit a " << kAltStack << "-byte alternate stack here";
+  const int rc = safety::RunInChild([] { return AltStackHandler(true); }, 60);
+  EXPECT_EQ(rc, kOk) << (rc == 128 + SIGSEGV ? "the alternate stack overflowed (SIGSEGV)"
+                         : rc == kNotSampled ? "the handler's allocations were not counted"
+                                             : "see the exit code");
 }
 
 TEST(SafetyAllocTest, AllocationsOnACoroutinesSmallStackNeverOverflowIt) {

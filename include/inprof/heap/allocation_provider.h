@@ -122,6 +122,7 @@ class AllocationProvider {
     uint64_t samples_untrimmed = 0;     // whose walk did not reach the caller
     uint64_t samples_own = 0;           // of inprof's own threads (left out)
     uint64_t samples_threadless = 0;    // on "[events]": no room in the thread's slot
+    uint64_t samples_no_room = 0;       // not recorded: too little (or a foreign) stack
     uint64_t stacks = 0;                // distinct stacks kept
     uint64_t live_overflows = 0;        // sampled blocks the live table could not keep
     // Estimates from the samples' weights, in bytes: allocated (by the

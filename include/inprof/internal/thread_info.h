@@ -27,8 +27,9 @@ absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread();
 // The calling thread's stack bounds, found once per thread (by
 // pthread_getattr_np, which allocates: call it where allocating is safe,
 // as the allocation hooks' sampled path is) and kept in initial-exec TLS
-// for the thread's life. False when they cannot be found. For threads that
-// never registered: a registered thread's slot has its own.
+// for the thread's life. False when they cannot be found, and (without
+// looking, until a later call) on a signal's alternate stack. For threads
+// that never registered: a registered thread's slot has its own.
 bool CachedCurrentThreadStack(StackBounds* out) noexcept;
 
 // The calling thread's kernel thread id. Async-signal-safe.
