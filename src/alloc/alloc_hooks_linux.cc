@@ -491,7 +491,16 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
     }
     if (current == Wrappers().at[slot.symbol]) continue;  // done by an earlier pass
     const uintptr_t bound = state.bound[slot.symbol];
-    const bool lazy = ImageContains(image, current, 1);  // an unresolved PLT stub
+    // A slot that points into its own object is an unresolved PLT stub,
+    // unless it points at the object's own definition of the symbol: then
+    // the loader bound it there (RTLD_DEEPBIND, -Bsymbolic, a private
+    // allocator), and if that is not the global definition, forwarding to
+    // the global one would free through one allocator what another made.
+    // (A slot of such an object still unresolved, loaded RTLD_LAZY, cannot
+    // be told from one that binds globally: it is patched.)
+    const bool own_bound =
+        slot.own_definition != 0 && current == image.base + slot.own_definition;
+    const bool lazy = ImageContains(image, current, 1) && !own_bound;
     const bool own_plt = slot.symbol_value != 0 && bound == image.base + slot.symbol_value;
     if (bound == 0 || g_real[slot.symbol].load(std::memory_order_relaxed) == nullptr ||
         own_plt || (!lazy && current != bound) || IsWrapper(bound)) {

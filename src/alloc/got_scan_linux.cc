@@ -246,6 +246,7 @@ absl::Status ScanGotSlots(const ObjectImage& image, std::vector<GotSlot>* slots)
       g.symbol = static_cast<AllocSymbol>(index);
       g.prot = memory.ProtAt(slot);
       g.symbol_value = sym.st_shndx == SHN_UNDEF ? sym.st_value : 0;
+      g.own_definition = sym.st_shndx != SHN_UNDEF ? sym.st_value : 0;
       found.push_back(g);
     }
     return absl::OkStatus();

@@ -4,6 +4,8 @@
 #include <elf.h>
 #include <link.h>
 #include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -506,6 +508,56 @@ TEST_F(AllocHooksTest, ReallocFreesTheOldBlockAndSamplesTheNewOneOnItsOwn) {
   EXPECT_EQ(entries[0].second, uint64_t{1} << 17);
   lib_.Get<void (*)(void*)>("LibFree")(r);
   EXPECT_EQ(live.Sum().entries, 0u);
+}
+
+// A library with an allocator of its own, loaded with RTLD_NOW |
+// RTLD_DEEPBIND: its slots point at its own malloc and free, inside its
+// own object, which the hooks took for unresolved PLT stubs and patched.
+// Then a block of its arena freed after Install went to glibc's free and
+// the process aborted. Now such slots are left alone (in a child: the
+// failure is an abort).
+TEST(AllocHooksDeepBindTest, ALibraryBoundToItsOwnAllocatorIsLeftAlone) {
+#if defined(INPROF_ASAN) || defined(INPROF_TSAN)
+  GTEST_SKIP() << "the sanitizers' runtimes refuse RTLD_DEEPBIND";
+#else
+  const char* path = std::getenv("INPROF_ALLOC_TEST_DEEPBIND_LIB");
+  if (path == nullptr || *path == '\0') {
+    GTEST_SKIP() << "INPROF_ALLOC_TEST_DEEPBIND_LIB is not set (run through meson test)";
+  }
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    void* handle = dlopen(path, RTLD_NOW | RTLD_DEEPBIND);
+    if (handle == nullptr) _exit(10);
+    auto deep_malloc = reinterpret_cast<void* (*)(size_t)>(dlsym(handle, "DeepMalloc"));
+    auto deep_free = reinterpret_cast<void (*)(void*)>(dlsym(handle, "DeepFree"));
+    auto deep_owns = reinterpret_cast<int (*)(const void*)>(dlsym(handle, "DeepOwns"));
+    if (deep_malloc == nullptr || deep_free == nullptr || deep_owns == nullptr) _exit(11);
+    void* before = deep_malloc(100);
+    if (deep_owns(before) != 1) _exit(12);
+    static LiveHeapTable live(1024);
+    AllocHooks::Options options;
+    options.mean_bytes = 1;  // every allocation through a patched slot sampled
+    options.live = &live;
+    options.object_filter = [](const char* object) {
+      return std::strstr(object, "alloc_test_deepbind_lib") != nullptr;
+    };
+    if (!AllocHooks::Install(options).ok()) _exit(13);
+    deep_free(before);  // the arena's block, through the library's slot
+    void* after = deep_malloc(100);
+    if (deep_owns(after) != 1) _exit(14);  // went to glibc's malloc
+    deep_free(after);
+    const uint64_t skipped = AllocHooks::stats().slots_skipped;
+    AllocHooks::Uninstall();
+    _exit(skipped >= 2 ? 0 : 15);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status)
+                                 << " (SIGABRT: glibc freed the library's own block)";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+#endif
 }
 
 // ---- The scanner on malformed objects: errors, never faults.

@@ -73,6 +73,9 @@ struct GotSlot {
   // for an undefined symbol only in a non-PIE executable that takes its
   // address: then base + value is the object's own PLT entry).
   uintptr_t symbol_value = 0;
+  // The symbol's value when this object defines it itself (libc its
+  // malloc, a library its own allocator): base + value is that definition.
+  uintptr_t own_definition = 0;
 };
 
 // Appends `image`'s slots for the intercepted symbols to `*slots`. An
