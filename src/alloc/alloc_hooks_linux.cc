@@ -419,8 +419,10 @@ void LogOnce(HookState& state, const ObjectImage& image, const std::string& mess
 
 // Writes `value` into each slot, making its page writable for the write
 // when the loader left it read-only (RELRO), and its protection as it was
-// afterwards. False (and nothing more written) when mprotect fails.
-bool WriteSlots(const std::vector<std::pair<GotSlot, uintptr_t>>& writes, std::string* error) {
+// afterwards. False (and nothing more written) when mprotect fails to make
+// a page writable; `warning` says when it failed to make one read-only again.
+bool WriteSlots(const std::vector<std::pair<GotSlot, uintptr_t>>& writes, std::string* error,
+                std::string* warning) {
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   for (const auto& [slot, value] : writes) {
     void* const page_start = reinterpret_cast<void*>(slot.address & ~(page - 1));
@@ -432,7 +434,11 @@ bool WriteSlots(const std::vector<std::pair<GotSlot, uintptr_t>>& writes, std::s
     // An aligned 8-byte store: a thread calling through the slot meanwhile
     // reads the old or the new target, both valid.
     __atomic_store_n(reinterpret_cast<uintptr_t*>(slot.address), value, __ATOMIC_RELEASE);
-    if (read_only) mprotect(page_start, page, slot.prot);
+    if (read_only && mprotect(page_start, page, slot.prot) != 0 && warning->empty()) {
+      // The write is done; the page stays writable (RELRO lost there).
+      *warning = absl::StrCat("mprotect could not make its GOT page read-only again (errno ",
+                              errno, "); it stays writable");
+    }
   }
   return true;
 }
@@ -528,7 +534,10 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
     }
   }
   std::string error;
-  if (!WriteSlots(writes, &error)) {
+  std::string warning;
+  const bool written = WriteSlots(writes, &error, &warning);
+  if (!warning.empty()) LogOnce(state, image, absl::StrCat(NameOf(image), ": ", warning));
+  if (!written) {
     g_objects_failed.fetch_add(1, std::memory_order_relaxed);
     LogOnce(state, image,
             absl::StrCat(NameOf(image), ": ", error,
@@ -662,6 +671,15 @@ absl::Status AllocHooks::Install(const Options& options) {
     SetAllocSamplingMean(options.mean_bytes);
     return absl::OkStatus();
   }
+  // The main program is the first object listed.
+  ObjectImage main_program;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        *static_cast<ObjectImage*>(data) = ObjectImageOf(*info);
+        return 1;
+      },
+      &main_program);
+  if (absl::Status s = CheckInterceptable(main_program, r.bound[kSymMalloc]); !s.ok()) return s;
   state.options = options;
   state.installed = true;
   state.installed_pid = getpid();

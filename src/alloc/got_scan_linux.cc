@@ -257,4 +257,13 @@ absl::Status ScanGotSlots(const ObjectImage& image, std::vector<GotSlot>* slots)
   return absl::OkStatus();
 }
 
+absl::Status CheckInterceptable(const ObjectImage& main_program, uintptr_t global_malloc) {
+  if (DynamicAddress(main_program) == 0 || global_malloc == 0) {
+    return absl::UnimplementedError(
+        "the program is a static executable: its allocation calls go through no GOT slot, "
+        "so allocations cannot be seen (link it dynamically to profile them)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace inprof::internal

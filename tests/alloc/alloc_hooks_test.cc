@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "inprof/alloc/alloc_sampler.h"
 #include "inprof/alloc/got_scan.h"
@@ -578,6 +579,19 @@ struct FakeObject {
     return reinterpret_cast<ElfW(Dyn)*>(memory + offset);
   }
 };
+
+// A static executable: no dynamic section (or no dynamic malloc) in the
+// main program. One line says allocations cannot be seen there, instead of
+// a profile silently without them.
+TEST(GotScanTest, AStaticExecutableIsNamedAsSuch) {
+  FakeObject object;
+  const absl::Status no_dynamic = CheckInterceptable(object.Image(1), 0x1234);
+  EXPECT_EQ(no_dynamic.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(absl::StrContains(no_dynamic.message(), "static executable")) << no_dynamic;
+  object.Dynamic(1024, 1);
+  EXPECT_EQ(CheckInterceptable(object.Image(2), 0).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(CheckInterceptable(object.Image(2), 0x1234).ok());
+}
 
 TEST(GotScanTest, ObjectWithoutDynamicSectionHasNoSlots) {
   FakeObject object;

@@ -92,6 +92,13 @@ bool ImageContains(const ObjectImage& image, uintptr_t address, size_t size);
 // The object's dynamic section's address in memory, or 0 if it has none.
 uintptr_t DynamicAddress(const ObjectImage& image);
 
+// Whether allocations can be intercepted in a process whose main program
+// is `main_program` and whose global malloc is at `global_malloc` (0: none
+// found): Unimplemented, one line saying why, for a static executable (no
+// dynamic section, or no dynamic malloc: its allocation calls go through no
+// GOT slot).
+absl::Status CheckInterceptable(const ObjectImage& main_program, uintptr_t global_malloc);
+
 }  // namespace inprof::internal
 
 #endif  // INPROF_ALLOC_GOT_SCAN_H_
