@@ -429,11 +429,16 @@ __attribute__((visibility("default"))) void HeapProfilerStart(const char* prefix
   std::lock_guard<std::mutex> lock(h.mu);
   if (h.running) return;
   if (!run::AllocationsSampled()) {
-    internal::Log(absl::StrCat("HeapProfilerStart('", prefix,
-                               "'): allocations are not sampled in this process: set "
-                               "HEAPPROFILE or INPROF_ALLOC_PERIOD (e.g. 512KiB) in its "
-                               "environment; no heap profile"));
-    return;
+    // As gperftools' does: no variable needed. The mean is Go's and
+    // jemalloc's default (HEAPPROFILE's too).
+    if (absl::Status s = run::SampleAllocations(512 * 1024); !s.ok()) {
+      internal::Log(absl::StrCat("HeapProfilerStart('", prefix,
+                                 "'): allocations cannot be sampled now: ", s.message(),
+                                 " (set HEAPPROFILE or INPROF_ALLOC_PERIOD in the "
+                                 "environment to sample them from the start); no heap "
+                                 "profile"));
+      return;
+    }
   }
   h.started_profiler = false;
   if (!run::CurrentStatus().running) {

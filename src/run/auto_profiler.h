@@ -108,6 +108,12 @@ Status CurrentStatus();
 // HEAPPROFILE in the gperftools drop-in).
 bool AllocationsSampled();
 
+// Turns allocation sampling on at a mean of `period` bytes for the next
+// Start (HeapProfilerStart without HEAPPROFILE or INPROF_ALLOC_PERIOD).
+// FailedPrecondition while profiling runs without it (its CPU profile
+// started without allocations) or when profiling is off.
+absl::Status SampleAllocations(uint64_t period);
+
 // The heap now (ProfilerCommon::HeapProfile: a gzip pprof, alloc_* since
 // Start and inuse_* now). FailedPrecondition when not running; NotFound
 // when allocations are not sampled.

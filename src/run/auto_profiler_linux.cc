@@ -607,6 +607,22 @@ bool AllocationsSampled() {
   return s.profiler != nullptr && s.options.alloc_period > 0;
 }
 
+absl::Status SampleAllocations(uint64_t period) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.lifecycle);
+  if (s.profiler == nullptr) {
+    return absl::FailedPreconditionError("profiling is off (INPROF_ENABLED=0)");
+  }
+  if (s.options.alloc_period > 0) return absl::OkStatus();
+  if (s.running) {
+    return absl::FailedPreconditionError(
+        "the CPU profile running now started without allocation sampling");
+  }
+  if (absl::Status st = s.profiler->SetAllocPeriod(period); !st.ok()) return st;
+  s.options.alloc_period = period;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> HeapSnapshot() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.lifecycle);  // Stop at exit waits for it

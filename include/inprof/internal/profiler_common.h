@@ -67,6 +67,18 @@ class ProfilerCommon : public ProfilerControl, protected Registry::Owner {
 
   // True between a successful Start() and Stop().
   bool running() const { return running_; }
+  // Sets Options::alloc_period for the next Start() (the providers are
+  // configured at each Start). FailedPrecondition while running. For the
+  // gperftools drop-in's HeapProfilerStart, which turns allocation
+  // sampling on in a process whose environment did not. Not concurrently
+  // with Start() or Stop().
+  absl::Status SetAllocPeriod(uint64_t bytes) {
+    if (running_) {
+      return absl::FailedPreconditionError("the allocation period is set before Start()");
+    }
+    options_.alloc_period = bytes;
+    return absl::OkStatus();
+  }
   const Options& options() const { return options_; }
 
   // Where the live endpoint (options().http_addr) listens, e.g.
