@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "inprof/alloc/alloc_sampler.h"
 #include "inprof/alloc/got_scan.h"
+#include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/sanitizers.h"
@@ -207,14 +208,20 @@ void* inprof_valloc(size_t size) {
 void* inprof_pvalloc(size_t size) {
   return Allocate<void* (*)(size_t)>(kSymPvalloc, size, size);
 }
+// The host's dlopen: an exception (no memory for the patch's bookkeeping)
+// never reaches its C caller; the new object's slots stay unpatched.
 void* inprof_dlopen(const char* file, int mode) {
   void* handle = Real<void* (*)(const char*, int)>(kSymDlopen)(file, mode);
-  if (handle != nullptr) PatchLoadedObjects();
+  if (handle != nullptr) RunContained("patching a dlopen()ed object's allocation slots", [] {
+    PatchLoadedObjects();
+  });
   return handle;
 }
 void* inprof_dlmopen(Lmid_t lmid, const char* file, int mode) {
   void* handle = Real<void* (*)(Lmid_t, const char*, int)>(kSymDlmopen)(lmid, file, mode);
-  if (handle != nullptr) PatchLoadedObjects();
+  if (handle != nullptr) RunContained("patching a dlopen()ed object's allocation slots", [] {
+    PatchLoadedObjects();
+  });
   return handle;
 }
 }  // extern "C"
@@ -563,15 +570,16 @@ void Walk(HookState& state, Mode mode) {
   // The hooks' own allocations (the maps above, log lines) are not sampled.
   AllocGuard guard;
   WalkContext walk{&state, mode};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        // Only the caller's link-map namespace is listed: objects that
-        // dlmopen() put in another one (with their own libc and allocator)
-        // are never visited, which is what they need.
-        VisitObject(*static_cast<WalkContext*>(data), ObjectImageOf(*info));
-        return 0;
-      },
-      &walk);
+  // Only the caller's link-map namespace is listed: objects that dlmopen()
+  // put in another one (with their own libc and allocator) are never
+  // visited, which is what they need. An object whose visit throws (no
+  // memory) ends the walk; the objects visited keep what was written.
+  RunContained("patching allocation slots", [&] {
+    ForEachLoadedObject([&](dl_phdr_info* info, size_t) {
+      VisitObject(walk, ObjectImageOf(*info));
+      return 0;
+    });
+  });
 }
 
 // What each symbol resolves to now. Outside g_mu: dlsym takes the

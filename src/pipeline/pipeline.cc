@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/base/alloc_guard.h"
+#include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/platform.h"
@@ -156,14 +157,15 @@ void Pipeline::StartCollector(std::function<void()> drain,
   t->collector = ProfilerThread([t, step, period] {
     SetCurrentThreadName("inprof-collect");
     // A first pass right away: unwinders with per-module tables build them
-    // here, off the thread that called Start().
-    step();
+    // here, off the thread that called Start(). A pass that throws (no
+    // memory) is skipped; its records wait in the rings for the next.
+    RunContained("a collector pass", step);
     std::unique_lock<std::mutex> lock(t->mutex);
     while (!t->stop) {
       t->cv.wait_for(lock, period, [t] { return t->stop; });
       if (t->stop) break;
       lock.unlock();
-      step();
+      RunContained("a collector pass", step);
       lock.lock();
     }
   });
@@ -368,12 +370,13 @@ void Pipeline::ExporterLoop(Threads* t,
   while (!t->stop) {
     if (t->cv.wait_until(lock, next, [t] { return t->stop; })) break;
     lock.unlock();
-    // Samples still in the rings belong to this window.
-    drain();
-    {
+    // Samples still in the rings belong to this window. A window that
+    // throws (no memory) is not written; its samples go to the next.
+    RunContained("an export window", [&] {
+      drain();
       std::lock_guard<std::mutex> export_lock(export_mutex_);
       ExportWindow(nullptr, /*last=*/false).IgnoreError();
-    }
+    });
     lock.lock();
     // Keep the schedule; after a stall, restart it rather than catch up.
     next += period;

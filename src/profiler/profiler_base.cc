@@ -13,6 +13,7 @@
 #include "absl/random/distributions.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/alloc_guard.h"
@@ -630,7 +631,7 @@ void ProfilerBase::StartTicker() {
         // Threads that registered in a burst wait for their arming.
         t->arm = false;
         lock.unlock();
-        ArmQueued();
+        RunContained("arming registered threads", [&] { ArmQueued(); });
         lock.lock();
         continue;
       }
@@ -644,9 +645,12 @@ void ProfilerBase::StartTicker() {
       lock.unlock();
       // steady_clock is CLOCK_MONOTONIC in libstdc++ and libc++ on Linux:
       // the same clock as the visits' (NowNanos).
-      batch = Tick(batch, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              next.time_since_epoch())
-                              .count());
+      // A visit that throws (memory pressure) is skipped, never the host.
+      RunContained("a wall-time visit", [&] {
+        batch = Tick(batch, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                next.time_since_epoch())
+                                .count());
+      });
       lock.lock();
       next += jittered(step * batch *
                        tick_quiet_factor_.load(std::memory_order_relaxed));

@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/cfi_walk.h"
+#include "inprof/base/contained.h"
 #include "inprof/base/elf_notes.h"
 #include "inprof/base/fork_guard.h"
 
@@ -261,7 +262,12 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
                    bool on_demand) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<LoadedModule> modules;
-  dl_iterate_phdr(&CollectModule, &modules);
+  // CollectModule allocates: under memory pressure it throws, which must
+  // not unwind through the loader (its lock held); the rebuild is given up
+  // and the collector's pass skipped (base/contained.h).
+  internal::ForEachLoadedObject([&](dl_phdr_info* info, size_t size) {
+    return CollectModule(info, size, &modules);
+  });
   modules.erase(std::remove_if(modules.begin(), modules.end(),
                                [](const LoadedModule& m) {
                                  return m.text_hi <= m.text_lo;  // no code

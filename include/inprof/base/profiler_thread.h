@@ -19,6 +19,8 @@
 #include <functional>
 #include <utility>
 
+#include "inprof/base/contained.h"
+
 #if !defined(_WIN32)
 #include <thread>
 #endif
@@ -67,7 +69,9 @@ class ProfilerThread {
   explicit ProfilerThread(std::function<void()> body)
       : thread_([body = std::move(body)] {
           MarkProfilerThread();
-          body();
+          // The last resort: an exception its loop did not contain ends
+          // this thread, never the host (base/contained.h).
+          RunContained("an inprof thread", body);
         }) {}
   bool joinable() const { return thread_.joinable(); }
   void join() { thread_.join(); }
