@@ -494,7 +494,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // EventContext::unwind: the calling thread's stack, walked by U from a
   // context of this frame, when the thread is on its own stack with room
   // for the walk (as the signal handler requires): a registered thread's
-  // bounds are its slot's, any other thread's are found once and cached.
+  // bounds are its slot's, any other thread's those cached for it
+  // (internal::KnownCurrentThreadStack).
   __attribute__((noinline)) static size_t UnwindHere(std::span<uintptr_t> out) noexcept {
     internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
     const uint64_t active = internal::ActiveSession();
@@ -504,8 +505,10 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
         slot->session.load(std::memory_order_relaxed) == active) {
       stack = slot->stack;
       room = slot->sample_stack_bytes;
-    } else if (!internal::CachedCurrentThreadStack(&stack)) {
-      return 0;  // a thread that never registered: its bounds, found once
+    } else if (!internal::KnownCurrentThreadStack(&stack)) {
+      // A thread that never registered: its bounds, once the provider
+      // found them where that is safe (thread_info.h).
+      return 0;
     }
     // Not on its own stack (a coroutine's, a signal's alternate stack) or
     // without room for the walk: not walked (counted by the caller).

@@ -1,5 +1,7 @@
 #include "inprof/heap/allocation_provider.h"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -102,6 +104,10 @@ struct HeapState {
   std::atomic<void* (*)(ThreadContext&) noexcept> thread_data{nullptr};
   std::atomic<std::atomic<uint64_t>*> activity{nullptr};
   std::atomic<bool> running{false};
+  // libc's code ([lo, hi): its executable segment; 0, 0 when not found),
+  // where an allocation may have been made under pthread_getattr_np.
+  uintptr_t libc_text_lo = 0;
+  uintptr_t libc_text_hi = 0;
   // The label words of kUnregisteredLabel (interned at the first Start).
   uint64_t unregistered_label[2] = {0, 0};
 
@@ -179,6 +185,36 @@ void AddPendingLocked(HeapState& h, uint32_t id, double objects, double bytes) {
     entry.pending = true;
     h.pending.push_back(id);
   }
+}
+
+// The executable segment of the object that defines pthread_getattr_np
+// (libc.so.6; libpthread.so.0 on an old glibc).
+void LibcText(uintptr_t* lo, uintptr_t* hi) {
+  Dl_info info;
+  void* fn = dlsym(RTLD_DEFAULT, "pthread_getattr_np");
+  if (fn == nullptr || dladdr(fn, &info) == 0 || info.dli_fbase == nullptr) return;
+  struct Find {
+    uintptr_t fn;
+    uintptr_t lo = 0, hi = 0;
+  } find{reinterpret_cast<uintptr_t>(fn)};
+  dl_iterate_phdr(
+      [](dl_phdr_info* object, size_t, void* data) {
+        auto& f = *static_cast<Find*>(data);
+        for (int i = 0; i < object->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = object->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+          const uintptr_t lo = object->dlpi_addr + ph.p_vaddr;
+          if (f.fn >= lo && f.fn < lo + ph.p_memsz) {
+            f.lo = lo;
+            f.hi = lo + ph.p_memsz;
+            return 1;
+          }
+        }
+        return 0;
+      },
+      &find);
+  *lo = find.lo;
+  *hi = find.hi;
 }
 
 // What the sampled path may use of the allocating thread's stack past
@@ -303,7 +339,12 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
   if (slot != nullptr && slot->stack.hi > slot->stack.lo) {
     stack = slot->stack;
     known = true;
-  } else {
+  } else if (!(known = internal::KnownCurrentThreadStack(&stack)) &&
+             !(sample.caller >= h.libc_text_lo && sample.caller < h.libc_text_hi)) {
+    // Looked up once per thread, and only for an allocation made outside
+    // libc: pthread_getattr_np allocates while it holds the thread's own
+    // lock, and a lookup from inside it deadlocked (an ASan thread's
+    // start, a runtime reading its own stack size).
     known = internal::CachedCurrentThreadStack(&stack);
   }
   const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
@@ -381,6 +422,7 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
       entry.live_reported = false;
     }
   }
+  if (h.libc_text_hi == 0) LibcText(&h.libc_text_lo, &h.libc_text_hi);
   if (h.unregistered_label[0] == 0) {
     internal::LabelTable& labels = internal::LabelTable::Global();
     h.unregistered_label[1] = labels.Intern(kUnregisteredLabel[1]);

@@ -77,6 +77,13 @@ bool CachedCurrentThreadStack(StackBounds* out) noexcept {
   return true;
 }
 
+bool KnownCurrentThreadStack(StackBounds* out) noexcept {
+  if (t_stack_hi <= t_stack_lo) return false;
+  out->lo = t_stack_lo;
+  out->hi = t_stack_hi;
+  return true;
+}
+
 int CopyOwnMemory(pid_t pid, uintptr_t address, size_t bytes, void* out) noexcept {
   iovec local{out, bytes};
   iovec remote{reinterpret_cast<void*>(address), bytes};

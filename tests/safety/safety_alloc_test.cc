@@ -362,6 +362,45 @@ TEST(SafetyAllocTest, AllocationsOnACoroutinesSmallStackNeverOverflowIt) {
                                               : "see the exit code");
 }
 
+// pthread_getattr_np allocates (its CPU set; the main thread's
+// /proc/self/maps) while it holds the calling thread's own lock. A sampled
+// allocation there on a thread that never registered, whose stack bounds
+// were not known yet, looked them up with pthread_getattr_np and waited
+// for that lock forever: ASan's thread start did it. Every allocation is
+// sampled here, on a new unregistered thread whose first allocations are
+// pthread_getattr_np's (in a child: a deadlock reads as SIGALRM).
+int GetattrScenario() {
+  HeapProfiler profiler(EverySampled("safety_alloc_getattr"));
+  if (!profiler.Start().ok()) return kStartFailed;
+  int result = kOk;
+  std::thread unregistered([&] {
+    for (int i = 0; i < 100; ++i) {
+      pthread_attr_t attr;
+      if (pthread_getattr_np(pthread_self(), &attr) != 0) {
+        result = kStackFailed;
+        return;
+      }
+      pthread_attr_destroy(&attr);
+    }
+    // An allocation of its own code: now its bounds are looked up.
+    std::free(Kept(std::malloc(1000)));
+  });
+  unregistered.join();
+  for (int i = 0; i < 20; ++i) {
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return kStackFailed;
+    pthread_attr_destroy(&attr);
+  }
+  if (!profiler.Stop().ok() && result == kOk) result = kStartFailed;
+  return result;
+}
+
+TEST(SafetyAllocTest, AStackLookupNeverRunsInsidePthreadGetattrNp) {
+  const int rc = safety::RunInChild(GetattrScenario, 60);
+  EXPECT_EQ(rc, kOk) << (rc == 128 + SIGALRM ? "deadlocked inside pthread_getattr_np"
+                                             : "see the exit code");
+}
+
 // Three registered threads allocate without pause while the hooks come and
 // go: the GOT slots are patched and put back under them.
 TEST(SafetyAllocTest, StartStopCyclesWhileThreadsAllocate) {

@@ -25,12 +25,18 @@ struct CurrentThreadInfo {
 absl::StatusOr<CurrentThreadInfo> DescribeCurrentThread();
 
 // The calling thread's stack bounds, found once per thread (by
-// pthread_getattr_np, which allocates: call it where allocating is safe,
-// as the allocation hooks' sampled path is) and kept in initial-exec TLS
-// for the thread's life. False when they cannot be found, and (without
-// looking, until a later call) on a signal's alternate stack. For threads
-// that never registered: a registered thread's slot has its own.
+// pthread_getattr_np, which allocates and takes the thread's own lock:
+// never call it from code that pthread_getattr_np may have called, such
+// as an allocation made inside libc, where it deadlocked) and kept in
+// initial-exec TLS for the thread's life. False when they cannot be found,
+// and (without looking, until a later call) on a signal's alternate stack.
+// For threads that never registered: a registered thread's slot has its
+// own.
 bool CachedCurrentThreadStack(StackBounds* out) noexcept;
+// The bounds CachedCurrentThreadStack found on this thread; false when it
+// has not looked yet or found none. Never looks: safe anywhere but a
+// signal handler.
+bool KnownCurrentThreadStack(StackBounds* out) noexcept;
 
 // The calling thread's kernel thread id. Async-signal-safe.
 pid_t CurrentTid() noexcept;
