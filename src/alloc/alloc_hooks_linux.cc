@@ -661,23 +661,33 @@ void PatchLoadedObjects() {
 bool AllocHooks::Supported() { return true; }
 
 absl::Status AllocHooks::Install(const Options& options) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    HookState& state = State();
+    if (state.installed && state.installed_pid == getpid()) {
+      return absl::FailedPreconditionError("the allocation hooks are already installed");
+    }
+    if (state.installed) {
+      // A forked child: the slots are patched already, by its parent's
+      // installation, whose profiler stopped at the fork (the mean is 0,
+      // the wrappers only forward). The child's caller takes it over as it
+      // is, without dlsym: the loader's lock may be held forever in a
+      // child forked during another thread's dlopen (glibc 2.36 hangs
+      // such a child at its first loader call).
+      state.options = options;
+      state.installed_pid = getpid();
+      g_live.store(options.live, std::memory_order_release);
+      g_context.store(options.context, std::memory_order_relaxed);
+      g_callback.store(options.callback, std::memory_order_release);
+      SetAllocSamplingMean(options.mean_bytes);
+      return absl::OkStatus();
+    }
+  }
   const Resolution r = Resolve(options.resolve);
   std::lock_guard<std::mutex> lock(g_mu);
   HookState& state = State();
-  if (state.installed && state.installed_pid == getpid()) {
-    return absl::FailedPreconditionError("the allocation hooks are already installed");
-  }
   if (state.installed) {
-    // A forked child: the slots are patched already, by its parent's
-    // installation, whose profiler stopped at the fork (the mean is 0, the
-    // wrappers only forward). The child's caller takes it over as it is.
-    state.options = options;
-    state.installed_pid = getpid();
-    g_live.store(options.live, std::memory_order_release);
-    g_context.store(options.context, std::memory_order_relaxed);
-    g_callback.store(options.callback, std::memory_order_release);
-    SetAllocSamplingMean(options.mean_bytes);
-    return absl::OkStatus();
+    return absl::FailedPreconditionError("the allocation hooks are already installed");
   }
   // The main program is the first object listed.
   ObjectImage main_program;
