@@ -178,6 +178,16 @@ void inprof_free(void* p) {
   BeforeFree(p);
   Real<void (*)(void*)>(kSymFree)(p);
 }
+// C23's sized frees: a free like any other (a libc without them has no
+// definition to bind, and their slots are left alone).
+void inprof_free_sized(void* p, size_t size) {
+  BeforeFree(p);
+  Real<void (*)(void*, size_t)>(kSymFreeSized)(p, size);
+}
+void inprof_free_aligned_sized(void* p, size_t alignment, size_t size) {
+  BeforeFree(p);
+  Real<void (*)(void*, size_t, size_t)>(kSymFreeAlignedSized)(p, alignment, size);
+}
 void* inprof_calloc(size_t nmemb, size_t size) {
   size_t bytes;
   if (__builtin_mul_overflow(nmemb, size, &bytes)) bytes = 0;  // fails: nothing to count
@@ -367,6 +377,7 @@ const WrapperTable& Wrappers() {
     Address(inprof_realloc), Address(inprof_reallocarray), Address(inprof_posix_memalign),
     Address(inprof_aligned_alloc), Address(inprof_memalign), Address(inprof_valloc),
     Address(inprof_pvalloc),
+    Address(inprof_free_sized), Address(inprof_free_aligned_sized),
     Address(NewWrapper), Address(NewArrayWrapper), Address(NewNothrowWrapper),
     Address(NewArrayNothrowWrapper), Address(NewAlignedWrapper),
     Address(NewArrayAlignedWrapper), Address(NewAlignedNothrowWrapper),

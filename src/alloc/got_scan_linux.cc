@@ -16,6 +16,7 @@ namespace inprof::internal {
 const char* const kAllocSymbolNames[kAllocSymbolCount] = {
     "malloc", "free", "calloc", "realloc", "reallocarray",
     "posix_memalign", "aligned_alloc", "memalign", "valloc", "pvalloc",
+    "free_sized", "free_aligned_sized",
     "_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t",
     "_ZnwmSt11align_val_t", "_ZnamSt11align_val_t",
     "_ZnwmSt11align_val_tRKSt9nothrow_t", "_ZnamSt11align_val_tRKSt9nothrow_t",

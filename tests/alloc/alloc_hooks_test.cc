@@ -69,6 +69,14 @@ COUNT_ALIGNED(CountMemalign, kSymMemalign)
     ++t_reached[Sym];                                                      \
     return TestReal<void* (*)(size_t)>(Sym)(n);                            \
   }
+void CountFreeSized(void* p, size_t n) {
+  ++t_reached[kSymFreeSized];
+  TestReal<void (*)(void*, size_t)>(kSymFreeSized)(p, n);
+}
+void CountFreeAlignedSized(void* p, size_t a, size_t n) {
+  ++t_reached[kSymFreeAlignedSized];
+  TestReal<void (*)(void*, size_t, size_t)>(kSymFreeAlignedSized)(p, a, n);
+}
 COUNT_SIZE(CountValloc, kSymValloc)
 COUNT_SIZE(CountPvalloc, kSymPvalloc)
 COUNT_SIZE(CountNew, kSymNew)
@@ -136,7 +144,8 @@ void* Ptr(Fn* fn) {
 void* const kCounters[kAllocSymbolCount] = {
     Ptr(CountMalloc), Ptr(CountFree), Ptr(CountCalloc), Ptr(CountRealloc),
     Ptr(CountReallocarray), Ptr(CountPosixMemalign), Ptr(CountAlignedAlloc),
-    Ptr(CountMemalign), Ptr(CountValloc), Ptr(CountPvalloc), Ptr(CountNew),
+    Ptr(CountMemalign), Ptr(CountValloc), Ptr(CountPvalloc), Ptr(CountFreeSized),
+    Ptr(CountFreeAlignedSized), Ptr(CountNew),
     Ptr(CountNewArray), Ptr(CountNewNothrow), Ptr(CountNewArrayNothrow),
     Ptr(CountNewAligned), Ptr(CountNewArrayAligned), Ptr(CountNewAlignedNothrow),
     Ptr(CountNewArrayAlignedNothrow), Ptr(CountDelete), Ptr(CountDeleteArray),
@@ -509,6 +518,33 @@ TEST_F(AllocHooksTest, ReallocFreesTheOldBlockAndSamplesTheNewOneOnItsOwn) {
   EXPECT_EQ(entries[0].second, uint64_t{1} << 17);
   lib_.Get<void (*)(void*)>("LibFree")(r);
   EXPECT_EQ(live.Sum().entries, 0u);
+}
+
+// free_sized and free_aligned_sized (C23) are frees like any other: a
+// sampled block freed through them leaves the live table. glibc 2.36 has
+// neither, so a module that defines both stands in for a libc that has
+// them (loaded RTLD_GLOBAL: the global definitions); its own calls to them
+// go through its slots. Before they were hooked, the block stayed live.
+TEST_F(AllocHooksTest, SizedFreesLeaveTheLiveTable) {
+  const std::string path = LibPath("INPROF_ALLOC_TEST_FREE_SIZED_LIB");
+  if (path.empty()) GTEST_SKIP() << "INPROF_ALLOC_TEST_FREE_SIZED_LIB is not set (run through meson test)";
+  TestLib sized;
+  sized.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  ASSERT_NE(sized.handle, nullptr) << dlerror();
+  LiveHeapTable live(1024);
+  AllocHooks::Options options = CountingOptions(/*mean=*/1);
+  options.live = &live;
+  ASSERT_TRUE(AllocHooks::Install(options).ok());
+  void* p = lib_.Get<void* (*)(size_t)>("LibMalloc")(100);
+  void* q = lib_.Get<void* (*)(size_t, size_t)>("LibAlignedAlloc")(64, 128);
+  ASSERT_EQ(live.Sum().entries, 2u);
+  sized.Get<void (*)(void*, size_t)>("LibFreeSized")(p, 100);
+  EXPECT_EQ(live.Sum().entries, 1u);
+  sized.Get<void (*)(void*, size_t, size_t)>("LibFreeAlignedSized")(q, 64, 128);
+  EXPECT_EQ(live.Sum().entries, 0u);
+  EXPECT_EQ(t_reached[kSymFreeSized], 1u);
+  EXPECT_EQ(t_reached[kSymFreeAlignedSized], 1u);
+  EXPECT_EQ(sized.Get<int (*)()>("SizedFreesCalled")(), 2);
 }
 
 // A library with an allocator of its own, loaded with RTLD_NOW |

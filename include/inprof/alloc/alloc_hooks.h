@@ -5,7 +5,8 @@
 // GOT slots that loaded objects call them through (R_X86_64_JUMP_SLOT and
 // R_X86_64_GLOB_DAT relocations, or aarch64's) to point at inprof's
 // wrappers: malloc, free, calloc, realloc, reallocarray, posix_memalign,
-// aligned_alloc, memalign, valloc, pvalloc, every operator new and delete,
+// aligned_alloc, memalign, valloc, pvalloc, free_sized and
+// free_aligned_sized (C23, where libc has them), every operator new and delete,
 // and dlopen/dlmopen, so that an object loaded later is patched before
 // dlopen returns. Each wrapper calls the original function (resolved per
 // symbol, never through a GOT slot, so never itself), then lets

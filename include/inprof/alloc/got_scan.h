@@ -36,6 +36,7 @@ namespace inprof::internal {
 enum AllocSymbol : int {
   kSymMalloc, kSymFree, kSymCalloc, kSymRealloc, kSymReallocarray,
   kSymPosixMemalign, kSymAlignedAlloc, kSymMemalign, kSymValloc, kSymPvalloc,
+  kSymFreeSized, kSymFreeAlignedSized,  // C23, where libc has them (glibc 2.40)
   kSymNew, kSymNewArray, kSymNewNothrow, kSymNewArrayNothrow,
   kSymNewAligned, kSymNewArrayAligned, kSymNewAlignedNothrow, kSymNewArrayAlignedNothrow,
   kSymDelete, kSymDeleteArray, kSymDeleteSized, kSymDeleteArraySized,
