@@ -7,6 +7,9 @@
 #include <ws2tcpip.h>  // inet_pton
 #else
 #include <arpa/inet.h>
+#include <unistd.h>
+
+#include "inprof/internal/process_maps.h"
 #endif
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "inprof/internal/legacy_heap.h"
 
 namespace inprof::internal {
 namespace {
@@ -226,6 +230,7 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
                                           absl::string_view query) {
   int64_t pid = 0;  // several processes: 0 until pid= names one
   bool pid_seen = false;
+  bool text = false;  // debug=1: the legacy text form, as Go serves it
   for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     const absl::string_view key = pair.substr(0, pair.find('='));
     if (key == "pid" && !pid_seen && processes_) {
@@ -246,8 +251,15 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
                                     "(alloc_*) of N seconds"));
     }
     if (key == "debug") {
-      return Text(400, "debug= (the text form) is not served: the page is a gzip pprof "
-                       "file, for go tool pprof");
+      const absl::string_view value =
+          pair.find('=') == absl::string_view::npos ? "" : pair.substr(pair.find('=') + 1);
+      if (value == "0") continue;
+      if (value != "1") {
+        return Text(400, absl::StrCat("debug=", Quote(value),
+                                      ": expected 0 (pprof) or 1 (the legacy text form)"));
+      }
+      text = true;
+      continue;
     }
   }
   if (processes_ ? !process_snapshot_ : !snapshot_) {
@@ -268,6 +280,27 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
                 std::string(pprof.status().message()));
   }
   captures_.fetch_add(1);
+  if (text) {
+    // The legacy heap profile text (gperftools' and Go's debug=1 form:
+    // "heap profile: ..." then a line per stack and the mappings), which
+    // go tool pprof and google-pprof read.
+#if defined(_WIN32)
+    return Text(400, "debug=1: the legacy text form names the process's mappings, which "
+                     "the Windows backend does not read; the pprof form (debug=0) has them");
+#else
+    std::string maps;
+    if (auto read = internal::ReadProcessMaps(
+            processes_ ? static_cast<pid_t>(pid) : getpid(), &maps);
+        !read.ok()) {
+      return Text(500, absl::StrCat("debug=1: ", read.status().message()));
+    }
+    absl::StatusOr<std::string> legacy = internal::PprofToLegacyHeapProfile(*pprof, maps);
+    if (!legacy.ok()) return Text(500, absl::StrCat("debug=1: ", legacy.status().message()));
+    DebugResponse r = Text(200, "");
+    r.body = std::move(*legacy);
+    return r;
+#endif
+  }
   DebugResponse r;
   r.content_type = "application/octet-stream";
   r.headers.emplace_back("Content-Disposition", absl::StrCat("attachment; filename=\"",

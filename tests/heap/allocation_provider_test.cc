@@ -441,6 +441,7 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   ASSERT_FALSE(address.empty());
   testing::HttpReply heap = testing::HttpFetch(address, "GET", "/debug/pprof/heap");
   testing::HttpReply allocs = testing::HttpFetch(address, "GET", "/debug/pprof/allocs");
+  testing::HttpReply text = testing::HttpFetch(address, "GET", "/debug/pprof/heap?debug=1");
   ASSERT_TRUE(profiler.Stop().ok());
   for (void* p : live) std::free(p);
   ASSERT_EQ(heap.error, "");
@@ -458,6 +459,12 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   absl::StatusOr<DecodedProfile> a = DecodePprof(allocs.body);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->default_sample_type, "alloc_space");
+  // debug=1: the legacy text form, as Go's page serves it: its header line,
+  // a line per stack, then the process's mappings.
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_TRUE(absl::StartsWith(text.body, "heap profile: ")) << text.body.substr(0, 200);
+  EXPECT_TRUE(absl::StrContains(text.body, "\nMAPPED_LIBRARIES:\n")) << text.body.substr(0, 200);
+  EXPECT_TRUE(absl::StrContains(text.body, "allocation_provider_test")) << "no mapping of the test";
   if (!kIntercepted) {
     // Not "no sample in this process": libstdc++'s own allocations (through
     // its slots) were sampled by the tests before this one.

@@ -241,9 +241,14 @@ TEST(DebugEndpointTest, HeapAndAllocsAreSnapshotsOpeningOnTheirType) {
   DebugResponse seconds = endpoint.Respond("GET", "/debug/pprof/heap?seconds=5");
   EXPECT_EQ(seconds.status, 400);
   EXPECT_THAT(seconds.body, HasSubstr("/debug/pprof/profile?seconds=N"));
-  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/allocs?debug=1").status, 400);
+  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/allocs?debug=2").status, 400);
   EXPECT_EQ(endpoint.Respond("POST", "/debug/pprof/heap").status, 405);
   EXPECT_EQ(asked.size(), 3u);  // none of the refused ones asked
+  // debug=1 asks for the snapshot and turns it into the legacy text: this
+  // one is no pprof, which is one line naming the form.
+  DebugResponse text = endpoint.Respond("GET", "/debug/pprof/heap?debug=1");
+  EXPECT_EQ(text.status, 500);
+  EXPECT_THAT(text.body, HasSubstr("debug=1"));
   EXPECT_THAT(endpoint.Respond("GET", "/debug/pprof/").body, HasSubstr("href=\"heap\""));
 }
 
