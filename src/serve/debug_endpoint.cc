@@ -231,6 +231,7 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
   int64_t pid = 0;  // several processes: 0 until pid= names one
   bool pid_seen = false;
   bool text = false;  // debug=1: the legacy text form, as Go serves it
+  int seconds = 0;    // seconds=N: a delta of N seconds (0: the heap now)
   for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     const absl::string_view key = pair.substr(0, pair.find('='));
     if (key == "pid" && !pid_seen && processes_) {
@@ -244,11 +245,23 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
       continue;
     }
     if (key == "seconds") {
-      // Go answers with the difference of two snapshots; windows of
-      // alloc_* are /debug/pprof/profile's.
-      return Text(400, absl::StrCat("seconds= is not taken here: this page is the heap now; "
-                                    "/debug/pprof/profile?seconds=N has the allocations "
-                                    "(alloc_*) of N seconds"));
+      // Go answers with the difference of two snapshots N seconds apart.
+      if (seconds != 0) continue;  // the first one counts
+      if (processes_) {
+        return Text(400, "seconds= is not served for the agent's processes yet: "
+                         "/debug/pprof/profile?seconds=N&pid=P has their allocations "
+                         "(alloc_*) of N seconds");
+      }
+      const absl::string_view value =
+          pair.find('=') == absl::string_view::npos ? "" : pair.substr(pair.find('=') + 1);
+      if (value.empty() || value.size() > 4 ||
+          !absl::c_all_of(value, [](char c) { return absl::ascii_isdigit(c); }) ||
+          !absl::SimpleAtoi(value, &seconds) || seconds < 1 || seconds > kMaxSeconds) {
+        return Text(400, absl::StrCat("seconds=", Quote(value),
+                                      ": expected a whole number of seconds from 1 to ",
+                                      kMaxSeconds));
+      }
+      continue;
     }
     if (key == "debug") {
       const absl::string_view value =
@@ -270,8 +283,19 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
     std::string title;
     if (std::optional<DebugResponse> none = ChooseProcess(&pid, &title)) return *none;
   }
+  // A delta waits N seconds: one at a time, as captures are.
+  bool expected = false;
+  if (seconds > 0 && !busy_.compare_exchange_strong(expected, true)) {
+    refused_.fetch_add(1);
+    return Text(429, "a capture is already running: one at a time; retry after it");
+  }
+  if (seconds > 0) {
+    busy_until_ns_.store(absl::GetCurrentTimeNanos() + int64_t{seconds} * 1'000'000'000);
+  }
   absl::StatusOr<std::string> pprof =
-      processes_ ? process_snapshot_(default_type, pid) : snapshot_(default_type);
+      processes_ ? process_snapshot_(default_type, pid)
+                 : snapshot_(default_type, absl::Seconds(seconds));
+  if (seconds > 0) busy_.store(false);
   if (!pprof.ok()) {
     const absl::StatusCode code = pprof.status().code();
     return Text(code == absl::StatusCode::kNotFound      ? 404

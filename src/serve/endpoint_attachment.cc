@@ -40,7 +40,9 @@ void EndpointAttachment::Started(Pipeline& pipeline) {
         [&pipeline](absl::Duration d) { return pipeline.Capture(d); },
         &RenderFlamegraphPage, absl::StrCat(ProgramName(), " (pid ", ProcessId(), ")"));
     endpoint_->SetSnapshot(
-        [&pipeline](absl::string_view type) { return pipeline.Snapshot(type); });
+        [&pipeline](absl::string_view type, absl::Duration delta) {
+          return pipeline.Snapshot(type, delta);
+        });
   }
   absl::StatusOr<std::unique_ptr<DebugServer>> server =
       DebugServer::Start(*address, endpoint_.get());

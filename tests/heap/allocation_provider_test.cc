@@ -418,6 +418,14 @@ TEST(AllocationProviderTest, MallocUsableSizeTrimAndMalloptAreUnchanged) {
 
 __attribute__((noinline)) void* AllocSiteServedLive() { return Kept(std::malloc(4096)); }
 __attribute__((noinline)) void* AllocSiteServedFreed() { return Kept(std::malloc(64 * 1024)); }
+__attribute__((noinline)) void* AllocSiteServedDuring() { return Kept(std::malloc(64 * 1024)); }
+
+// How many of a profile's samples have `site` as their leaf.
+int StacksAt(const DecodedProfile& profile, const std::string& site) {
+  int n = 0;
+  for (const auto& s : profile.samples) n += !s.stack.empty() && absl::StrContains(s.stack[0], site);
+  return n;
+}
 
 // /debug/pprof/heap, as Go serves it: the live heap now (inuse_*) and what
 // was allocated since Start (alloc_*), only those four types, opening on
@@ -442,6 +450,25 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   testing::HttpReply heap = testing::HttpFetch(address, "GET", "/debug/pprof/heap");
   testing::HttpReply allocs = testing::HttpFetch(address, "GET", "/debug/pprof/allocs");
   testing::HttpReply text = testing::HttpFetch(address, "GET", "/debug/pprof/heap?debug=1");
+  // seconds=2: the delta of two snapshots two seconds apart. A thread makes
+  // kDuring blocks at AllocSiteServedDuring between them: it starts once
+  // the index page says the delta runs (its first snapshot is taken right
+  // after that flag is set), 100 ms later; the sites made before are not
+  // in the delta.
+  constexpr int kDuring = 1'000;  // x 64 KiB, freed
+  std::thread during([&] {
+    auto registration = profiler.RegisterThread("during");
+    for (int i = 0; i < 2000; ++i) {
+      testing::HttpReply index = testing::HttpFetch(address, "GET", "/debug/pprof/");
+      if (absl::StrContains(index.body, "id=\"running\"")) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < kDuring; ++i) std::free(AllocSiteServedDuring());
+  });
+  testing::HttpReply delta =
+      testing::HttpFetch(address, "GET", "/debug/pprof/allocs?seconds=2");
+  during.join();
   ASSERT_TRUE(profiler.Stop().ok());
   for (void* p : live) std::free(p);
   ASSERT_EQ(heap.error, "");
@@ -459,6 +486,15 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   absl::StatusOr<DecodedProfile> a = DecodePprof(allocs.body);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->default_sample_type, "alloc_space");
+  ASSERT_EQ(delta.status, 200) << delta.body;
+  absl::StatusOr<DecodedProfile> d = DecodePprof(delta.body);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Made before the window: none of it in the delta but each snapshot's
+  // rounding (each stack's sum rounded unbiasedly, within one of it, in
+  // each: deterministic, at most one a stack).
+  EXPECT_LE(std::abs(LeafSum(*d, 1, "AllocSiteServedFreed")),
+            StacksAt(*p, "AllocSiteServedFreed"));
+  EXPECT_LE(std::abs(LeafSum(*d, 3, "AllocSiteServedLive")), StacksAt(*p, "AllocSiteServedLive"));
   // debug=1: the legacy text form, as Go's page serves it: its header line,
   // a line per stack, then the process's mappings.
   ASSERT_EQ(text.status, 200) << text.body;
@@ -483,6 +519,13 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   const double served_freed = static_cast<double>(LeafSum(*p, 1, "AllocSiteServedFreed"));
   EXPECT_GE(served_freed, freed_b.low * freed_truth) << served_freed << " of " << freed_truth;
   EXPECT_LE(served_freed, freed_b.high * freed_truth) << served_freed << " of " << freed_truth;
+  // Made inside the delta's second: its estimate within its bounds (two
+  // more sides at 1e-7).
+  const double during_truth = kDuring * 65536.0;
+  const stats::EstimateRange during_b = EstimateBounds(kDuring, 65536);
+  const double served_during = static_cast<double>(LeafSum(*d, 1, "AllocSiteServedDuring"));
+  EXPECT_GE(served_during, during_b.low * during_truth) << served_during << " of " << during_truth;
+  EXPECT_LE(served_during, during_b.high * during_truth) << served_during << " of " << during_truth;
   // The same samples in the file at Stop: the page took nothing from it.
   // The file's value is rounded per drained event (at most one per sample,
   // each within one byte), the page's once.

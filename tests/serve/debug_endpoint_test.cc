@@ -218,9 +218,12 @@ TEST(DebugEndpointTest, HeapAndAllocsAreSnapshotsOpeningOnTheirType) {
   EXPECT_THAT(none.body, HasSubstr("AllocationProvider"));
 
   std::vector<std::string> asked;
+  std::vector<absl::Duration> deltas;
   bool on = false;
-  endpoint.SetSnapshot([&](absl::string_view type) -> absl::StatusOr<std::string> {
+  endpoint.SetSnapshot([&](absl::string_view type,
+                           absl::Duration delta) -> absl::StatusOr<std::string> {
     asked.emplace_back(type);
+    deltas.push_back(delta);
     if (!on) return absl::NotFoundError("allocation profiling is off: INPROF_ALLOC_PERIOD");
     return std::string("HEAP");
   });
@@ -238,12 +241,20 @@ TEST(DebugEndpointTest, HeapAndAllocsAreSnapshotsOpeningOnTheirType) {
   EXPECT_THAT(Header(allocs, "Content-Disposition"), HasSubstr("allocs.pb.gz"));
   EXPECT_THAT(asked, ::testing::ElementsAre("inuse_space", "inuse_space", "alloc_space"));
 
+  // seconds=N: Go's delta of two snapshots N seconds apart, asked as such;
+  // a bad N is one line and asks nothing.
   DebugResponse seconds = endpoint.Respond("GET", "/debug/pprof/heap?seconds=5");
-  EXPECT_EQ(seconds.status, 400);
-  EXPECT_THAT(seconds.body, HasSubstr("/debug/pprof/profile?seconds=N"));
+  EXPECT_EQ(seconds.status, 200);
+  EXPECT_EQ(seconds.body, "HEAP");
+  EXPECT_THAT(deltas, ::testing::ElementsAre(absl::ZeroDuration(), absl::ZeroDuration(),
+                                             absl::ZeroDuration(), absl::Seconds(5)));
+  DebugResponse bad_seconds = endpoint.Respond("GET", "/debug/pprof/heap?seconds=0");
+  EXPECT_EQ(bad_seconds.status, 400);
+  EXPECT_THAT(bad_seconds.body, HasSubstr("seconds='0'"));
+  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/heap?seconds=601").status, 400);
   EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/allocs?debug=2").status, 400);
   EXPECT_EQ(endpoint.Respond("POST", "/debug/pprof/heap").status, 405);
-  EXPECT_EQ(asked.size(), 3u);  // none of the refused ones asked
+  EXPECT_EQ(asked.size(), 4u);  // none of the refused ones asked
   // debug=1 asks for the snapshot and turns it into the legacy text: this
   // one is no pprof, which is one line naming the form.
   DebugResponse text = endpoint.Respond("GET", "/debug/pprof/heap?debug=1");
@@ -409,7 +420,7 @@ TEST(DebugEndpointTest, SeveralProcessesEachHaveTheirHeap) {
           {"/debug/pprof/heap?pid=abc", 400, "pid='abc': expected a process id"},
           {"/debug/pprof/allocs?pid", 400, "pid: expected pid=N"},
           {"/debug/pprof/heap?pid=77", 404, "allocation profiling is off in this process"},
-          {"/debug/pprof/heap?pid=4242&seconds=5", 400, "seconds= is not taken here"},
+          {"/debug/pprof/heap?pid=4242&seconds=5", 400, "seconds= is not served for the agent"},
       });
   // One process: pid= is not needed.
   processes.pop_back();

@@ -90,9 +90,12 @@ class DebugEndpoint {
 
   // The heap snapshot (/debug/pprof/heap and /allocs): the gzip pprof of
   // the allocation provider's state now, opening on `default_type`
-  // (inuse_space, alloc_space); NotFound when allocations are not profiled.
-  // Unset: those pages answer 404. Before the first request.
-  using Snapshot = std::function<absl::StatusOr<std::string>(absl::string_view default_type)>;
+  // (inuse_space, alloc_space), or with `delta` > 0 (?seconds=N) the
+  // difference of two snapshots that far apart; NotFound when allocations
+  // are not profiled. Unset: those pages answer 404. Before the first
+  // request.
+  using Snapshot = std::function<absl::StatusOr<std::string>(absl::string_view default_type,
+                                                             absl::Duration delta)>;
   void SetSnapshot(Snapshot snapshot) { snapshot_ = std::move(snapshot); }
   // Several processes: process `pid`'s (NotFound when it is not connected
   // or profiles no allocations). Before the first request.

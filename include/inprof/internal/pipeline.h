@@ -346,12 +346,19 @@ class Pipeline {
   // attachment has one (allocation profiling off). Drains the threads'
   // slots first, as a capture's end does. Any thread, between
   // StartCollector and StopCollector or outside them, not concurrently with
-  // either.
-  absl::StatusOr<std::string> Snapshot(absl::string_view default_type);
+  // either. A `delta` > 0 (Go's ?seconds=N): the difference of two
+  // snapshots that far apart (alloc_* made, inuse_* changed in between),
+  // Unavailable when the profiler stops meanwhile; it waits as a capture
+  // does (StopCollector lets it go).
+  absl::StatusOr<std::string> Snapshot(absl::string_view default_type,
+                                       absl::Duration delta = absl::ZeroDuration());
 
  private:
   struct Threads;
   void EnsureSinks();
+  // One snapshot of the attachments' state (Snapshot), with the sample
+  // types it has; NotFound when none has any.
+  absl::Status SnapshotData(ProfileData* out, uint64_t* types);
   // Fills a cut window's metadata and comments.
   void Describe(ProfileData& data, int64_t start, int64_t end,
                 const ProfilerStats& window_stats,
