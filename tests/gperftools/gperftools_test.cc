@@ -272,10 +272,11 @@ TEST(GperftoolsTest, HeapprofileProfilesFromLoadToExit) {
     ASSERT_TRUE(p.ok()) << p.status() << r->err;
     EXPECT_EQ(p->period, 512 * 1024);
     // The live site: 4,000 x 4 KiB, within its sampled range at 512 KiB
-    // (two sides at 1e-7).
+    // (expected ~31 samples; two sides at 1e-8).
     const int inuse_space = p->ValueIndex("inuse_space");
     ASSERT_GE(inuse_space, 0);
-    const stats::EstimateRange range = stats::SampledAllocationRange(4000, 4096.0, 524288.0);
+    const stats::EstimateRange range =
+        stats::SampledAllocationRange(4000, 4096.0, 524288.0, 1e-8);
     const double got = static_cast<double>(LeafSum(*p, inuse_space, "HeapLiveSite"));
     EXPECT_GE(got, range.low * 4000 * 4096.0) << got;
     EXPECT_LE(got, range.high * 4000 * 4096.0) << got;

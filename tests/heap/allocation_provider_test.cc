@@ -201,10 +201,11 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
   EXPECT_EQ(LeafSum(*profile, inuse_space, "AllocSiteLargeMalloc"), 0);
   // The unregistered thread's allocations: walked on that thread, on their
   // own site, labelled as a thread that never registered (expected value
-  // the truth, bounds as above: two more sides at 1e-7).
+  // the truth; two more sides at 1e-8).
   {
     const double truth = kUnregistered * 65536.0;
-    const stats::EstimateRange b = EstimateBounds(kUnregistered, 65536);
+    const stats::EstimateRange b =
+        stats::SampledAllocationRange(kUnregistered, 65536, static_cast<double>(kPeriod), 1e-8);
     const double got =
         static_cast<double>(LeafSum(*profile, alloc_space, "AllocSiteUnregistered"));
     EXPECT_GE(got, b.low * truth) << got << " of " << truth;
@@ -519,10 +520,11 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   const double served_freed = static_cast<double>(LeafSum(*p, 1, "AllocSiteServedFreed"));
   EXPECT_GE(served_freed, freed_b.low * freed_truth) << served_freed << " of " << freed_truth;
   EXPECT_LE(served_freed, freed_b.high * freed_truth) << served_freed << " of " << freed_truth;
-  // Made inside the delta's second: its estimate within its bounds (two
-  // more sides at 1e-7).
+  // Made inside the delta's seconds: its estimate within its bounds (two
+  // more sides at 1e-8).
   const double during_truth = kDuring * 65536.0;
-  const stats::EstimateRange during_b = EstimateBounds(kDuring, 65536);
+  const stats::EstimateRange during_b =
+      stats::SampledAllocationRange(kDuring, 65536, static_cast<double>(kPeriod), 1e-8);
   const double served_during = static_cast<double>(LeafSum(*d, 1, "AllocSiteServedDuring"));
   EXPECT_GE(served_during, during_b.low * during_truth) << served_during << " of " << during_truth;
   EXPECT_LE(served_during, during_b.high * during_truth) << served_during << " of " << during_truth;
