@@ -72,8 +72,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
          absl::string_view) -> absl::StatusOr<std::string> { return pprof; },
       "fuzz");
   int snapshots = 0;
-  endpoint.SetSnapshot([&](absl::string_view type) -> absl::StatusOr<std::string> {
+  endpoint.SetSnapshot([&](absl::string_view type,
+                           absl::Duration delta) -> absl::StatusOr<std::string> {
     Check(type == "inuse_space" || type == "alloc_space");
+    // seconds=N: a delta of 1 to kMaxSeconds seconds, or the heap now.
+    Check(delta == absl::ZeroDuration() ||
+          (delta >= absl::Seconds(1) && delta <= absl::Seconds(inprof::internal::DebugEndpoint::kMaxSeconds)));
     ++snapshots;
     if (snapshots > 1) std::abort();
     return std::string("\x1f\x8b", 2);
