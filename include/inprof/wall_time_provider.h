@@ -78,6 +78,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <span>
 
 #include "absl/status/status.h"
@@ -383,6 +384,18 @@ class WallTimeProvider {
   size_t threads_per_tick_ = 5;
   VisitCounts counts_;  // ticker (registry lock)
   internal::DescriptorBudget kept_files_;  // DisarmThread may run outside the lock
+  // Kept files of threads that left, opened by the ticker in its own
+  // descriptor table (internal::EnterPrivateDescriptorTable): a thread of
+  // the program's table (DisarmThread runs on the leaving thread) cannot
+  // close them there, so the ticker does at its next visit
+  // (CloseParkedFiles). One that finds this full is left to the ticker's
+  // table, which goes when the ticker thread ends.
+  static constexpr size_t kMaxParkedFiles = 1024;
+  std::mutex parked_mutex_;
+  std::array<internal::OwnedFd::Parked, kMaxParkedFiles> parked_;
+  size_t parked_count_ = 0;  // parked_mutex_
+  std::atomic<bool> any_parked_{false};
+  void CloseParkedFiles() noexcept;
 };
 
 static_assert(SampleProvider<WallTimeProvider>);

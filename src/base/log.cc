@@ -1,6 +1,9 @@
 #include "inprof/base/log.h"
 
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #include <atomic>
 #include <string>
@@ -8,6 +11,9 @@
 namespace inprof::internal {
 namespace {
 std::atomic<LogSink> g_sink{nullptr};
+// A thread with a descriptor table of its own: a pidfd of this process in
+// that table, through which the program's stderr is fetched for a line.
+thread_local int tls_stderr_pidfd = -1;
 
 // The length of the valid UTF-8 sequence at the start of `s` (2-4), or 0.
 // Overlong forms, surrogates and code points past U+10FFFF are invalid.
@@ -86,15 +92,31 @@ void Log(absl::string_view message) {
 }
 
 void WriteLineToStderr(absl::string_view line) {
+  int fd = STDERR_FILENO;
+  bool fetched = false;
+#if defined(__linux__) && defined(SYS_pidfd_getfd)
+  // The program's descriptor 2 now (it may have redirected it since this
+  // thread's table was copied), as a descriptor of this thread's own table:
+  // closing it afterwards touches nothing of the program's.
+  if (tls_stderr_pidfd >= 0) {
+    fd = static_cast<int>(syscall(SYS_pidfd_getfd, tls_stderr_pidfd,
+                                  STDERR_FILENO, 0));
+    if (fd < 0) return;  // the program has no stderr now
+    fetched = true;
+  }
+#endif
   const char* p = line.data();
   size_t left = line.size();
   while (left > 0) {
-    ssize_t n = ::write(STDERR_FILENO, p, left);
-    if (n <= 0) return;  // stderr closed: nothing useful to do
+    ssize_t n = ::write(fd, p, left);
+    if (n <= 0) break;  // stderr closed: nothing useful to do
     p += n;
     left -= static_cast<size_t>(n);
   }
+  if (fetched) ::close(fd);
 }
+
+void UseProgramStderrThrough(int pidfd) noexcept { tls_stderr_pidfd = pidfd; }
 
 void SetLogSinkForTesting(LogSink sink) {
   g_sink.store(sink, std::memory_order_release);

@@ -5,14 +5,26 @@
 #include <linux/perf_event.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "inprof/base/contained.h"
 #include "inprof/base/log.h"
+#include "inprof/base/platform.h"
+#include "inprof/base/profiler_thread.h"
+#include "inprof/base/sanitizers.h"
 
 namespace inprof::internal {
 namespace {
@@ -112,16 +124,73 @@ int MoveAboveProgramRange(int fd) noexcept {
   return fd;
 }
 
+namespace {
+// The perf event's id if `fd` is one now (no ioctl reaches a device).
+bool PerfEventId(int fd, uint64_t* id) noexcept {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
+    return false;
+  }
+  return ioctl(fd, PERF_EVENT_IOC_ID, id) == 0;
+}
+}  // namespace
+
+int MovePerfEventAboveProgramRange(int fd, uint64_t* id) noexcept {
+  if (fd < 0) return fd;
+  const int saved = errno;
+  uint64_t own = 0;
+  if (!PerfEventId(fd, &own)) {
+    // The program put a file of its own on the number (dup2) since
+    // perf_event_open returned it: the event is gone, the file is left be.
+    NoteDescriptorTaken(fd, "a perf event being opened");
+    errno = EBADF;
+    return -1;
+  }
+  *id = own;
+  const int floor = HighFloor();
+  if (floor <= fd) {
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    errno = saved;
+    return fd;
+  }
+  const int moved = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+  if (moved < 0) {
+    errno = saved;
+    return fd;  // no number free up there: it stays where it is
+  }
+  uint64_t copy = 0;
+  if (!PerfEventId(moved, &copy) || copy != own) {
+    // The number changed hands between the check and the copy: the copy
+    // is of the program's file (a number the program never saw), dropped.
+    close(moved);
+    NoteDescriptorTaken(fd, "a perf event being opened");
+    errno = EBADF;
+    return -1;
+  }
+  uint64_t still = 0;
+  if (PerfEventId(fd, &still) && still == own) close(fd);
+  errno = saved;
+  return moved;
+}
+
 OwnedFd OwnedFd::Adopt(int fd) noexcept {
   OwnedFd owned;
   if (fd < 0) return owned;
-  owned.fd_ = MoveAboveProgramRange(fd);
+  owned.table_ = CurrentDescriptorTable();
+  // A private table holds no number of the program's: nothing to move from.
+  owned.fd_ = owned.table_ == 0 ? MoveAboveProgramRange(fd) : fd;
   owned.identity_ = IdentifyFd(owned.fd_);
   return owned;
 }
 
 int OwnedFd::Verified() noexcept {
   if (fd_ < 0) return -1;
+  if (!InThisTable()) {
+    // Not a number of this thread's table (its own table's thread is gone,
+    // or keeps it): forgotten here, never used.
+    fd_ = -1;
+    return -1;
+  }
   if (IsStillOurs(fd_, identity_)) return fd_;
   NoteDescriptorTaken(fd_, "kept by inprof");
   fd_ = -1;
@@ -130,8 +199,190 @@ int OwnedFd::Verified() noexcept {
 
 void OwnedFd::Reset() noexcept {
   if (fd_ < 0) return;
-  CloseIfOurs(fd_, identity_);
+  if (InThisTable()) CloseIfOurs(fd_, identity_);
   fd_ = -1;
+}
+
+bool OwnedFd::CloseParked(const Parked& parked) noexcept {
+  if (parked.fd < 0) return true;
+  if (parked.table != CurrentDescriptorTable()) return false;
+  CloseIfOurs(parked.fd, parked.identity);
+  return true;
+}
+
+namespace {
+std::atomic<uint32_t> g_next_table{1};
+thread_local uint32_t tls_table = 0;
+std::atomic<bool> g_private_refused_said{false};
+
+void SayPrivateRefused(const char* what, int err) noexcept {
+  if (g_private_refused_said.exchange(true)) return;
+  Log(absl::StrCat(
+      "inprof's threads share the program's descriptor table (", what, ": ",
+      strerror(err),
+      "): a file they open briefly takes a number of the program's for "
+      "microseconds, checked before each use and close (said once)"));
+}
+
+// Closes every descriptor of the calling thread's table but `keep`.
+void CloseAllBut(int keep) noexcept {
+#if defined(SYS_close_range)
+  bool done = true;
+  if (keep > 0 && syscall(SYS_close_range, 0U, static_cast<unsigned>(keep - 1), 0U) != 0) {
+    done = false;
+  }
+  if (done && syscall(SYS_close_range, static_cast<unsigned>(keep + 1), ~0U, 0U) != 0) {
+    done = false;
+  }
+  if (done) return;
+#endif
+  // Before Linux 5.9: each number this table holds (/proc/thread-self
+  // lists this thread's table, /proc/self the main thread's), closed as the
+  // listing passes it.
+  DIR* dir = opendir("/proc/thread-self/fd");
+  if (dir == nullptr) return;
+  const int dir_fd = dirfd(dir);
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const int n = atoi(e->d_name);
+    if (n != keep && n != dir_fd) close(n);
+  }
+  closedir(dir);
+}
+}  // namespace
+
+uint32_t CurrentDescriptorTable() noexcept { return tls_table; }
+
+namespace {
+
+// inprof's file thread: one job at a time, the caller waiting. Made per
+// process (a forked child starts its own; the parent's, whose thread the
+// child lacks, is left as it was) and never destroyed (a thread may call in
+// while static destructors run).
+struct FileThread {
+  pid_t pid = 0;
+  bool private_table = false;
+  std::mutex call;  // one caller at a time
+  std::mutex mutex;
+  std::condition_variable cv;
+  const std::function<void()>* job = nullptr;  // mutex
+  bool done = false;                           // mutex
+  bool ok = false;                             // mutex
+};
+
+std::mutex g_file_thread_mutex;
+FileThread* g_file_thread = nullptr;  // g_file_thread_mutex
+
+void ServeFiles(FileThread* f, std::promise<bool>* started) {
+  SetCurrentThreadName("inprof-files");
+  MarkProfilerThread();
+  f->private_table = EnterPrivateDescriptorTable();
+  started->set_value(f->private_table);
+  std::unique_lock<std::mutex> lock(f->mutex);
+  for (;;) {
+    f->cv.wait(lock, [f] { return f->job != nullptr; });
+    const std::function<void()>* job = f->job;
+    lock.unlock();
+    const bool ok = RunContained("a file read of inprof's", *job);
+    lock.lock();
+    f->job = nullptr;
+    f->ok = ok;
+    f->done = true;
+    f->cv.notify_all();
+  }
+}
+
+// This process's file thread, started if need be; nullptr when it cannot
+// run (no thread, or no table of its own: the caller runs the job itself).
+FileThread* FileThreadForThisProcess() {
+  std::lock_guard<std::mutex> lock(g_file_thread_mutex);
+  const pid_t pid = getpid();
+  if (g_file_thread != nullptr && g_file_thread->pid == pid) {
+    return g_file_thread->private_table ? g_file_thread : nullptr;
+  }
+  auto* f = new FileThread;  // never freed (see FileThread)
+  f->pid = pid;
+  std::promise<bool> started;
+  std::future<bool> table = started.get_future();
+  try {
+    std::thread(ServeFiles, f, &started).detach();
+  } catch (const std::system_error&) {
+    // No thread now: inline this time, another try at the next call.
+    delete f;
+    return nullptr;
+  }
+  table.wait();
+  g_file_thread = f;
+  return f->private_table ? f : nullptr;
+}
+
+}  // namespace
+
+bool RunWithOwnDescriptors(const std::function<void()>& fn) {
+#if defined(INPROF_TSAN)
+  // ThreadSanitizer tracks descriptors by number, process-wide: one table's
+  // close would read as a race with another's use of the same number.
+  return RunContained("a file read of inprof's", fn);
+#else
+  if (tls_table != 0) return RunContained("a file read of inprof's", fn);
+  FileThread* f = nullptr;
+  RunContained("starting inprof's file thread", [&] { f = FileThreadForThisProcess(); });
+  if (f == nullptr) return RunContained("a file read of inprof's", fn);
+  std::lock_guard<std::mutex> call(f->call);
+  std::unique_lock<std::mutex> lock(f->mutex);
+  f->done = false;
+  f->job = &fn;
+  f->cv.notify_all();
+  f->cv.wait(lock, [f] { return f->done; });
+  return f->ok;
+#endif
+}
+
+bool EnterPrivateDescriptorTable() noexcept {
+  if (tls_table != 0) return true;
+#if defined(INPROF_TSAN)
+  // ThreadSanitizer tracks descriptors by number, process-wide: one
+  // table's close would read as a race with another's use of the number.
+  return false;
+#endif
+  const int saved = errno;
+  if (unshare(CLONE_FILES) != 0) {
+    SayPrivateRefused("unshare(CLONE_FILES)", errno);
+    errno = saved;
+    return false;
+  }
+  // From here on this thread's table is a copy of the program's: what it
+  // opens is its own. The copy's references to the program's files go
+  // below, all but a pidfd to fetch the program's stderr through.
+  int pidfd = -1;
+  int keep = STDERR_FILENO;
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0U));
+  if (pidfd >= 0) {
+    const int probe = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, STDERR_FILENO, 0U));
+    // EBADF: the program has no descriptor 2 now; the call itself works.
+    if (probe >= 0 || errno == EBADF) {
+      if (probe >= 0) close(probe);
+      keep = pidfd;
+    } else {
+      SayPrivateRefused("pidfd_getfd", errno);
+      close(pidfd);
+      pidfd = -1;
+    }
+  } else {
+    SayPrivateRefused("pidfd_open", errno);
+  }
+#endif
+  // Without a pidfd the thread keeps its copy of descriptor 2 (its lines go
+  // to the stderr the program had when the thread started). Closing the
+  // copies drops references only: the program's POSIX record locks belong
+  // to its table (the kernel's lock owner is the files_struct), and epoll
+  // and flock hold on until a file's last reference goes.
+  CloseAllBut(keep);
+  UseProgramStderrThrough(pidfd);
+  tls_table = g_next_table.fetch_add(1, std::memory_order_relaxed);
+  errno = saved;
+  return true;
 }
 
 void DescriptorBudget::Configure(int64_t numerator, int64_t denominator,

@@ -604,9 +604,28 @@ void ProfilerBase::StartTicker() {
     t->arm = false;
   }
   arm_wake_pending_.store(false, std::memory_order_relaxed);
+  t->armer = std::thread([this, t] {
+    pthread_setname_np(pthread_self(), "inprof-arm");
+    MarkProfilerThread();
+    std::unique_lock<std::mutex> lock(t->mutex);
+    while (!t->stop) {
+      t->cv.wait(lock, [t] { return t->stop || t->arm; });
+      if (t->stop) break;
+      // Threads that registered in a burst wait for their arming.
+      t->arm = false;
+      lock.unlock();
+      RunContained("arming registered threads", [&] { ArmQueued(); });
+      lock.lock();
+    }
+  });
   t->thread = std::thread([this, t, period] {
     pthread_setname_np(pthread_self(), "inprof-tick");
     MarkProfilerThread();
+    // Its own descriptor table: the /proc/self/task/TID/syscall files it
+    // opens, keeps and closes never take or close a number of the
+    // program's, whatever the program does meanwhile (dup2 onto a number,
+    // close_range). DESIGN.md, "Hard rules of the host".
+    EnterPrivateDescriptorTable();
     const auto step = absl::ToChronoNanoseconds(period);
     // Intervals drawn uniformly from [0.5, 1.5] x `step`: visits at fixed
     // intervals lock onto a program's own rhythm (measured: a thread
@@ -625,16 +644,8 @@ void ProfilerBase::StartTicker() {
     size_t batch = 1;
     std::unique_lock<std::mutex> lock(t->mutex);
     while (!t->stop) {
-      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan || t->arm; });
+      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan; });
       if (t->stop) break;
-      if (t->arm) {
-        // Threads that registered in a burst wait for their arming.
-        t->arm = false;
-        lock.unlock();
-        RunContained("arming registered threads", [&] { ArmQueued(); });
-        lock.lock();
-        continue;
-      }
       if (t->replan) {
         // A thread registered while the ticker waited long: back to the
         // base period, its first visit within one.
@@ -680,6 +691,7 @@ void ProfilerBase::StopTicker() {
   }
   ticker_->cv.notify_all();
   ticker_->thread.join();
+  ticker_->armer.join();
 }
 
 // One wake-up of the ticker standing for `batch` ticks, meant for

@@ -274,11 +274,18 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
       refresh ? first : std::max(first, std::min(period_ns_, kPerfFirstPeriodFloorNs));
   // Above the numbers the program's open() takes first, before O_ASYNC
   // (the overflow signal's si_fd is the number O_ASYNC was set on).
-  const int fd = internal::MoveAboveProgramRange(OpenTaskClock(
-      thread.tid, static_cast<uint64_t>(event_first), perf_kernel_));
-  if (fd < 0) {
+  const int opened = OpenTaskClock(thread.tid, static_cast<uint64_t>(event_first),
+                                   perf_kernel_);
+  if (opened < 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "perf_event_open for thread ", thread.tid, ": ", strerror(errno)));
+  }
+  uint64_t perf_id = 0;
+  const int fd = internal::MovePerfEventAboveProgramRange(opened, &perf_id);
+  if (fd < 0) {
+    return absl::AbortedError(absl::StrCat(
+        "the perf event of thread ", thread.tid, " lost its number to the "
+        "program (dup2) before inprof moved it"));
   }
   f_owner_ex owner{F_OWNER_TID, thread.tid};
   if (fcntl(fd, F_SETFL, O_ASYNC) != 0 ||

@@ -52,10 +52,31 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
 
 void WallTimeProvider::DisarmThread(ThreadContext&, ThreadData& data) noexcept {
   data.armed = false;
-  if (data.syscall_file.valid()) {
+  if (!data.syscall_file.valid()) return;
+  if (data.syscall_file.InThisTable()) {
     data.syscall_file.Reset();  // closed only if it is still inprof's
-    kept_files_.Give();
+  } else {
+    // The ticker's (its own table): closed there, at its next visit.
+    const internal::OwnedFd::Parked parked = data.syscall_file.Park();
+    std::lock_guard<std::mutex> lock(parked_mutex_);
+    if (parked_count_ < parked_.size()) {
+      parked_[parked_count_++] = parked;
+      any_parked_.store(true, std::memory_order_release);
+    }
   }
+  kept_files_.Give();
+}
+
+void WallTimeProvider::CloseParkedFiles() noexcept {
+  if (!any_parked_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(parked_mutex_);
+  for (size_t i = 0; i < parked_count_; ++i) {
+    // Those of another table (a ticker of an earlier session, whose table
+    // went with it) are dropped too.
+    internal::OwnedFd::CloseParked(parked_[i]);
+  }
+  parked_count_ = 0;
+  any_parked_.store(false, std::memory_order_release);
 }
 
 bool WallTimeProvider::OnSignal(ThreadContext&, ThreadData& data,
@@ -107,6 +128,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
                                            bool has_episode_stack,
                                            bool has_running_sample,
                                            std::span<int64_t> values) {
+  CloseParkedFiles();
   data.steady_visit = false;
   if (!data.armed) return TickDecision::kSkip;
   // Credited up to the visit's scheduled time (TickTime); a thread armed

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "inprof/base/byte_cursor.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/internal/cfi_walk.h"
 #include "inprof/internal/dwarf_registers.h"
 #include "inprof/base/elf_notes.h"
@@ -314,106 +315,118 @@ uint64_t CfiModuleTable::FindDirectSlow(uint32_t key,
 std::shared_ptr<const CfiModuleTable> CfiModuleTable::PendingFromFile(
     uint64_t text_lo, uint64_t text_hi, std::string path,
     const std::string& open_path, const std::string& expected_build_id) {
-  auto table = std::make_shared<CfiModuleTable>(
-      text_lo, text_hi, std::vector<CfiRow>(), std::move(path));
-  table->pending_ = true;
-  if (table->text_size_ == 0) return table;
-  const int fd = open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return table;
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { close(fd); }
-  } closer{fd};
-  // Headers and notes by pread: only the segment holding .eh_frame is
-  // mapped, and only the pages lookups touch become resident.
-  auto read_at = [&](void* out, uint64_t size, uint64_t offset) {
-    return pread(fd, out, size, static_cast<off_t>(offset)) ==
-           static_cast<ssize_t>(size);
-  };
-  Elf64_Ehdr ehdr;
-  if (!read_at(&ehdr, sizeof(ehdr), 0) ||
-      std::memcmp(ehdr.e_ident, ELFMAG, SELFMAG) != 0 ||
-      ehdr.e_ident[EI_CLASS] != ELFCLASS64 || ehdr.e_ident[EI_DATA] != ELFDATA2LSB ||
-      ehdr.e_machine != EM_X86_64 || ehdr.e_phentsize != sizeof(Elf64_Phdr) ||
-      ehdr.e_phnum == 0 || ehdr.e_phnum > 256) {
-    return table;
-  }
-  std::vector<Elf64_Phdr> phdrs(ehdr.e_phnum);
-  if (!read_at(phdrs.data(), phdrs.size() * sizeof(Elf64_Phdr), ehdr.e_phoff)) {
-    return table;
-  }
-  const Elf64_Phdr* eh = nullptr;
-  std::string build_id;
-  for (const Elf64_Phdr& ph : phdrs) {
-    if (ph.p_type == PT_GNU_EH_FRAME) eh = &ph;
-    if (ph.p_type == PT_NOTE && build_id.empty() && ph.p_filesz <= 4096) {
-      std::vector<uint8_t> notes(ph.p_filesz);
-      if (read_at(notes.data(), notes.size(), ph.p_offset)) {
-        build_id = GnuBuildIdFromNotes(notes.data(), notes.size(), ph.p_align);
+  // The file is opened, read and closed in a descriptor table of inprof's
+  // own (RunWithOwnDescriptors): never on a number of the program's.
+  std::shared_ptr<const CfiModuleTable> result;
+  RunWithOwnDescriptors([&] {
+    result = [&]() -> std::shared_ptr<const CfiModuleTable> {
+      auto table = std::make_shared<CfiModuleTable>(
+          text_lo, text_hi, std::vector<CfiRow>(), std::move(path));
+      table->pending_ = true;
+      if (table->text_size_ == 0) return table;
+      const int fd = open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return table;
+      struct FdCloser {
+        int fd;
+        ~FdCloser() { close(fd); }
+      } closer{fd};
+      // Headers and notes by pread: only the segment holding .eh_frame is
+      // mapped, and only the pages lookups touch become resident.
+      auto read_at = [&](void* out, uint64_t size, uint64_t offset) {
+        return pread(fd, out, size, static_cast<off_t>(offset)) ==
+               static_cast<ssize_t>(size);
+      };
+      Elf64_Ehdr ehdr;
+      if (!read_at(&ehdr, sizeof(ehdr), 0) ||
+          std::memcmp(ehdr.e_ident, ELFMAG, SELFMAG) != 0 ||
+          ehdr.e_ident[EI_CLASS] != ELFCLASS64 || ehdr.e_ident[EI_DATA] != ELFDATA2LSB ||
+          ehdr.e_machine != EM_X86_64 || ehdr.e_phentsize != sizeof(Elf64_Phdr) ||
+          ehdr.e_phnum == 0 || ehdr.e_phnum > 256) {
+        return table;
       }
-    }
+      std::vector<Elf64_Phdr> phdrs(ehdr.e_phnum);
+      if (!read_at(phdrs.data(), phdrs.size() * sizeof(Elf64_Phdr), ehdr.e_phoff)) {
+        return table;
+      }
+      const Elf64_Phdr* eh = nullptr;
+      std::string build_id;
+      for (const Elf64_Phdr& ph : phdrs) {
+        if (ph.p_type == PT_GNU_EH_FRAME) eh = &ph;
+        if (ph.p_type == PT_NOTE && build_id.empty() && ph.p_filesz <= 4096) {
+          std::vector<uint8_t> notes(ph.p_filesz);
+          if (read_at(notes.data(), notes.size(), ph.p_offset)) {
+            build_id = GnuBuildIdFromNotes(notes.data(), notes.size(), ph.p_align);
+          }
+        }
+      }
+      if (!expected_build_id.empty() && build_id != expected_build_id) return table;
+      if (eh == nullptr) return table;
+      struct stat st;
+      if (fstat(fd, &st) != 0) return table;
+      const auto file_size = static_cast<uint64_t>(st.st_size);
+      std::unique_ptr<DirectIndex, DirectIndexDeleter> d(new DirectIndex);
+      for (const Elf64_Phdr& ph : phdrs) {
+        if (ph.p_type != PT_LOAD || eh->p_vaddr < ph.p_vaddr ||
+            eh->p_vaddr - ph.p_vaddr >= ph.p_filesz || ph.p_offset > file_size ||
+            ph.p_filesz > file_size - ph.p_offset ||
+            ph.p_vaddr - ph.p_offset != eh->p_vaddr - eh->p_offset) {
+          continue;
+        }
+        const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+        const uint64_t map_offset = ph.p_offset / page * page;
+        const uint64_t map_size = ph.p_offset + ph.p_filesz - map_offset;
+        void* mapping = mmap(nullptr, map_size, PROT_READ, MAP_PRIVATE, fd,
+                             static_cast<off_t>(map_offset));
+        if (mapping == MAP_FAILED) return table;
+        // Lookups touch a few scattered pages: no fault-around or read-ahead
+        // making the rest resident.
+        madvise(mapping, map_size, MADV_RANDOM);
+        d->mapping = mapping;
+        d->mapping_size = map_size;
+        d->segment = static_cast<const uint8_t*>(mapping) + (ph.p_offset - map_offset);
+        d->segment_vaddr = ph.p_vaddr;
+        d->segment_size = ph.p_filesz;
+        break;
+      }
+      if (d->segment == nullptr) return table;
+      // .eh_frame_hdr: version 1, the encodings of eh_frame_ptr, fde_count and
+      // the table; the table must be datarel sdata4 (what GNU ld, gold, lld
+      // and mold write) to be searched in place.
+      // Read by pread too: a module no walk meets never has a page resident.
+      d->hdr_vaddr = eh->p_vaddr;
+      uint8_t hdr[32] = {};
+      const uint64_t hdr_bytes = std::min<uint64_t>(sizeof(hdr), eh->p_filesz);
+      if (hdr_bytes < 4 || !read_at(hdr, hdr_bytes, eh->p_offset) || hdr[0] != 1 ||
+          hdr[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) {
+        return table;
+      }
+      const uint8_t* p = hdr + 4;
+      const uint8_t* const hdr_end = hdr + hdr_bytes;
+      uint64_t eh_frame_ptr = 0, count = 0;
+      if (!ReadEncoded(hdr[1], &p, hdr_end, d->hdr_vaddr + 4, true, &eh_frame_ptr) ||
+          !ReadEncoded(hdr[2], &p, hdr_end, d->hdr_vaddr + static_cast<uint64_t>(p - hdr),
+                       true, &count) ||
+          count == 0) {
+        return table;
+      }
+      const uint64_t table_vaddr = d->hdr_vaddr + static_cast<uint64_t>(p - hdr);
+      if (count > d->segment_size / 8 || d->At(table_vaddr, count * 8) == nullptr) {
+        return table;
+      }
+      d->search_table = d->At(table_vaddr, count * 8);
+      d->count = count;
+      table->direct_ = std::move(d);
+      table->cache_bits_ = 8;
+      table->cache_ = std::make_unique<std::atomic<uint64_t>[]>(size_t{1} << table->cache_bits_);
+      table->cache_mask_ = (uint32_t{1} << table->cache_bits_) - 1;
+      return table;
+    }();
+  });
+  if (result == nullptr) {  // the read threw (no memory): an empty table
+    result = std::make_shared<const CfiModuleTable>(
+        text_lo, text_hi, std::vector<CfiRow>(), std::move(path));
   }
-  if (!expected_build_id.empty() && build_id != expected_build_id) return table;
-  if (eh == nullptr) return table;
-  struct stat st;
-  if (fstat(fd, &st) != 0) return table;
-  const auto file_size = static_cast<uint64_t>(st.st_size);
-  std::unique_ptr<DirectIndex, DirectIndexDeleter> d(new DirectIndex);
-  for (const Elf64_Phdr& ph : phdrs) {
-    if (ph.p_type != PT_LOAD || eh->p_vaddr < ph.p_vaddr ||
-        eh->p_vaddr - ph.p_vaddr >= ph.p_filesz || ph.p_offset > file_size ||
-        ph.p_filesz > file_size - ph.p_offset ||
-        ph.p_vaddr - ph.p_offset != eh->p_vaddr - eh->p_offset) {
-      continue;
-    }
-    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const uint64_t map_offset = ph.p_offset / page * page;
-    const uint64_t map_size = ph.p_offset + ph.p_filesz - map_offset;
-    void* mapping = mmap(nullptr, map_size, PROT_READ, MAP_PRIVATE, fd,
-                         static_cast<off_t>(map_offset));
-    if (mapping == MAP_FAILED) return table;
-    // Lookups touch a few scattered pages: no fault-around or read-ahead
-    // making the rest resident.
-    madvise(mapping, map_size, MADV_RANDOM);
-    d->mapping = mapping;
-    d->mapping_size = map_size;
-    d->segment = static_cast<const uint8_t*>(mapping) + (ph.p_offset - map_offset);
-    d->segment_vaddr = ph.p_vaddr;
-    d->segment_size = ph.p_filesz;
-    break;
-  }
-  if (d->segment == nullptr) return table;
-  // .eh_frame_hdr: version 1, the encodings of eh_frame_ptr, fde_count and
-  // the table; the table must be datarel sdata4 (what GNU ld, gold, lld
-  // and mold write) to be searched in place.
-  // Read by pread too: a module no walk meets never has a page resident.
-  d->hdr_vaddr = eh->p_vaddr;
-  uint8_t hdr[32] = {};
-  const uint64_t hdr_bytes = std::min<uint64_t>(sizeof(hdr), eh->p_filesz);
-  if (hdr_bytes < 4 || !read_at(hdr, hdr_bytes, eh->p_offset) || hdr[0] != 1 ||
-      hdr[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) {
-    return table;
-  }
-  const uint8_t* p = hdr + 4;
-  const uint8_t* const hdr_end = hdr + hdr_bytes;
-  uint64_t eh_frame_ptr = 0, count = 0;
-  if (!ReadEncoded(hdr[1], &p, hdr_end, d->hdr_vaddr + 4, true, &eh_frame_ptr) ||
-      !ReadEncoded(hdr[2], &p, hdr_end, d->hdr_vaddr + static_cast<uint64_t>(p - hdr),
-                   true, &count) ||
-      count == 0) {
-    return table;
-  }
-  const uint64_t table_vaddr = d->hdr_vaddr + static_cast<uint64_t>(p - hdr);
-  if (count > d->segment_size / 8 || d->At(table_vaddr, count * 8) == nullptr) {
-    return table;
-  }
-  d->search_table = d->At(table_vaddr, count * 8);
-  d->count = count;
-  table->direct_ = std::move(d);
-  table->cache_bits_ = 8;
-  table->cache_ = std::make_unique<std::atomic<uint64_t>[]>(size_t{1} << table->cache_bits_);
-  table->cache_mask_ = (uint32_t{1} << table->cache_bits_) - 1;
-  return table;
+  return result;
 }
 
 }  // namespace inprof::internal

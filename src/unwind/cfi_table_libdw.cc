@@ -26,6 +26,7 @@
 #include <span>
 #include <utility>
 
+#include "inprof/base/owned_fd.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -645,14 +646,29 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
     const std::string& expected_build_id, absl::FunctionRef<bool()> progress,
     CfiPartialBuild* partial, const CfiBuildOptions& options) {
   elf_version(EV_CURRENT);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
-  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
-  if (elf == nullptr) {
+  // Opened, mapped and closed in a descriptor table of inprof's own
+  // (RunWithOwnDescriptors): libelf keeps the mapping, not the descriptor,
+  // and the build below reads only memory.
+  int open_errno = 0;
+  Elf* elf = nullptr;
+  RunWithOwnDescriptors([&] {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      open_errno = errno;
+      return;
+    }
+    elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+    if (elf != nullptr && elf_cntl(elf, ELF_C_FDREAD) != 0) {
+      elf_end(elf);
+      elf = nullptr;
+    }
     close(fd);
+  });
+  if (open_errno != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(open_errno)));
+  }
+  if (elf == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", elf_errmsg(-1)));
   }
@@ -660,7 +676,6 @@ absl::StatusOr<std::shared_ptr<const CfiModuleTable>> BuildCfiTableFromFile(
       BuildFromElf(elf, path, text_lo, text_hi, expected_build_id, progress,
                    partial, options);
   elf_end(elf);
-  close(fd);
   return table;
 }
 

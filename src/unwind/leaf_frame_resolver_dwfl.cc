@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 
+#include "inprof/base/owned_fd.h"
 #include "inprof/internal/dwarf_registers.h"
 
 namespace inprof::internal {
@@ -115,12 +116,17 @@ void LeafFrameResolver::Refresh() {
   subs_ = subs;
   slots_.clear();  // a pc may now belong to another module
   auto session = std::make_unique<Session>();
-  session->dwfl = dwfl_begin(&kCallbacks);
-  if (session->dwfl == nullptr) return;
-  dwfl_report_begin(session->dwfl);
-  const int rc = dwfl_linux_proc_report(session->dwfl, getpid());
-  dwfl_report_end(session->dwfl, nullptr, nullptr);
-  if (rc != 0) return;  // no /proc: resolve nothing, insert nothing
+  // /proc/PID/maps and auxv are read in a descriptor table of inprof's own
+  // (RunWithOwnDescriptors): never on a number of the program's.
+  int rc = -1;
+  RunWithOwnDescriptors([&] {
+    session->dwfl = dwfl_begin(&kCallbacks);
+    if (session->dwfl == nullptr) return;
+    dwfl_report_begin(session->dwfl);
+    rc = dwfl_linux_proc_report(session->dwfl, getpid());
+    dwfl_report_end(session->dwfl, nullptr, nullptr);
+  });
+  if (session->dwfl == nullptr || rc != 0) return;  // no /proc: insert nothing
   session_ = std::move(session);
 }
 
@@ -134,6 +140,9 @@ int LeafFrameResolver::ReturnAddressSlot(uint64_t pc) {
   auto it = slots_.find(pc);
   if (it != slots_.end()) return it->second;
   int slot = -1;
+  // The module's file is opened (FindElfWithoutDescriptor) at its first
+  // lookup: in inprof's own descriptor table.
+  RunWithOwnDescriptors([&] {
   if (Dwfl_Module* module = dwfl_addrmodule(session_->dwfl, pc)) {
     Dwarf_Addr bias = 0;
     Dwarf_CFI* cfi = dwfl_module_eh_cfi(module, &bias);
@@ -154,6 +163,7 @@ int LeafFrameResolver::ReturnAddressSlot(uint64_t pc) {
       free(frame);
     }
   }
+  });
   slots_.emplace(pc, static_cast<int8_t>(slot));
   return slot;
 }

@@ -25,7 +25,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <iterator>
 #include <climits>
 #include <chrono>
 #include <cstdio>
@@ -211,6 +214,97 @@ TEST(SafetyDescriptorsTest, ALinkedInProgramThatClosesInheritedDescriptorsKeepsI
         return 0;
       },
       /*timeout_s=*/30);
+  EXPECT_EQ(rc, 0);
+}
+
+// A program that dup2()s a file of its own onto a number it closed a moment
+// before (3, the lowest free) and writes through it, in a loop, while
+// registered threads come and go: the wall sampler opens each new blocked
+// thread's /proc/self/task/TID/syscall file. Every dup2 and every write must
+// succeed and land in the program's file: no open of inprof's may hold that
+// number (dup2 answers EBUSY while another thread's open has it in flight)
+// and no close of inprof's may take it. Deterministic: with the timer engine
+// and frame-pointer walks, the sampler's files are the only ones inprof
+// opens while the loop runs, and its own descriptor table keeps them away
+// from the program's numbers (before that table: thousands of failed dup2
+// calls and writes a run, measured: docs/safety.md).
+TEST(SafetyDescriptorsTest, AProgramDupingOntoAFreedNumberBesideThreadChurnKeepsEveryWrite) {
+  if (safety::kTsan) GTEST_SKIP() << kTsanClosesUnderThreads;
+  const std::string dir = FreshDir("dup2");
+  const int rc = safety::RunInChild(
+      [&dir]() -> int {
+        using ChurnProfiler =
+            Profiler<FramePointerUnwinder, DefaultSampleRing, CpuTimeProvider,
+                     WallTimeProvider>;
+        Options options;
+        options.cpu_engine = CpuEngine::kTimer;
+        options.cpu_period = absl::Milliseconds(1);
+        options.wall_period = absl::Milliseconds(1);
+        options.output = dir + "/p.pb.gz";
+        options.symbolize = false;
+        const std::string path = dir + "/out";
+        const int opened = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+        const int out = fcntl(opened, F_DUPFD_CLOEXEC, 100);
+        close(opened);
+        if (out < 0) return 2;
+        close(3);  // the number the loop takes and frees
+        ChurnProfiler profiler(options);
+        if (!profiler.Start().ok()) return 2;
+        std::atomic<bool> stop{false};
+        std::atomic<int> batches{0};
+        // New registered threads, each blocked a few milliseconds (the
+        // sampler looks at it through its .../syscall file).
+        std::thread churn([&] {
+          int n = 0;
+          for (;; batches.fetch_add(1)) {
+            if (stop.load()) break;
+            std::vector<std::thread> batch;
+            for (int i = 0; i < 8; ++i) {
+              batch.emplace_back([&profiler, n, i] {
+                auto registration = profiler.RegisterThread(absl::StrCat("churn-", n, "-", i));
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+              });
+            }
+            for (std::thread& t : batch) t.join();
+            ++n;
+          }
+        });
+        // The first batches pass before the loop starts: what glibc and the
+        // test's own code open once per process (the CPU count, for malloc's
+        // arenas) is not inprof's.
+        while (batches.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        int64_t ok = 0, busy = 0, dup_failed = 0, write_failed = 0;
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        while (std::chrono::steady_clock::now() < end) {
+          if (dup2(out, 3) != 3) {
+            ++(errno == EBUSY ? busy : dup_failed);
+            continue;
+          }
+          if (write(3, "x\n", 2) == 2) {
+            ++ok;
+          } else {
+            ++write_failed;
+          }
+          close(3);
+        }
+        stop.store(true);
+        churn.join();
+        if (!profiler.Stop().ok()) return 4;
+        const int64_t lines = static_cast<int64_t>(
+            std::count(std::istreambuf_iterator<char>(*std::make_unique<std::ifstream>(path)),
+                       std::istreambuf_iterator<char>(), '\n'));
+        if (ok == 0 || busy != 0 || dup_failed != 0 || write_failed != 0 || lines != ok) {
+          std::fprintf(stderr,
+                       "writes: %lld ok, %lld lines in the file; dup2: %lld EBUSY, "
+                       "%lld other failures; writes failed: %lld\n",
+                       static_cast<long long>(ok), static_cast<long long>(lines),
+                       static_cast<long long>(busy), static_cast<long long>(dup_failed),
+                       static_cast<long long>(write_failed));
+          return 3;
+        }
+        return 0;
+      },
+      /*timeout_s=*/60);
   EXPECT_EQ(rc, 0);
 }
 

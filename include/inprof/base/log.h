@@ -33,7 +33,14 @@ void SetLogSinkForTesting(LogSink sink);
 // The same for a host that filters inprof's lines (the preload library).
 inline void SetLogSink(LogSink sink) { SetLogSinkForTesting(sink); }
 // Writes `line` to stderr with one write(2) (what Log does without a sink).
+// On a thread with a descriptor table of its own
+// (EnterPrivateDescriptorTable, owned_fd.h), the program's stderr as it is
+// now, fetched through `pidfd` for the one write.
 void WriteLineToStderr(absl::string_view line);
+// The calling thread's table is private: its stderr lines go to the
+// program's descriptor 2, fetched through `pidfd` (a pidfd of this process;
+// -1: the thread kept a copy of descriptor 2 instead). Linux.
+void UseProgramStderrThrough(int pidfd) noexcept;
 
 }  // namespace inprof::internal
 

@@ -33,6 +33,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -76,12 +77,57 @@ uint64_t ForeignDescriptors() noexcept;
 // cannot be moved (no number free there), close-on-exec; -1 stays -1.
 int MoveAboveProgramRange(int fd) noexcept;
 
+// A perf event `fd` just opened, moved like MoveAboveProgramRange, but only
+// while the number still is a perf event (PERF_EVENT_IOC_ID, an ioctl only
+// perf answers, asked of no device), and the same one throughout: a program
+// that put a file of its own on that number (dup2) keeps it untouched, and
+// -1 (EBADF) is returned, counted as taken. Its id in `*id`. The one kind
+// of descriptor inprof must open in the program's table (the kernel routes
+// an overflow through it, and the handler re-arms it); between the last
+// check and the close of the low number lie nanoseconds.
+int MovePerfEventAboveProgramRange(int fd, uint64_t* id) noexcept;
+
 // Descriptors this process may still open under its RLIMIT_NOFILE soft
 // limit (counted in /proc/self/fd; an unlimited one counts as 2^20), or -1
 // when that cannot be told. Not for handlers.
 int64_t FreeFileDescriptors() noexcept;
 
+// Descriptor tables. The program's threads share one; a thread of
+// inprof's that opens files only for itself (the wall ticker reading
+// /proc/self/task/TID/syscall) takes a table of its own
+// (EnterPrivateDescriptorTable): what it opens and closes there can never be
+// a number of the program's, at any moment, whatever the program does with
+// its own table (dup2 onto a number, close_range). The private table starts
+// empty of the program's descriptors (a copy would keep the program's files
+// open: a pipe's reader would wait for an end that never comes), and lines
+// such a thread logs go to the program's stderr as it is at that moment
+// (pidfd_getfd, Linux 5.6). Dies with the thread.
+
+// Which table the calling thread uses: 0 for the program's, another number
+// for each private table.
+uint32_t CurrentDescriptorTable() noexcept;
+
+// Gives the calling thread a table of its own, with none of the program's
+// descriptors in it. False (the thread keeps the program's table, with
+// today's checks) where the kernel or a seccomp filter refuses unshare
+// (CLONE_FILES) or pidfds; says which once. Not for handlers.
+bool EnterPrivateDescriptorTable() noexcept;
+
+// Runs `fn` where the files it opens and closes are in a table of inprof's
+// own: inline on a thread that has one, otherwise on inprof's file thread
+// ("inprof-files", started at the first call, one per process), the caller
+// waiting. For work that keeps no descriptor once it returns (a module's
+// CFI read, the leaf resolver's module list): a number it opened means
+// nothing to another thread. Exceptions `fn` throws are contained there
+// (base/contained.h): the call returns false. Without private tables
+// (EnterPrivateDescriptorTable refused, ThreadSanitizer) `fn` runs inline.
+// Not for handlers.
+bool RunWithOwnDescriptors(const std::function<void()>& fn);
+
 // A descriptor inprof opened and keeps, with its identity. Move-only.
+// Usable (Verified) and closed (Reset) only on a thread of the table it was
+// opened in; elsewhere it is only forgotten (Park hands it to that table's
+// thread).
 class OwnedFd {
  public:
   OwnedFd() = default;
@@ -89,13 +135,14 @@ class OwnedFd {
   static OwnedFd Adopt(int fd) noexcept;
   ~OwnedFd() { Reset(); }
   OwnedFd(OwnedFd&& other) noexcept
-      : fd_(other.fd_), identity_(other.identity_) {
+      : fd_(other.fd_), table_(other.table_), identity_(other.identity_) {
     other.fd_ = -1;
   }
   OwnedFd& operator=(OwnedFd&& other) noexcept {
     if (this != &other) {
       Reset();
       fd_ = other.fd_;
+      table_ = other.table_;
       identity_ = other.identity_;
       other.fd_ = -1;
     }
@@ -110,11 +157,35 @@ class OwnedFd {
   // The number if it still refers to what inprof opened; otherwise -1, and
   // the descriptor is forgotten without being closed (counted).
   int Verified() noexcept;
-  // Closes it if it is still inprof's, and forgets it either way.
+  // Closes it if it is still inprof's, and forgets it either way. On a
+  // thread of another table it is only forgotten: that table's thread
+  // closes it (Park), or its table went with its thread.
   void Reset() noexcept;
+  // Whether it was opened in the calling thread's table.
+  bool InThisTable() const noexcept {
+    return table_ == CurrentDescriptorTable();
+  }
+
+  // What a descriptor was, to be closed later by a thread of its table.
+  struct Parked {
+    int fd = -1;
+    uint32_t table = 0;
+    FdIdentity identity;
+  };
+  // Forgets it, returning what it was.
+  Parked Park() noexcept {
+    Parked parked{fd_, table_, identity_};
+    fd_ = -1;
+    return parked;
+  }
+  // Closes a parked descriptor if the calling thread uses its table and it
+  // is still inprof's. Returns whether it was of this table (closed or
+  // found taken); one of another table is left alone.
+  static bool CloseParked(const Parked& parked) noexcept;
 
  private:
   int fd_ = -1;
+  uint32_t table_ = 0;
   FdIdentity identity_;
 };
 

@@ -427,6 +427,10 @@ class ProfilerBase : public ProfilerCommon {
     bool replan = false;  // WakeQuietTicker
     bool arm = false;     // WakeTickerToArm
     std::thread thread;
+    // Arms the threads queued in a burst (ArmQueued) on the program's
+    // descriptor table, where the signal handler finds each perf event:
+    // the ticker thread has a table of its own (its /proc files).
+    std::thread armer;
   };
   std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();
   LeafFrameResolver leaf_resolver_;  // registry lock
