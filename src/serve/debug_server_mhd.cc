@@ -6,10 +6,19 @@
 // request target from MHD's URI callback (the path with its query).
 //
 // Threads: MHD's listening thread, one thread per connection (at most
-// DebugServer::kMaxConnections) and "inprof-http-watch", which cuts
-// requests that do not arrive in time, all started with every signal
-// blocked so that none of them is ever interrupted by the profiler's
-// signals.
+// DebugServer::kMaxConnections, and a few more for a moment) and
+// "inprof-http-watch", which cuts requests that do not arrive in time, all
+// started with every signal blocked so that none of them is ever
+// interrupted by the profiler's signals.
+//
+// A full server makes room rather than refusing: MHD's own limits refuse
+// a new connection by closing it, and its per-address limit cannot tell
+// local clients apart (all 127.0.0.1), so four trickling connections from
+// one local client locked every other local client out. Instead, a
+// connection beyond kMaxConnections closes the oldest connection that is
+// not being answered (its request still arriving, or kept alive between
+// requests), from the address holding the most connections: a client that
+// sends its request at once is answered, a slow one loses its slot.
 //
 // The watch closes a late connection with shutdown(2) on MHD's socket,
 // under the lock that MHD's MHD_CONNECTION_NOTIFY_CLOSED callback takes to
@@ -142,9 +151,58 @@ struct DebugServer::Watch {
   // Answers under way: from the access handler to the request's completion.
   std::atomic<int> answering{0};
   std::atomic<uint64_t> cut{0};
+  std::atomic<uint64_t> evicted{0};
   std::atomic<uint64_t> hosts_refused{0};
   std::atomic<bool> logged_cut{false};
+  std::atomic<bool> logged_evicted{false};
   std::atomic<bool> logged_host{false};
+
+  // Closes `c` (mu held): MHD's thread sees the end and closes it. A
+  // number the program closed (and may have reused) is left alone: false.
+  static bool CutLocked(Connection& c) {
+    c.cut = true;
+    if (c.fd < 0 || !IsStillOurs(c.fd, c.identity)) return false;
+    shutdown(c.fd, SHUT_RDWR);
+    return true;
+  }
+
+  // `newcomer` just opened: beyond kMaxConnections, closes the oldest
+  // connection not being answered, from the address with the most
+  // connections; when every other one is answering, the newcomer (mu held).
+  void MakeRoomLocked(const void* newcomer) {
+    std::map<std::string, int> per_peer;
+    unsigned open = 0;
+    for (const auto& [conn, c] : connections) {
+      if (c.cut) continue;  // closing already
+      ++open;
+      ++per_peer[c.peer];
+    }
+    if (open <= kMaxConnections) return;
+    Connection* victim = nullptr;
+    for (auto& [conn, c] : connections) {
+      if (conn == newcomer || c.cut || c.answering || c.fd < 0) continue;
+      if (victim == nullptr || per_peer[c.peer] > per_peer[victim->peer] ||
+          (per_peer[c.peer] == per_peer[victim->peer] && c.since < victim->since)) {
+        victim = &c;
+      }
+    }
+    const bool newest = victim == nullptr;
+    if (newest) victim = &connections[newcomer];
+    const absl::Duration waited = absl::Now() - victim->since;
+    if (!CutLocked(*victim)) return;
+    evicted.fetch_add(1);
+    if (!logged_evicted.exchange(true)) {
+      Log(newest ? absl::StrCat("live endpoint: closed a new connection from ", victim->peer,
+                                ": all ", kMaxConnections,
+                                " connections are being answered (further ones are not "
+                                "logged)")
+                 : absl::StrCat("live endpoint: closed a connection from ", victim->peer,
+                                " whose request had not arrived in ",
+                                absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))),
+                                ", to make room for a new one (", kMaxConnections,
+                                " connections at most; further ones are not logged)"));
+    }
+  }
 
   // Shuts down the connections whose request is late (mu held).
   absl::Duration CutLateLocked(absl::Time now) {
@@ -156,9 +214,7 @@ struct DebugServer::Watch {
         next = std::min(next, deadline - waited);
         continue;
       }
-      c.cut = true;
-      // A number the program closed (and may have reused) is left alone.
-      if (!IsStillOurs(c.fd, c.identity)) continue;
+      if (!CutLocked(c)) continue;
       cut.fetch_add(1);
       if (!logged_cut.exchange(true)) {
         Log(absl::StrCat("live endpoint: closed a connection from ", c.peer,
@@ -166,7 +222,6 @@ struct DebugServer::Watch {
                          absl::FormatDuration(deadline),
                          " (further ones are not logged)"));
       }
-      shutdown(c.fd, SHUT_RDWR);  // MHD's thread sees the end and closes it
     }
     return next;
   }
@@ -213,6 +268,7 @@ void NotifyConnection(void* cls, struct MHD_Connection* connection, void**,
   // Without its descriptor it is not cut (the idle timeout still applies).
   c.since = absl::Now();
   watch->connections[connection] = std::move(c);
+  watch->MakeRoomLocked(connection);
   watch->cv.notify_all();
 }
 
@@ -253,7 +309,11 @@ enum MHD_Result Queue(struct MHD_Connection* connection, const DebugResponse& r)
   if (response == nullptr) return MHD_NO;
   mhd.MHD_add_response_header(response, "Content-Type", r.content_type.c_str());
   mhd.MHD_add_response_header(response, "Cache-Control", "no-store");
+  // Every answer, errors too: an error's text may quote the request, and
+  // a browser must not take it for HTML.
+  mhd.MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
   for (const auto& [name, value] : r.headers) {
+    if (name == "X-Content-Type-Options") continue;  // said above
     mhd.MHD_add_response_header(response, name.c_str(), value.c_str());
   }
   const enum MHD_Result queued = mhd.MHD_queue_response(
@@ -363,8 +423,8 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
   struct MHD_Daemon* daemon = mhd.MHD_start_daemon(
       flags, static_cast<uint16_t>(address.port), nullptr, nullptr, &Answer,
       watch, MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT,
-      kMaxConnections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-      kMaxConnectionsPerAddress, MHD_OPTION_CONNECTION_TIMEOUT,
+      kMaxConnections + kSpareConnections, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      kConnectionMemory, MHD_OPTION_CONNECTION_TIMEOUT,
       static_cast<unsigned>(absl::ToInt64Seconds(kIdleTimeout)),
       MHD_OPTION_NOTIFY_CONNECTION, &NotifyConnection, watch,
       MHD_OPTION_URI_LOG_CALLBACK, &KeepTarget, watch,
@@ -460,6 +520,9 @@ void DebugServer::StopWatch() {
 }
 
 uint64_t DebugServer::requests_cut() const { return watch_->cut.load(); }
+uint64_t DebugServer::connections_evicted() const {
+  return watch_->evicted.load();
+}
 uint64_t DebugServer::hosts_refused() const {
   return watch_->hosts_refused.load();
 }

@@ -25,5 +25,6 @@ void DebugServer::Stop() {}
 void DebugServer::Abandon() {}
 uint64_t DebugServer::requests_cut() const { return 0; }
 uint64_t DebugServer::hosts_refused() const { return 0; }
+uint64_t DebugServer::connections_evicted() const { return 0; }
 
 }  // namespace inprof::internal

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -482,25 +483,203 @@ TEST(DebugServerTest, ARequestThatDoesNotArriveInTimeIsCut) {
   EXPECT_EQ(testing::HttpFetch(bare.address(), "GET", "/debug/pprof/").status, 200);
 }
 
-TEST(DebugServerTest, OneAddressGetsAtMostItsShareOfTheConnections) {
+// Full of connections whose request has not arrived: a new one closes the
+// oldest from the address that holds the most, and is answered.
+TEST(DebugServerTest, AFullServerClosesTheOldestWaitingConnectionOfTheGreediestAddress) {
+  std::vector<std::string> lines;
+  KeepLinesIn(&lines);
   BareServer bare;
-  std::vector<int> held;
-  for (unsigned i = 0; i < internal::DebugServer::kMaxConnectionsPerAddress; ++i) {
-    held.push_back(ConnectFrom(bare.address(), "127.0.0.1", absl::Milliseconds(300)));
-    ASSERT_GE(held.back(), 0);
+  const unsigned most = internal::DebugServer::kMaxConnections;
+  // 4 from 127.0.0.3 first (the oldest), then the rest from 127.0.0.2.
+  std::vector<int> few;
+  std::vector<int> many;
+  for (unsigned i = 0; i < most; ++i) {
+    const bool early = i < 4;
+    // A held one's read times out soon: one closed to make room was closed
+    // before the request that made it was answered.
+    (early ? few : many).push_back(ConnectFrom(
+        bare.address(), early ? "127.0.0.3" : "127.0.0.2", absl::Milliseconds(50)));
+    ASSERT_GE((early ? few : many).back(), 0);
   }
-  // Held open (no request yet): each read times out.
-  for (int fd : held) EXPECT_FALSE(ClosedByServer(fd));
-  const int one_more = ConnectFrom(bare.address(), "127.0.0.1", absl::Seconds(5));
-  ASSERT_GE(one_more, 0);
-  EXPECT_TRUE(ClosedByServer(one_more));  // over the address's share
-  close(one_more);
-  // Another client address is still served.
-  const int other = ConnectFrom(bare.address(), "127.0.0.2", absl::Milliseconds(300));
-  ASSERT_GE(other, 0);
-  EXPECT_FALSE(ClosedByServer(other));
-  close(other);
-  for (int fd : held) close(fd);
+  testing::HttpReply r = testing::HttpFetch(bare.address(), "GET", "/debug/pprof/");
+  StopKeepingLines();
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.status, 200);
+  // 127.0.0.2's oldest made room; 127.0.0.3's, older, are still held.
+  EXPECT_TRUE(ClosedByServer(many.front()));
+  for (size_t i = 1; i < many.size(); ++i) EXPECT_FALSE(ClosedByServer(many[i])) << i;
+  for (int fd : few) EXPECT_FALSE(ClosedByServer(fd));
+  EXPECT_EQ(bare.server().connections_evicted(), 1u);
+  EXPECT_EQ(bare.server().requests_cut(), 0u);
+  EXPECT_THAT(lines, Contains(AllOf(HasSubstr("closed a connection from 127.0.0.2"),
+                                    HasSubstr("to make room for a new one (16 connections"))));
+  for (int fd : few) close(fd);
+  for (int fd : many) close(fd);
+}
+
+// A greedy local client: `count` connections from 127.0.0.1, each sending
+// a request's first bytes and then one more byte every 100 ms, never
+// finishing it; one the server closes is
+// opened again on the next round, as a client that wants its slots back.
+class Tricklers {
+ public:
+  Tricklers(const std::string& address, int count) : address_(address) {
+    for (int i = 0; i < count; ++i) fds_.push_back(Open());
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
+        for (int& fd : fds_) {
+          const char byte = 'x';
+          if (fd >= 0 && send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) {
+            pollfd p{fd, POLLIN, 0};
+            if (poll(&p, 1, 0) == 0) continue;  // still held
+          }
+          if (fd >= 0) close(fd);
+          fd = Open();
+          ++reopened_;
+        }
+      }
+    });
+  }
+  ~Tricklers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    for (int fd : fds_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  // Connections the server closed (and the client opened again).
+  int reopened() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reopened_;
+  }
+
+ private:
+  int Open() {
+    const int fd = ConnectFrom(address_, "127.0.0.1", absl::Seconds(1));
+    const std::string start = "GET /debug/pprof/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    if (fd >= 0) send(fd, start.data(), start.size(), MSG_NOSIGNAL);
+    return fd;
+  }
+  const std::string address_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<int> fds_;
+  int reopened_ = 0;
+  std::thread thread_;
+};
+
+// Before: libmicrohttpd's limit of 4 connections per client address let 4
+// trickling connections from 127.0.0.1 lock every other local client out
+// (each was closed at once) until the 10 s request deadline cut them, and
+// the greedy client took them back within 100 ms.
+TEST(DebugServerTest, TricklingClientsDoNotLockOutOtherLocalClients) {
+  for (int count : {4, static_cast<int>(internal::DebugServer::kMaxConnections)}) {
+    SCOPED_TRACE(absl::StrCat(count, " tricklers"));
+    std::vector<std::string> lines;
+    KeepLinesIn(&lines);
+    BareServer bare;
+    const std::string address = bare.address();
+    ASSERT_NE(address, "");
+    int answered = 0;
+    int nosniff = 0;
+    absl::Duration took;
+    int reopened = 0;
+    {
+      Tricklers tricklers(address, count);
+      // The server has taken them in (a round of bytes went out).
+      absl::SleepFor(absl::Milliseconds(300));
+      const absl::Time begin = absl::Now();
+      for (int i = 0; i < 56; ++i) {
+        testing::HttpReply r = testing::HttpFetch(address, "GET", "/debug/pprof/");
+        answered += r.status == 200;
+        nosniff += r.header("X-Content-Type-Options") == "nosniff";
+      }
+      took = absl::Now() - begin;
+      reopened = tricklers.reopened();
+    }
+    StopKeepingLines();
+    std::printf("%d tricklers: %d of 56 requests answered in %s; %d trickling "
+                "connections closed to make room (%llu counted), %llu cut late\n",
+                count, answered, absl::FormatDuration(took).c_str(), reopened,
+                static_cast<unsigned long long>(bare.server().connections_evicted()),
+                static_cast<unsigned long long>(bare.server().requests_cut()));
+    EXPECT_EQ(answered, 56);
+    EXPECT_EQ(nosniff, 56);
+    // Each request was let in at once, never by the deadline cutting a
+    // trickler: none was cut (a request waiting for that would have
+    // taken 10 s).
+    EXPECT_EQ(bare.server().requests_cut(), 0u);
+    if (count < static_cast<int>(internal::DebugServer::kMaxConnections)) {
+      // Room for all: nothing closed.
+      EXPECT_EQ(bare.server().connections_evicted(), 0u);
+    } else {
+      // Full: a request closed the oldest trickler (counted, one line).
+      EXPECT_GT(bare.server().connections_evicted(), 0u);
+      EXPECT_THAT(lines, Contains(AllOf(HasSubstr("closed a connection from 127.0.0.1"),
+                                        HasSubstr("to make room"))));
+    }
+  }
+}
+
+// Before: 500 short parameters (2 KiB) overflowed libmicrohttpd's 32 KiB
+// per connection (each parameter is a ~50-byte record there), and the
+// request was answered by closing the connection.
+TEST(DebugServerTest, AQueryOfManyParametersGetsAnAnswer) {
+  BareServer bare;
+  const std::string address = bare.address();
+  ASSERT_NE(address, "");
+  std::string many = "/debug/pprof/?";
+  for (int i = 0; i < 500; ++i) absl::StrAppend(&many, "p=1&");
+  testing::HttpReply served = testing::HttpFetch(address, "GET", many);
+  EXPECT_EQ(served.error, "");
+  EXPECT_EQ(served.status, 200);
+  // The most the endpoint reads: a target of kMaxTargetLength bytes, all
+  // one-letter parameters.
+  std::string most = "/debug/pprof/?";
+  while (most.size() + 2 <= DebugEndpoint::kMaxTargetLength) most += "a&";
+  testing::HttpReply longest = testing::HttpFetch(address, "GET", most);
+  EXPECT_EQ(longest.error, "");
+  EXPECT_EQ(longest.status, 200);
+  // One byte more: 414 naming the limit, in one line.
+  std::string over = "/debug/pprof/?";
+  while (over.size() + 2 <= DebugEndpoint::kMaxTargetLength + 1) over += "&a";
+  while (over.size() < DebugEndpoint::kMaxTargetLength + 1) over += "a";
+  testing::HttpReply refused = testing::HttpFetch(address, "GET", over);
+  EXPECT_EQ(refused.error, "");
+  EXPECT_EQ(refused.status, 414);
+  EXPECT_EQ(refused.body, absl::StrCat("request target longer than ",
+                                       DebugEndpoint::kMaxTargetLength, " bytes\n"));
+}
+
+// Before: only the pprof downloads said nosniff; an error's text (which
+// may echo the request) could be sniffed as HTML by a browser.
+TEST(DebugServerTest, EveryAnswerSaysNosniff) {
+  BareServer bare;
+  const std::string address = bare.address();
+  ASSERT_NE(address, "");
+  const std::string port = address.substr(address.rfind(':') + 1);
+  const std::vector<std::pair<int, testing::HttpReply>> replies = {
+      {200, testing::HttpFetch(address, "GET", "/debug/pprof/")},
+      {400, testing::HttpFetch(address, "GET", "/debug/pprof/profile?seconds=<b>")},
+      {404, testing::HttpFetch(address, "GET", "/<script>")},
+      {405, testing::HttpFetch(address, "DELETE", "/debug/pprof/")},
+      {403, testing::HttpFetch(address, "GET", "/debug/pprof/",
+                               ("evil.example:" + port).c_str())},
+      {414, testing::HttpFetch(address, "GET",
+                               "/" + std::string(DebugEndpoint::kMaxTargetLength, 'x'))},
+  };
+  for (const auto& [status, r] : replies) {
+    SCOPED_TRACE(status);
+    EXPECT_EQ(r.error, "");
+    EXPECT_EQ(r.status, status);
+    EXPECT_EQ(r.header("X-Content-Type-Options"), "nosniff");
+  }
 }
 
 bool MapsMention(absl::string_view what) {

@@ -139,18 +139,31 @@ class DebugEndpoint {
   std::atomic<uint64_t> refused_{0};
 };
 
-// The HTTP side: libmicrohttpd, a thread per connection (at most
-// kMaxConnections, kMaxConnectionsPerAddress from one client address), all
-// signals blocked on its threads. A connection idle for kIdleTimeout is
-// closed, and so is one whose request has not fully arrived
+// The HTTP side: libmicrohttpd, a thread per connection, all signals
+// blocked on its threads. At most kMaxConnections: one more closes the
+// oldest connection not being answered (its request still arriving, or
+// kept alive between requests) from the address with the most connections,
+// so that slow or greedy clients, local ones included (all 127.0.0.1),
+// never lock out one that sends its request at once; only when every
+// connection is being answered is the new one closed. A connection idle for
+// kIdleTimeout is closed, and so is one whose request has not fully arrived
 // kRequestDeadline after the connection opened or its previous answer went
 // out (a client that sends a byte now and then is never idle). A request
 // whose Host header fails HostHeaderAllowed gets 403, and one line is
-// logged.
+// logged. Every answer carries X-Content-Type-Options: nosniff.
 class DebugServer {
  public:
   static constexpr unsigned kMaxConnections = 16;
-  static constexpr unsigned kMaxConnectionsPerAddress = 4;
+  // Above kMaxConnections, what libmicrohttpd accepts before it refuses
+  // (closes) a connection itself: room for those arriving while the ones
+  // closed to make room are still closing.
+  static constexpr unsigned kSpareConnections = 8;
+  // What libmicrohttpd may use per connection for the request (its default
+  // is 32 KiB): it keeps each query parameter in a record of ~50 bytes, so
+  // 500 short ones (2 KiB) overflowed it and it closed the connection; with
+  // this much, DebugEndpoint::kMaxTargetLength of one-letter parameters is
+  // read and answered.
+  static constexpr size_t kConnectionMemory = 256 * 1024;
   static constexpr absl::Duration kIdleTimeout = absl::Seconds(10);
   static constexpr absl::Duration kRequestDeadline = absl::Seconds(10);
   // How long Stop() lets answers under way (a capture cut short, a page
@@ -185,9 +198,12 @@ class DebugServer {
   void Stop();
 
   // Connections closed because their request did not arrive within the
-  // deadline, and requests refused for their Host header.
+  // deadline, requests refused for their Host header, and connections
+  // closed because the server was full (the oldest waiting one, or a new
+  // one when all were being answered).
   uint64_t requests_cut() const;
   uint64_t hosts_refused() const;
+  uint64_t connections_evicted() const;
 
   // The connections and their deadlines, the answers under way, and the
   // thread that cuts late requests (debug_server_mhd.cc; public only for
