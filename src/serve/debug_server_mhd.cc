@@ -157,14 +157,16 @@ struct DebugServer::Watch {
   std::atomic<bool> logged_evicted{false};
   std::atomic<bool> logged_host{false};
 
-  // Closes `c` (mu held): MHD's thread sees the end and closes it. A
-  // number the program closed (and may have reused) is left alone: false.
+  // Marks `c` closed (mu held); whether its descriptor is still its own
+  // to shut down: a number the program closed (and may have reused) is
+  // left alone. The caller counts and logs first, then calls Shut(): a
+  // client that sees the end finds it counted.
   static bool CutLocked(Connection& c) {
     c.cut = true;
-    if (c.fd < 0 || !IsStillOurs(c.fd, c.identity)) return false;
-    shutdown(c.fd, SHUT_RDWR);
-    return true;
+    return c.fd >= 0 && IsStillOurs(c.fd, c.identity);
   }
+  // MHD's thread sees the end and closes the connection.
+  static void Shut(const Connection& c) { shutdown(c.fd, SHUT_RDWR); }
 
   // `newcomer` just opened: beyond kMaxConnections, closes the oldest
   // connection not being answered, from the address with the most
@@ -202,6 +204,7 @@ struct DebugServer::Watch {
                                 ", to make room for a new one (", kMaxConnections,
                                 " connections at most; further ones are not logged)"));
     }
+    Shut(*victim);
   }
 
   // Shuts down the connections whose request is late (mu held).
@@ -222,6 +225,7 @@ struct DebugServer::Watch {
                          absl::FormatDuration(deadline),
                          " (further ones are not logged)"));
       }
+      Shut(c);
     }
     return next;
   }
