@@ -34,12 +34,27 @@ namespace {
 std::atomic<int> g_link_socket{-1};
 FdIdentity g_link_socket_identity;  // written before g_link_socket
 std::atomic<uint64_t> g_fork_generation{0};
+// The process the globals above describe. A forked child's atfork handlers
+// run in the order they were registered, and `inprof run`'s preload (whose
+// handler starts the child's own profiler, which connects) registers first:
+// a handler that closed "the link" unconditionally closed the child's new
+// one. So the inherited link is dropped by whichever comes first -- this
+// handler or the child's Connect() -- and only once, when the pid changed.
+std::atomic<pid_t> g_link_process{0};
 
-void CloseLinkInChild() {
+// In a process whose links so far were made by another (its parent):
+// closes the inherited socket and makes the parent's AgentLink objects
+// unusable here. Once per process; a no-op in the process that made them.
+void DropInheritedLink() {
+  const pid_t self = getpid();
+  if (g_link_process.load() == self) return;
   const int fd = g_link_socket.exchange(-1);
   if (fd >= 0) CloseIfOurs(fd, g_link_socket_identity);
   g_fork_generation.fetch_add(1);
+  g_link_process.store(self);
 }
+
+void CloseLinkInChild() { DropInheritedLink(); }
 
 void InstallForkHandler() {
   static const bool installed = [] {
@@ -164,6 +179,11 @@ absl::StatusOr<std::unique_ptr<AgentLink>> AgentLink::Connect(
   }
   hello.max_threads = 1;  // one forwarding ring (agent_stream.h)
   hello.ring_bytes = kAgentLinkRingBytes;
+  // Before anything of this link exists: a forked child whose atfork
+  // handler for the parent's link has not run yet (it runs after the
+  // preload's, which got here) drops the inherited one now, and the handler
+  // then finds nothing of the parent's left to close.
+  DropInheritedLink();
   absl::StatusOr<AgentConnection> connection =
       ConnectToAgent(*address, hello, timeout_ms);
   if (!connection.ok()) return connection.status();

@@ -593,6 +593,13 @@ int RunMain(int argc, char** argv) {
       if (!s.quiet) {
         std::string note;
         if (p.profiles > 1) absl::StrAppend(&note, "; ", p.profiles, " windows");
+        // An empty profile is not a profile of the process's work: said, so
+        // that nobody reads its emptiness as an idle process.
+        if (p.samples == 0) {
+          absl::StrAppend(&note, "; it holds no samples: the process ran too briefly "
+                                 "to be sampled, or forwarded nothing to the agent",
+                          p.error.empty() ? "" : absl::StrCat(" (", p.error, ")"));
+        }
         if (auto it = replaced.find(path); it != replaced.end()) {
           absl::StrAppend(&note, "; it replaced the profile of pid ",
                           absl::StrJoin(it->second, ", pid "));

@@ -16,6 +16,8 @@
 //   run_target term-child       a forked child that waits is sent SIGTERM;
 //                               exits 0 when the child died of it
 //   run_target children         a forked child and a fork+exec'd child
+//   run_target prefork N        a pre-fork server: N children forked at
+//                               once, each spins 200 ms and exits 0
 //   run_target exec-self N      spins 20 ms and exec()s itself N times
 //   run_target sigprof          installs its own SIGPROF handler midway
 //   run_target churn N ROUNDS DIR   short threads, N at a time: VmRSS once
@@ -47,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -223,6 +226,28 @@ int Children(const char* self) {
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 11;
   return 0;
+}
+
+int Prefork(int n) {
+  alarm(60);  // a hang reads as SIGALRM
+  ParentWork(20);
+  std::vector<pid_t> children;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    if (pid < 0) return 15;
+    if (pid == 0) {
+      ForkChildWork(200);
+      exit(0);
+    }
+    children.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  return failed == 0 ? 0 : 16;
 }
 
 int ExecSelf(const char* self, int n) {
@@ -444,6 +469,7 @@ int main(int argc, char** argv) {
   if (mode == "threads" && argc == 3) return Threads(argv[2]);
   if (mode == "end" && argc == 4) return End(argv[2], argv[3]);
   if (mode == "children") return Children(argv[0]);
+  if (mode == "prefork" && argc == 3) return Prefork(std::atoi(argv[2]));
   if (mode == "fork-_exit") return ForkUnderscoreExit();
   if (mode == "term-child") return TermChild();
   if (mode == "execd") {

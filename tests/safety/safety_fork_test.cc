@@ -8,7 +8,11 @@
 //   - the parent's profiler cannot be restarted in the child (Start() says
 //     why); a Profiler constructed in the child works;
 //   - a child forked while the collector holds the profiler's locks can still
-//     unregister its threads and stop.
+//     unregister its threads and stop;
+//   - a pre-fork server under `inprof run --agent`: every child's profile
+//     holds its own work (the child's atfork handlers once closed the
+//     child's new agent connection, leaving it an empty profile), and the
+//     tool says so of a profile that has no samples.
 //
 // Skipped under TSan: ThreadSanitizer does not support fork() in a
 // multi-threaded process (the child inherits its runtime's locks in whatever
@@ -28,6 +32,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
@@ -264,6 +270,84 @@ TEST_F(SafetyForkTest, ChildForkedWhileCollectorRunsCanStop) {
   }
   EXPECT_THAT(outcomes,
               ::testing::ElementsAre(::testing::Pair("stopped", iterations)));
+}
+
+// `inprof run --agent` on a pre-fork server: 6 children forked at once, each
+// spinning 200 ms of CPU in ForkChildWork. The preload's atfork handler
+// starts a child's profiler (which connects to the agent) before the agent
+// link's handler runs; that handler closed the child's new connection, and
+// 5 of 6 children got empty profiles (all of them with the fallback off).
+TEST_F(SafetyForkTest, PreforkedChildrenUnderTheAgentKeepTheirSamples) {
+  if (safety::kSanitized) {
+    GTEST_SKIP() << "the preload library needs the sanitizer's runtime "
+                    "loaded before it (scripts/sanitizers.sh)";
+  }
+  const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
+  const std::string target = testing::EnvOrEmpty("INPROF_RUN_TARGET");
+  if (cli.empty() || target.empty()) GTEST_SKIP() << "INPROF_CLI / INPROF_RUN_TARGET not set";
+  constexpr int kChildren = 6;
+  for (const char* fallback : {"on", "off"}) {
+    SCOPED_TRACE(absl::StrCat("INPROF_AGENT_FALLBACK=", fallback));
+    const std::string dir = testing::FreshTestDir(absl::StrCat("prefork_", fallback));
+    auto run = testing::RunCommandSeparately(absl::StrCat(
+        "INPROF_AGENT_FALLBACK=", fallback, " ", testing::ShellQuote(cli),
+        " run --agent -o ", testing::ShellQuote(dir + "/prefork-%p.pb.gz"), " -- ",
+        testing::ShellQuote(target), " prefork ", kChildren));
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->exit_code, 0) << run->err;
+    // The parent and each child: one line each, naming its file.
+    std::vector<std::string> files;
+    for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty())) {
+      if (!absl::StrContains(line, ", run_target")) continue;
+      const size_t at = line.find("wrote ");
+      ASSERT_NE(at, absl::string_view::npos) << line;
+      files.emplace_back(line.substr(at + 6, line.find(" (pid") - at - 6));
+    }
+    EXPECT_EQ(files.size(), size_t{kChildren + 1}) << run->err;
+    // Each child's 200 ms of CPU at the 10 ms period: ~20 samples. Any
+    // child profile under 100 ms is one whose connection was lost.
+    int children_with_work = 0;
+    std::vector<int64_t> child_ms;
+    for (const std::string& path : files) {
+      auto profile = ReadPprofFile(path);
+      ASSERT_TRUE(profile.ok()) << path << ": " << profile.status();
+      const int cpu = profile->ValueIndex("cpu-time");
+      int64_t work = 0;
+      for (const auto& [function, ns] : profile->CumulativeByFunction(cpu)) {
+        if (absl::StrContains(function, "ForkChildWork")) work += ns;
+      }
+      if (profile->Total(cpu) > 0 && work == 0) continue;  // the parent
+      child_ms.push_back(work / 1'000'000);
+      if (work >= 100'000'000) ++children_with_work;
+    }
+    EXPECT_EQ(children_with_work, kChildren)
+        << "ForkChildWork ms per child profile: " << ::testing::PrintToString(child_ms)
+        << "\n" << run->err;
+    // The connection is inprof's own business: nothing says the program
+    // closed it.
+    EXPECT_THAT(run->err, ::testing::Not(::testing::HasSubstr("is no longer inprof's")));
+  }
+  // A process that ends before its first sample: its "wrote" line says the
+  // profile is empty, and only then. Without the wall sampler and at a 10 s
+  // CPU period, a start-up of a few ms of CPU is sampled with probability
+  // ~5e-4; the line is checked against the file either way.
+  const std::string dir = testing::FreshTestDir("prefork_empty");
+  auto run = testing::RunCommandSeparately(absl::StrCat(
+      "INPROF_WALL_PERIOD=0 INPROF_CPU_PERIOD=10s ", testing::ShellQuote(cli),
+      " run --agent -o ", testing::ShellQuote(dir + "/empty-%p.pb.gz"),
+      " -- ", testing::ShellQuote(target), " spin 0"));
+  ASSERT_TRUE(run.ok()) << run.status();
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty())) {
+    const size_t at = line.find("wrote ");
+    if (at == absl::string_view::npos) continue;
+    ++lines;
+    const std::string path(line.substr(at + 6, line.find(" (pid") - at - 6));
+    auto profile = ReadPprofFile(path);
+    ASSERT_TRUE(profile.ok()) << path << ": " << profile.status();
+    EXPECT_EQ(absl::StrContains(line, "holds no samples"), profile->samples.empty()) << line;
+  }
+  EXPECT_EQ(lines, 1) << run->err;
 }
 
 }  // namespace
