@@ -31,6 +31,9 @@
 #include "inprof/profile_data.h"
 
 namespace inprof {
+namespace internal {
+class LabelTable;
+}  // namespace internal
 
 // Where a forwarding aggregator sends what it is given instead of summing
 // it (library mode: internal/agent_link.h forwards to `inprof agent`).
@@ -94,6 +97,20 @@ class SampleAggregator {
 
   // Distinct stacks held now.
   size_t num_stacks() const { return samples_.size(); }
+
+  // The table the label words' ids are looked up in when a stack is first
+  // seen (nullptr: LabelTable::Global(), the process's). Not owned; it
+  // must outlive its use. `inprof agent` gives each process its own.
+  void SetLabelTable(const internal::LabelTable* table) { label_table_ = table; }
+  const internal::LabelTable* label_table() const { return label_table_; }
+  // At most `max_stacks` distinct stacks, of `max_frame_words` frames in
+  // all, between two Take()s: a sample of a new stack beyond either adds
+  // its values to its thread's `overflow_frame` instead, counted in
+  // stacks_refused() (never reset). Default: no limit (a process's own
+  // stacks are bounded by its code); the agent limits each process it
+  // serves.
+  void SetStackLimits(size_t max_stacks, size_t max_frame_words, std::string overflow_frame);
+  uint64_t stacks_refused() const { return stacks_refused_; }
   // Add()/AddSynthetic() calls since construction.
   uint64_t records_added() const { return records_added_; }
   uint64_t values_rejected() const { return values_rejected_; }
@@ -175,6 +192,12 @@ class SampleAggregator {
   absl::flat_hash_map<Key, size_t, KeyHash, KeyEq> index_;
   uint64_t records_added_ = 0;
   uint64_t values_rejected_ = 0;
+  const internal::LabelTable* label_table_ = nullptr;  // null: Global()
+  size_t max_stacks_ = SIZE_MAX;
+  size_t max_frame_words_ = SIZE_MAX;
+  size_t frame_words_ = 0;  // in samples_
+  std::string overflow_frame_;
+  uint64_t stacks_refused_ = 0;
   SampleAggregator* mirror_ = nullptr;
   bool mirror_paused_ = false;
   SampleForwarder* forwarder_ = nullptr;

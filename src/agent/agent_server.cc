@@ -9,6 +9,9 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -211,6 +214,7 @@ void AgentServer::Stop() {
 }
 
 void AgentServer::ReapLocked(bool all) {
+  bool freed = false;
   for (auto it = finishers_.begin(); it != finishers_.end();) {
     Client& c = *it->first;
     if (!all && !c.finished.load()) {
@@ -226,9 +230,16 @@ void AgentServer::ReapLocked(bool all) {
       c.process.ended_cleanly = c.session->ended_cleanly();
       c.process.error = c.session->error();
       c.session.reset();
+      freed = true;
     }
     it = finishers_.erase(it);
   }
+#ifdef __GLIBC__
+  // A session's memory (its label table, aggregate, symbolizer) was
+  // allocated on its threads' arenas, which glibc keeps once freed: given
+  // back, so that a process that made the agent grow does not leave it so.
+  if (freed) malloc_trim(0);
+#endif
 }
 
 void AgentServer::FinishLocked(Client& client) {

@@ -21,6 +21,9 @@ namespace inprof::agent {
 namespace {
 
 constexpr uint32_t kUnknownString = UINT32_MAX;
+constexpr const char* kOverLabelQuota = "[inprof: over the agent's label quota for this process]";
+constexpr const char* kOverThreadQuota = "[inprof: threads over the agent's quota for this process]";
+constexpr const char* kOverStackQuota = "[inprof: stacks over the agent's quota for this process]";
 
 // The process's state rows (its live heap) at the end of each window the
 // agent cuts, and its event providers' line in the window's comments.
@@ -71,7 +74,9 @@ AgentSession::AgentSession(const Options& options,
       pid_(pid),
       log_(std::move(log)),
       log_summary_(std::move(log_summary)),
-      symbolizer_(std::move(symbolizer)) {
+      symbolizer_(std::move(symbolizer)),
+      labels_table_(std::make_unique<internal::LabelTable>(
+          internal::LabelTable::kMaxEntries, kMaxLabelBytes, kOverLabelQuota)) {
   // The process's own windows: its pid in the file name, its name as the
   // service, its tags on every upload.
   options_.output = ExpandProcessPattern(options.output, pid);
@@ -185,6 +190,7 @@ void AgentSession::Drain() {
   }
   reader_->AddSamplesConsumed(samples);
   samples_read_ += samples;
+  SayRefusals();
   if (!error_.empty() && log_) {
     log_(absl::StrCat("agent: pid ", pid_, " (", hello_.program,
                       "): its ring is not read any more: ", error_,
@@ -202,7 +208,7 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
              "its samples cannot be symbolized";
     return;
   }
-  internal::LabelTable& table = internal::LabelTable::Global();
+  internal::LabelTable& table = *labels_table_;
   pid_key_ = table.Intern("pid") | internal::kNumericLabel;
   program_key_ = table.Intern("program");
   program_value_ = table.Intern(hello_.program);
@@ -224,6 +230,8 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
   pipeline_ = std::make_unique<internal::Pipeline>(
       options_, d.sample_types, d.period_type, d.period, d.engine);
   pipeline_->SetOmittedTypes(d.omitted_types);
+  pipeline_->SetLabelTable(labels_table_.get());
+  pipeline_->SetStackLimits(kMaxStacks, kMaxFrameWords, kOverStackQuota);
   pipeline_->SetSinkFactory([options = options_] { return internal::MakeSinks(options); });
   pipeline_->UseSymbolizer(std::move(symbolizer_));
   std::vector<std::string> tags;
@@ -240,6 +248,12 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
 uint32_t AgentSession::Thread(SampleAggregator& agg, uint32_t index) {
   auto it = threads_.find(index);
   if (it != threads_.end()) return it->second;
+  if (threads_.size() >= kMaxThreads) {
+    // Over the quota: one thread for all the rest, never removed.
+    threads_refused_.fetch_add(1, std::memory_order_relaxed);
+    if (overflow_thread_ == UINT32_MAX) overflow_thread_ = agg.AddThread(0, kOverThreadQuota);
+    return overflow_thread_;
+  }
   // A record about a thread whose announcement was lost (a full ring).
   const uint32_t ours = agg.AddThread(0, "[thread not announced]");
   threads_.emplace(index, ours);
@@ -250,8 +264,7 @@ uint64_t AgentSession::LabelId(uint64_t host_id) {
   if (host_id < strings_.size() && strings_[host_id] != kUnknownString) {
     return strings_[host_id];
   }
-  return internal::LabelTable::Global().Intern(
-      absl::StrCat("[inprof: label ", host_id, " not sent]"));
+  return labels_table_->Intern(absl::StrCat("[inprof: label ", host_id, " not sent]"));
 }
 
 void AgentSession::Apply(const internal::AgentOp& op) {
@@ -267,7 +280,7 @@ void AgentSession::Apply(const internal::AgentOp& op) {
   if (const auto* s = std::get_if<AgentString>(&op)) {
     if (s->id >= LabelTable::kMaxEntries) return;
     if (strings_.size() <= s->id) strings_.resize(s->id + 1, kUnknownString);
-    strings_[s->id] = LabelTable::Global().Intern(s->text);
+    strings_[s->id] = labels_table_->Intern(s->text);
     return;
   }
   if (const auto* e = std::get_if<AgentEngine>(&op)) {
@@ -289,6 +302,7 @@ void AgentSession::Apply(const internal::AgentOp& op) {
                       "", s->values, /*add=*/false);
     } else {
       agg.Add(Thread(agg, s->thread), s->frames, labels_, s->value_offset, s->values);
+      if (agg.stacks_refused() != 0) stacks_over_.store(true, std::memory_order_relaxed);
       if (alloc_offset_ >= 0 && s->value_offset == static_cast<uint32_t>(alloc_offset_)) {
         KeepStateLocked(alloc_totals_, s->thread, Thread(agg, s->thread), s->value_offset,
                         s->frames, "", s->values, /*add=*/true);
@@ -314,6 +328,10 @@ void AgentSession::Apply(const internal::AgentOp& op) {
       agg.RemoveThread(it->second);
       threads_.erase(it);
     }
+    if (threads_.size() >= kMaxThreads) {
+      threads_refused_.fetch_add(1, std::memory_order_relaxed);
+      return;  // its samples go to the quota's thread (Thread())
+    }
     const uint32_t ours = agg.AddThread(t->tid, t->name);
     threads_.emplace(t->index, ours);
     tids_[t->tid] = ours;
@@ -332,6 +350,10 @@ void AgentSession::Apply(const internal::AgentOp& op) {
       }
       threads_.erase(it);
     }
+    // Kept after removal (state rows name their thread by it), but only as
+    // many as a process may have alive: indices that never come back do
+    // not pile up.
+    if (thread_ids_.size() > kMaxThreads) thread_ids_.erase(r->index);
   } else if (const auto* st = std::get_if<AgentStats>(&op)) {
     stats_ = internal::StatsFromCounters(st->counters);
   }
@@ -357,14 +379,19 @@ void AgentSession::KeepStateLocked(Rows& rows, uint32_t process_thread, uint32_t
   const bool zero = std::all_of(values.begin(), values.end(), [](int64_t v) { return v == 0; });
   auto it = rows.find(key);
   if (zero) {
-    if (it != rows.end() && !add) rows.erase(it);
+    if (it != rows.end() && !add) {
+      state_frame_words_ -= std::min(state_frame_words_, it->second.frames.size());
+      rows.erase(it);
+    }
     return;
   }
   if (it == rows.end()) {
-    if (rows.size() >= kMaxStateRows) {
+    if (rows.size() >= kMaxStateRows ||
+        frames.size() > kMaxFrameWords - std::min(state_frame_words_, kMaxFrameWords)) {
       ++state_rows_refused_;
       return;
     }
+    state_frame_words_ += frames.size();
     StateRow row;
     row.thread = thread;
     row.tid = tid;
@@ -429,10 +456,55 @@ std::string AgentSession::AddStateLocked(SampleAggregator& aggregator, bool wind
   // writes it under that lock too); never mu_, which Drain holds while it
   // waits for the pipeline's lock.
   if (window_end) AddRowsLocked(state_, aggregator, nullptr);
-  if (state_rows_refused_ == 0) return events_note_;
-  return absl::StrCat(events_note_, events_note_.empty() ? "" : "; ",
-                      "live-heap rows of the process the agent did not keep (over ",
-                      kMaxStateRows, "): ", state_rows_refused_);
+  std::string note = events_note_;
+  if (state_rows_refused_ != 0) {
+    absl::StrAppend(&note, note.empty() ? "" : "; ",
+                    "live-heap rows of the process the agent did not keep (over ",
+                    kMaxStateRows, " rows or ", kMaxFrameWords, " frames): ",
+                    state_rows_refused_);
+  }
+  if (std::string refused = RefusalNote(aggregator); !refused.empty()) {
+    absl::StrAppend(&note, note.empty() ? "" : "; ", refused);
+  }
+  return note;
+}
+
+std::string AgentSession::RefusalNote(const SampleAggregator& aggregator) const {
+  const uint64_t strings = labels_table_->overflows();
+  const uint64_t threads = threads_refused_.load(std::memory_order_relaxed);
+  const uint64_t stacks = aggregator.stacks_refused();
+  if (strings == 0 && threads == 0 && stacks == 0) return "";
+  return absl::StrCat("over the agent's quotas for this process (since it connected): ",
+                      strings, " label strings refused (over ",
+                      internal::LabelTable::kMaxEntries, " strings or ", kMaxLabelBytes,
+                      " bytes), ", threads, " thread records refused (over ", kMaxThreads,
+                      " threads), ", stacks, " samples of new stacks refused (over ",
+                      kMaxStacks, " stacks or ", kMaxFrameWords, " frames a window)");
+}
+
+void AgentSession::SayRefusals() {
+  if (!log_) return;
+  const std::string who = absl::StrCat("agent: pid ", pid_, " (", hello_.program, "): ");
+  const char* rest = "; the rest are refused and counted in its profiles' comments (said once "
+                     "for this process)";
+  if (!said_strings_ && labels_table_->overflows() != 0) {
+    said_strings_ = true;
+    log_(absl::StrCat(who, "over its quota of label strings (",
+                      internal::LabelTable::kMaxEntries, " strings, ", kMaxLabelBytes,
+                      " bytes): its further labels read \"", kOverLabelQuota, "\"", rest));
+  }
+  if (!said_threads_ && threads_refused_.load(std::memory_order_relaxed) != 0) {
+    said_threads_ = true;
+    log_(absl::StrCat(who, "over its quota of threads (", kMaxThreads,
+                      " at once): the samples of the rest go to one thread \"",
+                      kOverThreadQuota, "\"", rest));
+  }
+  if (!said_stacks_ && stacks_over_.load(std::memory_order_relaxed)) {
+    said_stacks_ = true;
+    log_(absl::StrCat(who, "over its quota of stacks (", kMaxStacks, " stacks or ",
+                      kMaxFrameWords, " frames a window): the samples of new ones go to \"",
+                      kOverStackQuota, "\"", rest));
+  }
 }
 
 void AgentSession::TranslateLabels(std::span<const uint64_t> words,
@@ -461,7 +533,7 @@ void AgentSession::TranslateLabels(std::span<const uint64_t> words,
   put(pid_key_, static_cast<uint64_t>(pid_));
   put(program_key_, program_value_);
   if (state_label) {
-    internal::LabelTable& table = internal::LabelTable::Global();
+    internal::LabelTable& table = *labels_table_;
     put(table.Intern(WallTimeProvider::kStateLabel),
         table.Intern(blocked ? WallTimeProvider::kBlocked : WallTimeProvider::kRunning));
   }
@@ -546,6 +618,7 @@ absl::Status AgentSession::Finish() {
     // A process that ended without its end record died (or exec'd): its
     // collector never drained what its handlers wrote last.
     if (!ended_ && error_.empty()) ReadThreadRings();
+    SayRefusals();
   }
   if (pipeline_ == nullptr) return absl::OkStatus();
   pipeline_->StopCollector();  // its drain calls return at once now

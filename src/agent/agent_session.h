@@ -14,6 +14,19 @@
 // trusted: a record that does not decode stops the reading of that
 // process's ring (logged once); what was read stays and is exported.
 //
+// One process cannot make the agent hold more than its quotas, whoever it
+// is (another user admitted with --allow-uid included): its label strings
+// go into a table of its own (at most LabelTable::kMaxEntries strings of
+// kMaxLabelBytes in all), at most kMaxThreads of its threads are known at
+// once, each window holds at most kMaxStacks stacks of kMaxFrameWords
+// frames. What is over a quota is refused -- a label reads
+// "[inprof: over the agent's label quota for this process]", a thread's
+// samples go to one "[inprof: threads over the agent's quota ...]" thread,
+// a stack's to its thread's "[inprof: stacks over ...]" frame -- counted in
+// the process's profiles' comments, and said in one line per quota naming
+// the process. All of it is freed with the session, when the process's
+// last window is out; no other process's labels depend on it.
+//
 // Thread-safety: Drain() from any thread (the server's loop, the pipeline's
 // collector and exporter); Finish() once, after the connection ended.
 #ifndef INPROF_SRC_AGENT_AGENT_SESSION_H_
@@ -21,6 +34,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,6 +50,7 @@
 #include "absl/strings/string_view.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
+#include "inprof/internal/label_table.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/options.h"
 
@@ -106,6 +121,15 @@ class AgentSession {
   // The most state rows kept per process (its allocation stacks are at
   // most 65,536; a row per stack and labels).
   static constexpr size_t kMaxStateRows = size_t{1} << 17;
+  // One process's quotas (see above). 16 MiB of label text is 65,536
+  // strings of 256 bytes; 16,384 threads alive at once is 4x what one
+  // process may give the agent rings for (kAgentMaxThreads); 131,072
+  // stacks and 4 Mi frames (32 MiB) a window are more than a busy server's
+  // 60 s window holds (~10,000 stacks of ~40 frames).
+  static constexpr size_t kMaxLabelBytes = size_t{16} << 20;
+  static constexpr size_t kMaxThreads = 16'384;
+  static constexpr size_t kMaxStacks = size_t{1} << 17;
+  static constexpr size_t kMaxFrameWords = size_t{4} << 20;
 
  private:
   // The pipeline, for a request (Capture, HeapSnapshot); Unavailable
@@ -121,6 +145,10 @@ class AgentSession {
   void TranslateLabels(std::span<const uint64_t> words, bool state_label,
                        bool blocked);
   void ReadThreadRings();  // mu_ held; the process is gone
+  // mu_ held: one line for each quota the process went over, once.
+  void SayRefusals();
+  // What the process had refused, for its windows' comments (empty: none).
+  std::string RefusalNote(const SampleAggregator& aggregator) const;
   uint32_t ThreadByTid(SampleAggregator& agg, int64_t tid, std::string_view name);
   // Rows kept between windows, by identity (thread, value offset, labels,
   // frames or synthetic frame).
@@ -171,7 +199,15 @@ class AgentSession {
   absl::flat_hash_map<uint32_t, uint32_t> threads_;  // process index -> ours
   // process index -> its tid and name, kept after it is removed (mu_)
   absl::flat_hash_map<uint32_t, std::pair<int64_t, std::string>> thread_ids_;
+  // The process's own label table (its quota); outlives the pipeline.
+  std::unique_ptr<internal::LabelTable> labels_table_;
   std::vector<uint32_t> strings_;  // process label id -> ours (0: unknown)
+  // Over a quota (atomic: read at the cuts, under the pipeline's lock).
+  std::atomic<uint64_t> threads_refused_{0};
+  std::atomic<bool> stacks_over_{false};
+  uint32_t overflow_thread_ = UINT32_MAX;  // ours, made at the first refusal
+  size_t state_frame_words_ = 0;  // in state_ and alloc_totals_
+  bool said_strings_ = false, said_threads_ = false, said_stacks_ = false;  // mu_
   std::vector<uint64_t> labels_;   // scratch
   // Every sample's labels pid (numeric) and program (label-table ids).
   uint64_t pid_key_ = 0, program_key_ = 0, program_value_ = 0;

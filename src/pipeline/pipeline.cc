@@ -197,6 +197,28 @@ void Pipeline::UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer) {
   symbolizer_given_ = symbolizer_ != nullptr;
 }
 
+void Pipeline::SetLabelTable(const LabelTable* table) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  label_table_ = table;
+  aggregator_.SetLabelTable(table);
+}
+
+void Pipeline::SetStackLimits(size_t max_stacks, size_t max_frame_words,
+                              std::string overflow_frame) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  max_stacks_ = max_stacks;
+  max_frame_words_ = max_frame_words;
+  overflow_frame_ = std::move(overflow_frame);
+  aggregator_.SetStackLimits(max_stacks_, max_frame_words_, overflow_frame_);
+}
+
+void Pipeline::ShapeLikeOurs(SampleAggregator& aggregator) const {
+  aggregator.SetLabelTable(label_table_);
+  if (!overflow_frame_.empty()) {
+    aggregator.SetStackLimits(max_stacks_, max_frame_words_, overflow_frame_);
+  }
+}
+
 void Pipeline::SetProcessNote(std::string note) {
   std::lock_guard<std::mutex> lock(mutex_);
   process_note_ = std::move(note);
@@ -220,6 +242,7 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
     ++t->captures;
   }
   SampleAggregator window(aggregator_.sample_types());
+  ShapeLikeOurs(window);
   int64_t start = 0;
   ProfilerStats before;
   {
@@ -373,6 +396,7 @@ absl::Status Pipeline::SnapshotData(ProfileData* out, uint64_t* types) {
     }
   }
   SampleAggregator snapshot(aggregator_.sample_types());
+  ShapeLikeOurs(snapshot);
   PipelineAttachment::SnapshotShape shape;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -1,5 +1,8 @@
 #include "inprof/internal/label_table.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "inprof/base/fork_guard.h"
 
 namespace inprof::internal {
@@ -20,15 +23,21 @@ LabelTable::LabelTable() {
   RegisterForkLock(&mutex_, kForkRankGlobal);  // a forked child may Intern
 }
 
+LabelTable::LabelTable(size_t max_entries, size_t max_bytes, std::string overflow_text)
+    : max_entries_(std::min(max_entries, kMaxEntries)), max_bytes_(max_bytes) {
+  strings_.push_back(std::move(overflow_text));
+}
+
 uint32_t LabelTable::Intern(absl::string_view s) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = ids_.find(s);
   if (it != ids_.end()) return it->second;
-  if (strings_.size() >= kMaxEntries) {
+  if (strings_.size() >= max_entries_ || s.size() > max_bytes_ - bytes_) {
     ++overflows_;
     return kOverflowId;
   }
   const uint32_t id = static_cast<uint32_t>(strings_.size());
+  bytes_ += s.size();
   strings_.emplace_back(s.data(), s.size());
   ids_.emplace(strings_.back(), id);
   return id;
@@ -42,6 +51,11 @@ std::string LabelTable::Lookup(uint32_t id) const {
 size_t LabelTable::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return strings_.size();
+}
+
+size_t LabelTable::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
 }
 
 uint64_t LabelTable::overflows() const {

@@ -67,16 +67,33 @@ void SampleAggregator::SetMirror(SampleAggregator* mirror) {
   }
 }
 
+void SampleAggregator::SetStackLimits(size_t max_stacks, size_t max_frame_words,
+                                      std::string overflow_frame) {
+  max_stacks_ = max_stacks;
+  max_frame_words_ = max_frame_words;
+  overflow_frame_ = std::move(overflow_frame);
+}
+
 std::vector<int64_t>& SampleAggregator::Slot(const KeyView& key) {
   auto it = index_.find(key);
+  if (it == index_.end() && !overflow_frame_.empty() &&
+      (samples_.size() >= max_stacks_ ||
+       key.frames.size() > max_frame_words_ - std::min(frame_words_, max_frame_words_)) &&
+      key.synthetic != overflow_frame_) {
+    // Over the limits: the thread's one overflow row (always admitted).
+    ++stacks_refused_;
+    return Slot({key.thread, {}, {}, overflow_frame_});
+  }
   if (it == index_.end()) {
+    frame_words_ += key.frames.size();
     ProfileSample sample;
     sample.thread = key.thread;
     sample.frames.assign(key.frames.begin(), key.frames.end());
     sample.synthetic_frame = std::string(key.synthetic);
     sample.values.assign(sample_types_.size(), 0);
     // Decoded once per distinct key: new keys are rare next to Add()s.
-    const internal::LabelTable& table = internal::LabelTable::Global();
+    const internal::LabelTable& table =
+        label_table_ != nullptr ? *label_table_ : internal::LabelTable::Global();
     for (size_t i = 0; i + 1 < key.labels.size(); i += 2) {
       SampleLabel label;
       label.key = table.Lookup(static_cast<uint32_t>(key.labels[i]));
@@ -154,6 +171,7 @@ ProfileData SampleAggregator::Take() {
   data.samples = std::move(samples_);
   samples_.clear();
   index_.clear();
+  frame_words_ = 0;
   // No sample refers to the retired threads any more.
   reusable_.insert(reusable_.end(), retired_.begin(), retired_.end());
   retired_.clear();

@@ -2,7 +2,9 @@
 // somebody squats on and never accepts, a stopped agent, another user's
 // connection flood, an agent run out of descriptors, connections that come
 // and go by the hundred, an agent restarted on its path after SIGTERM or
-// SIGKILL, and peers whose names carry newlines and terminal escapes.
+// SIGKILL, peers whose names carry newlines and terminal escapes, and a
+// greedy process that sends the agent more strings, threads and stacks than
+// any profile needs.
 //
 // Each test states what a host or the agent must never do (hang at
 // Start(), spin, lose a profile silently, leak a descriptor, refuse to
@@ -17,6 +19,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -24,24 +27,30 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
 #include "inprof/internal/agent_protocol.h"
+#include "inprof/internal/agent_stream.h"
+#include "inprof/pprof_reader.h"
 #include "inprof/base/log.h"
 #include "safety/safety_util.h"
 #include "src/agent/agent_server.h"
@@ -835,6 +844,203 @@ TEST(SafetyAgentAbuseTest, PeerAndUserStringsAreLoggedEscaped) {
   ASSERT_EQ(lines.size(), 1u) << host.err;
   EXPECT_THAT(lines[0], HasSubstr(absl::StrCat("INPROF_AGENT_SOCKET=@inprof-evil\\n\\x1b[31m-",
                                                getpid(), ": ")));
+}
+
+// --- A greedy process ---------------------------------------------------------
+
+// A process of the agent's written by hand: connects, maps its ring and
+// pushes records, waiting (at most 30 s in all) while the ring is full.
+struct RawClient {
+  internal::AgentConnection connection;
+  void* region = nullptr;
+  std::unique_ptr<internal::AgentRingWriter> ring;
+  int64_t deadline_ns = 0;
+
+  bool Connect(const internal::AgentSocketAddress& address, const std::string& program) {
+    internal::AgentHello hello = Hello(program);
+    hello.ring_bytes = internal::kAgentMaxRingBytes;
+    auto c = internal::ConnectToAgent(address, hello, 5000);
+    if (!c.ok()) return false;
+    connection = *c;
+    region = mmap(nullptr, connection.welcome.region_bytes, PROT_READ | PROT_WRITE,
+                  MAP_SHARED, connection.region_fd, 0);
+    if (region == MAP_FAILED) return false;
+    ring = std::make_unique<internal::AgentRingWriter>(region, connection.welcome.region_bytes);
+    deadline_ns = safety::MonotonicNow() + 30'000'000'000LL;
+    internal::AgentDescribe d;
+    d.sample_types = {{"samples", "count"}, {"cpu-time", "nanoseconds"}};
+    d.period_type = {"cpu-time", "nanoseconds"};
+    d.period = 10'000'000;
+    d.engine = "raw";
+    return Push(d);
+  }
+  bool Push(const internal::AgentOp& op) {
+    const std::vector<uint64_t> words = internal::EncodeAgentOp(op);
+    while (!ring->Push(words)) {
+      if (safety::MonotonicNow() > deadline_ns) return false;
+      usleep(500);
+    }
+    return true;
+  }
+  // The end record, then the connection closes: the agent exports.
+  bool End() {
+    const bool ok = Push(internal::AgentEnd{});
+    close(connection.socket);
+    return ok;
+  }
+};
+
+// VmRSS (or `field`: VmHWM, the peak) of `pid` in KiB; -1 when unreadable.
+int64_t VmRssKiB(pid_t pid, const std::string& field = "VmRSS:") {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    int64_t kib = 0;
+    if (absl::StartsWith(line, field) &&
+        absl::SimpleAtoi(
+            absl::StripSuffix(absl::StripAsciiWhitespace(line.substr(field.size())), " kB"),
+            &kib)) {
+      return kib;
+    }
+  }
+  return -1;
+}
+
+// Runs `body` in a forked child (a process of its own pid); its exit code.
+int InChild(const std::function<bool()>& body) {
+  fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(120);
+    _exit(body() ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// One process sends 2,000 label strings of 32 KiB (20,000 with
+// INPROF_SAFETY_FULL=1), then 65,535 short ones, 17,000 threads and 1,100
+// stacks of 4,096 frames. The agent once interned every string into one
+// table shared by all processes, never shrunk (1.29 GB for 20,000 strings,
+// still held after the process left), and a later process's labels read
+// "[inprof: label table full]". Now each process has its own table and
+// quotas, refused once with a line naming it, released when it ends.
+TEST(SafetyAgentAbuseTest, AGreedyProcessCannotGrowTheAgentOrSpoilLaterLabels) {
+  if (Cli().empty()) GTEST_SKIP() << "INPROF_CLI not set (run under meson test)";
+  const std::string dir = testing::FreshTestDir("agent_greedy");
+  const internal::AgentSocketAddress address = internal::NewAgentSocketAddress();
+  Agent agent;
+  StartAgent(agent, address.ToString(), 0, {"-o", dir + "/agent-%p.pb.gz"});
+  ASSERT_EQ(agent.first_line, "INPROF_AGENT_SOCKET=" + address.ToString());
+  const int64_t rss_start = VmRssKiB(agent.pid);
+
+  const int64_t big = safety::Scaled(2'000, 20'000);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const int greedy_code = InChild([&] {
+    close(pipe_fds[0]);
+    const std::string pid = absl::StrCat(getpid());
+    (void)!write(pipe_fds[1], pid.data(), pid.size());
+    close(pipe_fds[1]);
+    RawClient c;
+    if (!c.Connect(address, "greedy")) return false;
+    const std::string filler(32 * 1024 - 16, 'x');
+    for (int64_t i = 0; i < big; ++i) {
+      // Ids within the process's table, reused: each text is new.
+      if (!c.Push(internal::AgentString{static_cast<uint32_t>(1 + i % 60'000),
+                                        absl::StrCat(i, filler)})) {
+        return false;
+      }
+    }
+    for (uint32_t id = 1; id < 65'536; ++id) {
+      if (!c.Push(internal::AgentString{id, absl::StrCat("s", id)})) return false;
+    }
+    for (uint32_t t = 0; t < 17'000; ++t) {
+      if (!c.Push(internal::AgentThreadAdd{t, 100'000 + t, "greedy"})) return false;
+    }
+    std::vector<uint64_t> frames(internal::kAgentOpMaxFrames, 0x1000);
+    for (uint64_t s = 0; s < 1'100; ++s) {
+      frames[0] = 0x2000 + s;
+      internal::AgentSample sample;
+      sample.thread = 0;
+      sample.values = {1, 10'000'000};
+      sample.frames = frames;
+      if (!c.Push(sample)) return false;
+    }
+    return c.End();
+  });
+  close(pipe_fds[1]);
+  const std::string greedy_pid = ReadAll(pipe_fds[0], 5000);
+  ASSERT_EQ(greedy_code, 0) << "the greedy process could not send (agent stuck?)";
+
+  // Its last window exported (the agent's summary line), its session freed.
+  std::string log;
+  const int64_t until = safety::MonotonicNow() + 60'000'000'000LL;
+  for (;;) {
+    ASSERT_LT(safety::MonotonicNow(), until) << log;
+    const std::string line = ReadLine(agent.err, 1000);
+    log += line + "\n";
+    if (absl::StrContains(line, absl::StrCat("pid ", greedy_pid, " (greedy): ")) &&
+        absl::StrContains(line, " profiles")) {
+      break;
+    }
+  }
+  // What the agent holds after the process left: the smallest of a few
+  // readings over up to 5 s (its memory is returned as the session is
+  // freed, a moment after the summary line; 16 MiB: settled).
+  int64_t rss_after = VmRssKiB(agent.pid);
+  for (int i = 0; i < 50 && rss_after - rss_start > 16 * 1024; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    rss_after = std::min(rss_after, VmRssKiB(agent.pid));
+  }
+
+  // A later process: its labels are its own.
+  const int later_code = InChild([&] {
+    RawClient c;
+    if (!c.Connect(address, "later")) return false;
+    const uint64_t frames[] = {0x3000};
+    internal::AgentSample sample;
+    sample.thread = 0;
+    sample.values = {1, 10'000'000};
+    sample.labels = {1, 2};
+    sample.frames.assign(std::begin(frames), std::end(frames));
+    return c.Push(internal::AgentString{1, "endpoint"}) &&
+           c.Push(internal::AgentString{2, "/checkout"}) &&
+           c.Push(internal::AgentThreadAdd{0, getpid(), "main"}) && c.Push(sample) && c.End();
+  });
+  ASSERT_EQ(later_code, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int64_t rss_peak = VmRssKiB(agent.pid, "VmHWM:");
+  log += agent.Stop();
+  std::printf("safety_agent_greedy: %lld strings of 32 KiB; agent VmRSS %lld KiB at start, "
+              "peak %lld KiB, %lld KiB after the greedy process left\n",
+              static_cast<long long>(big), static_cast<long long>(rss_start),
+              static_cast<long long>(rss_peak), static_cast<long long>(rss_after));
+
+  EXPECT_LT(rss_after - rss_start, 48 * 1024)
+      << "the agent kept the greedy process's " << big * 32 / 1024 << " MiB of strings";
+  // One line per quota, each naming the process, once.
+  for (const char* what : {"label strings", "threads", "stacks"}) {
+    int lines = 0;
+    for (const std::string& line : Lines(log)) {
+      lines += absl::StrContains(line, absl::StrCat("pid ", greedy_pid, " (greedy)")) &&
+               absl::StrContains(line, "quota") && absl::StrContains(line, what);
+    }
+    EXPECT_EQ(lines, 1) << what << "\n" << log;
+  }
+  std::vector<std::string> later = testing::FilesEndingIn(dir, ".pb.gz");
+  std::string later_path;
+  for (const std::string& path : later) {
+    if (!absl::StrContains(path, absl::StrCat("agent-", greedy_pid, "."))) later_path = path;
+  }
+  ASSERT_FALSE(later_path.empty()) << log;
+  auto profile = ReadPprofFile(later_path);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const auto by_endpoint = profile->ByLabel("endpoint", profile->ValueIndex("samples"));
+  EXPECT_EQ(by_endpoint.size(), 1u);
+  EXPECT_EQ(by_endpoint.count("/checkout"), 1u)
+      << ::testing::PrintToString(by_endpoint) << "\n" << log;
 }
 
 }  // namespace

@@ -5,6 +5,11 @@
 // allocation. Never shrinks; capped at kMaxEntries (further strings map to
 // kOverflowId, counted) so that high-cardinality string labels cannot grow
 // memory without bound. Thread-safe (mutex); never used in a signal handler.
+//
+// Global() is the process's own table. `inprof agent` gives each process
+// it serves a table of its own, with a quota of strings and bytes, freed
+// when that process's session ends (agent_session.h): one process's labels
+// can neither fill nor grow a table another process's labels need.
 #ifndef INPROF_INTERNAL_LABEL_TABLE_H_
 #define INPROF_INTERNAL_LABEL_TABLE_H_
 
@@ -29,13 +34,24 @@ class LabelTable {
 
   static LabelTable& Global();
 
+  // A table of its own (not the process's): at most `max_entries` strings
+  // (kOverflowId's included) of at most `max_bytes` in all; a string over
+  // either reads `overflow_text`, counted in overflows(). Not joined to the
+  // fork guard: for tables no forked child uses (the agent's).
+  LabelTable(size_t max_entries, size_t max_bytes, std::string overflow_text);
+
   uint32_t Intern(absl::string_view s);
   std::string Lookup(uint32_t id) const;
   size_t size() const;
+  // The strings' bytes held (kOverflowId's text not counted).
+  size_t bytes() const;
   uint64_t overflows() const;
 
  private:
   LabelTable();
+  const size_t max_entries_ = kMaxEntries;
+  const size_t max_bytes_ = SIZE_MAX;
+  size_t bytes_ = 0;
   mutable std::mutex mutex_;
   absl::flat_hash_map<std::string, uint32_t> ids_;
   std::deque<std::string> strings_;

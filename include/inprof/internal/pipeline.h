@@ -324,6 +324,13 @@ class Pipeline {
   // from the next cut on: those of a provider that is off, such as
   // DefaultProfiler's allocation provider without INPROF_ALLOC_PERIOD, so
   // that a CPU profile carries no empty heap columns. Any thread.
+  // `inprof agent`'s, before StartCollector: label ids are looked up in
+  // `table` (the served process's own; it must outlive the pipeline), and
+  // each window -- a live capture and a snapshot too -- holds at most
+  // `max_stacks` stacks of `max_frame_words` frames (SampleAggregator::
+  // SetStackLimits).
+  void SetLabelTable(const LabelTable* table);
+  void SetStackLimits(size_t max_stacks, size_t max_frame_words, std::string overflow_frame);
   void SetOmittedTypes(uint64_t mask) {
     omitted_types_.store(mask, std::memory_order_relaxed);
   }
@@ -379,6 +386,13 @@ class Pipeline {
   std::string engine_detail_;  // mutex_
   std::atomic<uint64_t> omitted_types_{0};
   bool describe_unwind_tables_ = true;
+  // Set before the collector starts (SetLabelTable, SetStackLimits): the
+  // windows' aggregates are made like aggregator_.
+  void ShapeLikeOurs(SampleAggregator& aggregator) const;
+  const LabelTable* label_table_ = nullptr;
+  size_t max_stacks_ = SIZE_MAX;
+  size_t max_frame_words_ = SIZE_MAX;
+  std::string overflow_frame_;
 
   // Guards aggregator_, window_start_ns_, baseline_ and the notes.
   mutable std::mutex mutex_;
