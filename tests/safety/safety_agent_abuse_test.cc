@@ -1018,8 +1018,12 @@ TEST(SafetyAgentAbuseTest, AGreedyProcessCannotGrowTheAgentOrSpoilLaterLabels) {
               static_cast<long long>(big), static_cast<long long>(rss_start),
               static_cast<long long>(rss_peak), static_cast<long long>(rss_after));
 
-  EXPECT_LT(rss_after - rss_start, 48 * 1024)
-      << "the agent kept the greedy process's " << big * 32 / 1024 << " MiB of strings";
+  // Under a sanitizer the agent's freed memory waits in its quarantine
+  // (ASan's: 256 MiB) and no malloc_trim gives it back: RSS says nothing.
+  if (!safety::kSanitized) {
+    EXPECT_LT(rss_after - rss_start, 48 * 1024)
+        << "the agent kept the greedy process's " << big * 32 / 1024 << " MiB of strings";
+  }
   // One line per quota, each naming the process, once.
   for (const char* what : {"label strings", "threads", "stacks"}) {
     int lines = 0;
