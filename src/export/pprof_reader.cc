@@ -542,6 +542,18 @@ absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path,
   return profile;
 }
 
+namespace {
+
+// a + b, held at the int64 limits: a profile read from outside may hold
+// values whose sum leaves int64 (undefined behaviour to compute).
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+}
+
+}  // namespace
+
 int DecodedProfile::ValueIndex(std::string_view type) const {
   for (size_t i = 0; i < sample_types.size(); ++i) {
     if (sample_types[i].type == type) return static_cast<int>(i);
@@ -553,7 +565,7 @@ int64_t DecodedProfile::Total(int value_index) const {
   int64_t total = 0;
   for (const Sample& s : samples) {
     if (value_index >= 0 && static_cast<size_t>(value_index) < s.values.size())
-      total += s.values[value_index];
+      total = SaturatingAdd(total, s.values[value_index]);
   }
   return total;
 }
@@ -565,7 +577,8 @@ absl::flat_hash_map<std::string, int64_t> DecodedProfile::FlatByFunction(
     if (s.stack.empty() || value_index < 0 ||
         static_cast<size_t>(value_index) >= s.values.size())
       continue;
-    out[s.stack.front()] += s.values[value_index];
+    int64_t& flat = out[s.stack.front()];
+    flat = SaturatingAdd(flat, s.values[value_index]);
   }
   return out;
 }
@@ -579,7 +592,7 @@ absl::flat_hash_map<std::string, int64_t> DecodedProfile::CumulativeByFunction(
       continue;
     seen.clear();
     for (const std::string& fn : s.stack) {
-      if (seen.insert(fn).second) out[fn] += s.values[value_index];
+      if (seen.insert(fn).second) out[fn] = SaturatingAdd(out[fn], s.values[value_index]);
     }
   }
   return out;
@@ -593,9 +606,10 @@ absl::flat_hash_map<std::string, int64_t> DecodedProfile::ByLabel(
       continue;
     const absl::string_view k(key.data(), key.size());
     if (auto it = s.str_labels.find(k); it != s.str_labels.end()) {
-      out[it->second] += s.values[value_index];
+      out[it->second] = SaturatingAdd(out[it->second], s.values[value_index]);
     } else if (auto n = s.num_labels.find(k); n != s.num_labels.end()) {
-      out[absl::StrCat(n->second)] += s.values[value_index];
+      int64_t& sum = out[absl::StrCat(n->second)];
+      sum = SaturatingAdd(sum, s.values[value_index]);
     }
   }
   return out;
@@ -865,8 +879,8 @@ absl::StatusOr<std::string> PprofToLegacyHeapProfile(std::string_view pprof,
     }
     auto& sum = stacks[addresses];
     for (int t = 0; t < 4; ++t) {
-      sum[t] += v[t];
-      total[t] += v[t];
+      sum[t] = SaturatingAdd(sum[t], v[t]);
+      total[t] = SaturatingAdd(total[t], v[t]);
     }
   }
   std::vector<const std::pair<const std::vector<uint64_t>, std::array<int64_t, 4>>*> order;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -96,6 +97,30 @@ absl::StatusOr<DecodedProfile> Load(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": corrupt pprof profile (a sample has ", s.values.size(),
           " values for ", p->sample_types.size(), " sample types)"));
+    }
+  }
+  // A view sums and scales the values of a sample type (totals, flat and
+  // cumulative rows, a diff's differences): a value below zero or a column
+  // whose sum leaves int64 would show a wrapped or meaningless figure (and
+  // is undefined behaviour to compute), so such a file is refused. Once
+  // every value is >= 0 and each column's sum fits, every partial sum of
+  // it fits, and so does a difference of two such sums.
+  for (size_t t = 0; t < p->sample_types.size(); ++t) {
+    const std::string& type = p->sample_types[t].type;
+    int64_t sum = 0;
+    for (size_t i = 0; i < p->samples.size(); ++i) {
+      const int64_t v = p->samples[i].values[t];
+      if (v < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": sample ", i + 1, " has a negative ", type, " value (", v,
+            "); the views show amounts, which are never below zero"));
+      }
+      if (__builtin_add_overflow(sum, v, &sum)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": the ", type, " values add up to more than ",
+            std::numeric_limits<int64_t>::max(),
+            ", which no view can show; refused rather than wrapped"));
+      }
     }
   }
   return p;

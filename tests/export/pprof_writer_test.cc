@@ -285,6 +285,41 @@ TEST(PprofReaderTest, ReadsUnpackedFieldsAndSkipsUnknownOnes) {
               HasSubstr("do not parse as perftools.profiles.Profile"));
 }
 
+// The sums a DecodedProfile offers stop at the int64 limits instead of
+// wrapping (undefined behaviour) on values from outside.
+TEST(PprofReaderTest, SumsOfHostileValuesSaturate) {
+  perftools::profiles::Profile p;
+  p.add_string_table("");
+  p.add_string_table("cpu-time");
+  p.add_string_table("nanoseconds");
+  p.add_string_table("f");
+  auto* type = p.add_sample_type();
+  type->set_type(1);
+  type->set_unit(2);
+  auto* fn = p.add_function();
+  fn->set_id(1);
+  fn->set_name(3);
+  auto* loc = p.add_location();
+  loc->set_id(1);
+  loc->add_line()->set_function_id(1);
+  for (int64_t v : {std::numeric_limits<int64_t>::max(), int64_t{5},
+                    std::numeric_limits<int64_t>::max()}) {
+    auto* sample = p.add_sample();
+    sample->add_location_id(1);
+    sample->add_value(v);
+  }
+  std::string bytes;
+  ASSERT_TRUE(p.SerializeToString(&bytes));
+  absl::StatusOr<DecodedProfile> d = DecodePprof(bytes);
+  ASSERT_TRUE(d.ok()) << d.status();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(d->Total(0), kMax);
+  EXPECT_EQ(d->FlatByFunction(0).at("f"), kMax);
+  EXPECT_EQ(d->CumulativeByFunction(0).at("f"), kMax);
+  for (DecodedProfile::Sample& s : d->samples) s.values[0] = -s.values[0] - 1;
+  EXPECT_EQ(d->Total(0), std::numeric_limits<int64_t>::min());
+}
+
 // RenamePprofStrings (the Datadog upload's type names): only matching
 // string-table entries change, other fields (an unpacked repeated comment
 // with a zero among them) are kept, libprotobuf parses the result, and

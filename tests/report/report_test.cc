@@ -285,6 +285,70 @@ TEST(ReportTest, CorruptOrWrongInputIsOneClearLine) {
   EXPECT_THAT(r.err, HasSubstr("cannot write '/nonexistent-dir/x.html'"));
 }
 
+// A profile from outside with hostile values: two samples of INT64_MAX
+// (their sum leaves int64: before, top printed a total of -2 ns, wrapped,
+// computed with undefined behaviour) and a negative value (before, shown as
+// it came). Every view refuses the file in one line that names it and says
+// which; the profile of known content beside it is still read.
+std::string EncodedText(const std::string& name, const std::string& text) {
+  const std::string source = absl::StrCat(Dir(), "/", name, ".textpb");
+  std::ofstream(source) << text;
+  const std::string out = absl::StrCat(Dir(), "/", name, ".pb");
+  auto r = RunCommandSeparately(absl::StrCat(
+      ShellQuote(Env("INPROF_PROTOC")), " --encode=perftools.profiles.Profile -I",
+      ShellQuote(Env("INPROF_PROTO_DIR")), " profile.proto < ", ShellQuote(source),
+      " > ", ShellQuote(out)));
+  EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : "");
+  return out;
+}
+
+TEST(ReportTest, ValuesThatOverflowOrAreNegativeAreRefusedInOneLine) {
+  constexpr char kProfile[] = R"(
+sample_type { type: 1 unit: 2 }
+sample { location_id: [1] value: [%s] }
+sample { location_id: [2] value: [%s] }
+location { id: 1 address: 0x1000 line { function_id: 1 } }
+location { id: 2 address: 0x1100 line { function_id: 2 } }
+function { id: 1 name: 3 }
+function { id: 2 name: 4 }
+string_table: ["", "cpu-time", "nanoseconds", "Hot", "Cold"]
+)";
+  const std::string huge = EncodedText(
+      "huge", absl::StrReplaceAll(kProfile, {{"%s", "9223372036854775807"}}));
+  std::string negative_text = kProfile;
+  negative_text.replace(negative_text.find("%s"), 2, "1000");
+  negative_text.replace(negative_text.find("%s"), 2, "-5");
+  const std::string negative = EncodedText("negative", negative_text);
+  const std::string known = Encoded("known");
+  struct Case {
+    std::string file, says;
+  };
+  for (const Case& c :
+       {Case{huge, "the cpu-time values add up to more than 9223372036854775807"},
+        Case{negative, "sample 2 has a negative cpu-time value (-5)"}}) {
+    for (const std::string& cmd :
+         {absl::StrCat("top ", ShellQuote(c.file)), absl::StrCat("collapsed ", ShellQuote(c.file)),
+          absl::StrCat("speedscope -o /dev/null ", ShellQuote(c.file)),
+          absl::StrCat("flamegraph -o /dev/null ", ShellQuote(c.file)),
+          absl::StrCat("diff -o /dev/null ", ShellQuote(known), " ", ShellQuote(c.file)),
+          absl::StrCat("diff -o /dev/null ", ShellQuote(c.file), " ", ShellQuote(known))}) {
+      SCOPED_TRACE(cmd);
+      CommandOutput r = Inprof(cmd);
+      EXPECT_EQ(r.exit_code, 1) << r.out;
+      EXPECT_EQ(r.out, "");
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+      EXPECT_THAT(r.err, HasSubstr(absl::StrCat(c.file, ": ", c.says))) << r.err;
+    }
+  }
+  // One value of INT64_MAX alone is shown as it is.
+  std::string one_text = kProfile;
+  one_text.replace(one_text.find("%s"), 2, "9223372036854775807");
+  one_text.replace(one_text.find("%s"), 2, "0");
+  CommandOutput r = Inprof(absl::StrCat("collapsed ", ShellQuote(EncodedText("one", one_text))));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "Hot 9223372036854775807\n");
+}
+
 // Chromium, when installed; under CI it must be (the test command installs
 // it), elsewhere the browser checks are skipped with a message.
 std::string Chromium() {
