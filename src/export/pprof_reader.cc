@@ -372,7 +372,8 @@ absl::Status CheckCounts(std::string_view bytes, const PprofReadLimits& limits) 
 absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
                                            const PprofReadLimits& limits) {
   std::string inflated;
-  if (IsGzip(bytes)) {
+  const bool gzipped = IsGzip(bytes);
+  if (gzipped) {
     absl::StatusOr<std::string> raw = Gunzip(bytes, limits.max_decoded_bytes);
     if (!raw.ok()) return raw.status();
     inflated = *std::move(raw);
@@ -380,6 +381,14 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
   } else if (bytes.size() > limits.max_decoded_bytes) {
     return OverLimit(absl::StrCat("more than ", Bytes(limits.max_decoded_bytes),
                                   " of protobuf"));
+  }
+  // Empty bytes parse as a profile with nothing in it, not even the string
+  // table's "" that every name refers to: said as what it is, not as the
+  // first name found missing.
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecodePprof: empty input", gzipped ? " (once gunzipped)" : "",
+        ", not a pprof profile"));
   }
   if (absl::Status counted = CheckCounts(bytes, limits); !counted.ok()) {
     return counted;
@@ -389,6 +398,12 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
     return absl::InvalidArgumentError(
         absl::StrCat("DecodePprof: ", bytes.size(),
                      " bytes do not parse as perftools.profiles.Profile"));
+  }
+  if (profile.strings.empty() || !profile.strings[0].empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecodePprof: ", bytes.size(), " bytes have ",
+        profile.strings.empty() ? "no string table" : "a string table that does not start with \"\"",
+        ", so they are not a pprof profile"));
   }
 
   const int64_t nstrings = static_cast<int64_t>(profile.strings.size());

@@ -285,6 +285,26 @@ TEST(PprofReaderTest, ReadsUnpackedFieldsAndSkipsUnknownOnes) {
               HasSubstr("do not parse as perftools.profiles.Profile"));
 }
 
+// Empty input, plain or gzipped, and a profile without its string table,
+// are said as what they are (before: "string index 0 out of range;
+// expected below 0").
+TEST(PprofReaderTest, EmptyInputIsSaidAsSuch) {
+  absl::StatusOr<DecodedProfile> empty = DecodePprof("");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().message(), "DecodePprof: empty input, not a pprof profile");
+  const std::string empty_gzip("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x03\x00"
+                               "\x00\x00\x00\x00\x00\x00\x00\x00", 20);
+  absl::StatusOr<DecodedProfile> gz = DecodePprof(empty_gzip);
+  ASSERT_FALSE(gz.ok());
+  EXPECT_EQ(gz.status().message(),
+            "DecodePprof: empty input (once gunzipped), not a pprof profile");
+  // A period (field 12) and nothing else: no string table.
+  absl::StatusOr<DecodedProfile> bare = DecodePprof(std::string("\x60\x05", 2));
+  ASSERT_FALSE(bare.ok());
+  EXPECT_THAT(bare.status().message(), HasSubstr("2 bytes have no string table"));
+  EXPECT_THAT(bare.status().message(), Not(HasSubstr("string index")));
+}
+
 // The sums a DecodedProfile offers stop at the int64 limits instead of
 // wrapping (undefined behaviour) on values from outside.
 TEST(PprofReaderTest, SumsOfHostileValuesSaturate) {
