@@ -40,6 +40,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -285,6 +286,23 @@ void StartHeapFromEnvironment() {
   if (IsHeapProfilerRunning()) atexit(&DumpAtExit);
 }
 
+namespace {
+
+// `path` as an output pattern that names exactly it: gperftools writes
+// ProfilerStart's file and CPUPROFILE as given ("%p" stays "%p"), where
+// inprof's patterns expand %p, %t and %%.
+std::string LiteralPattern(std::string_view path) {
+  std::string out;
+  out.reserve(path.size());
+  for (char c : path) {
+    out.push_back(c);
+    if (c == '%') out.push_back('%');
+  }
+  return out;
+}
+
+}  // namespace
+
 void ApplyGperftoolsDefaults(Options& options) {
   if (getenv("INPROF_WALL_PERIOD") == nullptr) {
     options.wall_period = absl::ZeroDuration();
@@ -295,11 +313,12 @@ bool ApplyEnvironment(Options& options) {
   const char* file = getenv("CPUPROFILE");
   if (file == nullptr || *file == '\0') return false;
   ApplyGperftoolsDefaults(options);
-  options.output = file;
+  std::string path = file;
   // gperftools' libprofiler, when loaded, marks the variable as seen by
   // setting the high bit of its first byte (so that its children write
   // FILE_<pid>); the path is the value without the mark.
-  options.output[0] = static_cast<char>(options.output[0] & 0x7f);
+  path[0] = static_cast<char>(path[0] & 0x7f);
+  options.output = LiteralPattern(path);
   options.export_period = absl::ZeroDuration();
   options.write_output = true;
   if (const char* f = getenv("CPUPROFILE_FREQUENCY"); f != nullptr && *f) {
@@ -350,7 +369,7 @@ bool StartFromEnvironment(Options options, const std::string& report,
     }
   }
   if (absl::Status s = run::Start(options.output); !s.ok()) {
-    internal::Log(absl::StrCat("CPUPROFILE='", options.output,
+    internal::Log(absl::StrCat("CPUPROFILE='", getenv("CPUPROFILE"),
                                "': profiling stays off: ", s.message()));
   }
   return true;
@@ -396,7 +415,7 @@ __attribute__((visibility("default"))) int ProfilerStartWithOptions(
   if (!from_env.enabled) return 0;  // INPROF_ENABLED=0: a silent no-op
   gperftools::ApplyGperftoolsDefaults(from_env);
   run::Init(std::move(from_env), "", true);
-  absl::Status s = run::Start(fname);
+  absl::Status s = run::Start(gperftools::LiteralPattern(fname));
   if (!s.ok() && !absl::IsAlreadyExists(s)) {
     internal::Log(absl::StrCat("ProfilerStart('", fname, "'): ", s.message()));
   }

@@ -126,6 +126,32 @@ TEST(GperftoolsTest, CpuprofileProfilesFromLoadToExitAtItsFrequency) {
   }
 }
 
+// gperftools writes ProfilerStart's file and CPUPROFILE as given: "%p",
+// "%t" and "%%" are characters of the name, not inprof's pattern (before,
+// they were expanded: app-12345-...). HEAPPROFILE's prefix was already
+// taken as given; it stays so.
+TEST(GperftoolsTest, PercentSignsInFileNamesAreWrittenAsGiven) {
+  for (const Variant& v : Variants()) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = Fresh(absl::StrCat("percent_", v.env.empty()));
+    const std::string api = dir + "/api-%p-%t-%%.prof";
+    auto r = RunCommandSeparately(absl::StrCat(v.env, " ", ShellQuote(v.program), " api ",
+                                               ShellQuote(api)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+    const std::string env = dir + "/env-%p-%%.prof";
+    r = RunCommandSeparately(absl::StrCat(v.env, " CPUPROFILE=", ShellQuote(env), " ",
+                                          ShellQuote(v.program), " env"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    auto ls = RunCommandSeparately(absl::StrCat("ls -A ", ShellQuote(dir)));
+    ASSERT_TRUE(ls.ok());
+    EXPECT_EQ(ls->out, "api-%p-%t-%%.prof\nenv-%p-%%.prof\n");
+    EXPECT_TRUE(ReadPprofFile(api).ok());
+    EXPECT_TRUE(ReadPprofFile(env).ok());
+  }
+}
+
 TEST(GperftoolsTest, WallTimeOnlyWhenInprofWallPeriodAsksForIt) {
   for (const Variant& v : Variants()) {
     SCOPED_TRACE(v.name);
