@@ -170,6 +170,10 @@ struct Options {
   // bytes, of each thread's countdown between two sampled allocations (Go's
   // MemProfileRate, jemalloc's 2^lg_prof_sample). 0: off. At most 1 GiB.
   uint64_t alloc_period = 0;
+  // Where alloc_period came from, for the lines that name it: the variable
+  // that set it ("INPROF_ALLOC_PERIOD", "HEAPPROFILE"); empty: the program's
+  // own Options.
+  std::string alloc_period_source;
   // Length of each profile window: every export_period a profile covering
   // [start, end) goes to the sinks; Stop() exports the last, partial one.
   // Zero: one profile covering Start() to Stop(). (dd-win-prof: 60 s.)

@@ -241,6 +241,7 @@ Options Options::FromLookup(const Lookup& lookup,
     if (absl::StatusOr<uint64_t> bytes = ParseAllocPeriodFlag("INPROF_ALLOC_PERIOD", v);
         bytes.ok()) {
       options.alloc_period = *bytes;
+      options.alloc_period_source = "INPROF_ALLOC_PERIOD";
     } else {
       report(bytes.status(), "0");
     }

@@ -269,6 +269,7 @@ void ApplyHeapProfileDefaults(Options& options) {
   // Go's and jemalloc's mean, unless INPROF_ALLOC_PERIOD says otherwise.
   if (options.alloc_period == 0 && getenv("INPROF_ALLOC_PERIOD") == nullptr) {
     options.alloc_period = 512 * 1024;
+    options.alloc_period_source = "HEAPPROFILE";
   }
 }
 
@@ -450,7 +451,7 @@ __attribute__((visibility("default"))) void HeapProfilerStart(const char* prefix
   if (!run::AllocationsSampled()) {
     // As gperftools' does: no variable needed. The mean is Go's and
     // jemalloc's default (HEAPPROFILE's too).
-    if (absl::Status s = run::SampleAllocations(512 * 1024); !s.ok()) {
+    if (absl::Status s = run::SampleAllocations(512 * 1024, "HeapProfilerStart"); !s.ok()) {
       internal::Log(absl::StrCat("HeapProfilerStart('", prefix,
                                  "'): allocations cannot be sampled now: ", s.message(),
                                  " (set HEAPPROFILE or INPROF_ALLOC_PERIOD in the "

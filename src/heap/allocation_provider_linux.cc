@@ -385,28 +385,30 @@ void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
 
 absl::Status AllocationProvider::Configure(const Options& options) {
   period_ = options.alloc_period;
+  period_source_ = options.alloc_period_source.empty() ? "Options::alloc_period"
+                                                       : options.alloc_period_source;
   return absl::OkStatus();
 }
 
 std::string AllocationProvider::Describe() const {
   if (period_ == 0) return "";
   return absl::StrCat("allocations: sampled every ", period_,
-                      " bytes on average (INPROF_ALLOC_PERIOD)");
+                      " bytes on average (", period_source_, ")");
 }
 
 absl::Status AllocationProvider::StartEvents(const EventContext& context) {
   if (period_ == 0) return absl::OkStatus();
   if (!AllocHooks::Supported()) {
     return absl::UnimplementedError(
-        "INPROF_ALLOC_PERIOD: allocation profiling needs GOT patching (Linux x86-64, "
-        "aarch64); allocations are not profiled");
+        absl::StrCat(period_source_, ": allocation profiling needs GOT patching (Linux x86-64, "
+        "aarch64); allocations are not profiled"));
   }
   HeapState& h = State();
   AllocGuard guard;
   if (h.running.exchange(true)) {
     return absl::FailedPreconditionError(
-        "INPROF_ALLOC_PERIOD: another profiler in this process profiles allocations; "
-        "this one does not");
+        absl::StrCat(period_source_, ": another profiler in this process profiles allocations; "
+        "this one does not"));
   }
   // Blocks of a previous run whose frees were not seen since.
   std::vector<const void*> stale;
@@ -437,7 +439,7 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
   hooks.live = &h.live;
   if (absl::Status s = AllocHooks::Install(hooks); !s.ok()) {
     h.running.store(false);
-    return absl::Status(s.code(), absl::StrCat("INPROF_ALLOC_PERIOD: cannot intercept "
+    return absl::Status(s.code(), absl::StrCat(period_source_, ": cannot intercept "
                                                "allocations: ", s.message()));
   }
   started_ = true;

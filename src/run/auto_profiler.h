@@ -112,7 +112,7 @@ bool AllocationsSampled();
 // Start (HeapProfilerStart without HEAPPROFILE or INPROF_ALLOC_PERIOD).
 // FailedPrecondition while profiling runs without it (its CPU profile
 // started without allocations) or when profiling is off.
-absl::Status SampleAllocations(uint64_t period);
+absl::Status SampleAllocations(uint64_t period, const char* source = "");
 
 // The heap now (ProfilerCommon::HeapProfile: a gzip pprof, alloc_* since
 // Start and inuse_* now). FailedPrecondition when not running; NotFound

@@ -607,7 +607,7 @@ bool AllocationsSampled() {
   return s.profiler != nullptr && s.options.alloc_period > 0;
 }
 
-absl::Status SampleAllocations(uint64_t period) {
+absl::Status SampleAllocations(uint64_t period, const char* source) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.lifecycle);
   if (s.profiler == nullptr) {
@@ -618,8 +618,9 @@ absl::Status SampleAllocations(uint64_t period) {
     return absl::FailedPreconditionError(
         "the CPU profile running now started without allocation sampling");
   }
-  if (absl::Status st = s.profiler->SetAllocPeriod(period); !st.ok()) return st;
+  if (absl::Status st = s.profiler->SetAllocPeriod(period, source); !st.ok()) return st;
   s.options.alloc_period = period;
+  s.options.alloc_period_source = source;
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
@@ -306,6 +307,31 @@ TEST(GperftoolsTest, HeapprofileProfilesFromLoadToExit) {
     const double got = static_cast<double>(LeafSum(*p, inuse_space, "HeapLiveSite"));
     EXPECT_GE(got, range.low * 4000 * 4096.0) << got;
     EXPECT_LE(got, range.high * 4000 * 4096.0) << got;
+  }
+}
+
+// The CPU profile's engine line names where the allocation period came
+// from: HEAPPROFILE's default (before, it named INPROF_ALLOC_PERIOD, which
+// was not set), or INPROF_ALLOC_PERIOD when that set it.
+TEST(GperftoolsTest, TheEngineLineNamesWhatSetTheAllocationPeriod) {
+  const std::string program = ShellQuote(Env("INPROF_GPERFTOOLS_HEAP_PROGRAM"));
+  for (const bool from_variable : {false, true}) {
+    SCOPED_TRACE(from_variable);
+    const std::string dir = Fresh(absl::StrCat("heap_source_", from_variable));
+    auto r = RunCommandSeparately(absl::StrCat(
+        "HEAPPROFILE=", ShellQuote(dir + "/heap"), " CPUPROFILE=", ShellQuote(dir + "/cpu.prof"),
+        from_variable ? " INPROF_ALLOC_PERIOD=512KiB " : " ", program, " env"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+    auto p = ReadPprofFile(dir + "/cpu.prof");
+    ASSERT_TRUE(p.ok()) << p.status() << r->err;
+    std::string line;
+    for (const std::string& c : p->comments) {
+      if (absl::StrContains(c, "allocations: sampled every")) line = c;
+    }
+    EXPECT_THAT(line, HasSubstr(from_variable ? "524288 bytes on average (INPROF_ALLOC_PERIOD)"
+                                              : "524288 bytes on average (HEAPPROFILE)"))
+        << absl::StrJoin(p->comments, "\n");
   }
 }
 

@@ -173,6 +173,7 @@ class AllocationProvider {
 
  private:
   uint64_t period_ = 0;
+  std::string period_source_;  // Options::alloc_period_source, or what names it
   bool started_ = false;
 };
 

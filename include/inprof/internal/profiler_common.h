@@ -28,6 +28,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,11 +73,13 @@ class ProfilerCommon : public ProfilerControl, protected Registry::Owner {
   // gperftools drop-in's HeapProfilerStart, which turns allocation
   // sampling on in a process whose environment did not. Not concurrently
   // with Start() or Stop().
-  absl::Status SetAllocPeriod(uint64_t bytes) {
+  // `source` names what asked for it in the lines that mention the period.
+  absl::Status SetAllocPeriod(uint64_t bytes, std::string source = {}) {
     if (running_) {
       return absl::FailedPreconditionError("the allocation period is set before Start()");
     }
     options_.alloc_period = bytes;
+    options_.alloc_period_source = std::move(source);
     return absl::OkStatus();
   }
   const Options& options() const { return options_; }
