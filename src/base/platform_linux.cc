@@ -16,8 +16,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace inprof {
 namespace internal {
@@ -102,16 +107,18 @@ absl::Status WriteAllBounded(int fd, absl::string_view bytes,
   return absl::OkStatus();
 }
 
-// `path` names an existing FIFO or character device (`seen`, from lstat):
+// `path` (`leaf` in `dir`) names an existing FIFO or character device
+// (`seen`, from lstat):
 // the bytes go into it; nothing is created, replaced or truncated.
-absl::Status WriteIntoSpecialFile(const std::string& path,
+absl::Status WriteIntoSpecialFile(int dir, const std::string& leaf,
+                                  const std::string& path,
                                   absl::string_view bytes,
                                   const struct stat& seen) {
   // O_NONBLOCK: opening a FIFO nobody reads fails (ENXIO) instead of
   // waiting for a reader forever. O_NOFOLLOW: a link swapped in since the
   // lstat() is refused.
-  const int fd = open(path.c_str(),
-                      O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+  const int fd = openat(dir, leaf.c_str(),
+                        O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENXIO && S_ISFIFO(seen.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -156,15 +163,111 @@ std::string TemporaryName(const std::string& path) {
   return out + suffix;
 }
 
+// Whether a user other than this process's (and root) can put an entry in
+// directory `dir` or replace one of its entries such as `entry` (lstat of a
+// symbolic link in it): its owner is another user, or it is writable by
+// others (world, or a group not this process's) without the sticky bit, or
+// sticky but the link is another user's (what fs.protected_symlinks
+// refuses, held whether or not the kernel is set to).
+bool OthersCanPlant(const struct stat& dir, const struct stat& entry) {
+  const uid_t me = geteuid();
+  if (dir.st_uid != me && dir.st_uid != 0) return true;
+  const bool sticky = (dir.st_mode & S_ISVTX) != 0;
+  const bool shared = (dir.st_mode & S_IWOTH) != 0 ||
+                      ((dir.st_mode & S_IWGRP) != 0 && dir.st_gid != getegid());
+  if (!shared) return false;
+  return !sticky || (entry.st_uid != me && entry.st_uid != 0);
+}
+
+// The directory that holds `path`'s last component, opened (O_PATH) by
+// walking its components one at a time from / (or the current directory):
+// a symbolic link among them is followed only where no other user could
+// have put it there (OthersCanPlant); one that another user could have is
+// refused, since following it lets them choose where inprof writes, root's
+// files included. Sets `leaf` to the last component.
+absl::StatusOr<int> OpenParentDirectory(const std::string& path, std::string& leaf) {
+  const size_t slash = path.rfind('/');
+  leaf = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (leaf.empty() || leaf == "." || leaf == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' names a directory, not a file"));
+  }
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  int fd = open(!dir.empty() && dir[0] == '/' ? "/" : ".",
+                O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot write '", path, "'"));
+  std::deque<std::string> todo = absl::StrSplit(dir, '/', absl::SkipEmpty());
+  std::string walked = !dir.empty() && dir[0] == '/' ? "" : ".";  // for messages
+  int links = 0;
+  while (!todo.empty()) {
+    const std::string name = std::move(todo.front());
+    todo.pop_front();
+    if (name == ".") continue;
+    const int next = openat(fd, name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next >= 0) {
+      close(fd);
+      fd = next;
+      walked = absl::StrCat(walked, "/", name);
+      continue;
+    }
+    const int err = errno;
+    struct stat entry, here;
+    if ((err != ENOTDIR && err != ELOOP) ||
+        fstatat(fd, name.c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISLNK(entry.st_mode) || fstat(fd, &here) != 0) {
+      close(fd);
+      return absl::ErrnoToStatus(err, absl::StrCat("cannot write '", path, "': '",
+                                                   walked, "/", name, "'"));
+    }
+    if (OthersCanPlant(here, entry)) {
+      close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", path, "': '", walked, "/", name,
+          "' is a symbolic link in a directory that other users can write; "
+          "inprof does not follow it (another user could choose where the "
+          "profile goes): not written (name the directory itself)"));
+    }
+    char target[PATH_MAX];
+    const ssize_t n = readlinkat(fd, name.c_str(), target, sizeof(target) - 1);
+    if (n <= 0 || ++links > 40) {  // 40: the kernel's own limit (ELOOP)
+      close(fd);
+      return absl::ErrnoToStatus(n <= 0 ? errno : ELOOP,
+                                 absl::StrCat("cannot write '", path, "': '",
+                                              walked, "/", name, "'"));
+    }
+    target[n] = '\0';
+    std::vector<std::string> parts = absl::StrSplit(target, '/', absl::SkipEmpty());
+    todo.insert(todo.begin(), parts.begin(), parts.end());
+    if (target[0] == '/') {
+      const int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+      close(fd);
+      if (root < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot write '", path, "'"));
+      fd = root;
+      walked = "";
+    }
+  }
+  return fd;
+}
+
 }  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view bytes) {
   if (path.empty()) return absl::InvalidArgumentError("empty output path");
+  std::string leaf;
+  absl::StatusOr<int> opened = OpenParentDirectory(path, leaf);
+  if (!opened.ok()) return opened.status();
+  const int dir = *opened;
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{dir};
+  // Everything below is relative to `dir`: a directory renamed or relinked
+  // since the walk does not move the write elsewhere.
+  const std::string dir_part = path.substr(0, path.size() - leaf.size());
   struct stat seen;
-  if (lstat(path.c_str(), &seen) == 0) {
+  if (fstatat(dir, leaf.c_str(), &seen, AT_SYMLINK_NOFOLLOW) == 0) {
     if (S_ISCHR(seen.st_mode) || S_ISFIFO(seen.st_mode)) {
-      return WriteIntoSpecialFile(path, bytes, seen);
+      return WriteIntoSpecialFile(dir, leaf, path, bytes, seen);
     }
     if (S_ISLNK(seen.st_mode)) {
       // Neither followed (the target may be anything, chosen by whoever can
@@ -187,14 +290,15 @@ absl::Status WriteFileAtomically(const std::string& path,
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    tmp = TemporaryName(path);
-    fd = open(tmp.c_str(),
-              O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    tmp = TemporaryName(leaf);
+    fd = openat(dir, tmp.c_str(),
+                O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno != EEXIST) break;
   }
+  const std::string tmp_path = dir_part + tmp;
   if (fd < 0) {
     return absl::ErrnoToStatus(
-        errno, absl::StrCat("cannot write '", path, "' (creating '", tmp, "')"));
+        errno, absl::StrCat("cannot write '", path, "' (creating '", tmp_path, "')"));
   }
   size_t done = 0;
   while (done < bytes.size()) {
@@ -203,23 +307,23 @@ absl::Status WriteFileAtomically(const std::string& path,
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
       close(fd);
-      unlink(tmp.c_str());
+      unlinkat(dir, tmp.c_str(), 0);
       return absl::ErrnoToStatus(
-          err, absl::StrCat("cannot write '", tmp, "' for '", path, "'"));
+          err, absl::StrCat("cannot write '", tmp_path, "' for '", path, "'"));
     }
     done += static_cast<size_t>(n);
   }
   if (close(fd) != 0) {
     const int err = errno;
-    unlink(tmp.c_str());
+    unlinkat(dir, tmp.c_str(), 0);
     return absl::ErrnoToStatus(
-        err, absl::StrCat("cannot write '", tmp, "' for '", path, "'"));
+        err, absl::StrCat("cannot write '", tmp_path, "' for '", path, "'"));
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
+  if (renameat(dir, tmp.c_str(), dir, leaf.c_str()) != 0) {
     const int err = errno;
-    unlink(tmp.c_str());
+    unlinkat(dir, tmp.c_str(), 0);
     return absl::ErrnoToStatus(
-        err, absl::StrCat("cannot rename '", tmp, "' to '", path, "'"));
+        err, absl::StrCat("cannot rename '", tmp_path, "' to '", path, "'"));
   }
   return absl::OkStatus();
 }

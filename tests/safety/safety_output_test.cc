@@ -318,6 +318,51 @@ TEST(SafetyOutputTest, ASymlinkAtThePathIsRefusedAndItsTargetKept) {
   EXPECT_EQ(ReadFile(victim), "precious");
 }
 
+// A link as a *directory* of the path, put by another user (nobody) in a
+// directory others can write: not followed (before, the profile went into
+// the directory the link named, one of that user's choosing), refused in
+// one line; the same in a sticky directory when the link is another
+// user's. A link in a directory only this user (or root) can write, and
+// this user's own link in a sticky one, are followed as before.
+TEST(SafetyOutputTest, ALinkedDirectoryThatOthersCouldPlantIsNotFollowed) {
+  const std::string victim = FreshDir("symlink_dir_victim");
+  for (const mode_t mode : {0777, 01777}) {
+    SCOPED_TRACE(mode);
+    const std::string dir = SharedDir(absl::StrCat("symlink_dir_", mode));
+    chmod(dir.c_str(), mode);
+    PlantSymlink(victim, dir + "/sub");
+    const std::string path = dir + "/sub/out.pb.gz";
+    absl::Status st = WriteFileAtomically(path, "profile bytes");
+    EXPECT_FALSE(st.ok());
+    EXPECT_THAT(st.message(),
+                HasSubstr(absl::StrCat("'", dir, "/sub' is a symbolic link in a directory "
+                                       "that other users can write")));
+    EXPECT_EQ(Entries(victim), std::vector<std::string>{});
+
+    const std::string html = dir + "/sub/out.html";
+    CommandOutput r = Shell(absl::StrCat(ShellQuote(Cli()), " flamegraph ",
+                                         ShellQuote(Input()), " -o ", ShellQuote(html)));
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("is a symbolic link in a directory that other users can write"));
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(Entries(victim), std::vector<std::string>{});
+  }
+  // This user's own links: followed, relative and absolute, also through a
+  // sticky shared directory.
+  const std::string own = FreshDir("symlink_dir_own");
+  ASSERT_EQ(symlink(victim.c_str(), (own + "/abs").c_str()), 0);
+  ASSERT_EQ(symlink("../safety_output_symlink_dir_victim", (own + "/rel").c_str()), 0);
+  const std::string sticky = SharedDir("symlink_dir_sticky_own");
+  chmod(sticky.c_str(), 01777);
+  ASSERT_EQ(symlink(victim.c_str(), (sticky + "/mine").c_str()), 0);
+  EXPECT_TRUE(WriteFileAtomically(own + "/abs/a.pb.gz", "a").ok());
+  EXPECT_TRUE(WriteFileAtomically(own + "/rel/b.pb.gz", "b").ok());
+  EXPECT_TRUE(WriteFileAtomically(sticky + "/mine/c.pb.gz", "c").ok());
+  EXPECT_EQ(ReadFile(victim + "/a.pb.gz"), "a");
+  EXPECT_EQ(ReadFile(victim + "/b.pb.gz"), "b");
+  EXPECT_EQ(ReadFile(victim + "/c.pb.gz"), "c");
+}
+
 // Links planted under the names the library's writer used to take
 // (PATH.tmp.PID.N): it still writes, and follows none of them.
 TEST(SafetyOutputTest, LinksPlantedAtTemporaryNamesAreNeverFollowed) {
