@@ -12,7 +12,9 @@
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -462,6 +464,26 @@ int RunMain(int argc, char** argv) {
   const bool special_output = exists &&
                               (S_ISCHR(out_st.st_mode) || S_ISFIFO(out_st.st_mode)) &&
                               access(output.c_str(), W_OK) == 0;
+  // access() passes root (and says EACCES, not ENOTDIR, to others) for a
+  // file, and passes root for /proc and /sys, where no
+  // profile can be created: caught now, not after the run.
+  if (!special_output) {
+    struct stat dir_st;
+    struct statfs fs;
+    if (stat(out_dir.c_str(), &dir_st) == 0 && !S_ISDIR(dir_st.st_mode)) {
+      PrintError(kCmd, absl::StrCat("cannot write profiles to '", output, "': '",
+                                    out_dir, "' is not a directory"));
+      return 1;
+    }
+    if (statfs(out_dir.c_str(), &fs) == 0 &&
+        (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC)) {
+      PrintError(kCmd, absl::StrCat("cannot write profiles to '", output, "': '",
+                                    out_dir, "' is in ",
+                                    fs.f_type == PROC_SUPER_MAGIC ? "/proc" : "/sys",
+                                    ", where no file can be created"));
+      return 1;
+    }
+  }
   if (!special_output && access(out_dir.c_str(), W_OK) != 0) {
     PrintError(kCmd, absl::StrCat("cannot write profiles to '", out_dir,
                                   "': ", strerror(errno)));

@@ -363,6 +363,27 @@ TEST(SafetyOutputTest, ALinkedDirectoryThatOthersCouldPlantIsNotFollowed) {
   EXPECT_EQ(ReadFile(victim + "/c.pb.gz"), "c");
 }
 
+// `inprof run -o` under /proc, or under a file, is refused before the
+// program runs, in one line that says why (before, root passed access()
+// and learnt it only when each process failed to write at its end).
+TEST(SafetyOutputTest, AnOutputUnderProcOrUnderAFileIsRefusedBeforeTheRun) {
+  const std::string dir = FreshDir("output_under");
+  WriteFile(dir + "/file", "a file");
+  struct Case {
+    std::string output, says;
+  };
+  for (const Case& c : {Case{"/proc/p.pb.gz", "'/proc' is in /proc, where no file can be created"},
+                        Case{dir + "/file/p.pb.gz", absl::StrCat("'", dir, "/file' is not a directory")}}) {
+    SCOPED_TRACE(c.output);
+    CommandOutput r = Shell(absl::StrCat(ShellQuote(Cli()), " run -o ", ShellQuote(c.output),
+                                         " -- ", ShellQuote(EnvOrEmpty("INPROF_RUN_TARGET")),
+                                         " spin 10"));
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.err, absl::StrCat("inprof run: cannot write profiles to '", c.output, "': ",
+                                  c.says, "\n"));
+  }
+}
+
 // Links planted under the names the library's writer used to take
 // (PATH.tmp.PID.N): it still writes, and follows none of them.
 TEST(SafetyOutputTest, LinksPlantedAtTemporaryNamesAreNeverFollowed) {
