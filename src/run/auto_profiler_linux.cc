@@ -477,7 +477,10 @@ F Next(const char* name) {
 //
 // Returns `set`, or a copy of it without SIGPROF in `storage` when it must
 // be taken out.
-const sigset_t* WithoutSigprof(const sigset_t* set, sigset_t& storage) {
+// `call` names the program's call in the log line, which says what the set
+// held: every signal, or SIGPROF alone, or SIGPROF among others.
+const sigset_t* WithoutSigprof(const sigset_t* set, sigset_t& storage,
+                               const char* call) {
   if (set == nullptr || t_inprof || sigismember(set, SIGPROF) != 1) return set;
   if (!g_running.load(std::memory_order_acquire)) return set;
   internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
@@ -487,11 +490,24 @@ const sigset_t* WithoutSigprof(const sigset_t* set, sigset_t& storage) {
   static std::atomic<bool> said{false};
   if (!said.exchange(true)) {
     InprofScope scope;
-    internal::Log(
-        "the program blocks or waits for every signal; inprof keeps SIGPROF "
+    int others = 0;  // signals in the set besides SIGPROF
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sig != SIGPROF && sigismember(set, sig) == 1) ++others;
+    }
+    sigset_t full;
+    sigfillset(&full);
+    bool every = true;
+    for (int sig = 1; sig < NSIG && every; ++sig) {
+      every = sigismember(&full, sig) != 1 || sigismember(set, sig) == 1;
+    }
+    const bool waits = std::strncmp(call, "sig", 3) == 0 && std::strcmp(call, "sigprocmask") != 0;
+    internal::Log(absl::StrCat(
+        "the program ", waits ? "waits for " : "blocks ",
+        every ? "every signal" : others == 0 ? "SIGPROF" : absl::StrCat("SIGPROF and ", others, " other signal", others == 1 ? "" : "s"),
+        " (", call, "); inprof keeps SIGPROF "
         "out of its signal masks, sigwait sets and signalfds while it "
         "profiles, so that it can sample and the program never receives it "
-        "(said once)");
+        "(said once)"));
   }
   storage = *set;
   sigdelset(&storage, SIGPROF);
@@ -782,7 +798,7 @@ __attribute__((visibility("default"))) int pthread_sigmask(int how,
   static Fn real = Next<Fn>("pthread_sigmask");
   if (real == nullptr) return ENOSYS;
   sigset_t storage;
-  if (how != SIG_UNBLOCK) set = inprof::WithoutSigprof(set, storage);
+  if (how != SIG_UNBLOCK) set = inprof::WithoutSigprof(set, storage, "pthread_sigmask");
   return real(how, set, old);
 }
 
@@ -796,7 +812,7 @@ __attribute__((visibility("default"))) int sigprocmask(int how,
     return -1;
   }
   sigset_t storage;
-  if (how != SIG_UNBLOCK) set = inprof::WithoutSigprof(set, storage);
+  if (how != SIG_UNBLOCK) set = inprof::WithoutSigprof(set, storage, "sigprocmask");
   return real(how, set, old);
 }
 
@@ -806,7 +822,7 @@ __attribute__((visibility("default"))) int sigwait(const sigset_t* set,
   static Fn real = Next<Fn>("sigwait");
   if (real == nullptr) return ENOSYS;
   sigset_t storage;
-  set = inprof::WithoutSigprof(set, storage);
+  set = inprof::WithoutSigprof(set, storage, "sigwait");
   return real(set, sig);
 }
 
@@ -819,7 +835,7 @@ __attribute__((visibility("default"))) int sigwaitinfo(const sigset_t* set,
     return -1;
   }
   sigset_t storage;
-  set = inprof::WithoutSigprof(set, storage);
+  set = inprof::WithoutSigprof(set, storage, "sigwaitinfo");
   return real(set, info);
 }
 
@@ -832,7 +848,7 @@ __attribute__((visibility("default"))) int sigtimedwait(
     return -1;
   }
   sigset_t storage;
-  set = inprof::WithoutSigprof(set, storage);
+  set = inprof::WithoutSigprof(set, storage, "sigtimedwait");
   return real(set, info, timeout);
 }
 
@@ -845,7 +861,7 @@ __attribute__((visibility("default"))) int signalfd(int fd, const sigset_t* mask
     return -1;
   }
   sigset_t storage;
-  mask = inprof::WithoutSigprof(mask, storage);
+  mask = inprof::WithoutSigprof(mask, storage, "signalfd");
   return real(fd, mask, flags);
 }
 

@@ -34,6 +34,7 @@
 //   run_target alloc N M        on a thread it creates: N mallocs of 64 KiB
 //                               at RunAllocFreedSite, freed, and M of 4 KiB
 //                               at RunAllocLiveSite, still allocated at exit
+//   run_target block-sigprof    blocks SIGPROF alone, spins 100 ms, unblocks
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
@@ -461,6 +462,16 @@ int Alloc(int freed, int live) {
   return 0;
 }
 
+int BlockSigprof() {
+  sigset_t prof;
+  sigemptyset(&prof);
+  sigaddset(&prof, SIGPROF);
+  pthread_sigmask(SIG_BLOCK, &prof, nullptr);
+  SpinWork(100);
+  pthread_sigmask(SIG_UNBLOCK, &prof, nullptr);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -482,6 +493,7 @@ int main(int argc, char** argv) {
     return Churn(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
   }
   if (mode == "sigwait") return SigwaitServer();
+  if (mode == "block-sigprof") return BlockSigprof();
   if (mode == "alloc" && argc == 4) return Alloc(std::atoi(argv[2]), std::atoi(argv[3]));
   if (mode == "spin" && argc == 3) {
     SpinWork(std::atoi(argv[2]));

@@ -40,6 +40,7 @@ using ::inprof::testing::RunCommandSeparately;
 using ::inprof::testing::ShellQuote;
 using ::inprof::testing::TestTmpDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Env(const char* name) { return ::inprof::testing::EnvOrEmpty(name); }
 
@@ -257,6 +258,23 @@ TEST(RunTest, AProgramThatWaitsForEverySignalNeverReceivesSigprof) {
     if (absl::StrContains(name, "waiting for signals in sigwait")) waiting = v;
   }
   EXPECT_GT(waiting, 1'500'000'000);  // main's 2 s, and the waiter's 0.5 s
+}
+
+// The line about signal masks says what the program's set held: SIGPROF
+// alone here (before: "blocks or waits for every signal"), every signal for
+// the sigwait server.
+TEST(RunTest, TheSignalMaskLineSaysWhatTheProgramBlocked) {
+  const std::string dir = FreshDir("block_sigprof");
+  CommandOutput r = RunInprof(absl::StrCat("-o ", ShellQuote(dir + "/p-%p.pb.gz"), " -- ",
+                                           ShellQuote(Target()), " block-sigprof"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the program blocks SIGPROF (pthread_sigmask); inprof keeps "
+                               "SIGPROF out of its signal masks"));
+  EXPECT_THAT(r.err, Not(HasSubstr("every signal")));
+  r = RunInprof(absl::StrCat("-o ", ShellQuote(dir + "/q-%p.pb.gz"), " -- ",
+                             ShellQuote(Target()), " sigwait"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the program blocks every signal (pthread_sigmask)"));
 }
 
 // 16 x 1000 threads created and joined under the preload: no crash, and
