@@ -250,6 +250,7 @@ struct ReportedProcess {
   std::string command;
   bool wrote = false;
   bool failed = false;  // writing failed (the process logged why)
+  std::string failure;  // why, as its report line said
 };
 
 // Why `p` wrote no profile, as far as is known: `status` is its wait
@@ -257,7 +258,11 @@ struct ReportedProcess {
 // process of the tree.
 std::string WhyNoProfile(const ReportedProcess& p, const int* status) {
   const std::string who = absl::StrCat("'", p.command, "' (pid ", p.pid, ")");
-  if (p.failed) return absl::StrCat(who, " could not write its profile (its error is above)");
+  if (p.failed) {
+    return p.failure.empty()
+               ? absl::StrCat(who, " could not write its profile (its error is above)")
+               : absl::StrCat(who, " could not write its profile: ", p.failure);
+  }
   if (status != nullptr && WIFSIGNALED(*status)) {
     const int sig = WTERMSIG(*status);
     return absl::StrCat(
@@ -657,7 +662,7 @@ int RunMain(int argc, char** argv) {
       if (parts[1] == absl::StrCat(child)) child_started = true;
       if (parts[0] == "started") {
         if (!started.count(parts[1])) started_order.push_back(parts[1]);
-        started[parts[1]] = ReportedProcess{parts[1], parts[2], false};
+        started[parts[1]] = ReportedProcess{parts[1], parts[2], false, false, {}};
         continue;
       }
       if (parts[0] == "off") {
@@ -670,6 +675,7 @@ int RunMain(int argc, char** argv) {
         p.pid = parts[1];
         p.command = parts[2];
         p.failed = true;
+        if (parts.size() > 3) p.failure = parts[3];
         continue;
       }
       started[parts[1]].wrote = true;

@@ -5,10 +5,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "inprof/base/owned_fd.h"
 
 namespace inprof::run {
 namespace {
@@ -22,6 +24,25 @@ std::string CurrentProcessName() {
   std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
   while (!s.empty() && s.back() == '\n') s.pop_back();
   return s;
+}
+
+// The report, kept open from the first line on (above the program's range,
+// checked before each use): a process that ends with every descriptor its
+// RLIMIT_NOFILE allows taken can still say why it wrote no profile ("Too
+// many open files"), instead of `inprof run` guessing. Set once, never
+// closed (a forked child shares it); no lock, so that a fork never inherits
+// one held.
+std::atomic<int> g_kept_fd{-1};
+internal::FdIdentity g_kept_identity;
+std::atomic<bool> g_keeping{false};
+
+void KeepOpen(int fd) {
+  if (g_keeping.exchange(true)) return;
+  const int kept = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (kept < 0) return;
+  const int moved = internal::MoveAboveProgramRange(kept);
+  g_kept_identity = internal::IdentifyFd(moved);
+  g_kept_fd.store(moved, std::memory_order_release);
 }
 
 }  // namespace
@@ -44,7 +65,16 @@ void AppendToReport(const std::string& report, absl::string_view first,
     // One write(2) with O_APPEND: lines of concurrent processes never mix.
     ssize_t n = write(fd, line.data(), line.size());
     (void)n;
+    KeepOpen(fd);
     close(fd);
+    return;
+  }
+  // No descriptor to open it with (EMFILE, ENFILE): the kept one, if the
+  // program has not closed it.
+  if (const int kept = g_kept_fd.load(std::memory_order_acquire);
+      kept >= 0 && internal::IsStillOurs(kept, g_kept_identity)) {
+    ssize_t n = write(kept, line.data(), line.size());
+    (void)n;
   }
 }
 

@@ -35,7 +35,11 @@
 //                               at RunAllocFreedSite, freed, and M of 4 KiB
 //                               at RunAllocLiveSite, still allocated at exit
 //   run_target block-sigprof    blocks SIGPROF alone, spins 100 ms, unblocks
+//   run_target fill-fds         spins 100 ms, then opens /dev/null until
+//                               EMFILE and exits holding every descriptor;
+//                               prints "filled=N"
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -472,6 +476,16 @@ int BlockSigprof() {
   return 0;
 }
 
+int FillFds() {
+  SpinWork(100);
+  int filled = 0;
+  while (open("/dev/null", O_RDONLY) >= 0) ++filled;
+  if (errno != EMFILE) return 1;
+  printf("filled=%d\n", filled);
+  fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -494,6 +508,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "sigwait") return SigwaitServer();
   if (mode == "block-sigprof") return BlockSigprof();
+  if (mode == "fill-fds") return FillFds();
   if (mode == "alloc" && argc == 4) return Alloc(std::atoi(argv[2]), std::atoi(argv[3]));
   if (mode == "spin" && argc == 3) {
     SpinWork(std::atoi(argv[2]));

@@ -277,6 +277,24 @@ TEST(RunTest, TheSignalMaskLineSaysWhatTheProgramBlocked) {
   EXPECT_THAT(r.err, HasSubstr("the program blocks every signal (pthread_sigmask)"));
 }
 
+// A program that ends holding every descriptor its RLIMIT_NOFILE allows:
+// its profile cannot be written, and `inprof run` says why (before: "did
+// not finish in time", a guess, since the process could not open the run
+// report to say "Too many open files").
+TEST(RunTest, AProfileUnwrittenForWantOfDescriptorsSaysSo) {
+  const std::string dir = FreshDir("fill_fds");
+  // The timer engine and no wall sampling: no perf event or kept /proc file
+  // is closed at the end, which would free a number for the profile.
+  CommandOutput r = RunInprof(absl::StrCat("--engine timer --wall-period 0 -o ",
+                                           ShellQuote(dir + "/p.pb.gz"),
+                                           " -- ", ShellQuote(Target()), " fill-fds"),
+                              "ulimit -n 64;");
+  EXPECT_THAT(r.out, HasSubstr("filled="));
+  EXPECT_THAT(r.err, Not(HasSubstr("did not finish in time"))) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("could not write its profile: ")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("Too many open files")) << r.err;
+}
+
 // 16 x 1000 threads created and joined under the preload: no crash, and
 // the registrations do not accumulate. Windows of 100 ms export each
 // thread's samples (one window for the whole run keeps every thread's,
