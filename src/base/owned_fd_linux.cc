@@ -262,12 +262,14 @@ namespace {
 struct FileThread {
   pid_t pid = 0;
   bool private_table = false;
+  std::thread thread;
   std::mutex call;  // one caller at a time
   std::mutex mutex;
   std::condition_variable cv;
   const std::function<void()>* job = nullptr;  // mutex
   bool done = false;                           // mutex
   bool ok = false;                             // mutex
+  bool exit = false;                           // mutex
 };
 
 std::mutex g_file_thread_mutex;
@@ -280,7 +282,8 @@ void ServeFiles(FileThread* f, std::promise<bool>* started) {
   started->set_value(f->private_table);
   std::unique_lock<std::mutex> lock(f->mutex);
   for (;;) {
-    f->cv.wait(lock, [f] { return f->job != nullptr; });
+    f->cv.wait(lock, [f] { return f->job != nullptr || f->exit; });
+    if (f->job == nullptr) return;  // EndFileThread
     const std::function<void()>* job = f->job;
     lock.unlock();
     const bool ok = RunContained("a file read of inprof's", *job);
@@ -305,7 +308,7 @@ FileThread* FileThreadForThisProcess() {
   std::promise<bool> started;
   std::future<bool> table = started.get_future();
   try {
-    std::thread(ServeFiles, f, &started).detach();
+    f->thread = std::thread(ServeFiles, f, &started);
   } catch (const std::system_error&) {
     // No thread now: inline this time, another try at the next call.
     delete f;
@@ -317,6 +320,22 @@ FileThread* FileThreadForThisProcess() {
 }
 
 }  // namespace
+
+void EndFileThread() noexcept {
+  std::lock_guard<std::mutex> lock(g_file_thread_mutex);
+  FileThread* f = g_file_thread;
+  // A forked child's is the parent's, whose thread it lacks: left as is.
+  if (f == nullptr || f->pid != getpid()) return;
+  {
+    std::lock_guard<std::mutex> call(f->call);  // after the job in flight
+    std::lock_guard<std::mutex> state(f->mutex);
+    f->exit = true;
+  }
+  f->cv.notify_all();
+  if (f->thread.joinable()) f->thread.join();
+  g_file_thread = nullptr;
+  delete f;
+}
 
 bool RunWithOwnDescriptors(const std::function<void()>& fn) {
 #if defined(INPROF_TSAN)

@@ -16,6 +16,7 @@
 #include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/base/alloc_guard.h"
 #include "inprof/base/profiler_thread.h"
 #include "inprof/internal/wall_ticker.h"
@@ -164,6 +165,7 @@ absl::Status ProfilerBase::Stop() {
   } else {
     Log(status.message());
   }
+  EndFileThread();  // a stopped profiler leaves no thread of inprof's
   return status;
 }
 

@@ -116,13 +116,17 @@ bool EnterPrivateDescriptorTable() noexcept;
 // Runs `fn` where the files it opens and closes are in a table of inprof's
 // own: inline on a thread that has one, otherwise on inprof's file thread
 // ("inprof-files", started at the first call, one per process), the caller
-// waiting. For work that keeps no descriptor once it returns (a module's
+// waiting (ended by EndFileThread). For work that keeps no descriptor once it returns (a module's
 // CFI read, the leaf resolver's module list): a number it opened means
 // nothing to another thread. Exceptions `fn` throws are contained there
 // (base/contained.h): the call returns false. Without private tables
 // (EnterPrivateDescriptorTable refused, ThreadSanitizer) `fn` runs inline.
 // Not for handlers.
 bool RunWithOwnDescriptors(const std::function<void()>& fn);
+// Ends this process's file thread, if it has one (Stop(): a stopped
+// profiler leaves no thread behind); the next RunWithOwnDescriptors starts
+// another.
+void EndFileThread() noexcept;
 
 // A descriptor inprof opened and keeps, with its identity. Move-only.
 // Usable (Verified) and closed (Reset) only on a thread of the table it was
