@@ -37,6 +37,9 @@ internal::FdIdentity g_kept_identity;
 std::atomic<bool> g_keeping{false};
 
 void KeepOpen(int fd) {
+  // Only a number of the program's table is kept: one opened by a thread
+  // with a table of its own (the wall sampler's) means nothing elsewhere.
+  if (internal::CurrentDescriptorTable() != 0) return;
   if (g_keeping.exchange(true)) return;
   const int kept = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (kept < 0) return;
