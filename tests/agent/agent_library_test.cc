@@ -566,7 +566,11 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
   int64_t heap_kept = -1, heap_kept_alloc = -1, heap_freed_alloc = -1, heap_freed = -1;
   std::string heap_error;
   const auto give_up = absl::Now() + absl::Seconds(20);
-  while (heap_kept != 64 * 1024 * 100 && absl::Now() < give_up) {
+  // Until both sites are in: the freed blocks are allocated after the kept
+  // ones and may reach the agent a collector pass later (seen once beside
+  // the whole suite: 41 of the 50 in the page read).
+  while ((heap_kept != 64 * 1024 * 100 || heap_freed_alloc != 32 * 1024 * 50) &&
+         absl::Now() < give_up) {
     testing::HttpReply heap = testing::HttpFetch(server.http_address(), "GET",
                                                  absl::StrCat("/debug/pprof/heap?pid=", pid));
     if (heap.status == 503) {  // connected, its profile not described yet
