@@ -77,6 +77,33 @@ bool CfaRegisterOffset(Dwarf_Op* ops, size_t nops, int* reg, int64_t* offset) {
   return false;
 }
 
+// Index into the words at sp that holds `pc`'s return address (its CFA is
+// sp + 8 * (index + 1)), or -1 (a frame record, or nothing known).
+int SlotFromCfi(Dwfl* dwfl, uint64_t pc) {
+  int slot = -1;
+  if (Dwfl_Module* module = dwfl_addrmodule(dwfl, pc)) {
+    Dwarf_Addr bias = 0;
+    Dwarf_CFI* cfi = dwfl_module_eh_cfi(module, &bias);
+    if (cfi == nullptr) cfi = dwfl_module_dwarf_cfi(module, &bias);
+    Dwarf_Frame* frame = nullptr;
+    if (cfi != nullptr && dwarf_cfi_addrframe(cfi, pc - bias, &frame) == 0) {
+      Dwarf_Op* ops = nullptr;
+      size_t nops = 0;
+      int reg = -1;
+      int64_t offset = 0;
+      if (dwarf_frame_cfa(frame, &ops, &nops) == 0 &&
+          CfaRegisterOffset(ops, nops, &reg, &offset) && reg == kDwarfSp &&
+          offset >= 8 && offset % 8 == 0 &&
+          offset <= static_cast<int64_t>(8 * LeafFrameResolver::kStackWords)) {
+        slot = static_cast<int>(offset / 8 - 1);
+      }
+      // An rbp-based CFA (kDwarfFp) means a frame record: slot -1.
+      free(frame);
+    }
+  }
+  return slot;
+}
+
 void ReadLoaderCounters(unsigned long long* adds, unsigned long long* subs) {
   struct Counters {
     unsigned long long adds = 0, subs = 0;
@@ -139,31 +166,10 @@ int LeafFrameResolver::ReturnAddressSlot(uint64_t pc) {
   if (session_ == nullptr) return -1;
   auto it = slots_.find(pc);
   if (it != slots_.end()) return it->second;
-  int slot = -1;
   // The module's file is opened (FindElfWithoutDescriptor) at its first
   // lookup: in inprof's own descriptor table.
-  RunWithOwnDescriptors([&] {
-  if (Dwfl_Module* module = dwfl_addrmodule(session_->dwfl, pc)) {
-    Dwarf_Addr bias = 0;
-    Dwarf_CFI* cfi = dwfl_module_eh_cfi(module, &bias);
-    if (cfi == nullptr) cfi = dwfl_module_dwarf_cfi(module, &bias);
-    Dwarf_Frame* frame = nullptr;
-    if (cfi != nullptr && dwarf_cfi_addrframe(cfi, pc - bias, &frame) == 0) {
-      Dwarf_Op* ops = nullptr;
-      size_t nops = 0;
-      int reg = -1;
-      int64_t offset = 0;
-      if (dwarf_frame_cfa(frame, &ops, &nops) == 0 &&
-          CfaRegisterOffset(ops, nops, &reg, &offset) && reg == kDwarfSp &&
-          offset >= 8 && offset % 8 == 0 &&
-          offset <= static_cast<int64_t>(8 * kStackWords)) {
-        slot = static_cast<int>(offset / 8 - 1);
-      }
-      // An rbp-based CFA (kDwarfFp) means a frame record: slot -1.
-      free(frame);
-    }
-  }
-  });
+  int slot = -1;
+  RunWithOwnDescriptors([&] { slot = SlotFromCfi(session_->dwfl, pc); });
   slots_.emplace(pc, static_cast<int8_t>(slot));
   return slot;
 }
