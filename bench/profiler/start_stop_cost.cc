@@ -18,10 +18,10 @@
 #include <string>
 #include <thread>
 
+#include "bench_util.h"
 #ifdef INPROF_START_STOP_GPERFTOOLS
 #include <gperftools/profiler.h>
 #else
-#include "bench_util.h"
 #include "inprof/inprof.h"
 #endif
 
