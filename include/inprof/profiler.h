@@ -107,6 +107,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       Base::tick_steady_visits_, Base::tick_visit_cap_, Base::tick_visits_,
       Base::wall_visits_deferred_, Base::wall_due_, Base::kMaxTickBatch, Base::wall_signals_,
       Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::wall_tail_frame_ns_,
+      Base::NoteRoundLocked,
       Base::Shutdown,
       Base::DrainRings, Base::DrainSlotLocked, Base::RefreshLeafResolverLocked,
       Base::SendProfilingSignal, Base::CreditBlockedLocked,
@@ -564,40 +565,13 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
           when, batch, kMaxTickBatch, next, tick_steady_visits_, tick_visit_cap_,
           std::span<const internal::WallDue>(wall_due_));
       tick_visits_ += counts.visits;
+      NoteRoundLocked(std::get<I>(tickers_).round_estimate_ns());
       wall_visits_deferred_.fetch_add(counts.deferred, std::memory_order_relaxed);
       wall_signals_.fetch_add(counts.signals, std::memory_order_relaxed);
       wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);
       wall_episodes_resampled_.fetch_add(counts.episodes_resampled,
                                          std::memory_order_relaxed);
     }
-  }
-
-  // Stop(): each ticking provider's last visits (internal::WallTicker::
-  // VisitAll), counted as a wake-up's are.
-  void VisitAllProvidersLocked(TickTime when, int64_t deadline_ns,
-                               std::vector<internal::WallSignalled>& signalled) override {
-    VisitAllEach(when, deadline_ns, signalled,
-                 std::make_index_sequence<Layout::kNumProviders>{});
-  }
-  template <size_t... I>
-  void VisitAllEach(TickTime when, int64_t deadline_ns,
-                    std::vector<internal::WallSignalled>& signalled,
-                    std::index_sequence<I...>) {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (TicksThreads<P>) {
-            TickerHost<I> host{this};
-            const internal::WallVisitCounts counts = std::get<I>(tickers_).VisitAll(
-                std::get<I>(providers_), host, std::span<internal::SlotBase* const>(active_),
-                when, deadline_ns, signalled);
-            wall_signals_.fetch_add(counts.signals, std::memory_order_relaxed);
-            wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);
-            wall_episodes_resampled_.fetch_add(counts.episodes_resampled,
-                                               std::memory_order_relaxed);
-          }
-        }(),
-        ...);
   }
 
   // What provider I's visits ask of the profiler (internal::WallTickerHost).

@@ -5,10 +5,27 @@
 // (uniform in [0.5, 1.5] x the period, so its visits never lock onto a program's own
 // rhythm: a thread alternating 5 ms of sleep and 5 ms of work is seen half
 // and half) and visits up to `wall_threads_per_tick` registered threads in
-// round-robin (the dd-win-prof seed's sampler loop). Each visit is worth the
-// wall time since the thread's previous visit, between the ticker's
-// scheduled wake-ups (TickTime), so over a run a thread's wall total equals
-// the time it was registered.
+// round-robin (the dd-win-prof seed's sampler loop).
+//
+// A visit's weight is fixed when it is taken, and stands for the interval
+// after it: the wall time between the thread's previous visit and this one
+// (between the ticker's scheduled wake-ups, TickTime), which is how long it
+// waits for its next in the round robin; its first visit weighs the round's
+// time (TickTime::round_ns). A thread that lives L seconds is visited L/R
+// times on average when its visits come every R (the round robin's phase
+// against its start and end is arbitrary), so its wall total is L on
+// average, and its expected wall time on a stack is the time it spent there
+// -- whatever the thread count, for threads that end before Stop() and in
+// every export window: a thread that ends, or a window that closes, between
+// two visits leaves nothing to credit afterwards (Go's runtime and
+// async-profiler weigh their samples the same way). A thread's total is
+// within a round of its lifetime (|w1 - head - tail| with w1, head and tail
+// each at most a round); over N threads with arbitrary phases the errors
+// are independent, mean 0, each within [-R, R]: the sum's standard
+// deviation is R sqrt(N/6) for uniform phases and at most R sqrt(N)
+// (10,000 threads, R = 2 s, 3 s each: 82 s and 200 s of 30,000 s, 0.3%
+// and 0.7%). A followed thread's (below) running samples carry
+// its wall time as it goes, and its visits settle the rest exactly.
 //
 // A visit reads the thread's state from the kernel rather than guessing it,
 // in one read of /proc/self/task/TID/syscall ("running", or where the
@@ -116,6 +133,17 @@ namespace inprof {
 struct TickTime {
   int64_t now_ns = 0;
   int64_t scheduled_ns = 0;
+  // The time a thread waits between two visits of the round robin now
+  // (WallTicker::RoundEstimate): the weight of a thread's first visit,
+  // which stands for the interval until its next (a sample's weight is
+  // known when it is taken). 0: not known (tests): the first visit credits
+  // the time since the thread was armed.
+  int64_t round_ns = 0;
+  // A visit ahead of the round robin (ProfilerBase::wall_due_: the thread
+  // ran and was not visited for a round). Chosen because the thread runs,
+  // so it is no sample of where the thread is: it only begins following
+  // (or visits a followed thread), never credits a weight.
+  bool out_of_round = false;
   // A visit made when it was meant to (tests, and callers without a
   // schedule).
   static TickTime At(int64_t ns) { return TickTime{ns, ns}; }
@@ -268,6 +296,9 @@ class WallTimeProvider {
     int64_t followed_ns = 0;
     int64_t follow_balance_ns = 0;
     bool steady_visit = false;  // ticker: the last visit found nothing new
+    // Ticker: no visit has credited the thread since it was armed; its
+    // first weighs TickTime::round_ns.
+    bool fresh = true;
     // The thread's /proc/self/task/TID/syscall kept open between looks
     // (internal::LookAtThread), empty when not; closed by DisarmThread.
     internal::OwnedFd syscall_file;

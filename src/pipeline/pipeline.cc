@@ -592,13 +592,25 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "; wall samples of threads that ran throughout, credited to or "
         "carried by their CPU samples without a signal=",
         window_stats.wall_running_credits));
+    data.comments.push_back(absl::StrCat(
+        "wall-time weights: a visit of the wall sampler weighs the time "
+        "until the thread's next visit (a round of the threads; the first "
+        "visit the round's estimate, later ones the round just done), so a "
+        "thread that ends or a window that closes between two visits leaves "
+        "nothing unattributed, and a thread's expected wall time on a stack "
+        "is the time it spent there; a followed thread's running samples "
+        "carry their CPU time as wall time. Longest wait between two visits "
+        "of a thread=",
+        absl::FormatDuration(absl::Nanoseconds(
+            static_cast<int64_t>(window_stats.wall_longest_round_ns))),
+        " (so far)"));
   }
   if (window_stats.wall_visits_deferred > 0) {
     data.comments.push_back(absl::StrCat(
         "wall sampler visits deferred to keep its CPU within "
         "INPROF_WALL_CPU_BUDGET=", window_stats.wall_visits_deferred,
-        " (a round of the threads took longer than 2 s; each visit credits "
-        "the longer interval to where the thread is then)"));
+        " (a round of the threads took longer than 2 s; each visit weighs "
+        "the longer round)"));
   }
   if (window_stats.wall_tail_frame_ns > 0) {
     data.comments.push_back(absl::StrCat(
@@ -606,8 +618,9 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "[inprof: wall time since the thread's last sample]=",
         absl::FormatDuration(absl::Nanoseconds(
             static_cast<int64_t>(window_stats.wall_tail_frame_ns))),
-        " (threads that ended before their first visit, or that Stop()'s "
-        "last visit could not sample)"));
+        " (the weight of wall samples whose signal a thread never took "
+        "before it ended, and the tails of threads whose running samples "
+        "carried their wall time but were never drained)"));
   }
   if (window_stats.threads_armed_by_sampler > 0) {
     data.comments.push_back(absl::StrCat(

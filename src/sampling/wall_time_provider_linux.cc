@@ -47,6 +47,7 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
   // the slot's last tail was taken, and a new slot starts with them reset.
   data.armed = true;
   data.tail_pending = true;
+  data.fresh = true;
   return absl::OkStatus();
 }
 
@@ -109,11 +110,17 @@ bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   // A thread that unregistered itself read the clock as it did.
   const int64_t exit_ns = thread.exit_wall_ns.load(std::memory_order_relaxed);
   const int64_t now = exit_ns >= 0 ? std::max(exit_ns, data.last_wall_ns) : NowNanos();
-  // Owed to a signal that never ran, plus the time since the last visit
-  // (for a followed thread, less what its samples carried since).
-  int64_t owed = data.pending_wall_ns.exchange(0) + (now - data.last_wall_ns);
-  owed = std::max<int64_t>(0, owed + data.follow_balance_ns -
-                                 (data.following ? data.followed_ns : 0));
+  // Owed to a signal that never ran (the weight of a sample the thread's
+  // handler did not take). The time since the last visit is not owed: each
+  // visit's weight stands for the interval after it (VisitThread), so a
+  // thread that ends between two visits has nothing left to credit. A
+  // followed thread is the exception: its running samples carry its wall
+  // time as it goes, and the visits only settle what they did not carry,
+  // up to the visit; its tail is the time since, less what its samples
+  // carried.
+  int64_t owed = data.pending_wall_ns.exchange(0) + data.follow_balance_ns;
+  if (data.following) owed += (now - data.last_wall_ns) - data.followed_ns;
+  owed = std::max<int64_t>(0, owed);
   data.following = false;
   data.follow_balance_ns = 0;
   data.followed_ns = 0;
@@ -134,10 +141,39 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   // Credited up to the visit's scheduled time (TickTime); a thread armed
   // after it waits for the next visit.
   const int64_t credit_to = when.scheduled_ns;
-  int64_t elapsed = credit_to - data.last_wall_ns;
-  if (elapsed <= 0) return TickDecision::kSkip;
+  // A visit's weight is fixed when it is taken and stands for the interval
+  // after it: the time since the thread's previous visit, which is how
+  // long it waits for its next in the round robin; its first visit weighs
+  // the round's time as the ticker's rate says now (TickTime::round_ns,
+  // WallTicker::RoundEstimate). A thread visited every R seconds is
+  // credited R per visit, and one that lives L seconds is visited L/R
+  // times on average (the round robin's phase against its start and end
+  // is arbitrary), so nothing is left to credit when it ends, and time
+  // spent on a stack is credited there on average. A thread's total is
+  // w1 + (t_n - t_1) for visits t_1..t_n: within a round of its lifetime
+  // whatever happens (the first visit's weight, the time before it, and
+  // the time after the last, are each at most a round). Without a round
+  // given (tests), the first visit weighs the time since arming.
+  const int64_t backward = credit_to - data.last_wall_ns;
+  if (backward <= 0) return TickDecision::kSkip;
+  const int64_t weight = when.round_ns > 0 ? when.round_ns : backward;
+  const bool fresh = data.fresh;
+  int64_t elapsed = fresh ? weight : backward;
   const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
   if (clock < 0) return TickDecision::kSkip;  // exited
+  // A thread that ran throughout the interval since the last look (its CPU
+  // clock advanced by nearly all the wall time): see below.
+  const int64_t previous_mark = data.cpu_mark.load(std::memory_order_relaxed);
+  const int64_t since_look = when.now_ns - data.last_look_ns;
+  const bool ran_throughout =
+      previous_mark >= 0 && since_look > 0 &&
+      (clock - previous_mark) * 100 >= since_look * kRanThroughoutPercent;
+  if (when.out_of_round && !data.following &&
+      !(ran_throughout && has_running_sample)) {
+    // Visited because it ran: a sample taken then would be one more of it
+    // running. Only the following begins out of the round.
+    return TickDecision::kSkip;
+  }
   // Wall time its running samples carried ahead of the visits while it was
   // followed (a sample drained just after the visit that began the
   // following is worth time that visit credited) is taken off what it is
@@ -163,6 +199,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // re-signalled it every kSignalLostAfterNs and woke every period.
     data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
     data.last_wall_ns = credit_to;
+    data.fresh = false;
     data.last_look_ns = when.now_ns;
     data.steady_visit = true;
     ++counts_.undelivered;
@@ -176,6 +213,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // woken and waits for a core). No /proc reads: an idle thread's visit
     // costs one clock read, as it did before the kernel's state was read.
     data.last_wall_ns = credit_to;
+    data.fresh = false;
     data.last_look_ns = when.now_ns;
     data.steady_visit = true;
     ++counts_.blocked;
@@ -190,11 +228,6 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   // visit to a running thread (bench/overhead cpu-1: the ticker's CPU).
   // Real time since that look, not the credited interval: the ticker's
   // lateness would otherwise count as the thread's.
-  const int64_t previous_mark = data.cpu_mark.load(std::memory_order_relaxed);
-  const int64_t since_look = when.now_ns - data.last_look_ns;
-  const bool ran_throughout =
-      previous_mark >= 0 && since_look > 0 &&
-      (clock - previous_mark) * 100 >= since_look * kRanThroughoutPercent;
   // One read says both whether it runs and, if not, where it waits.
   internal::ThreadLook look;
   look.state = 'R';
@@ -213,6 +246,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   const char state = look.state;
   if (state == 0) return TickDecision::kSkip;  // exited
   data.last_wall_ns = credit_to;
+  data.fresh = false;
   // The thread's own CPU since the last look or, when one of inprof's
   // handlers ran on it since (a sample, CPU or wall), since that handler
   // returned: what the sample cost it is not the thread running.
@@ -249,9 +283,12 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // the thread did not run, charged below to where it is now (at least a
     // nanosecond, so that a signal sent for it takes its stack; time carried
     // ahead is taken off later visits).
+    // The visit is then a sample like any other: its weight (the interval
+    // just done) stands for the time until the next, and goes where the
+    // thread is now, too.
     data.following = false;
     data.follow_balance_ns = std::min<int64_t>(balance - 1, 0);
-    elapsed = std::max<int64_t>(balance, 1);
+    elapsed = std::max<int64_t>(balance, 1) + backward;
   }
 
   // 'R' with barely any CPU since the thread was last seen blocked is the
@@ -276,14 +313,17 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     data.signal_blocked.store(false, std::memory_order_relaxed);
     if (ran_throughout && has_running_sample) {
       // Ran throughout, and sampled by its CPU provider meanwhile: its wall
-      // time went where its CPU went, so the interval goes to that sample's
-      // stack, and from now on its running samples carry its wall time. No
-      // second signal, walk and EINTR risk for a busy thread.
-      ++counts_.running_credits;
+      // time went where its CPU went, and from now on its running samples
+      // carry its wall time as it goes. No second signal, walk and EINTR
+      // risk for a busy thread. At its first visit the time since it was
+      // armed (it ran throughout) goes to that sample's stack; after
+      // earlier visits, their weights stood for the interval up to now.
       data.following = true;
       data.follow_balance_ns = 0;
+      if (!fresh) return TickDecision::kFollowing;
+      ++counts_.running_credits;
       values[0] = 1;
-      values[1] = elapsed;
+      values[1] = backward;
       return TickDecision::kCreditRunning;
     }
     // Running or runnable: its stack now, in the handler.

@@ -37,6 +37,7 @@ struct FakeProvider {
     // What the last visit was told.
     bool saw_episode_stack = false;
     bool saw_running_sample = false;
+    int64_t round_ns = 0;
   };
   static constexpr const char* kName = "fake";
   static constexpr std::array<SampleTypeSpec, 2> kSampleTypes{
@@ -57,7 +58,9 @@ struct FakeProvider {
   TickDecision VisitThread(ThreadContext&, ThreadData& data, TickTime when,
                            bool has_episode_stack, bool has_running_sample,
                            std::span<int64_t> values) {
-    g_log->push_back(absl::StrCat("visit ", data.id, " at ", when.scheduled_ns));
+    g_log->push_back(absl::StrCat("visit ", data.id, " at ", when.scheduled_ns,
+                                  when.out_of_round ? " ahead" : ""));
+    data.round_ns = when.round_ns;
     data.saw_episode_stack = has_episode_stack;
     data.saw_running_sample = has_running_sample;
     values[0] = 7'000'000;
@@ -225,8 +228,10 @@ TEST_F(WallTickerTest, TheCpuBudgetCapsTheVisitsAboveTheConfiguredFloor) {
 }
 
 // A thread that ran and was not visited for a round (ProfilerBase's due
-// list) is visited first, even past the tick's visits, and the round robin
-// passes over it; an entry whose slot was reused or is retiring is not.
+// list) is visited first, out of the round (TickTime::out_of_round), even
+// past the tick's visits, and again in its round (that visit is a sample;
+// the one ahead only begins a following); an entry whose slot was reused
+// or is retiring is not.
 TEST_F(WallTickerTest, DueThreadsAreVisitedFirstAndOnlyOnce) {
   AddThreads(6);
   provider_.per_tick = 2;
@@ -245,71 +250,38 @@ TEST_F(WallTickerTest, DueThreadsAreVisitedFirstAndOnlyOnce) {
   next_ = 10;
   counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(7), /*batch=*/1,
                               /*max_batch=*/10, next_, steady_, /*cap=*/SIZE_MAX, due);
-  // 4 and 1 first; then the round from 0: 0, and 1 (visited already).
-  EXPECT_THAT(log_, ElementsAre("visit 4 at 7", "visit 1 at 7", "visit 0 at 7"));
-  EXPECT_EQ(counts_.visits, 3u);
+  // 4 and 1 first; then the round from 0: 0 and 1.
+  EXPECT_THAT(log_, ElementsAre("visit 4 at 7 ahead", "visit 1 at 7 ahead", "visit 0 at 7",
+                                "visit 1 at 7"));
+  EXPECT_EQ(counts_.visits, 4u);
   EXPECT_EQ(slot(4).wall_last_visit_ns, 7);
   EXPECT_EQ(slot(5).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
   EXPECT_EQ(slot(3).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
 }
 
-// Stop()'s last visits (VisitAll): every thread once, whatever the round
-// robin's cursor and the budget, each decision carried out as in a round;
-// the signalled threads listed with their sample counts then (Stop waits
-// for their handlers); threads being armed or retiring left alone.
-TEST_F(WallTickerTest, TheLastVisitsReachEveryThreadOnceAndListThoseSignalled) {
-  AddThreads(6);
-  provider_.per_tick = 1;
-  Wake();  // the cursor at 1
-  slot(0).data.decision = TickDecision::kSignalBlocked;  // read
-  slot(1).data.decision = TickDecision::kCreditBlocked;
-  slot(2).data.decision = TickDecision::kSignal;
-  slot(4).data.decision = TickDecision::kSignalBlocked;  // not readable: signalled
-  slot(4).samples_taken.store(3);
-  slot(3).arm_in_flight = true;
-  slot(5).retiring.store(true);
-  int reads = 0;
-  struct ReadsOnce : FakeHost {
-    int* reads;
-    bool ReadBlockedStack(internal::SlotBase& slot) {
-      FakeHost::ReadBlockedStack(slot);
-      return (*reads)++ == 0;
-    }
-  } host;
-  host.reads = &reads;
-  log_.clear();
-  std::vector<internal::WallSignalled> signalled;
-  counts_ = ticker_.VisitAll(provider_, host, pointers_, TickTime::At(9),
-                             /*deadline_ns=*/INT64_MAX, signalled);
-  EXPECT_THAT(log_, ElementsAre("visit 0 at 9", "read 0", "visit 1 at 9", "blocked 1 7000000 1",
-                                "visit 2 at 9", "signal 2", "visit 4 at 9", "read 4",
-                                "signal 4"));
-  EXPECT_EQ(counts_.visits, 4u);
-  EXPECT_EQ(counts_.stacks_read, 1u);
-  EXPECT_EQ(counts_.signals, 2u);
-  ASSERT_EQ(signalled.size(), 2u);
-  EXPECT_EQ(signalled[0].slot, &slot(2));
-  EXPECT_EQ(signalled[0].taken, 0u);
-  EXPECT_EQ(signalled[1].slot, &slot(4));
-  EXPECT_EQ(signalled[1].taken, 3u);
-  EXPECT_EQ(slot(1).wall_last_visit_ns, 9);
-  EXPECT_EQ(slot(3).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
-  EXPECT_EQ(slot(5).wall_last_visit_ns, internal::SlotBase::kNeverVisited);
-  // The round robin goes on from where it was.
-  EXPECT_THAT(Wake(1, 10), ElementsAre("visit 1 at 10", "blocked 1 7000000 1"));
-}
-
-// Past their deadline the last visits stop, at the next clock read: the
-// threads left keep their tails.
-TEST_F(WallTickerTest, TheLastVisitsStopAtTheirDeadline) {
-  using Ticker = internal::WallTicker<FakeProvider>;
-  AddThreads(3 * Ticker::kVisitsBetweenClockReads);
-  std::vector<internal::WallSignalled> signalled;
-  counts_ = ticker_.VisitAll(provider_, host_, pointers_, TickTime::At(1),
-                             /*deadline_ns=*/0, signalled);
-  EXPECT_EQ(counts_.visits, Ticker::kVisitsBetweenClockReads - 1);
-  EXPECT_EQ(slot(Ticker::kVisitsBetweenClockReads).wall_last_visit_ns,
-            internal::SlotBase::kNeverVisited);
+// The weight of a thread's first visit (TickTime::round_ns) is how long a
+// thread waits between two visits: the time since the previous visits of
+// the threads a wake-up visits, on average -- the round just done for
+// their places, late wake-ups and all; when none was visited before, the
+// last estimate grown with the thread count, or at first the planned
+// round (threads over visits a tick, times the period).
+TEST_F(WallTickerTest, AFirstVisitWeighsTheTimeARoundTakes) {
+  AddThreads(8);
+  provider_.per_tick = 2;  // 4 ticks a round, planned 40 ms
+  constexpr int64_t kMs = 1'000'000;
+  Wake(1, 1000 * kMs);  // threads 0 and 1, never visited: the plan
+  EXPECT_EQ(slot(0).data.round_ns, 40 * kMs);
+  Wake(1, 1030 * kMs);  // 2 and 3: the last estimate
+  EXPECT_EQ(slot(2).data.round_ns, 40 * kMs);
+  AddThreads(8);  // 16 threads: twice as long a round
+  Wake(1, 1060 * kMs);  // 4 and 5
+  EXPECT_EQ(slot(4).data.round_ns, 80 * kMs);
+  for (int64_t at = 1090; at <= 1210; at += 30) Wake(1, at * kMs);  // 6 to 15
+  Wake(1, 1400 * kMs);  // 0 and 1 again, visited at 1000
+  EXPECT_EQ(slot(0).data.round_ns, 400 * kMs);
+  slot(2).wall_last_visit_ns = 1200 * kMs;  // visited since (ahead of its round)
+  Wake(1, 1420 * kMs);  // 2 (220 ms) and 3 (390 ms)
+  EXPECT_EQ(slot(3).data.round_ns, 305 * kMs);
 }
 
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {

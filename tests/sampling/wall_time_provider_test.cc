@@ -100,6 +100,11 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
   spinner.join();
   mixed.join();
   ASSERT_TRUE(profiler.Stop().ok());
+  // Each visit's weight stands for the interval after it: a thread's total
+  // is within a round of its lifetime (wall_time_provider_test_util.h:
+  // WithinSpan), the round being at most the longest wait between visits.
+  const int64_t round = static_cast<int64_t>(profiler.stats().wall_longest_round_ns);
+  ASSERT_GT(round, 0);
 
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
@@ -121,7 +126,8 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
   for (const auto& [name, span] : lifetime) {
     std::printf("%-8s registered %.6f-%.6fs  wall in profile %.6fs\n", name.c_str(),
                 span.inner_ns / 1e9, span.outer_ns / 1e9, by_thread[name] / 1e9);
-    EXPECT_TRUE(WithinSpan(by_thread[name], span, name == "sleeper" ? 0 : ahead)) << name;
+    EXPECT_TRUE(WithinSpan(by_thread[name], span, name == "sleeper" ? 0 : ahead, round))
+        << name;
   }
   EXPECT_EQ(lifetime.size(), 3u);
   // Read the same with go tool pprof: the wall-time column is there.
@@ -134,7 +140,7 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
       auto it = s.labels.find("thread name");
       if (it != s.labels.end() && it->second == "sleeper") sleeper_wall += s.values[3];
     }
-    EXPECT_TRUE(WithinSpan(sleeper_wall, lifetime["sleeper"]));
+    EXPECT_TRUE(WithinSpan(sleeper_wall, lifetime["sleeper"], 0, round));
   }
 }
 
@@ -374,15 +380,102 @@ void ArmThisThread(const std::string& name, WallTimeProvider& provider,
 // One visit `ms` after the previous look, the calling thread having used
 // `ran_ms` of CPU since (the clocks only move forward, so "ran throughout"
 // and "ran part of it" are exact).
+// `round_ms`: the round's time the ticker gives (TickTime::round_ns; 0:
+// none); `ahead`: a visit out of the round (TickTime::out_of_round).
 TickDecision VisitAfter(WallTimeProvider& provider, ThreadContext& thread,
                         WallTimeProvider::ThreadData& data, int64_t ms,
-                        int64_t ran_ms, bool sampled, int64_t* values) {
+                        int64_t ran_ms, bool sampled, int64_t* values,
+                        int64_t round_ms = 0, bool ahead = false) {
   const int64_t now = WallTimeProvider::NowNanos();
   data.last_wall_ns = now - ms * 1'000'000;
   data.last_look_ns = data.last_wall_ns;
   data.cpu_mark.store(ThreadCpuNow() - ran_ms * 1'000'000);
-  return provider.VisitThread(thread, data, TickTime::At(now), false, sampled,
+  TickTime when = TickTime::At(now);
+  when.round_ns = round_ms * 1'000'000;
+  when.out_of_round = ahead;
+  return provider.VisitThread(thread, data, when, false, sampled,
                               std::span<int64_t>(values, 2));
+}
+
+// A visit's weight is fixed when it is taken and stands for the interval
+// after it: the first visit weighs the round's time (not the time since
+// the thread was armed, half a round on average), later ones the interval
+// since the previous visit (the time the thread waits for its next); a
+// thread that ends between two visits owes nothing but what a signal it
+// never took was to carry. Driven directly (this thread, which runs: each
+// visit that reads its state signals it; the handler's part is taken by
+// hand), every value exact.
+TEST(WallTimeProviderTest, AVisitWeighsTheIntervalAfterItAndAnEndingThreadOwesNothing) {
+  WallTimeProvider provider;
+  ThreadContext thread;
+  WallTimeProvider::ThreadData data;
+  ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_weights", provider, thread, data));
+  int64_t values[2] = {};
+  Spin(20'000'000);  // the marks below stay positive
+  EXPECT_TRUE(data.fresh);
+  // Armed 3 ms ago, a round takes 50 ms: the first sample weighs 50 ms.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(data.pending_wall_ns.exchange(0), 50'000'000);
+  EXPECT_FALSE(data.fresh);
+  // The next, 40 ms later (the round was shorter this time): 40 ms.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 40, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(data.pending_wall_ns.exchange(0), 40'000'000);
+  // It unregisters 30 ms after that visit: nothing is owed.
+  data.last_wall_ns = WallTimeProvider::NowNanos() - 30'000'000;
+  EXPECT_FALSE(provider.TakeTail(thread, data, values));
+  EXPECT_EQ(values[1], 0);
+  // But a signal it never took: its sample's weight, for the tail to place.
+  provider.DisarmThread(thread, data);
+  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  EXPECT_TRUE(data.fresh);
+  EXPECT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50), TickDecision::kSignal);
+  ASSERT_TRUE(provider.TakeTail(thread, data, values));
+  EXPECT_EQ(values[1], 50'000'000);
+  EXPECT_EQ(values[0], 0);
+}
+
+// A visit ahead of the round (the thread ran, and was not visited for a
+// round: ProfilerBase's due list) is chosen because the thread runs, so a
+// sample taken then would be one more of it running: it does nothing
+// unless it begins the following (the thread ran throughout, and its CPU
+// sample is there), which credits the time since arming (it ran
+// throughout) -- or nothing, after earlier visits whose weights stand for
+// the time up to now.
+TEST(WallTimeProviderTest, AVisitAheadOfTheRoundOnlyBeginsTheFollowing) {
+  WallTimeProvider provider;
+  ThreadContext thread;
+  WallTimeProvider::ThreadData data;
+  ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_ahead", provider, thread, data));
+  int64_t values[2] = {};
+  Spin(20'000'000);
+  // Ran part of the time: nothing, not even a state read.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 10, 2, true, values, 50, /*ahead=*/true),
+            TickDecision::kSkip);
+  EXPECT_TRUE(data.fresh);
+  EXPECT_EQ(data.pending_wall_ns.load(), 0);
+  EXPECT_EQ(provider.visit_counts().state_reads, 0u);
+  // Ran throughout but no CPU sample to credit: nothing.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 10, 10, false, values, 50, true),
+            TickDecision::kSkip);
+  EXPECT_TRUE(data.fresh);
+  // Ran throughout, sampled: followed, credited the 10 ms since arming.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 10, 10, true, values, 50, true),
+            TickDecision::kCreditRunning);
+  EXPECT_EQ(values[1], 10'000'000);
+  EXPECT_TRUE(data.following);
+  EXPECT_FALSE(data.fresh);
+
+  // After a visit in the round (a sample of 50 ms), the following begins
+  // with nothing to credit.
+  WallTimeProvider::ThreadData later;
+  ASSERT_TRUE(provider.ArmThread(thread, later, 0).ok());
+  EXPECT_EQ(VisitAfter(provider, thread, later, 3, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(later.pending_wall_ns.exchange(0), 50'000'000);
+  values[1] = 0;
+  EXPECT_EQ(VisitAfter(provider, thread, later, 10, 10, true, values, 50, true),
+            TickDecision::kFollowing);
+  EXPECT_EQ(values[1], 0);
+  EXPECT_TRUE(later.following);
 }
 
 // The ticker's visit to a thread that used nearly all the wall time since
@@ -653,14 +746,17 @@ TEST(WallTimeProviderTest, ThreadsThatRanThroughoutReuseTheirCpuSample) {
   EXPECT_EQ(provider.visit_counts().running_credits, 1u);
   EXPECT_EQ(provider.visit_counts().state_reads, 0u);
 
-  // Ran 1 ms of the last 3: signalled, though a CPU sample was taken.
+  // Ran 1 ms of the last 3: signalled, though a CPU sample was taken. The
+  // following ends: the 3 ms its samples did not carry (none was drained),
+  // and the sample's own weight, the time until the next visit (no round
+  // given: the interval just done, 3 ms).
   now = WallTimeProvider::NowNanos();
   data.last_wall_ns = now - 3'000'000;
   data.last_look_ns = data.last_wall_ns;
   data.cpu_mark.store(ThreadCpuNow() - 1'000'000);
   EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(now), false, true, values),
             TickDecision::kSignal);
-  EXPECT_EQ(data.pending_wall_ns.load(), 3'000'000);
+  EXPECT_EQ(data.pending_wall_ns.load(), 6'000'000);
   EXPECT_EQ(provider.visit_counts().running_credits, 1u);
 
   // A signal still on its way takes the next interval too, ran throughout
@@ -671,7 +767,7 @@ TEST(WallTimeProviderTest, ThreadsThatRanThroughoutReuseTheirCpuSample) {
   data.cpu_mark.store(ThreadCpuNow() - 2'000'000);
   EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(now), false, true, values),
             TickDecision::kSkip);
-  EXPECT_EQ(data.pending_wall_ns.load(), 5'000'000);
+  EXPECT_EQ(data.pending_wall_ns.load(), 8'000'000);
   EXPECT_EQ(provider.visit_counts().running_credits, 1u);
 }
 
@@ -736,14 +832,16 @@ TEST(WallTimeProviderTest, FollowedThreadsAreCarriedByTheirRunningSamples) {
   EXPECT_EQ(data.signals, 0u);  // never signalled while followed
 
   // It ran 1 ms of the next 4: no longer followed; the 7 ms owed go to the
-  // sample its signal takes (this thread runs: the kernel says 'R').
+  // sample its signal takes (this thread runs: the kernel says 'R'), and
+  // with them that sample's own weight, which stands for the time until
+  // the next visit (no round given here: the interval just done, 4 ms).
   EXPECT_EQ(visit(4, 1, true), TickDecision::kSignal);
   EXPECT_FALSE(data.following);
   EXPECT_FALSE(WallTimeProvider::SteadyVisit(data));
-  EXPECT_EQ(data.pending_wall_ns.load(), 7'000'000);
+  EXPECT_EQ(data.pending_wall_ns.load(), 11'000'000);
   credited += data.pending_wall_ns.exchange(0);
   EXPECT_FALSE(follow(2));
-  EXPECT_EQ(credited, wall);
+  EXPECT_EQ(credited, wall + 4'000'000);
   EXPECT_EQ(provider.visit_counts().following, 3u);
 }
 

@@ -36,10 +36,15 @@ inline __attribute__((noinline)) uint64_t Spin(int64_t ns) {
 // A registered thread's wall time in the profile runs from its arming,
 // inside RegisterThread, to its tail, read inside the registration's
 // Reset(): between the clock read inside those two calls and the one
-// outside them. Exact bounds (wall time telescopes from visit to visit), so
-// any time lost shows however small; a bound on the outer clock alone also
-// counts the calls' own time before arming and after the tail, which on a
-// loaded machine (a thread waiting for a core) was 40-80 ms of 1.4 s.
+// outside them. A bound on the outer clock alone also counts the calls'
+// own time before arming and after the tail, which on a loaded machine (a
+// thread waiting for a core) was 40-80 ms of 1.4 s. A wall sample weighs
+// the time until the thread's next visit (wall_time_provider.h), so a
+// thread's total is w1 + (t_n - t_1) for visits t_1..t_n, its first
+// weighing w1: within [L - head - tail, L + w1] of its lifetime L, with w1,
+// the head (arming to t_1) and the tail (t_n to its end) each at most the
+// longest wait between two visits (ProfilerStats::wall_longest_round_ns):
+// a deterministic bound, [inner - 2 R, outer + R].
 struct RegisteredSpan {
   int64_t inner_ns = 0;
   int64_t outer_ns = 0;
@@ -58,14 +63,17 @@ RegisteredSpan RunRegistered(Profiler& profiler, const std::string& name, Body b
 }
 // Whether `ns` in the profile lies within `span`, or up to `ahead_ns`
 // above it; the message says by how much it does not.
+// `round_ns`: the longest wait between two visits (R above; 0 for a
+// thread whose wall time is exact, a followed one).
 inline ::testing::AssertionResult WithinSpan(int64_t ns, const RegisteredSpan& span,
-                                             int64_t ahead_ns = 0) {
-  if (ns >= span.inner_ns && ns <= span.outer_ns + ahead_ns) {
+                                             int64_t ahead_ns = 0, int64_t round_ns = 0) {
+  if (ns >= span.inner_ns - 2 * round_ns && ns <= span.outer_ns + round_ns + ahead_ns) {
     return ::testing::AssertionSuccess();
   }
   return ::testing::AssertionFailure()
          << ns / 1e9 << " s in the profile, outside " << span.inner_ns / 1e9 << "-"
-         << span.outer_ns / 1e9 << " s registered (+" << ahead_ns / 1e9 << " s)";
+         << span.outer_ns / 1e9 << " s registered (+" << ahead_ns / 1e9 << " s, a round "
+         << round_ns / 1e9 << " s)";
 }
 
 inline Options WallOptions(const std::string& name) {

@@ -107,8 +107,8 @@ class Symbolizer;
   X(wall_visits_deferred, true, "wall visits deferred by the CPU budget")  \
   /* Wall time (ns) put on "[inprof: wall time since the thread's last       \
      sample]": threads that had no wall sample when their tail was taken     \
-     (they ended before the sampler visited them, or Stop()'s last visit     \
-     could not read where they were). */                                     \
+     (a sample's signal the thread never took before it ended; a followed    \
+     thread's tail with no running sample drained). */                      \
   X(wall_tail_frame_ns, true, "wall time on the tail frame, ns")          \
   /* Threads that registered in a burst and whose CPU engine the wall      \
      sampler's thread armed (sample_provider.h: ArmsInTwoSteps). */         \
@@ -118,7 +118,12 @@ class Symbolizer;
      episode; others were CPU samples, or reads that were then signalled     \
      for instead): each is sampled again once the tables are ready           \
      (blocked_episodes_resampled). */                                        \
-  X(blocked_episodes_provisional, true, "blocked episodes begun before the tables")
+  X(blocked_episodes_provisional, true, "blocked episodes begun before the tables") \
+  /* The longest a thread waited between two visits of the wall sampler    \
+     (a round of the threads: WallTicker::RoundEstimate at each wake-up,    \
+     and at Stop() the time since the last wake-up): what one wall sample   \
+     weighs at most. Since the profiler was made. */                        \
+  X(wall_longest_round_ns, false, "longest wait between two wall visits, ns")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;

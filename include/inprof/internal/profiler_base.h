@@ -114,14 +114,6 @@ struct WallDue {
   uint64_t generation;
 };
 
-// A thread the wall ticker's last visits (Stop: WallTicker::VisitAll)
-// signalled, and its sample count (ThreadSlotHeader::samples_taken) before
-// the signal: Stop waits a while for the count to move.
-struct WallSignalled {
-  SlotBase* slot;
-  uint64_t taken;
-};
-
 class ProfilerBase : public ProfilerCommon {
  public:
   ProfilerBase(const ProfilerBase&) = delete;
@@ -240,11 +232,6 @@ class ProfilerBase : public ProfilerCommon {
   // next wake-up may stand for).
   virtual absl::Duration TickerPeriod() const = 0;
   virtual void TickProvidersLocked(TickTime when, size_t batch, size_t& next) = 0;
-  // Stop(), registry lock held, the providers still armed: each ticking
-  // provider's last visit to every thread (WallTicker::VisitAll), until
-  // `deadline_ns`; the threads signalled into `signalled`.
-  virtual void VisitAllProvidersLocked(TickTime when, int64_t deadline_ns,
-                                       std::vector<WallSignalled>& signalled) = 0;
   // Event-driven providers (sample_provider.h: RecordsEvents): started at
   // Start() once the threads are armed (an error is logged, and the others
   // sample on), stopped at the beginning of Stop() (forked_child: in a
@@ -288,6 +275,9 @@ class ProfilerBase : public ProfilerCommon {
   static constexpr size_t kMaxTickBatch = 10;
 
   std::vector<SlotBase*> active_;  // registry lock
+  // xorshift64 state for where a registering thread enters active_
+  // (registry lock).
+  uint64_t insert_rng_ = 0x9E3779B97F4A7C15ULL;
   pid_t start_pid_ = 0;
   // Steady visits in a row (registry lock): Tick widens the ticker's
   // interval after a whole round of them.
@@ -334,6 +324,17 @@ class ProfilerBase : public ProfilerCommon {
   // Wall time (ns) of threads with no wall sample that went to the tail
   // frame (Profiler<>::TakeTailOne): where they were could not be read.
   std::atomic<uint64_t> wall_tail_frame_ns_{0};
+  // ProfilerStats::wall_longest_round_ns; the last wake-up of the ticker in
+  // this session (CLOCK_MONOTONIC, 0 before one; registry lock).
+  std::atomic<uint64_t> wall_longest_round_ns_{0};
+  int64_t last_tick_ns_ = 0;
+  int64_t last_round_ns_ = 0;  // the last wake-up's round (registry lock)
+  void NoteRoundLocked(int64_t ns) {
+    last_round_ns_ = std::max(last_round_ns_, ns);
+    if (ns > 0 && static_cast<uint64_t>(ns) > wall_longest_round_ns_.load(std::memory_order_relaxed)) {
+      wall_longest_round_ns_.store(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+    }
+  }
 
  private:
   // Registry::Owner. Registry lock held by the caller (`lock`).
@@ -351,7 +352,6 @@ class ProfilerBase : public ProfilerCommon {
   void RetireLocked(SlotBase* slot, bool reusable);
   void BeginWorkOutsideLock(SlotBase* slot);
   void EndWorkOutsideLock(SlotBase* slot);
-  void FinalVisitsLocked();
   void StartTicker();
   void StopTicker();
   size_t Tick(size_t batch, int64_t scheduled_ns);
@@ -367,16 +367,6 @@ class ProfilerBase : public ProfilerCommon {
 
   // Queued unregistrations that a registering thread finishes first.
   static constexpr uint32_t kRetiredForRegistration = 64;
-  // Stop()'s last visits (FinalVisitsLocked): at most this long, then at
-  // most this long for the handlers of the signals they sent. A visit that
-  // reads a thread's state and stack costs ~15 us of CPU
-  // (docs/measurements.md; 10,000 napping threads took 0.4-0.8 s of a
-  // loaded 2-core VM), so 2 s is 20,000 such threads or more, within the
-  // 5 s that Stop() has beyond INPROF_STOP_TIMEOUT where a program ends in
-  // _exit; a signalled thread's handler runs within microseconds, later
-  // when it waits for a core.
-  static constexpr int64_t kFinalVisitsNs = 2'000'000'000;
-  static constexpr int64_t kFinalSignalWaitNs = 100'000'000;
   // Most base periods the ticker waits between wake-ups while every thread
   // is steady (Tick).
   static constexpr uint32_t kMaxQuietFactor = 8;

@@ -24,6 +24,7 @@
 #define INPROF_INTERNAL_WALL_TICKER_H_
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -147,53 +148,64 @@ class WallTicker {
     const size_t wanted = std::min(
         n, batch * VisitsPerTick(provider.ThreadsPerTick(), n, period_ns));
     counts.deferred = wanted - visits;
+    when.round_ns = RoundEstimate(threads, visits, when, (n + per_tick - 1) / per_tick * period_ns);
+    round_estimate_ns_ = when.round_ns;
+    TickTime ahead = when;
+    ahead.out_of_round = true;
     for (const WallDue& d : due) {
       // Queued before it unregistered, or before its slot was reused.
       if (d.slot->generation != d.generation) continue;
       if (d.slot->wall_last_visit_ns == when.now_ns) continue;  // another provider's
-      VisitOne(provider, host, *d.slot, when, counts, steady_visits);
+      VisitOne(provider, host, *d.slot, ahead, counts, steady_visits);
     }
+    // A thread visited ahead just now is visited in its round all the
+    // same: the visit ahead only began its following (then this one finds
+    // nothing to credit), or did nothing; skipping this one would take a
+    // sample from the threads that run.
     for (size_t j = 0; j < visits; ++j) {
-      SlotBase& slot = *threads[(cursor_ + j) % n];
-      if (slot.wall_due && slot.wall_last_visit_ns == when.now_ns) continue;  // just now
-      VisitOne(provider, host, slot, when, counts, steady_visits);
+      VisitOne(provider, host, *threads[(cursor_ + j) % n], when, counts, steady_visits);
     }
     cursor_ = (cursor_ + visits) % n;
     return counts;
   }
 
-  // Stop(): one last visit to each of `threads` (each provider its own),
-  // so that the wall time since its previous visit goes where the thread is
-  // now (its episode's stack, a copy of its stack read, a signal's sample)
-  // instead of to its tail, which has no stack of its own (kTailFrame) for
-  // a thread never sampled: with thousands of threads under the CPU budget
-  // most are not visited in a run shorter than a round. What each visit
-  // does is the provider's decision, as in a round. The threads it
-  // signalled go into `signalled` with their sample count then (the caller
-  // waits a while for their handlers). Stops once CLOCK_MONOTONIC reads
-  // `deadline_ns` (checked every kVisitsBetweenClockReads visits): the
-  // threads left keep their tails.
-  static constexpr size_t kVisitsBetweenClockReads = 64;
-  template <typename H>
-    requires TicksThreads<P> && WallTickerHost<H, P>
-  WallVisitCounts VisitAll(P& provider, H& host, std::span<SlotBase* const> threads,
-                           TickTime when, int64_t deadline_ns,
-                           std::vector<WallSignalled>& signalled) {
-    WallVisitCounts counts;
-    if (provider.TickPeriod() <= absl::ZeroDuration()) return counts;
-    size_t steady_visits = 0;  // no later wake-up to space
-    for (size_t i = 0; i < threads.size(); ++i) {
-      if (i % kVisitsBetweenClockReads == kVisitsBetweenClockReads - 1 &&
-          WallTimeProvider::NowNanos() >= deadline_ns) {
-        break;
+  // The last wake-up's RoundEstimate (0 before one).
+  int64_t round_estimate_ns() const { return round_estimate_ns_; }
+
+  // How long a thread waits between two visits of the round robin, as of
+  // the wake-up at `when`, which visits `visits` of `threads` from the
+  // cursor on: the time since their previous visits, on average, for those
+  // visited before -- the round just done for their places, stalls and all
+  // (the ticker wakes late on a busy machine and while the profiler
+  // starts, later after a round of steady visits, and fewer visits fit the
+  // CPU budget than were planned). When none was (all new: the first
+  // round, a burst of registrations), the last wake-up's estimate, grown
+  // with the thread count, or `planned` (the threads over the visits a
+  // tick, times the period) before one.
+  int64_t RoundEstimate(std::span<SlotBase* const> threads, size_t visits, TickTime when,
+                        int64_t planned) {
+    const size_t n = threads.size();
+    int64_t sum = 0;
+    size_t seen = 0;
+    for (size_t j = 0; j < visits; ++j) {
+      const SlotBase& slot = *threads[(cursor_ + j) % n];
+      if (slot.wall_last_visit_ns == SlotBase::kNeverVisited ||
+          slot.wall_last_visit_ns >= when.now_ns) {
+        continue;
       }
-      SlotBase& slot = *threads[i];
-      const uint64_t signals = counts.signals;
-      const uint64_t taken = slot.samples_taken.load(std::memory_order_relaxed);
-      VisitOne(provider, host, slot, when, counts, steady_visits);
-      if (counts.signals != signals) signalled.push_back(WallSignalled{&slot, taken});
+      sum += when.now_ns - slot.wall_last_visit_ns;
+      ++seen;
     }
-    return counts;
+    int64_t estimate = planned;
+    if (seen > 0) {
+      estimate = sum / static_cast<int64_t>(seen);
+    } else if (round_estimate_ns_ > 0 && estimate_threads_ > 0) {
+      estimate = static_cast<int64_t>(static_cast<double>(round_estimate_ns_) *
+                                      std::max(1.0, static_cast<double>(n) /
+                                                        static_cast<double>(estimate_threads_)));
+    }
+    estimate_threads_ = n;
+    return std::max<int64_t>(estimate, 1);
   }
 
  private:
@@ -321,6 +333,8 @@ class WallTicker {
   }
 
   size_t cursor_ = 0;  // where the next wake-up starts
+  int64_t round_estimate_ns_ = 0;  // the last wake-up's RoundEstimate
+  size_t estimate_threads_ = 0;  // the thread count of round_estimate_ns_
 };
 
 }  // namespace inprof::internal
