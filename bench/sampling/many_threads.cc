@@ -23,8 +23,19 @@
 //                                             and unregister first)
 //
 // It also prints stop_ms and stop_cpu_ms, the time Profiler::Stop() took and
-// its thread's CPU meanwhile (its last visits to the threads, the drain and
-// the export: symbolization, encoding, writing).
+// its thread's CPU meanwhile (the drain and the export: symbolization,
+// encoding, writing), and against the truth the program counts itself
+// (each thread's registered span, from inside RegisterThread's return to
+// before its registration's end):
+//     wall_vs_life=the profile's wall time over the threads' registered
+//       lifetimes; windows=the export windows (INPROF_EXPORT_PERIOD=1s:
+//       one a second), and for the worst window win_real_min (its share on
+//       real stacks) and win_vs_life_min/max (its wall time over the
+//       threads' lifetimes within it)
+//     nap_running=share of the nappers' wall time labelled running
+//     register_us_p50/p90=RegisterThread's CPU on the registering thread,
+//       in the burst of THREADS registrations, microseconds
+//     busy_vs_life=the busy thread's wall time over its registered span
 //
 // The same workload for peers (python3 bench/sampling/many_threads.py BUILD
 // runs them all and prints one table), one more argument, the profile file:
@@ -60,12 +71,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #if defined(INPROF_MANY_THREADS_GPERFTOOLS)
 #include <gperftools/profiler.h>
 #define INPROF_MANY_THREADS_PEER "gperftools"
 #elif defined(INPROF_MANY_THREADS_NONE)
 #define INPROF_MANY_THREADS_PEER "none"
 #else
+#include "absl/synchronization/mutex.h"
 #include "inprof/inprof.h"
 #include "inprof/pprof_reader.h"
 #endif
@@ -152,10 +166,17 @@ double RssKibPerThread(int threads) {
   return threads > 0 ? static_cast<double>(usage.ru_maxrss) / threads : 0.0;
 }
 
+struct Span {
+  absl::Time begin, end;  // registered: after RegisterThread, before its end
+  int64_t register_cpu_ns = 0;  // RegisterThread's CPU on the thread
+};
+
 struct Run {
   int64_t run_ns = 0;        // the busy thread's lifetime
   double ticker_ms = 0;      // "inprof-tick"
   double profiler_ms = 0;    // threads the workload did not start
+  std::vector<Span> nappers;  // each napper's registered span
+  Span busy;
 };
 
 // THREADS nappers (or waiters) and one busy thread; `register_thread(name)`
@@ -172,28 +193,40 @@ Run RunWorkload(int threads, double seconds, bool wait, Register register_thread
   ours[threads + 1] = gettid();
   std::vector<std::thread> nappers;
   nappers.reserve(threads);
+  Run run;
+  run.nappers.resize(threads);
   for (int i = 0; i < threads; ++i) {
     nappers.emplace_back([&, i] {
       ours[i] = gettid();
-      auto registration = register_thread("napper");
-      (void)registration;
-      registered.fetch_add(1);
-      if (wait) {
-        WaitLoop(stop);
-      } else {
-        NapLoop(stop);
+      Span& span = run.nappers[i];
+      const int64_t cpu0 = Now(CLOCK_THREAD_CPUTIME_ID);
+      {
+        auto registration = register_thread("napper");
+        (void)registration;
+        span.register_cpu_ns = Now(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+        span.begin = absl::Now();
+        registered.fetch_add(1);
+        if (wait) {
+          WaitLoop(stop);
+        } else {
+          NapLoop(stop);
+        }
+        span.end = absl::Now();
       }
     });
   }
   while (registered.load() < threads) usleep(1000);
-  Run run;
   const int64_t start = Now(CLOCK_MONOTONIC);
   std::atomic<pid_t> busy_tid{0};
   std::thread busy([&] {
     busy_tid = gettid();
-    auto registration = register_thread("busy");
-    (void)registration;
-    Spin(static_cast<int64_t>(seconds * 1e9));
+    {
+      auto registration = register_thread("busy");
+      (void)registration;
+      run.busy.begin = absl::Now();
+      Spin(static_cast<int64_t>(seconds * 1e9));
+      run.busy.end = absl::Now();
+    }
   });
   busy.join();
   run.run_ns = Now(CLOCK_MONOTONIC) - start;
@@ -242,14 +275,40 @@ int main(int argc, char** argv) {
   return 0;
 }
 #else
+// Each window the exporter delivers, kept for reading after the run.
+class Windows : public inprof::ProfileSink {
+ public:
+  absl::string_view name() const override { return "bench"; }
+  absl::Status Consume(std::shared_ptr<const inprof::ExportedProfile> p) override {
+    absl::MutexLock lock(&mu_);
+    kept_.push_back(std::move(p));
+    return absl::OkStatus();
+  }
+  std::vector<std::shared_ptr<const inprof::ExportedProfile>> Take() {
+    absl::MutexLock lock(&mu_);
+    return kept_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<const inprof::ExportedProfile>> kept_;
+};
+
+double Overlap(const Span& s, absl::Time begin, absl::Time end) {
+  const absl::Time b = std::max(s.begin, begin);
+  const absl::Time e = std::min(s.end, end);
+  return e > b ? absl::ToDoubleSeconds(e - b) : 0.0;
+}
+
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1000;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 3.0;
   const bool wait = argc > 3 && std::string(argv[3]) == "wait";
   const bool stop_first = argc > 4 && std::string(argv[4]) == "stop";
-  const std::string output = "/tmp/inprof_many_threads_" + std::to_string(getpid()) + ".pb.gz";
   inprof::Options options = inprof::Options::FromEnv();
-  options.output = output;
+  options.write_output = false;
+  auto windows = std::make_shared<Windows>();
+  options.sinks.push_back(windows);
   inprof::DefaultProfiler profiler(options);
   Run run;
   int64_t stop_ns = -1, stop_cpu_ns = -1;
@@ -273,46 +332,95 @@ int main(int argc, char** argv) {
   const double cpu_s = ProcessCpuS();
   const int64_t run_ns = run.run_ns;
   const double ticker_ms = run.ticker_ms;
-  absl::StatusOr<inprof::DecodedProfile> profile = inprof::ReadPprofFile(output);
-  std::remove(output.c_str());
-  if (!profile.ok()) {
-    std::fprintf(stderr, "many_threads: cannot read %s: %s\n", output.c_str(),
-                 std::string(profile.status().message()).c_str());
-    return 1;
+  if (stop_first) {
+    // Stopped while they napped: their spans end at Stop().
+    for (Span& s : run.nappers) s.end = std::min(s.end, run.busy.end + absl::Milliseconds(1));
   }
-  const int wall = profile->ValueIndex("wall-time");
-  const int cpu = profile->ValueIndex("cpu-time");
   int64_t wall_total = 0, wall_pseudo = 0, wall_tail = 0, busy_wall = 0;
-  int64_t cpu_total = 0, cpu_pseudo = 0;
-  for (const auto& s : profile->samples) {
-    const bool pseudo = !s.stack.empty() && absl::StartsWith(s.stack[0], "[inprof:");
-    bool in_spin = false;
-    for (const std::string& f : s.stack) in_spin |= absl::StrContains(f, "Spin");
-    if (wall >= 0) {
-      wall_total += s.values[wall];
-      if (pseudo) wall_pseudo += s.values[wall];
-      if (pseudo && absl::StrContains(s.stack[0], "wall time since")) wall_tail += s.values[wall];
-      if (in_spin) busy_wall += s.values[wall];
+  int64_t cpu_total = 0, cpu_pseudo = 0, nap_wall = 0, nap_running = 0;
+  double life_total = 0, win_real_min = 1, win_ratio_min = 1e9, win_ratio_max = 0;
+  const auto kept = windows->Take();
+  for (const auto& window : kept) {
+    absl::StatusOr<inprof::DecodedProfile> profile = inprof::DecodePprof(window->pprof);
+    if (!profile.ok()) {
+      std::fprintf(stderr, "many_threads: cannot read window %llu: %s\n",
+                   static_cast<unsigned long long>(window->sequence),
+                   std::string(profile.status().message()).c_str());
+      return 1;
     }
-    if (cpu >= 0) {
-      cpu_total += s.values[cpu];
-      if (pseudo) cpu_pseudo += s.values[cpu];
+    const int wall = profile->ValueIndex("wall-time");
+    const int cpu = profile->ValueIndex("cpu-time");
+    int64_t w_total = 0, w_pseudo = 0;
+    for (const auto& s : profile->samples) {
+      const bool pseudo = !s.stack.empty() && absl::StartsWith(s.stack[0], "[inprof:");
+      bool in_spin = false;
+      for (const std::string& f : s.stack) in_spin |= absl::StrContains(f, "Spin");
+      if (wall >= 0) {
+        w_total += s.values[wall];
+        if (pseudo) w_pseudo += s.values[wall];
+        if (pseudo && absl::StrContains(s.stack[0], "wall time since")) wall_tail += s.values[wall];
+        if (in_spin) busy_wall += s.values[wall];
+        auto name = s.str_labels.find("thread name");
+        if (name != s.str_labels.end() && name->second == "napper") {
+          nap_wall += s.values[wall];
+          auto state = s.str_labels.find("thread state");
+          if (state != s.str_labels.end() && state->second == "running") {
+            nap_running += s.values[wall];
+          }
+        }
+      }
+      if (cpu >= 0) {
+        cpu_total += s.values[cpu];
+        if (pseudo) cpu_pseudo += s.values[cpu];
+      }
+    }
+    wall_total += w_total;
+    wall_pseudo += w_pseudo;
+    double life = Overlap(run.busy, window->start, window->end);
+    for (const Span& s : run.nappers) life += Overlap(s, window->start, window->end);
+    life_total += life;
+    if (std::getenv("MANY_THREADS_WINDOWS") != nullptr) {
+      std::fprintf(stderr, "window %llu: %.3f s, wall %.1f s, lifetimes %.1f s, real %.3f\n",
+                   static_cast<unsigned long long>(window->sequence),
+                   absl::ToDoubleSeconds(window->end - window->start), w_total / 1e9, life,
+                   w_total > 0 ? 1 - static_cast<double>(w_pseudo) / static_cast<double>(w_total)
+                               : 0.0);
+    }
+    // Windows of under 100 ms of thread time (the last one, cut at Stop()
+    // after the threads ended) say little.
+    if (life >= 0.1) {
+      win_real_min = std::min(win_real_min, w_total > 0 ? 1 - static_cast<double>(w_pseudo) /
+                                                                  static_cast<double>(w_total)
+                                                        : 0.0);
+      const double ratio = static_cast<double>(w_total) / 1e9 / life;
+      win_ratio_min = std::min(win_ratio_min, ratio);
+      win_ratio_max = std::max(win_ratio_max, ratio);
     }
   }
   auto share = [](int64_t part, int64_t total) {
     return total > 0 ? static_cast<double>(part) / static_cast<double>(total) : 0.0;
   };
+  std::vector<int64_t> reg;
+  for (const Span& s : run.nappers) reg.push_back(s.register_cpu_ns);
+  std::sort(reg.begin(), reg.end());
+  const double busy_life = absl::ToDoubleSeconds(run.busy.end - run.busy.begin);
   std::printf(
       "RESULT many_threads profiler=inprof threads=%d %s%s seconds=%.1f run_s=%.3f "
       "stop_ms=%.0f stop_cpu_ms=%.0f wall_real=%.3f wall_tail=%.3f "
-      "wall_total_s=%.0f busy_wall=%.2f busy_wall_share=%.3f cpu_real=%.3f "
+      "wall_total_s=%.0f wall_vs_life=%.3f windows=%zu win_real_min=%.3f "
+      "win_vs_life_min=%.3f win_vs_life_max=%.3f nap_running=%.4f "
+      "busy_wall=%.2f busy_wall_share=%.3f busy_vs_life=%.3f cpu_real=%.3f "
       "ticker_cpu_ms=%.0f ticker_core_pct=%.2f profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f "
-      "rss_kib_per_thread=%.1f\n",
+      "rss_kib_per_thread=%.1f register_us_p50=%.1f register_us_p90=%.1f\n",
       threads, wait ? "wait" : "nap", stop_first ? " stop-first" : "", seconds, run_ns / 1e9,
       stop_ns / 1e6, stop_cpu_ns / 1e6, 1 - share(wall_pseudo, wall_total), share(wall_tail, wall_total),
-      wall_total / 1e9, busy_wall / 1e9, share(busy_wall, run_ns),
+      wall_total / 1e9, life_total > 0 ? wall_total / 1e9 / life_total : 0.0, kept.size(),
+      win_real_min, win_ratio_min, win_ratio_max, share(nap_running, nap_wall),
+      busy_wall / 1e9, share(busy_wall, run_ns), busy_life > 0 ? busy_wall / 1e9 / busy_life : 0.0,
       1 - share(cpu_pseudo, cpu_total), ticker_ms, 100.0 * ticker_ms / (run_ns / 1e6),
-      run.profiler_ms, cpu_s, RssKibPerThread(threads));
+      run.profiler_ms, cpu_s, RssKibPerThread(threads),
+      reg.empty() ? 0.0 : reg[reg.size() / 2] / 1e3,
+      reg.empty() ? 0.0 : reg[reg.size() * 9 / 10] / 1e3);
   return 0;
 }
 #endif

@@ -139,6 +139,11 @@ struct TickTime {
   // known when it is taken). 0: not known (tests): the first visit credits
   // the time since the thread was armed.
   int64_t round_ns = 0;
+  // How many base periods apart the ticker's wake-ups come now, a batch's
+  // worth counted as one: the back-off after steady rounds and the CPU
+  // budget's spacing, times how late the ticker wakes (ProfilerBase::Tick);
+  // 1 for the period itself.
+  double pace = 1;
   // A visit ahead of the round robin (ProfilerBase::wall_due_: the thread
   // ran and was not visited for a round). Chosen because the thread runs,
   // so it is no sample of where the thread is: it only begins following

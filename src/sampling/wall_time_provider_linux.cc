@@ -318,8 +318,15 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
       // risk for a busy thread. At its first visit the time since it was
       // armed (it ran throughout) goes to that sample's stack; after
       // earlier visits, their weights stood for the interval up to now.
+      // Wall time credited ahead (follow_balance_ns < 0: a running sample
+      // of an earlier following carried CPU from before it began) is kept,
+      // to be taken off what this following's visits settle: this visit
+      // credits nothing to take it off. Reset to 0, one such sample's worth
+      // was forgotten per following, and a thread whose following came and
+      // went (a busy thread on a loaded machine) was credited 15% more than
+      // its lifetime.
       data.following = true;
-      data.follow_balance_ns = 0;
+      data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns - ahead, 0);
       if (!fresh) return TickDecision::kFollowing;
       ++counts_.running_credits;
       values[0] = 1;

@@ -260,28 +260,44 @@ TEST_F(WallTickerTest, DueThreadsAreVisitedFirstAndOnlyOnce) {
 }
 
 // The weight of a thread's first visit (TickTime::round_ns) is how long a
-// thread waits between two visits: the time since the previous visits of
-// the threads a wake-up visits, on average -- the round just done for
-// their places, late wake-ups and all; when none was visited before, the
-// last estimate grown with the thread count, or at first the planned
-// round (threads over visits a tick, times the period).
+// thread waits between two visits now: the planned round (threads over
+// the visits a tick, the budget's cap included, times the period) times
+// the pace of the wake-ups (TickTime::pace: the back-off, the budget's
+// spacing, lateness), whatever the times of earlier visits.
 TEST_F(WallTickerTest, AFirstVisitWeighsTheTimeARoundTakes) {
   AddThreads(8);
   provider_.per_tick = 2;  // 4 ticks a round, planned 40 ms
   constexpr int64_t kMs = 1'000'000;
-  Wake(1, 1000 * kMs);  // threads 0 and 1, never visited: the plan
+  Wake(1, 1000 * kMs);
   EXPECT_EQ(slot(0).data.round_ns, 40 * kMs);
-  Wake(1, 1030 * kMs);  // 2 and 3: the last estimate
-  EXPECT_EQ(slot(2).data.round_ns, 40 * kMs);
   AddThreads(8);  // 16 threads: twice as long a round
-  Wake(1, 1060 * kMs);  // 4 and 5
-  EXPECT_EQ(slot(4).data.round_ns, 80 * kMs);
-  for (int64_t at = 1090; at <= 1210; at += 30) Wake(1, at * kMs);  // 6 to 15
-  Wake(1, 1400 * kMs);  // 0 and 1 again, visited at 1000
-  EXPECT_EQ(slot(0).data.round_ns, 400 * kMs);
-  slot(2).wall_last_visit_ns = 1200 * kMs;  // visited since (ahead of its round)
-  Wake(1, 1420 * kMs);  // 2 (220 ms) and 3 (390 ms)
-  EXPECT_EQ(slot(3).data.round_ns, 305 * kMs);
+  Wake(1, 1030 * kMs);
+  EXPECT_EQ(slot(2).data.round_ns, 80 * kMs);
+  log_.clear();
+  next_ = 10;
+  TickTime slow = TickTime::At(1060 * kMs);
+  slow.pace = 2.5;  // wake-ups 2.5 periods apart
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, slow, 1, 10, next_, steady_);
+  EXPECT_EQ(slot(4).data.round_ns, 200 * kMs);
+  // The budget's cap of 1 a tick: 16 ticks a round.
+  log_.clear();
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(1090 * kMs), 1, 10,
+                              next_, steady_, /*cap=*/1);
+  EXPECT_EQ(slot(6).data.round_ns, 80 * kMs);  // never below the configured 2
+  provider_.per_tick = 1;
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(1120 * kMs), 1, 10,
+                              next_, steady_, /*cap=*/1);
+  EXPECT_EQ(slot(8).data.round_ns, 160 * kMs);
+}
+
+TEST_F(WallTickerTest, TheCpuBudgetSpacesTheWakeUpsWhenTheFloorCostsTooMuch) {
+  constexpr int64_t kPeriod = 10'000'000;
+  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 50'000, 5), 3u);
+  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 20'000, 5), 1u);  // exactly 1%
+  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 20'001, 5), 2u);
+  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 10'000'000, 5), internal::kMaxBudgetStretch);
+  EXPECT_EQ(internal::BudgetStretch(0, kPeriod, 50'000, 5), 1u);
+  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 0, 5), 1u);
 }
 
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {

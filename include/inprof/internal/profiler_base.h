@@ -329,6 +329,7 @@ class ProfilerBase : public ProfilerCommon {
   std::atomic<uint64_t> wall_longest_round_ns_{0};
   int64_t last_tick_ns_ = 0;
   int64_t last_round_ns_ = 0;  // the last wake-up's round (registry lock)
+  double tick_lateness_ = 1;  // Tick: how late the wake-ups come, smoothed
   void NoteRoundLocked(int64_t ns) {
     last_round_ns_ = std::max(last_round_ns_, ns);
     if (ns > 0 && static_cast<uint64_t>(ns) > wall_longest_round_ns_.load(std::memory_order_relaxed)) {
@@ -370,6 +371,11 @@ class ProfilerBase : public ProfilerCommon {
   // Most base periods the ticker waits between wake-ups while every thread
   // is steady (Tick).
   static constexpr uint32_t kMaxQuietFactor = 8;
+  // Base periods between wake-ups that the sampler's CPU budget asks for
+  // when even the fewest visits a tick cost too much (BudgetStretch; with
+  // many threads only; registry lock writes, the ticker's schedule reads:
+  // the larger of it and tick_quiet_factor_).
+  std::atomic<uint32_t> tick_budget_stretch_{1};
 
   const Shape shape_;
   // Stop() is waiting for arming outside the lock to end: no new one starts

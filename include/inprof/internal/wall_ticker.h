@@ -94,6 +94,22 @@ inline size_t VisitBudgetPerTick(double budget, int64_t period_ns, double cost_n
   return visits < 1 ? 1 : static_cast<size_t>(visits);
 }
 
+// How many base periods apart the ticker's wake-ups must be for `floor`
+// visits a wake-up (the fewest a tick makes: WallTicker::VisitsPerTick) to
+// stay within `budget` at `cost_ns` a visit (1: the period will do; at
+// most kMaxBudgetStretch). Without it a costly visit (a thread's state
+// from /proc, its stack copied and walked: 15-60 us on a loaded 2-core VM)
+// at 5 visits every 10 ms took 2.5-4.3% of a core against a 1% budget.
+inline constexpr uint32_t kMaxBudgetStretch = 100;
+inline uint32_t BudgetStretch(double budget, int64_t period_ns, double cost_ns, size_t floor) {
+  if (budget <= 0 || cost_ns <= 0 || period_ns <= 0 || floor == 0) return 1;
+  const double allowed = budget * static_cast<double>(period_ns) / cost_ns;
+  const double stretch = static_cast<double>(floor) / allowed;
+  if (stretch <= 1) return 1;
+  if (stretch >= kMaxBudgetStretch) return kMaxBudgetStretch;
+  return static_cast<uint32_t>(stretch + 0.999999);
+}
+
 // One per provider of a composition (its cursor); VisitNext exists for
 // providers that TicksThreads.
 template <typename P>
@@ -148,7 +164,7 @@ class WallTicker {
     const size_t wanted = std::min(
         n, batch * VisitsPerTick(provider.ThreadsPerTick(), n, period_ns));
     counts.deferred = wanted - visits;
-    when.round_ns = RoundEstimate(threads, visits, when, (n + per_tick - 1) / per_tick * period_ns);
+    when.round_ns = RoundEstimate(when, static_cast<int64_t>((n + per_tick - 1) / per_tick) * period_ns);
     round_estimate_ns_ = when.round_ns;
     TickTime ahead = when;
     ahead.out_of_round = true;
@@ -172,40 +188,18 @@ class WallTicker {
   // The last wake-up's RoundEstimate (0 before one).
   int64_t round_estimate_ns() const { return round_estimate_ns_; }
 
-  // How long a thread waits between two visits of the round robin, as of
-  // the wake-up at `when`, which visits `visits` of `threads` from the
-  // cursor on: the time since their previous visits, on average, for those
-  // visited before -- the round just done for their places, stalls and all
-  // (the ticker wakes late on a busy machine and while the profiler
-  // starts, later after a round of steady visits, and fewer visits fit the
-  // CPU budget than were planned). When none was (all new: the first
-  // round, a burst of registrations), the last wake-up's estimate, grown
-  // with the thread count, or `planned` (the threads over the visits a
-  // tick, times the period) before one.
-  int64_t RoundEstimate(std::span<SlotBase* const> threads, size_t visits, TickTime when,
-                        int64_t planned) {
-    const size_t n = threads.size();
-    int64_t sum = 0;
-    size_t seen = 0;
-    for (size_t j = 0; j < visits; ++j) {
-      const SlotBase& slot = *threads[(cursor_ + j) % n];
-      if (slot.wall_last_visit_ns == SlotBase::kNeverVisited ||
-          slot.wall_last_visit_ns >= when.now_ns) {
-        continue;
-      }
-      sum += when.now_ns - slot.wall_last_visit_ns;
-      ++seen;
-    }
-    int64_t estimate = planned;
-    if (seen > 0) {
-      estimate = sum / static_cast<int64_t>(seen);
-    } else if (round_estimate_ns_ > 0 && estimate_threads_ > 0) {
-      estimate = static_cast<int64_t>(static_cast<double>(round_estimate_ns_) *
-                                      std::max(1.0, static_cast<double>(n) /
-                                                        static_cast<double>(estimate_threads_)));
-    }
-    estimate_threads_ = n;
-    return std::max<int64_t>(estimate, 1);
+  // How long a thread waits between two visits of the round robin now:
+  // `planned` (the threads over the visits a tick, the CPU budget's cap
+  // included, times the period) times TickTime::pace (how many periods
+  // apart the wake-ups come: the back-off after steady rounds, the
+  // budget's spacing, a late ticker on a busy machine). Each factor is the
+  // ticker's state now: the times since the threads' previous visits are
+  // no guide while the thread count, the back-off or the batching change
+  // (on a burst of registrations they weighed first visits 3.7 s for a
+  // 0.4 s round, or 0.8 s for an 8 s one).
+  static int64_t RoundEstimate(TickTime when, int64_t planned) {
+    const double pace = when.pace >= 1 ? when.pace : 1.0;
+    return std::max<int64_t>(static_cast<int64_t>(static_cast<double>(planned) * pace), 1);
   }
 
  private:
@@ -334,7 +328,7 @@ class WallTicker {
 
   size_t cursor_ = 0;  // where the next wake-up starts
   int64_t round_estimate_ns_ = 0;  // the last wake-up's RoundEstimate
-  size_t estimate_threads_ = 0;  // the thread count of round_estimate_ns_
+
 };
 
 }  // namespace inprof::internal
