@@ -118,6 +118,8 @@ void WriteLineToStderr(absl::string_view line) {
 
 void UseProgramStderrThrough(int pidfd) noexcept { tls_stderr_pidfd = pidfd; }
 
+int ProgramStderrPidfd() noexcept { return tls_stderr_pidfd; }
+
 void SetLogSinkForTesting(LogSink sink) {
   g_sink.store(sink, std::memory_order_release);
 }

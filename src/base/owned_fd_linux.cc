@@ -253,6 +253,16 @@ void CloseAllBut(int keep) noexcept {
 
 uint32_t CurrentDescriptorTable() noexcept { return tls_table; }
 
+DescriptorTableHandle ThisDescriptorTable() noexcept {
+  return DescriptorTableHandle{tls_table, tls_table != 0 ? ProgramStderrPidfd() : -1};
+}
+
+void JoinDescriptorTable(const DescriptorTableHandle& table) noexcept {
+  if (table.table == 0 || tls_table == table.table) return;
+  tls_table = table.table;
+  UseProgramStderrThrough(table.stderr_pidfd);
+}
+
 namespace {
 
 // inprof's file thread: one job at a time, the caller waiting. Made per
@@ -398,6 +408,17 @@ bool EnterPrivateDescriptorTable() noexcept {
   // to its table (the kernel's lock owner is the files_struct), and epoll
   // and flock hold on until a file's last reference goes.
   CloseAllBut(keep);
+  // 0, 1 and 2 taken (see DescriptorTableHandle): a thread created here
+  // that writes to them before it knows its table writes nowhere.
+  for (int n = 0; n <= STDERR_FILENO; ++n) {
+    if (n == keep || dup2(keep, n) == n) continue;
+    // No descriptor 2 to copy (no pidfd either): /dev/null.
+    const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0 && null != n) {
+      dup2(null, n);
+      close(null);
+    }
+  }
   UseProgramStderrThrough(pidfd);
   tls_table = g_next_table.fetch_add(1, std::memory_order_relaxed);
   errno = saved;

@@ -11,6 +11,7 @@
 #include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/base/platform.h"
 #include "inprof/base/profiler_thread.h"
 #include "inprof/pprof_writer.h"
@@ -78,7 +79,25 @@ struct Pipeline::Threads {
   ProfilerThread exporter;
   std::function<void()> drain;  // for the endpoint's captures
   int captures = 0;  // Capture()s using this object (guarded by `mutex`)
+  // The collector's passes begun and finished, and whether one is asked
+  // for now (DrainNow; guarded by `mutex`).
+  uint64_t passes_begun = 0;
+  uint64_t passes_done = 0;
+  bool pass_wanted = false;
 };
+
+void Pipeline::DrainNow(Threads* t) {
+  if (CurrentDescriptorTable() == 0) {
+    t->drain();
+    return;
+  }
+  std::unique_lock<std::mutex> lock(t->mutex);
+  // A pass begun after this call: the records pushed before it are in.
+  const uint64_t wanted = t->passes_begun + 1;
+  t->pass_wanted = true;
+  t->cv.notify_all();
+  t->cv.wait(lock, [t, wanted] { return t->stop || t->passes_done >= wanted; });
+}
 
 Pipeline::Pipeline(const Options& options,
                            std::vector<ValueType> sample_types,
@@ -161,14 +180,21 @@ void Pipeline::StartCollector(std::function<void()> drain,
     // A first pass right away: unwinders with per-module tables build them
     // here, off the thread that called Start(). A pass that throws (no
     // memory) is skipped; its records wait in the rings for the next.
-    RunContained("a collector pass", step);
     std::unique_lock<std::mutex> lock(t->mutex);
+    bool first = true;
     while (!t->stop) {
-      t->cv.wait_for(lock, period, [t] { return t->stop; });
-      if (t->stop) break;
+      if (!first) {
+        t->cv.wait_for(lock, period, [t] { return t->stop || t->pass_wanted; });
+        if (t->stop) break;
+      }
+      first = false;
+      t->pass_wanted = false;
+      ++t->passes_begun;
       lock.unlock();
       RunContained("a collector pass", step);
       lock.lock();
+      ++t->passes_done;
+      t->cv.notify_all();
     }
   });
   if (!forwarding) StartExporter(t, t->drain);
@@ -258,7 +284,7 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
                              [t] { return t->stop; });
   }
   // Samples still in the rings belong to this window.
-  if (!stopped) t->drain();
+  if (!stopped) DrainNow(t);
   {
     // The last use of `t`; notified under the lock, as StopCollector may
     // destroy it as soon as the lock is free.
@@ -312,14 +338,17 @@ absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) 
     // open, and it may have exited since; shared with the exporter.
     std::lock_guard<std::mutex> lock(export_mutex_);
     encoded = EncodePprof(data, *symbolizer_);
-  } else {
-    // The request's own symbolizer: the exporter's is not shared (no lock
-    // held across symbolization), and this one's caches go with the
-    // request.
-    Symbolizer symbolizer(options_.symbolize);
-    symbolizer.set_system_debug_info(options_.system_debug_info);
-    symbolizer.Refresh();
-    encoded = EncodePprof(data, symbolizer);
+  } else if (!RunWithOwnDescriptors([&] {
+               // The request's own symbolizer: the exporter's is not shared
+               // (no lock held across symbolization), and this one's caches
+               // (and files) go with the request, in a descriptor table of
+               // inprof's.
+               Symbolizer symbolizer(options_.symbolize);
+               symbolizer.set_system_debug_info(options_.system_debug_info);
+               symbolizer.Refresh();
+               encoded = EncodePprof(data, symbolizer);
+             })) {
+    encoded = absl::ResourceExhaustedError("the profile could not be symbolized (out of memory)");
   }
   if (encoded.ok()) encoded = GzipCompress(*encoded);
   return encoded;
@@ -389,7 +418,7 @@ absl::Status Pipeline::SnapshotData(ProfileData* out, uint64_t* types) {
       }
     }
     if (counted) {
-      t->drain();
+      DrainNow(t);
       std::lock_guard<std::mutex> lock(t->mutex);
       --t->captures;
       t->cv.notify_all();
@@ -685,12 +714,32 @@ absl::Status Pipeline::ExportWindow(const ProfilerStats* stats,
 
   Describe(data, start, end, window_stats, engine_detail, notes);
   for (std::string& line : event_lines) data.comments.push_back(std::move(line));
+  // Module files, debug files and the output file are opened and closed in
+  // a descriptor table of inprof's (owned_fd.h): never a number of the
+  // program's, whatever it closes or dup2()s meanwhile. One hop per window.
+  // A given symbolizer (`inprof agent`'s, in a process of inprof's own)
+  // holds files it opened in its caller's table: it stays there.
+  if (symbolizer_given_) return DeliverWindow(data, start, end, last);
+  absl::Status status;
+  if (!RunWithOwnDescriptors([&] { status = DeliverWindow(data, start, end, last); })) {
+    status = absl::ResourceExhaustedError(
+        "the profile window could not be encoded or written (out of memory)");
+  }
+  return status;
+}
+
+absl::Status Pipeline::DeliverWindow(ProfileData& data, int64_t start, int64_t end,
+                                     bool last) {
   if (symbolizer_ == nullptr) {
     symbolizer_ = std::make_unique<Symbolizer>(options_.symbolize);
     symbolizer_->set_system_debug_info(options_.system_debug_info);
   }
   symbolizer_->Refresh();
   absl::StatusOr<std::string> encoded = EncodePprof(data, *symbolizer_);
+  // The last window's symbolizer goes with the session: the files libdwfl
+  // holds are in the table of this session's file thread, which Stop()
+  // ends (a later session opens them again in its own).
+  if (last && !symbolizer_given_) symbolizer_.reset();
   if (encoded.ok()) encoded = GzipCompress(*encoded);
   if (!encoded.ok()) {
     if (last) return encoded.status();

@@ -477,9 +477,13 @@ namespace {
 
 // Handler side of the perf engine's first overflow: the event, stopped by
 // its one-overflow limit (or still at its short first period), goes on at
-// the steady period. Async-signal-safe.
-void ContinueAtSteadyPeriod(int fd, int64_t period_ns) noexcept {
-  if (fd < 0) return;
+// the steady period. Only while `fd` is still that event (fstat and
+// PERF_EVENT_IOC_ID, once per arming): a program that closed it and put a
+// file of its own on the number never gets perf's ioctls on that file.
+// Async-signal-safe.
+void ContinueAtSteadyPeriod(int fd, const internal::FdIdentity& identity,
+                            int64_t period_ns) noexcept {
+  if (fd < 0 || !internal::IsStillOurs(fd, identity)) return;
   uint64_t period = static_cast<uint64_t>(period_ns);
   ioctl(fd, PERF_EVENT_IOC_PERIOD, &period);
   ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
@@ -525,7 +529,7 @@ bool CpuTimeProvider::OnSignal(ThreadContext& thread, ThreadData& data,
        data.first_overflow_pending.load(std::memory_order_relaxed))) {
     // POLL_HUP: the kernel stopped the event at its one-overflow limit.
     data.first_overflow_pending.store(false, std::memory_order_relaxed);
-    ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire),
+    ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire), data.perf_identity,
                            data.period_ns.load(std::memory_order_relaxed));
   }
   return TakePoints(internal::ThreadCpuNanos(thread.cpu_clock), data.next_due_ns,
@@ -588,7 +592,7 @@ bool CpuTimeProvider::TakeSwallowed(ThreadContext& thread, ThreadData& data,
     if (sigpending(&pending) == 0 &&
         sigismember(&pending, internal::kProfilingSignal) == 0) {
       data.first_overflow_pending.store(false, std::memory_order_relaxed);
-      ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire),
+      ContinueAtSteadyPeriod(thread.perf_fd.load(std::memory_order_acquire), data.perf_identity,
                              data.period_ns.load(std::memory_order_relaxed));
     }
   }

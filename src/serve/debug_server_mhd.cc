@@ -44,6 +44,7 @@
 #include <microhttpd.h>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -156,6 +157,14 @@ struct DebugServer::Watch {
   std::atomic<bool> logged_cut{false};
   std::atomic<bool> logged_evicted{false};
   std::atomic<bool> logged_host{false};
+  // The descriptor table the server's sockets are in: the owner thread's
+  // own, which MHD's threads share (they are its children).
+  DescriptorTableHandle table;
+  // "inprof-http": made the private table, started MHD in it, stops it
+  // there (Owner). Kept here so that a forked child leaks it (Abandon).
+  std::thread owner;
+  bool owner_stop = false;  // mu
+  bool owner_stopped = false;  // mu
 
   // Marks `c` closed (mu held); whether its descriptor is still its own
   // to shut down: a number the program closed (and may have reused) is
@@ -232,6 +241,7 @@ struct DebugServer::Watch {
 
   void Run() {
     SetCurrentThreadName("inprof-http-watch");
+    JoinDescriptorTable(table);
     std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
       const absl::Duration next = CutLateLocked(absl::Now());
@@ -249,6 +259,7 @@ void NotifyConnection(void* cls, struct MHD_Connection* connection, void**,
                       enum MHD_ConnectionNotificationCode code) {
   MarkProfilerThread();  // libmicrohttpd's connection threads are inprof's
   auto* watch = static_cast<DebugServer::Watch*>(cls);
+  JoinDescriptorTable(watch->table);
   std::lock_guard<std::mutex> lock(watch->mu);
   if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
     if (auto it = watch->connections.find(connection);
@@ -331,6 +342,7 @@ enum MHD_Result Answer(void* cls, struct MHD_Connection* connection,
                        const char*, size_t* upload_size, void** state) {
   MarkProfilerThread();  // the allocation profiler leaves this thread out
   auto* watch = static_cast<DebugServer::Watch*>(cls);
+  JoinDescriptorTable(watch->table);
   const MhdApi& mhd = Mhd();
   auto* request = static_cast<RequestState*>(*state);
   // A body (never expected) is answered by the 405 below without reading it.
@@ -384,7 +396,6 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
     const ListenAddress& address, DebugEndpoint* endpoint,
     absl::Duration request_deadline) {
   if (absl::Status s = Available(); !s.ok()) return s;
-  const MhdApi& mhd = Mhd();
   sockaddr_in v4{};
   sockaddr_in6 v6{};
   const sockaddr* addr = nullptr;
@@ -422,47 +433,96 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
   watch->endpoint = endpoint;
   watch->listening = address;
   watch->deadline = request_deadline;
+  // The server's sockets live in a descriptor table of inprof's
+  // (owned_fd.h): made by "inprof-http", whose children MHD's threads are.
+  // The program's close_range or dup2 never reaches them, nor they the
+  // program's files. Without private tables (refused, ThreadSanitizer) the
+  // owner thread uses the program's, as the server did before.
+  struct Started {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    struct MHD_Daemon* daemon = nullptr;
+    int error = 0;
+  } started;
+  DebugServer* self = server.get();
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  errno = 0;
-  struct MHD_Daemon* daemon = mhd.MHD_start_daemon(
-      flags, static_cast<uint16_t>(address.port), nullptr, nullptr, &Answer,
-      watch, MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT,
-      kMaxConnections + kSpareConnections, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      kConnectionMemory, MHD_OPTION_CONNECTION_TIMEOUT,
-      static_cast<unsigned>(absl::ToInt64Seconds(kIdleTimeout)),
-      MHD_OPTION_NOTIFY_CONNECTION, &NotifyConnection, watch,
-      MHD_OPTION_URI_LOG_CALLBACK, &KeepTarget, watch,
-      MHD_OPTION_NOTIFY_COMPLETED, &FreeTarget, watch, MHD_OPTION_END);
-  const int error = errno;
-  if (daemon != nullptr) {
-    watch->thread = std::thread([watch] {
+  try {
+    watch->owner = std::thread([self, watch, &started, flags, address, addr] {
       MarkProfilerThread();
-      watch->Run();
+      SetCurrentThreadName("inprof-http");
+      EnterPrivateDescriptorTable();
+      watch->table = ThisDescriptorTable();
+      const MhdApi& mhd = Mhd();
+      errno = 0;
+      struct MHD_Daemon* daemon = mhd.MHD_start_daemon(
+          flags, static_cast<uint16_t>(address.port), nullptr, nullptr, &Answer,
+          watch, MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT,
+          kMaxConnections + kSpareConnections, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+          kConnectionMemory, MHD_OPTION_CONNECTION_TIMEOUT,
+          static_cast<unsigned>(absl::ToInt64Seconds(kIdleTimeout)),
+          MHD_OPTION_NOTIFY_CONNECTION, &NotifyConnection, watch,
+          MHD_OPTION_URI_LOG_CALLBACK, &KeepTarget, watch,
+          MHD_OPTION_NOTIFY_COMPLETED, &FreeTarget, watch, MHD_OPTION_END);
+      const int error = errno;
+      if (daemon != nullptr) {
+        try {
+          watch->thread = std::thread([watch] {
+            MarkProfilerThread();
+            watch->Run();
+          });
+        } catch (const std::system_error&) {
+          // No watch thread: late requests are cut by MHD's idle timeout.
+        }
+        self->daemon_ = daemon;
+        if (const union MHD_DaemonInfo* info =
+                mhd.MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_LISTEN_FD)) {
+          self->listen_fd_ = info->listen_fd;
+          const FdIdentity identity = IdentifyFd(info->listen_fd);
+          self->listen_dev_ = identity.dev;
+          self->listen_ino_ = identity.ino;
+          sockaddr_storage storage{};
+          socklen_t len = sizeof(storage);
+          if (getsockname(info->listen_fd, reinterpret_cast<sockaddr*>(&storage),
+                          &len) == 0) {
+            self->bound_port_ = storage.ss_family == AF_INET6
+                ? ntohs(reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port)
+                : ntohs(reinterpret_cast<sockaddr_in*>(&storage)->sin_port);
+          }
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(started.mu);
+        started.daemon = daemon;
+        started.error = error;
+        started.done = true;
+        started.cv.notify_all();
+      }
+      if (daemon == nullptr) return;
+      // `started` is gone from here on. Stopped in this table.
+      std::unique_lock<std::mutex> lock(watch->mu);
+      watch->cv.wait(lock, [watch] { return watch->owner_stop; });
+      lock.unlock();
+      self->StopInOwnTable();
     });
+  } catch (const std::system_error& e) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", FormatListenAddress(address), ": no thread (", e.what(), ")"));
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (daemon == nullptr) {
+  {
+    std::unique_lock<std::mutex> lock(started.mu);
+    started.cv.wait(lock, [&started] { return started.done; });
+  }
+  if (started.daemon == nullptr) {
+    watch->owner.join();
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", FormatListenAddress(address),
-        error != 0 ? absl::StrCat(": ", std::strerror(error)) : ""));
+        started.error != 0 ? absl::StrCat(": ", std::strerror(started.error)) : ""));
   }
-  server->daemon_ = daemon;
   ListenAddress bound = address;
-  if (const union MHD_DaemonInfo* info =
-          mhd.MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_LISTEN_FD)) {
-    server->listen_fd_ = info->listen_fd;
-    const FdIdentity identity = IdentifyFd(info->listen_fd);
-    server->listen_dev_ = identity.dev;
-    server->listen_ino_ = identity.ino;
-    sockaddr_storage storage{};
-    socklen_t len = sizeof(storage);
-    if (getsockname(info->listen_fd, reinterpret_cast<sockaddr*>(&storage),
-                    &len) == 0) {
-      bound.port = storage.ss_family == AF_INET6
-                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port)
-                       : ntohs(reinterpret_cast<sockaddr_in*>(&storage)->sin_port);
-    }
-  }
+  if (server->bound_port_ != 0) bound.port = server->bound_port_;
   server->address_ = FormatListenAddress(bound);
   return server;
 }
@@ -483,11 +543,29 @@ FdIdentity ListenIdentity(uint64_t dev, uint64_t ino) {
 }  // namespace
 
 void DebugServer::Stop() {
+  Watch* watch = watch_.get();
+  if (watch == nullptr || !watch->owner.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(watch->mu);
+    watch->owner_stop = true;
+  }
+  watch->cv.notify_all();
+  watch->owner.join();
+  if (watch->owner_stopped) return;
+  // The program closed the server's descriptors: MHD's threads may still
+  // call back into the watch, which stays (leaked), its thread stopped.
+  (void)watch_.release();
+}
+
+// On the owner thread, in the server's descriptor table.
+void DebugServer::StopInOwnTable() {
   if (daemon_ == nullptr) return;
   // MHD_stop_daemon() wakes its thread through a descriptor of its own
-  // (an eventfd) and closes its descriptors by number. The program closed
-  // the listening socket: it closed the rest too (and may have reused the
-  // numbers), and that thread would never wake. Leave the server alone.
+  // (an eventfd) and closes its descriptors by number. Where the server
+  // shares the program's table (no table of its own) and the program
+  // closed the listening socket, it closed the rest too (and may have
+  // reused the numbers), and that thread would never wake. Leave the server
+  // alone.
   if (listen_fd_ >= 0 &&
       !IsStillOurs(listen_fd_, ListenIdentity(listen_dev_, listen_ino_))) {
     NoteDescriptorTaken(listen_fd_, "the live endpoint's listening socket");
@@ -495,10 +573,7 @@ void DebugServer::Stop() {
                      " is left as it is: the program closed its descriptors"));
     daemon_ = nullptr;
     listen_fd_ = -1;
-    // MHD's threads may still call back into the watch: it stays (leaked),
-    // its thread stopped.
     StopWatch();
-    (void)watch_.release();
     return;
   }
   // Answers under way were told to end (a capture answers 503 once the
@@ -512,6 +587,7 @@ void DebugServer::Stop() {
   daemon_ = nullptr;
   listen_fd_ = -1;
   StopWatch();
+  watch_->owner_stopped = true;
 }
 
 void DebugServer::StopWatch() {
@@ -532,7 +608,9 @@ uint64_t DebugServer::hosts_refused() const {
 }
 
 void DebugServer::Abandon() {
-  if (listen_fd_ >= 0) {
+  // The child's table is a copy of the program's: the listening socket is
+  // in it only where the server had no table of its own.
+  if (listen_fd_ >= 0 && watch_ != nullptr && watch_->table.table == 0) {
     CloseIfOurs(listen_fd_, ListenIdentity(listen_dev_, listen_ino_));
   }
   listen_fd_ = -1;

@@ -41,6 +41,8 @@ void WriteLineToStderr(absl::string_view line);
 // program's descriptor 2, fetched through `pidfd` (a pidfd of this process;
 // -1: the thread kept a copy of descriptor 2 instead). Linux.
 void UseProgramStderrThrough(int pidfd) noexcept;
+// The calling thread's pidfd set by UseProgramStderrThrough (-1: none).
+int ProgramStderrPidfd() noexcept;
 
 }  // namespace inprof::internal
 

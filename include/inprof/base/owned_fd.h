@@ -113,6 +113,25 @@ uint32_t CurrentDescriptorTable() noexcept;
 // (CLONE_FILES) or pidfds; says which once. Not for handlers.
 bool EnterPrivateDescriptorTable() noexcept;
 
+// A private table as the threads its thread creates share it (clone's
+// CLONE_FILES: a thread shares the table its creator has at that moment;
+// libmicrohttpd's threads, an uploader's): they find themselves there with
+// JoinDescriptorTable, so that they log through the table's pidfd and run
+// RunWithOwnDescriptors inline. In a private table 0, 1 and 2 are taken
+// (by the pidfd, or copies of the program's stderr): a thread that writes
+// to its stdout or stderr without knowing its table writes nowhere, never
+// into a file inprof opened there.
+struct DescriptorTableHandle {
+  uint32_t table = 0;  // 0: the program's
+  int stderr_pidfd = -1;
+};
+// The calling thread's table, for the threads it creates.
+DescriptorTableHandle ThisDescriptorTable() noexcept;
+// The calling thread was created by a thread of `table` (so it uses that
+// table): says so for CurrentDescriptorTable, RunWithOwnDescriptors and its
+// log lines. Cheap (thread-local stores); a no-op for table 0.
+void JoinDescriptorTable(const DescriptorTableHandle& table) noexcept;
+
 // Runs `fn` where the files it opens and closes are in a table of inprof's
 // own: inline on a thread that has one, otherwise on inprof's file thread
 // ("inprof-files", started at the first call, one per process), the caller

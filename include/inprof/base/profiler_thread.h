@@ -23,6 +23,8 @@
 
 #if !defined(_WIN32)
 #include <thread>
+
+#include "inprof/base/owned_fd.h"
 #endif
 
 namespace inprof::internal {
@@ -66,9 +68,12 @@ void MarkProfilerThread() noexcept;
 class ProfilerThread {
  public:
   ProfilerThread() = default;
+  // A thread made by a thread with a descriptor table of its own shares
+  // that table (owned_fd.h) and knows it.
   explicit ProfilerThread(std::function<void()> body)
-      : thread_([body = std::move(body)] {
+      : thread_([body = std::move(body), table = ThisDescriptorTable()] {
           MarkProfilerThread();
+          JoinDescriptorTable(table);
           // The last resort: an exception its loop did not contain ends
           // this thread, never the host (base/contained.h).
           RunContained("an inprof thread", body);

@@ -216,7 +216,9 @@ class DebugServer {
 
  private:
   DebugServer();
+  void StopInOwnTable();
   void StopWatch();
+  uint16_t bound_port_ = 0;
   void* daemon_ = nullptr;  // struct MHD_Daemon*
   std::unique_ptr<Watch> watch_;
   int listen_fd_ = -1;

@@ -378,6 +378,16 @@ class Pipeline {
   // Cuts, encodes and hands one window to the sinks. `last`: errors are
   // returned rather than logged. export_mutex_ held.
   absl::Status ExportWindow(const ProfilerStats* stats, bool last);
+  // What ExportWindow does after the cut: symbolize, encode, hand to the
+  // sinks (in inprof's own descriptor table: module files, the output
+  // file). export_mutex_ held.
+  absl::Status DeliverWindow(ProfileData& data, int64_t start, int64_t end,
+                             bool last);
+  // Drains the rings now: inline on a thread of the program's descriptor
+  // table; from a thread of a table of inprof's (the endpoint's), by the
+  // collector thread (a retiring thread's perf event is closed in the
+  // program's table), the caller waiting for that pass.
+  static void DrainNow(Threads* threads);
   void ExporterLoop(Threads* threads, const std::function<void()>& drain);
   void StartExporter(Threads* threads, const std::function<void()>& drain);
   std::string NotesLocked() const;  // mutex_ held
