@@ -280,6 +280,7 @@ struct FileThread {
   bool done = false;                           // mutex
   bool ok = false;                             // mutex
   bool exit = false;                           // mutex
+  pid_t tid = 0;  // set before `started`
 };
 
 std::mutex g_file_thread_mutex;
@@ -288,6 +289,7 @@ FileThread* g_file_thread = nullptr;  // g_file_thread_mutex
 void ServeFiles(FileThread* f, std::promise<bool>* started) {
   SetCurrentThreadName("inprof-files");
   MarkProfilerThread();
+  f->tid = static_cast<pid_t>(syscall(SYS_gettid));
   f->private_table = EnterPrivateDescriptorTable();
   started->set_value(f->private_table);
   std::unique_lock<std::mutex> lock(f->mutex);
@@ -343,6 +345,15 @@ void EndFileThread() noexcept {
   }
   f->cv.notify_all();
   if (f->thread.joinable()) f->thread.join();
+  // join() returns when the thread's stack is free, a moment before the
+  // kernel lets its task go: Stop() returns once it is gone from
+  // /proc/self/task (bounded: 50 ms).
+  if (f->tid > 0) {
+    const std::string task = absl::StrCat("/proc/self/task/", f->tid);
+    for (int i = 0; i < 1000 && access(task.c_str(), F_OK) == 0; ++i) {
+      usleep(50);
+    }
+  }
   g_file_thread = nullptr;
   delete f;
 }
