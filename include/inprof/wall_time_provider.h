@@ -140,9 +140,8 @@ struct TickTime {
   // the time since the thread was armed.
   int64_t round_ns = 0;
   // How many base periods apart the ticker's wake-ups come now, a batch's
-  // worth counted as one: the back-off after steady rounds and the CPU
-  // budget's spacing, times how late the ticker wakes (ProfilerBase::Tick);
-  // 1 for the period itself.
+  // worth counted as one: the back-off after steady rounds, times how late
+  // the ticker wakes (ProfilerBase::Tick); 1 for the period itself.
   double pace = 1;
   // A visit ahead of the round robin (ProfilerBase::wall_due_: the thread
   // ran and was not visited for a round). Chosen because the thread runs,
@@ -304,6 +303,13 @@ class WallTimeProvider {
     // Ticker: no visit has credited the thread since it was armed; its
     // first weighs TickTime::round_ns.
     bool fresh = true;
+    // Ticker, drains and TakeTail (registry lock): the thread was followed
+    // since it was armed. From then on its account is exact, interval by
+    // interval: its visits credit the time since the previous one, the
+    // following's balance settles what its samples did not carry, and its
+    // tail is credited when it ends (its visits then come at times its
+    // running decides: the weight of the next interval is unknown).
+    bool exact = false;
     // The thread's /proc/self/task/TID/syscall kept open between looks
     // (internal::LookAtThread), empty when not; closed by DisarmThread.
     internal::OwnedFd syscall_file;

@@ -692,8 +692,7 @@ void ProfilerBase::StartTicker() {
       });
       lock.lock();
       next += jittered(step * batch *
-                       std::max(tick_quiet_factor_.load(std::memory_order_relaxed),
-                                tick_budget_stretch_.load(std::memory_order_relaxed)));
+                       tick_quiet_factor_.load(std::memory_order_relaxed));
       const auto now = std::chrono::steady_clock::now();
       // Fell behind: do not burst.
       if (next < now) next = now + jittered(step);
@@ -740,12 +739,12 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   const int64_t now = WallTimeProvider::NowNanos();
   TickTime when{now, std::min(scheduled_ns, now)};
   // The pace of the wake-ups (TickTime::pace): the factor the ticker's
-  // schedule spaces them by, times how late they come on average (the time
-  // since the last wake-up over the interval planned for `batch` ticks,
-  // smoothed over ~8 wake-ups: a busy machine, or a ticker that fell
-  // behind and rescheduled from its real time).
-  const uint32_t spacing = std::max(tick_quiet_factor_.load(std::memory_order_relaxed),
-                                    tick_budget_stretch_.load(std::memory_order_relaxed));
+  // schedule spaces them by (the back-off after steady rounds), times how
+  // late they come on average (the time since the last wake-up over the
+  // interval planned for `batch` ticks, smoothed over ~8 wake-ups: a busy
+  // machine, or a ticker that fell behind and rescheduled from its real
+  // time).
+  const uint32_t spacing = tick_quiet_factor_.load(std::memory_order_relaxed);
   if (last_tick_ns_ > 0 && now > last_tick_ns_ && tick_period_ns_ > 0) {
     const double planned = static_cast<double>(tick_period_ns_) *
                            static_cast<double>(std::max<size_t>(1, batch)) * spacing;
@@ -811,19 +810,6 @@ void ProfilerBase::UpdateVisitBudgetLocked() {
   tick_visits_ = 0;
   tick_visit_cap_ = VisitBudgetPerTick(options_.wall_cpu_budget / 100.0, tick_period_ns_,
                                        tick_cost_per_visit_ns_);
-  // Only with more threads than the configured visits cover in a 2 s
-  // round (1,000 at the defaults), where the budget already holds visits
-  // back: fewer threads are visited INPROF_WALL_THREADS_PER_TICK a
-  // wake-up whatever they cost (a handful of threads cost a handful of
-  // visits), and their wall profile keeps its resolution.
-  const size_t floor = static_cast<size_t>(std::max(1, options_.wall_threads_per_tick));
-  const bool many = tick_period_ns_ > 0 &&
-                    active_.size() > floor * static_cast<size_t>(kWallDueAfterNs / tick_period_ns_);
-  tick_budget_stretch_.store(
-      many ? BudgetStretch(options_.wall_cpu_budget / 100.0, tick_period_ns_,
-                           tick_cost_per_visit_ns_, floor)
-           : 1,
-      std::memory_order_relaxed);
 }
 
 // After a thread registers: the ticker, if waiting long, is brought back

@@ -48,6 +48,7 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
   data.armed = true;
   data.tail_pending = true;
   data.fresh = true;
+  data.exact = false;
   return absl::OkStatus();
 }
 
@@ -119,8 +120,10 @@ bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   // up to the visit; its tail is the time since, less what its samples
   // carried.
   int64_t owed = data.pending_wall_ns.exchange(0) + data.follow_balance_ns;
-  if (data.following) owed += (now - data.last_wall_ns) - data.followed_ns;
+  if (data.exact) owed += now - data.last_wall_ns;
+  if (data.following) owed -= data.followed_ns;
   owed = std::max<int64_t>(0, owed);
+  data.exact = false;
   data.following = false;
   data.follow_balance_ns = 0;
   data.followed_ns = 0;
@@ -165,14 +168,24 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   // clock advanced by nearly all the wall time): see below.
   const int64_t previous_mark = data.cpu_mark.load(std::memory_order_relaxed);
   const int64_t since_look = when.now_ns - data.last_look_ns;
-  const bool ran_throughout =
+  bool ran_throughout =
       previous_mark >= 0 && since_look > 0 &&
       (clock - previous_mark) * 100 >= since_look * kRanThroughoutPercent;
-  if (when.out_of_round && !data.following &&
-      !(ran_throughout && has_running_sample)) {
+  if (when.out_of_round && !data.following) {
     // Visited because it ran: a sample taken then would be one more of it
-    // running. Only the following begins out of the round.
-    return TickDecision::kSkip;
+    // running. Only the following begins out of the round: when a CPU
+    // sample of it is there and it runs or waits for a core now -- on a
+    // busy machine a busy thread does not get 97% of a core, and unfollowed
+    // in a round of thousands its first visit would weigh the whole round
+    // (a 3 s busy thread among 10,000 credited 20 s).
+    if (!has_running_sample) return TickDecision::kSkip;
+    if (!ran_throughout) {
+      const internal::ThreadLook peek =
+          internal::LookAtThread(thread.tid, &data.syscall_file, /*keep=*/false);
+      ++counts_.state_reads;
+      if (peek.state != 'R') return TickDecision::kSkip;
+      ran_throughout = true;  // runs, or waits for a core: where it ran
+    }
   }
   // Wall time its running samples carried ahead of the visits while it was
   // followed (a sample drained just after the visit that began the
@@ -283,12 +296,11 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // the thread did not run, charged below to where it is now (at least a
     // nanosecond, so that a signal sent for it takes its stack; time carried
     // ahead is taken off later visits).
-    // The visit is then a sample like any other: its weight (the interval
-    // just done) stands for the time until the next, and goes where the
-    // thread is now, too.
+    // Its account stays exact (ThreadData::exact): its next visits credit
+    // the intervals before them, and its tail the time after the last.
     data.following = false;
     data.follow_balance_ns = std::min<int64_t>(balance - 1, 0);
-    elapsed = std::max<int64_t>(balance, 1) + backward;
+    elapsed = std::max<int64_t>(balance, 1);
   }
 
   // 'R' with barely any CPU since the thread was last seen blocked is the
@@ -326,11 +338,18 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
       // went (a busy thread on a loaded machine) was credited 15% more than
       // its lifetime.
       data.following = true;
-      data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns - ahead, 0);
-      if (!fresh) return TickDecision::kFollowing;
+      const bool was_exact = data.exact;
+      data.exact = true;
+      if (!fresh && !was_exact) {
+        data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns - ahead, 0);
+        return TickDecision::kFollowing;
+      }
+      // Its first visit, or one of an exact account: the interval before
+      // it (less what was credited ahead), which it ran throughout.
+      data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns, 0);
       ++counts_.running_credits;
       values[0] = 1;
-      values[1] = backward;
+      values[1] = fresh ? backward : elapsed;
       return TickDecision::kCreditRunning;
     }
     // Running or runnable: its stack now, in the handler.

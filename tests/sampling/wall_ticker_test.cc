@@ -290,16 +290,6 @@ TEST_F(WallTickerTest, AFirstVisitWeighsTheTimeARoundTakes) {
   EXPECT_EQ(slot(8).data.round_ns, 160 * kMs);
 }
 
-TEST_F(WallTickerTest, TheCpuBudgetSpacesTheWakeUpsWhenTheFloorCostsTooMuch) {
-  constexpr int64_t kPeriod = 10'000'000;
-  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 50'000, 5), 3u);
-  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 20'000, 5), 1u);  // exactly 1%
-  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 20'001, 5), 2u);
-  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 10'000'000, 5), internal::kMaxBudgetStretch);
-  EXPECT_EQ(internal::BudgetStretch(0, kPeriod, 50'000, 5), 1u);
-  EXPECT_EQ(internal::BudgetStretch(0.01, kPeriod, 0, 5), 1u);
-}
-
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {
   EXPECT_THAT(Wake(), IsEmpty());
   EXPECT_EQ(next_, 1u);

@@ -371,11 +371,7 @@ class ProfilerBase : public ProfilerCommon {
   // Most base periods the ticker waits between wake-ups while every thread
   // is steady (Tick).
   static constexpr uint32_t kMaxQuietFactor = 8;
-  // Base periods between wake-ups that the sampler's CPU budget asks for
-  // when even the fewest visits a tick cost too much (BudgetStretch; with
-  // many threads only; registry lock writes, the ticker's schedule reads:
-  // the larger of it and tick_quiet_factor_).
-  std::atomic<uint32_t> tick_budget_stretch_{1};
+
 
   const Shape shape_;
   // Stop() is waiting for arming outside the lock to end: no new one starts

@@ -94,22 +94,6 @@ inline size_t VisitBudgetPerTick(double budget, int64_t period_ns, double cost_n
   return visits < 1 ? 1 : static_cast<size_t>(visits);
 }
 
-// How many base periods apart the ticker's wake-ups must be for `floor`
-// visits a wake-up (the fewest a tick makes: WallTicker::VisitsPerTick) to
-// stay within `budget` at `cost_ns` a visit (1: the period will do; at
-// most kMaxBudgetStretch). Without it a costly visit (a thread's state
-// from /proc, its stack copied and walked: 15-60 us on a loaded 2-core VM)
-// at 5 visits every 10 ms took 2.5-4.3% of a core against a 1% budget.
-inline constexpr uint32_t kMaxBudgetStretch = 100;
-inline uint32_t BudgetStretch(double budget, int64_t period_ns, double cost_ns, size_t floor) {
-  if (budget <= 0 || cost_ns <= 0 || period_ns <= 0 || floor == 0) return 1;
-  const double allowed = budget * static_cast<double>(period_ns) / cost_ns;
-  const double stretch = static_cast<double>(floor) / allowed;
-  if (stretch <= 1) return 1;
-  if (stretch >= kMaxBudgetStretch) return kMaxBudgetStretch;
-  return static_cast<uint32_t>(stretch + 0.999999);
-}
-
 // One per provider of a composition (its cursor); VisitNext exists for
 // providers that TicksThreads.
 template <typename P>
@@ -191,8 +175,8 @@ class WallTicker {
   // How long a thread waits between two visits of the round robin now:
   // `planned` (the threads over the visits a tick, the CPU budget's cap
   // included, times the period) times TickTime::pace (how many periods
-  // apart the wake-ups come: the back-off after steady rounds, the
-  // budget's spacing, a late ticker on a busy machine). Each factor is the
+  // apart the wake-ups come: the back-off after steady rounds, a late
+  // ticker on a busy machine). Each factor is the
   // ticker's state now: the times since the threads' previous visits are
   // no guide while the thread count, the back-off or the batching change
   // (on a burst of registrations they weighed first visits 3.7 s for a
