@@ -138,7 +138,7 @@ class AgentLibraryTest : public ::testing::Test {
   void SetUp() override {
     workload_ = testing::EnvOrEmpty("INPROF_AGENT_WORKLOAD");
     if (workload_.empty()) GTEST_SKIP() << "INPROF_AGENT_WORKLOAD not set (run under meson test)";
-    if (!testing::GoPprofAvailable()) GTEST_SKIP() << "go tool pprof not found (install golang-go)";
+    INPROF_REQUIRE_TOOL("go");
     static std::atomic<int> n{0};
     dir_ = absl::StrCat(testing::TestTmpDir(), "/agent_library_", getpid(), "_", n++);
     mkdir(dir_.c_str(), 0755);
@@ -887,10 +887,7 @@ TEST_F(AgentLibraryTest, ASpawnedAgentServesTheProcessAndWhatItExecsThenLeaves) 
 // process of the tree reports to it.
 TEST_F(AgentLibraryTest, InprofRunWithAnAgentProfilesTheWholeTree) {
   // It needs the preload library: it runs with the run suite (agent_run),
-  // which the sanitizer builds leave out.
-  if (testing::EnvOrEmpty("INPROF_AGENT_RUN_SUITE").empty()) {
-    GTEST_SKIP() << "runs as the run suite's agent_run";
-  }
+  // which the sanitizer builds leave out; agent_library filters it out.
   const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
   const std::string target = testing::EnvOrEmpty("INPROF_RUN_TARGET");
   if (cli.empty() || target.empty()) GTEST_SKIP() << "INPROF_CLI / INPROF_RUN_TARGET not set";

@@ -567,7 +567,7 @@ TEST_F(PprofWriterTest, MappingsCarryBuildIdsAndCapabilities) {
 }
 
 TEST_F(PprofWriterTest, GoPprofRawNamesFunctionsAndLabels) {
-  if (!testing::GoPprofAvailable()) GTEST_SKIP() << "INPROF_GO is not set";
+  INPROF_REQUIRE_TOOL("go");
   std::string warnings;
   absl::StatusOr<std::vector<testing::RawSample>> samples =
       testing::ReadWithGoPprofRaw(path_, &warnings);
@@ -594,7 +594,7 @@ TEST_F(PprofWriterTest, GoPprofRawNamesFunctionsAndLabels) {
 }
 
 TEST_F(PprofWriterTest, GoPprofShowsComments) {
-  if (!testing::GoPprofAvailable()) GTEST_SKIP() << "INPROF_GO is not set";
+  INPROF_REQUIRE_TOOL("go");
   absl::StatusOr<std::string> comments =
       testing::GoPprof(absl::StrCat("-comments '", path_, "'"));
   ASSERT_TRUE(comments.ok()) << comments.status();
@@ -603,7 +603,7 @@ TEST_F(PprofWriterTest, GoPprofShowsComments) {
 }
 
 TEST_F(PprofWriterTest, GoPprofTopAgreesWithOwnReader) {
-  if (!testing::GoPprofAvailable()) GTEST_SKIP() << "INPROF_GO is not set";
+  INPROF_REQUIRE_TOOL("go");
   absl::StatusOr<std::string> top = testing::GoPprof(
       absl::StrCat("-top -sample_index=cpu-samples '", path_, "'"));
   ASSERT_TRUE(top.ok()) << top.status();
@@ -673,7 +673,9 @@ TEST(PprofWriterStandaloneTest, InlinedFramesBecomeExtraLinesInnermostFirst) {
   EXPECT_EQ(function_name(caller->line(1).function_id()),
             "inprof_test::OuterStep()");
 
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+
+  {
     auto samples = testing::ReadWithGoPprofRaw(path);
     ASSERT_TRUE(samples.ok()) << samples.status();
     ASSERT_THAT(*samples, SizeIs(1));

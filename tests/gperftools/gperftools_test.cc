@@ -31,7 +31,6 @@ namespace {
 
 using ::inprof::testing::CommandOutput;
 using ::inprof::testing::GoPprof;
-using ::inprof::testing::GoPprofAvailable;
 using ::inprof::testing::LeafSum;
 using ::inprof::testing::RunCommandSeparately;
 using ::inprof::testing::ShellQuote;
@@ -75,6 +74,7 @@ int64_t Cumulative(const DecodedProfile& p, const std::string& function) {
 }
 
 TEST(GperftoolsTest, ApiStartsStopsAndWritesPprof) {
+  INPROF_REQUIRE_TOOL("go");
   for (const Variant& v : Variants()) {
     SCOPED_TRACE(v.name);
     const std::string dir = Fresh(absl::StrCat("api_", v.env.empty()));
@@ -99,7 +99,7 @@ TEST(GperftoolsTest, ApiStartsStopsAndWritesPprof) {
     EXPECT_EQ(Cumulative(*p, "AfterStopWork"), 0);
     // CPU only, as with gperftools: no wall sampling unless asked for.
     EXPECT_EQ(p->Total(p->ValueIndex("wall-samples")), 0);
-    if (GoPprofAvailable()) {
+    {
       auto top = GoPprof(absl::StrCat("-top ", ShellQuote(file)));
       ASSERT_TRUE(top.ok()) << top.status();
       EXPECT_THAT(*top, HasSubstr("ApiThreadWork"));
@@ -252,7 +252,8 @@ TEST(GperftoolsTest, HeapProfilerApiDumpsTheHeapWithGlibcMalloc) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->period, 65536);
   ExpectHeapSites(*p);
-  if (GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     auto top = GoPprof(absl::StrCat("-sample_index=inuse_space -top ",
                                     ShellQuote(prefix + ".0001.heap")));
     ASSERT_TRUE(top.ok()) << top.status();
@@ -362,7 +363,8 @@ TEST(GperftoolsTest, GetHeapProfileIsTheLegacyTextPprofReads) {
   EXPECT_TRUE(absl::StartsWith(text, "heap profile: ")) << text.substr(0, 200);
   EXPECT_THAT(text, HasSubstr("] @ heapprofile\n"));
   EXPECT_THAT(text, HasSubstr("\nMAPPED_LIBRARIES:\n"));
-  if (GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     auto top = GoPprof(absl::StrCat("-sample_index=inuse_space -top ", ShellQuote(binary), " ",
                                     ShellQuote(file)));
     ASSERT_TRUE(top.ok()) << top.status();
@@ -372,10 +374,8 @@ TEST(GperftoolsTest, GetHeapProfileIsTheLegacyTextPprofReads) {
     ASSERT_TRUE(lines.ok()) << lines.status();
     EXPECT_THAT(*lines, HasSubstr("gperftools_heap_program.cc:")) << *lines;
   }
-  const std::string google_pprof = testing::EnvOrEmpty("INPROF_GOOGLE_PPROF");
-  if (google_pprof.empty()) {
-    GTEST_SKIP() << "google-pprof not installed (Debian's google-perftools)";
-  }
+  INPROF_REQUIRE_TOOL("google-pprof");
+  const std::string google_pprof = testing::ToolPath("google-pprof");
   for (const auto& [column, site, n, size] :
        {std::tuple{"--inuse_space", "HeapLiveSite", 4000, 4096.0},
         std::tuple{"--alloc_space", "HeapFreedSite", 1000, 65536.0}}) {

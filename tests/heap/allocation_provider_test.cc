@@ -170,7 +170,8 @@ TEST(AllocationProviderTest, SitesBytesAndLiveHeapWithinTheirBounds) {
   }
   // go tool pprof, the canonical reader, reads the same bytes per site
   // (-raw: values in sample-type order, leaf first).
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     auto raw = testing::ReadWithGoPprofRaw(options.output);
     ASSERT_TRUE(raw.ok()) << raw.status();
     for (const auto& c : checks) {
@@ -536,7 +537,8 @@ TEST(AllocationProviderTest, TheLiveEndpointServesTheHeapNow) {
   const int file_alloc_space = file->ValueIndex("alloc_space");
   EXPECT_NEAR(static_cast<double>(LeafSum(*file, file_alloc_space, "AllocSiteServedFreed")),
               served_freed, kFreed + 1);
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     // The endpoint is gone after Stop: go tool pprof reads the page saved.
     const std::string saved = testing::FreshTestDir("heap_endpoint_page") + "/heap.pb.gz";
     {

@@ -233,7 +233,7 @@ TEST(DwarfProfilerTest, LoadedLibraryGetsItsTableOnlyOnceAWalkMeetsIt) {
 }
 
 TEST(DwarfProfilerTest, LeafSamplesInFramelessCodeCarryTheStackUpToMain) {
-  if (!testing::GoPprofAvailable()) GTEST_SKIP() << "go tool pprof not found";
+  INPROF_REQUIRE_TOOL("go");
   const LeafStacks r = ProfileFramelessLeaf<DwarfProfiler>("dwarf_e2e");
   std::printf("DwarfProfiler: %lld of %lld leaf CPU samples complete (%.1f%%)\n",
               static_cast<long long>(r.complete),
@@ -248,7 +248,7 @@ TEST(DwarfProfilerTest, LeafSamplesInFramelessCodeCarryTheStackUpToMain) {
 // Frame pointers alone lose the callers above the -fomit-frame-pointer
 // frames, and the program still runs to the end.
 TEST(DwarfProfilerTest, FramePointerProfilerSurvivesTheSameProgram) {
-  if (!testing::GoPprofAvailable()) GTEST_SKIP() << "go tool pprof not found";
+  INPROF_REQUIRE_TOOL("go");
   const LeafStacks r = ProfileFramelessLeaf<FramePointerProfiler>("fp_e2e");
   std::printf("FramePointerProfiler: %lld of %lld leaf CPU samples complete (%.1f%%)\n",
               static_cast<long long>(r.complete),

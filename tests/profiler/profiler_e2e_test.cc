@@ -63,9 +63,7 @@ bool StackHas(const testing::RawSample& s, const std::string& fn) {
 class ProfilerE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::GoPprofAvailable()) {
-      GTEST_SKIP() << "go tool pprof not found (install golang-go)";
-    }
+    INPROF_REQUIRE_TOOL("go");
   }
 };
 

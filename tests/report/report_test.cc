@@ -34,7 +34,6 @@ namespace {
 
 using ::inprof::testing::CommandOutput;
 using ::inprof::testing::GoPprof;
-using ::inprof::testing::GoPprofAvailable;
 using ::inprof::testing::RunCommandSeparately;
 using ::inprof::testing::ShellQuote;
 using ::inprof::testing::TestTmpDir;
@@ -117,7 +116,8 @@ TEST(ReportTest, TopAgreesWithGoPprof) {
   EXPECT_EQ(rows["Compute"], std::make_pair(std::string("0"), std::string("800 ms")));
   EXPECT_EQ(rows["WorkerLoop"], std::make_pair(std::string("0"), std::string("200 ms")));
   EXPECT_THAT(r.out, HasSubstr(" 600 ms  60.00%  60.00%       600 ms  60.00%  Multiply"));
-  if (GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     // go tool pprof's -top on the same file: the same flat and cum per
     // function (its "800ms" is our "800 ms").
     auto top = GoPprof(absl::StrCat("-top ", ShellQuote(known)));
@@ -349,22 +349,11 @@ string_table: ["", "cpu-time", "nanoseconds", "Hot", "Cold"]
   EXPECT_EQ(r.out, "Hot 9223372036854775807\n");
 }
 
-// Chromium, when installed; under CI it must be (the test command installs
-// it), elsewhere the browser checks are skipped with a message.
-std::string Chromium() {
-  for (const char* c : {"/usr/bin/chromium", "/usr/bin/chromium-browser"}) {
-    if (access(c, X_OK) == 0) return c;
-  }
-  return "";
-}
-
-// Runs browser_check.py MODE PAGE [--screenshot tests/artifacts/NAME.png].
+// Runs browser_check.py MODE PAGE [--screenshot tests/artifacts/NAME.png]
+// in Chromium (INPROF_CHROMIUM, as tests/meson.build found it).
 void BrowserCheck(const std::string& mode, const std::string& page,
                   const std::string& screenshot) {
-  if (Chromium().empty()) {
-    if (!Env("CI").empty()) FAIL() << "chromium is not installed (CI must run the browser checks)";
-    GTEST_SKIP() << "chromium is not installed: the flame graph pages are not checked in a browser";
-  }
+  INPROF_REQUIRE_TOOL("chromium");
   std::string cmd = absl::StrCat("python3 ", ShellQuote(Env("INPROF_BROWSER_CHECK")), " ",
                                  mode, " ", ShellQuote(page));
   if (!screenshot.empty()) {

@@ -34,7 +34,6 @@ namespace {
 
 using ::inprof::testing::CommandOutput;
 using ::inprof::testing::GoPprof;
-using ::inprof::testing::GoPprofAvailable;
 using ::inprof::testing::LeafSum;
 using ::inprof::testing::RunCommandSeparately;
 using ::inprof::testing::ShellQuote;
@@ -107,7 +106,8 @@ TEST(RunTest, ThreadsOfAnUnmodifiedProgramAreProfiledUnderTheirNames) {
   EXPECT_GT(CumulativeCpu(*p, "WorkA"), 0);
   EXPECT_GT(CumulativeCpu(*p, "WorkB"), 0);
   EXPECT_GT(CumulativeCpu(*p, "WorkC"), 0);
-  if (GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     auto top = GoPprof(absl::StrCat("-top -tagfocus='thread name=worker-b' ",
                                     ShellQuote(profiles[0])));
     ASSERT_TRUE(top.ok()) << top.status();

@@ -428,9 +428,7 @@ TEST(SafetyLifecycleTest, OverloadDropsAreCountedAndReconcileInPprof) {
   EXPECT_NEAR(static_cast<double>(profile->Total(cpu)),
               static_cast<double>(measured), 0.1 * static_cast<double>(measured));
 
-  if (!testing::GoPprofAvailable()) {
-    GTEST_SKIP() << "go tool pprof not found (install golang-go)";
-  }
+  INPROF_REQUIRE_TOOL("go");
   auto comments = testing::GoPprof("-comments " + options.output);
   ASSERT_TRUE(comments.ok()) << comments.status();
   std::smatch m;

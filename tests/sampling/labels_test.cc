@@ -84,7 +84,8 @@ TEST(LabelsTest, CpuPerEndpointMatchesMeasuredCpu) {
   EXPECT_NEAR(by_endpoint["/api/orders"], orders, bound) << comments;
 
   // The canonical consumer sees the same labels.
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     auto raw = testing::ReadWithGoPprofRaw(options.output);
     ASSERT_TRUE(raw.ok()) << raw.status();
     int64_t users_raw = 0;

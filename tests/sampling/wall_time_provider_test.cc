@@ -131,7 +131,8 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
   }
   EXPECT_EQ(lifetime.size(), 3u);
   // Read the same with go tool pprof: the wall-time column is there.
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     auto raw = testing::ReadWithGoPprofRaw(options.output);
     ASSERT_TRUE(raw.ok()) << raw.status();
     int64_t sleeper_wall = 0;

@@ -162,7 +162,7 @@ TEST(DebugServerTest, ServesTheNextSecondsAsPprofAndAFlameGraph) {
 }
 
 TEST(DebugServerTest, GoToolPprofReadsTheEndpoint) {
-  if (!testing::GoPprofAvailable()) GTEST_SKIP() << "INPROF_GO not set";
+  INPROF_REQUIRE_TOOL("go");
   ServedProfiler served;
   std::string warnings;
   absl::StatusOr<std::vector<testing::RawSample>> samples =

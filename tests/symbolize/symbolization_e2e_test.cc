@@ -271,9 +271,7 @@ bool IsLowerHex(const std::string& s) {
 class SymbolizationE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::GoPprofAvailable()) {
-      GTEST_SKIP() << "go tool pprof not found (install golang-go)";
-    }
+    INPROF_REQUIRE_TOOL("go");
     lib_path_ = E2eLibPath();
     ASSERT_THAT(lib_path_, Not(IsEmpty()))
         << "INPROF_SYMBOLIZATION_E2E_LIB unset";

@@ -270,8 +270,8 @@ TEST_F(SeparateDebugInfoTest, KeepsNoDescriptorOfAModuleOrItsDebugFile) {
 // and libdw would keep the one they open and close that number at the
 // session's end.
 TEST_F(SeparateDebugInfoTest, ReadsADwzAltFileWithoutKeepingItsDescriptor) {
-  const std::string dwz = ToolPath("INPROF_DWZ", "");
-  if (dwz.empty()) GTEST_SKIP() << "dwz is not installed (Debian: dwz)";
+  INPROF_REQUIRE_TOOL("dwz");
+  const std::string dwz = testing::ToolPath("dwz");
   const std::vector<std::string> libs =
       absl::StrSplit(ToolPath("INPROF_DWZ_TEST_LIBS", ""), ':');
   ASSERT_EQ(libs.size(), 2u) << "INPROF_DWZ_TEST_LIBS unset";

@@ -167,7 +167,8 @@ TEST_F(DatadogUploaderTest, PostsEventAndProfileAsTheAgentExpects) {
   absl::StatusOr<DecodedProfile> decoded = DecodePprof(intake.profile.body);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->Total(decoded->ValueIndex("cpu-time")), 30'000'000);
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     const std::string path = testing::TestTmpDir() + "/datadog-intake.pb.gz";
     std::ofstream(path, std::ios::binary) << intake.profile.body;
     auto raw = testing::ReadWithGoPprofRaw(path);
@@ -213,7 +214,8 @@ TEST_F(DatadogUploaderTest, AllocationTypesGoUnderDatadogsNames) {
   EXPECT_EQ(sent->samples[0].stack, window->samples[0].stack);
   EXPECT_EQ(sent->period_type.type, "cpu-time");
   EXPECT_EQ(sent->time_nanos, window->time_nanos);
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     const std::string path = testing::FreshTestDir("datadog-heap") + "/intake.pb.gz";
     std::ofstream(path, std::ios::binary) << intake.profile.body;
     auto top = testing::GoPprof("-sample_index=inuse-space -top " + path);

@@ -105,7 +105,8 @@ TEST_F(PyroscopeUploaderTest, PostsPprofToIngestWithQueryParameters) {
   absl::StatusOr<DecodedProfile> decoded = DecodePprof(req.body);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->Total(decoded->ValueIndex("cpu-samples")), 3);
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     const std::string path = testing::TestTmpDir() + "/pyroscope-ingest.pb.gz";
     std::ofstream(path, std::ios::binary) << req.body;
     auto raw = testing::ReadWithGoPprofRaw(path);
@@ -220,7 +221,8 @@ TEST_F(PyroscopeUploaderTest, AllocationTypesGoAsAMemoryUploadWithTheirConfig) {
     }
   }
   EXPECT_EQ(uploader.stats().uploaded, 2u);
-  if (testing::GoPprofAvailable()) {
+  INPROF_REQUIRE_TOOL("go");
+  {
     const std::string path = testing::FreshTestDir("pyroscope-memory") + "/memory.pb.gz";
     std::ofstream(path, std::ios::binary) << bodies["profile"];
     auto top = testing::GoPprof("-sample_index=inuse_space -top " + path);

@@ -2,11 +2,13 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <linux/perf_event.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -205,6 +207,82 @@ absl::StatusOr<std::string> RunCommand(const std::string& cmd) {
 }
 
 bool GoPprofAvailable() { return !Env("INPROF_GO").empty(); }
+
+bool InCi() {
+  const std::string ci = absl::AsciiStrToLower(Env("CI"));
+  return !ci.empty() && ci != "0" && ci != "false";
+}
+
+namespace {
+
+struct Tool {
+  const char* name;
+  const char* env;      // set by tests/meson.build where found
+  const char* package;  // Debian 12's
+};
+constexpr Tool kTools[] = {
+    {"go", "INPROF_GO", "golang-go"},
+    {"dwz", "INPROF_DWZ", "dwz"},
+    {"google-pprof", "INPROF_GOOGLE_PPROF", "google-perftools"},
+    {"chromium", "INPROF_CHROMIUM", "chromium"},
+};
+
+const Tool* FindTool(const std::string& name) {
+  for (const Tool& t : kTools) {
+    if (name == t.name) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string ToolPath(const std::string& tool) {
+  const Tool* t = FindTool(tool);
+  if (t == nullptr) return "";
+  const std::string path = Env(t->env);
+  return !path.empty() && access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
+std::string MissingTool(const std::string& tool) {
+  const Tool* t = FindTool(tool);
+  if (t == nullptr) return absl::StrCat("no such test tool: ", tool);
+  if (!ToolPath(tool).empty()) return "";
+  return absl::StrCat(tool, " is not installed ($", t->env,
+                      " unset or not executable; Debian: apt-get install ",
+                      t->package, ", then meson setup --reconfigure)");
+}
+
+const PerfProbe& ProbePerfEvents() {
+  static const PerfProbe probe = [] {
+    PerfProbe p;
+    for (const bool kernel : {true, false}) {
+      perf_event_attr attr{};
+      attr.size = sizeof(attr);
+      attr.type = PERF_TYPE_SOFTWARE;
+      attr.config = PERF_COUNT_SW_TASK_CLOCK;
+      attr.sample_period = 10'000'000;
+      attr.disabled = 1;
+      attr.exclude_kernel = kernel ? 0 : 1;
+      attr.exclude_hv = 1;
+      const int fd = static_cast<int>(
+          syscall(SYS_perf_event_open, &attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC));
+      if (fd >= 0) {
+        close(fd);
+        p.user = true;
+        p.kernel = p.kernel || kernel;
+        break;
+      }
+      if (kernel) {
+        p.reason = absl::StrCat("perf_event_open(task-clock, kernel mode): ",
+                                std::strerror(errno));
+      } else {
+        absl::StrAppend(&p.reason, "; user mode only: ", std::strerror(errno));
+      }
+    }
+    return p;
+  }();
+  return probe;
+}
 
 absl::StatusOr<std::string> GoPprof(const std::string& args_and_path) {
   if (!GoPprofAvailable()) {

@@ -4,13 +4,20 @@
 // `go tool pprof` (including a parser for its -raw output, so that tests can
 // check profiles the way users read them) and a `protoc --decode` check.
 // The tools are located through the environment tests/meson.build sets:
-// INPROF_GO, INPROF_PROTOC, INPROF_PROTO, INPROF_TEST_TMPDIR.
+// INPROF_GO, INPROF_PROTOC, INPROF_PROTO, INPROF_TEST_TMPDIR, INPROF_DWZ,
+// INPROF_GOOGLE_PPROF, INPROF_CHROMIUM.
+//
+// It also says what the machine offers, asked of the machine itself and
+// never of the code under test (a regression there must fail, not skip):
+// INPROF_REQUIRE_TOOL for the programs a test runs (a skip with the
+// package to install; a failure under CI=true, where the test command
+// installed them) and ProbePerfEvents() for the kernel's perf events.
 //
 // Thread-safety: the functions are reentrant but run child processes; call
 // them from the test's main thread.
 //
 // Example:
-//   if (!inprof::testing::GoPprofAvailable()) GTEST_SKIP() << "no go";
+//   INPROF_REQUIRE_TOOL("go");
 //   auto samples = inprof::testing::ReadWithGoPprofRaw(path);
 //   ASSERT_TRUE(samples.ok()) << samples.status();
 //   EXPECT_THAT((*samples)[0].stack, Contains(HasSubstr("Compute")));
@@ -27,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 #include "inprof/pprof_reader.h"
 
 namespace inprof::testing {
@@ -71,8 +79,52 @@ absl::StatusOr<CommandOutput> RunCommandSeparately(const std::string& cmd);
 // non-zero exit status, with the output in the message.
 absl::StatusOr<std::string> RunCommand(const std::string& cmd);
 
-// Whether $INPROF_GO names a go binary.
+// Whether $INPROF_GO names a go binary. A test that needs it says so with
+// INPROF_REQUIRE_TOOL("go") rather than asking this.
 bool GoPprofAvailable();
+
+// Whether this is a CI run: $CI set to anything but "", "0" or "false"
+// (.ci/run's machines set CI=true). There every tool a test uses must be
+// installed (the test command installs them), so a missing one fails.
+bool InCi();
+
+// The path of a tool the tests run: "go", "dwz", "google-pprof" or
+// "chromium", as tests/meson.build found it ($INPROF_GO, $INPROF_DWZ,
+// $INPROF_GOOGLE_PPROF, $INPROF_CHROMIUM); "" when it is not installed.
+std::string ToolPath(const std::string& tool);
+
+// "" when ToolPath(tool) is there; otherwise one line naming the tool and
+// the Debian package that installs it.
+std::string MissingTool(const std::string& tool);
+
+// Makes the calling test (a void function: the test body, SetUp, or a
+// helper whose caller checks HasFatalFailure()/IsSkipped()) need `tool`:
+// without it the test is skipped with MissingTool()'s line, or fails under
+// CI (InCi()). Every test that runs an optional tool says so this way, so
+// that a machine without it lists the test as skipped (scripts/quickstart.sh
+// prints the list) instead of passing it with its checks left out.
+#define INPROF_REQUIRE_TOOL(tool)                                            \
+  do {                                                                       \
+    const std::string inprof_missing_tool_ = ::inprof::testing::MissingTool(tool); \
+    if (!inprof_missing_tool_.empty()) {                                     \
+      if (::inprof::testing::InCi()) {                                       \
+        GTEST_FAIL() << "CI=true: " << inprof_missing_tool_;                 \
+      }                                                                      \
+      GTEST_SKIP() << inprof_missing_tool_;                                  \
+    }                                                                        \
+  } while (0)
+
+// What the kernel lets this process do with perf events, asked with
+// perf_event_open directly (never through CpuTimeProvider::Configure(), the
+// code under test): a sampling task-clock event on the calling thread, as
+// the perf engine opens. Probed once per process.
+struct PerfProbe {
+  bool user = false;    // an event counting user mode opens
+  bool kernel = false;  // one counting kernel mode too (perf_event_paranoid
+                        // <= 1, or CAP_PERFMON)
+  std::string reason;   // why not, when !kernel: the errno of the open
+};
+const PerfProbe& ProbePerfEvents();
 
 // Runs "$INPROF_GO tool pprof <args_and_path>" and returns its stdout with
 // its stderr (warnings) appended, so that a search for "arning" sees them.
