@@ -95,11 +95,27 @@ __attribute__((noinline)) uint64_t SpinMeasuringStalls(int64_t ns,
 // 32 read()s of 64 KiB from /dev/zero: almost all of it kernel CPU. (A
 // profiling signal arriving meanwhile makes a read return early with what
 // it has: the kernel checks for pending signals between pages.)
-__attribute__((noinline)) void ReadChunks(int fd, char* buffer) {
+//
+// `preempted` counts the times the scheduler took the core from the thread
+// meanwhile (involuntary context switches, getrusage's ru_nivcsw): the two
+// getrusage calls are inside, so the profile and the thread's clock both
+// charge them to ReadChunks.
+__attribute__((noinline)) void ReadChunks(int fd, char* buffer, int64_t* preempted) {
+  rusage before{}, after{};
+  getrusage(RUSAGE_THREAD, &before);
   for (int i = 0; i < 32; ++i) {
     if (read(fd, buffer, 64 * 1024) < 0 && errno != EINTR) std::abort();
   }
+  getrusage(RUSAGE_THREAD, &after);
+  *preempted += after.ru_nivcsw - before.ru_nivcsw;
   asm volatile("" ::: "memory");
+}
+
+// Involuntary context switches of the calling thread so far.
+int64_t Preemptions() {
+  rusage r{};
+  getrusage(RUSAGE_THREAD, &r);
+  return r.ru_nivcsw;
 }
 
 // User-space work of a fixed number of iterations (no clock reads, which
@@ -268,10 +284,8 @@ TEST(CpuTimeProviderTest, PerfEngineDeliversOneSamplePerPeriodOfCpu) {
               static_cast<long long>(samples), used / 1e9, samples / (used / 1e9),
               static_cast<long long>(stalls.count), stalls.ns / 1e6,
               cpu_ns / 1e9, perf_clock / 1e9);
-  if (unstalled < used / 2) {
-    GTEST_SKIP() << "the machine stalled this thread for " << stalls.ns / 1e6
-                 << " ms of its " << used / 1e6 << " ms: no rate to measure";
-  }
+  // No skip when the machine stalled the thread much: the lower bound
+  // below is on the unstalled CPU, what was measured, however little.
   // About one per millisecond of CPU: the period is counted in the thread's
   // own CPU time, so load on the machine does not stretch it. But the
   // event's overflows fall on the lattice points themselves (the first
@@ -308,6 +322,7 @@ void CheckKernelShare(CpuEngine engine, const char* name,
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   int64_t in_reads = 0, total = 0;
+  int64_t preempted_in_reads = 0, preempted = 0;
   absl::Duration wall;
   {
     auto r = profiler.RegisterThread("main");
@@ -315,10 +330,11 @@ void CheckKernelShare(CpuEngine engine, const char* name,
     ASSERT_GE(fd, 0);
     std::vector<char> buffer(64 * 1024);
     const absl::Time w0 = absl::Now();
+    const int64_t p0 = Preemptions();
     const int64_t t0 = ThreadCpuNow();
     int64_t t = t0;
     while (t - t0 < cpu_ns) {
-      ReadChunks(fd, buffer.data());
+      ReadChunks(fd, buffer.data(), &preempted_in_reads);
       // The window holds about one clock read (a system call for a
       // thread's CPU clock, charged to ThreadCpuNow in the profile): 32
       // reads per window keep that under a point.
@@ -329,6 +345,7 @@ void CheckKernelShare(CpuEngine engine, const char* name,
     }
     total = ThreadCpuNow() - t0;
     wall = absl::Now() - w0;
+    preempted = Preemptions() - p0;
     close(fd);
   }
   ASSERT_TRUE(profiler.Stop().ok());
@@ -338,6 +355,7 @@ void CheckKernelShare(CpuEngine engine, const char* name,
   const int count = profile->ValueIndex("cpu-samples");
   int64_t profiled_reads = 0, profiled = 0, samples = 0;
   double squares = 0;  // sum of squared sample weights
+  double heaviest = 0;  // the largest weight of one sample
   for (const DecodedProfile::Sample& s : profile->samples) {
     if (s.values[cpu] == 0) continue;
     profiled += s.values[cpu];
@@ -346,6 +364,7 @@ void CheckKernelShare(CpuEngine engine, const char* name,
     // its row's CPU over its count.
     const double w = static_cast<double>(s.values[cpu]) / std::max<int64_t>(s.values[count], 1);
     squares += w * w * static_cast<double>(std::max<int64_t>(s.values[count], 1));
+    heaviest = std::max(heaviest, w);
     if (StackHas(s, "ReadChunks")) profiled_reads += s.values[cpu];
   }
   ASSERT_GT(profiled, 0);
@@ -383,27 +402,36 @@ void CheckKernelShare(CpuEngine engine, const char* name,
   // The time the thread waited for a core while it read and spun.
   const double waited = 1.0 - static_cast<double>(total) /
                                   std::max<double>(1.0, absl::ToDoubleNanoseconds(wall));
-  std::printf("%-6s %-5s kernel share: thread clock %.1f%%, profile %.1f%% "
-              "(%lld samples, %.0f effective, 5 sigma = %.1f points; waited "
-              "for a core %.0f%% of the time)\n",
-              name, absl::FormatDuration(period).c_str(), truth, measured,
-              static_cast<long long>(samples), n_eff, 5 * sigma, 100 * waited);
   // Under contention the share is biased, not noisy: beside two busy loops
   // (ASan suite, 2026-11-26) perf at 1 ms put 41.5% of the CPU on the
   // reads for 28.0% by the clock, 13.5 points against 8.8 allowed; the
   // thread is preempted more inside read() than in its spin, and where the
   // kernel then delivers the overflow is the open "kernel CPU under load"
-  // work (bench/sampling/cpu_engine_accuracy.py kernel measures it). So
-  // the share is asserted only when the thread had a core at least 3/4 of
-  // the time (the suites alone: see the printed figure); the total above
-  // is asserted always.
-  if (waited > 0.25) {
-    std::printf("%-6s %-5s share not asserted: the thread waited for a core "
-                "%.0f%% of the time\n", name, absl::FormatDuration(period).c_str(),
-                100 * waited);
-    return;
-  }
-  EXPECT_NEAR(measured, truth, 3.0 + 5 * sigma) << name;
+  // work (bench/sampling/cpu_engine_accuracy.py kernel measures it). It
+  // used to be asserted only when the thread had a core 3/4 of the time,
+  // which beside a build was seldom. Now it is bounded by what happened.
+  // The bias goes one way, onto the reads: a preemption inside a read
+  // holds back at most the one sample pending when the thread lost its
+  // core (a periodic engine has one timer per thread) until the thread
+  // runs again, still inside the read, and that sample weighs at most the
+  // heaviest sample of the profile. The thread counts its preemptions
+  // inside the reads (getrusage around them), so the share may exceed the
+  // truth by that CPU more; below the truth the bound stays that of a
+  // quiet machine, which is what fails a profile that loses kernel CPU or
+  // charges it elsewhere, whatever the load. Measured beside two busy
+  // loops (2 cores): see docs/test_command.md.
+  const double moved = 100.0 * static_cast<double>(preempted_in_reads) * heaviest /
+                       static_cast<double>(profiled);
+  std::printf("%-6s %-5s kernel share: thread clock %.1f%%, profile %.1f%% "
+              "(%lld samples, %.0f effective, 5 sigma = %.1f points; waited "
+              "for a core %.0f%% of the time; preempted %lld times, %lld in "
+              "reads, heaviest sample %.1f ms: %.1f points)\n",
+              name, absl::FormatDuration(period).c_str(), truth, measured,
+              static_cast<long long>(samples), n_eff, 5 * sigma, 100 * waited,
+              static_cast<long long>(preempted),
+              static_cast<long long>(preempted_in_reads), heaviest / 1e6, moved);
+  EXPECT_GE(measured, truth - (3.0 + 5 * sigma)) << name;
+  EXPECT_LE(measured, truth + 3.0 + 5 * sigma + moved) << name;
 }
 
 TEST(CpuTimeProviderTest, KernelCpuIsChargedToItsCallerWithEveryEngine) {
