@@ -18,9 +18,14 @@ fi
 packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
           libbenchmark-dev zlib1g-dev libprotobuf-dev protobuf-compiler libdw-dev libbz2-dev
           libcurl4-openssl-dev libmicrohttpd-dev golang-go clang libclang-rt-14-dev)
-# The tests load the flame graph pages in a real browser.
-# gperftools' pprof reads the drop-in's GetHeapProfile text.
-[ "${1:-}" = test ] && packages+=(chromium google-perftools)
+# What the tests use, so that a fresh Debian 12 machine runs every test (a
+# test whose tool is missing skips with the package's name, and fails under
+# CI=true: docs/test_command.md): the flame graph pages load in a real
+# browser; gperftools' pprof reads the drop-in's GetHeapProfile text; dwz
+# makes the alt file the symbolizer reads; gperftools' library and
+# jemalloc's build the side-by-side bench targets (bench/meson.build), so
+# that the build the suite checks is the one with every optional target.
+[ "${1:-}" = test ] && packages+=(chromium google-perftools dwz libgoogle-perftools-dev libjemalloc-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -137,6 +142,9 @@ case "${1:-}" in
       printf '%s\n' "${table[@]}"
       exit 1
     fi
+    # The suites that ran, as STAGE=BUILD_DIR: their skipped tests are
+    # listed at the end (scripts/skipped_tests.py).
+    ran=()
     # background NICE NAME COMMAND...: runs it with its times in $logs/NAME.done.
     background() {
       local niceness=$1 name=$2 start=$SECONDS cpu cpu0 rc=0
@@ -164,6 +172,7 @@ case "${1:-}" in
     trap 'kill "${builders[@]}" 2>/dev/null || true' EXIT
     status=0
     stage "plain: tests" meson test -C "$build" --print-errorlogs || status=1
+    ran+=("plain=$build")
     # The later suites in the order their builds finish, so that a suite
     # whose build is done runs while the others still build rather than
     # after a suite still waiting for its own: what is left when the last
@@ -192,16 +201,23 @@ case "${1:-}" in
           stage "fuzzers: run" env FUZZ_STEP=run FUZZ_SECONDS="$fuzz_seconds" \
             bash fuzz/run.sh "$build-fuzz" || status=1 ;;
         windows)
-          stage "windows: tests" bash scripts/windows.sh test || status=1 ;;
+          stage "windows: tests" bash scripts/windows.sh test || status=1
+          ran+=("windows=${INPROF_WINDOWS_DIR:-build-windows}/build") ;;
         *)
           stage "$next: tests" env INPROF_SANITIZERS="$next" INPROF_SANITIZER_STEP=test \
-            bash scripts/sanitizers.sh "$build" || status=1 ;;
+            bash scripts/sanitizers.sh "$build" || status=1
+          ran+=("$next=$build-$next") ;;
       esac
     done
     wait "${builders[@]}" 2>/dev/null || true
     echo
     echo "quickstart: where the time went (logs in $logs)"
     printf '%s\n' "${table[@]}"
+    # Every skip, with the reason the test gave: a skip is a statement
+    # about this machine or a sanitizer, never a pass (docs/test_command.md
+    # lists the expected ones).
+    echo
+    python3 scripts/skipped_tests.py "${ran[@]}" || status=1
     exit $status
     ;;
   *)
