@@ -386,9 +386,10 @@ TEST(SafetyDescriptorsTest, ALinkedInProgramForwardingToAnAgentKeepsItsOwnDescri
 // not covered; seen once in a full-suite run: one file closed).
 TEST(SafetyDescriptorsTest, ALinkedInProgramServingTheLiveEndpointWritesNothingAndStops) {
   if (safety::kTsan) GTEST_SKIP() << kTsanClosesUnderThreads;
-  if (!internal::DebugServer::Available().ok()) {
-    GTEST_SKIP() << internal::DebugServer::Available().message();
-  }
+  // Whether the library is there is asked of the loader, not of
+  // DebugServer::Available() (the code under test).
+  INPROF_REQUIRE_TOOL("libmicrohttpd");
+  ASSERT_TRUE(internal::DebugServer::Available().ok()) << internal::DebugServer::Available();
   const std::string dir = FreshDir("serve");
   const int rc = safety::RunInChild(
       [&dir]() -> int {
@@ -554,9 +555,8 @@ TEST(SafetyDescriptorsTest, ADaemonClosingEverythingAtStartKeepsEveryLineBesideT
 // the program could close and reuse before the next upload wrote into them.
 TEST(SafetyDescriptorsTest, TheUploadClientKeepsNoDescriptorBetweenRequests) {
   if (safety::kSanitized) GTEST_SKIP() << kForksBesideThreads;
-  if (!internal::HttpClient::Available().ok()) {
-    GTEST_SKIP() << internal::HttpClient::Available().message();
-  }
+  INPROF_REQUIRE_TOOL("libcurl");
+  ASSERT_TRUE(internal::HttpClient::Available().ok()) << internal::HttpClient::Available();
   auto receiver = ::inprof::testing::HttpReceiver::StartTcp();
   ASSERT_TRUE(receiver.ok()) << receiver.status();
   const std::string url = (*receiver)->url() + "/upload";

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <linux/perf_event.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -217,14 +218,19 @@ namespace {
 
 struct Tool {
   const char* name;
-  const char* env;      // set by tests/meson.build where found
+  const char* env;      // set by tests/meson.build where found; or
+  const char* soname;   // a library inprof loads with dlopen()
   const char* package;  // Debian 12's
 };
 constexpr Tool kTools[] = {
-    {"go", "INPROF_GO", "golang-go"},
-    {"dwz", "INPROF_DWZ", "dwz"},
-    {"google-pprof", "INPROF_GOOGLE_PPROF", "google-perftools"},
-    {"chromium", "INPROF_CHROMIUM", "chromium"},
+    {"go", "INPROF_GO", nullptr, "golang-go"},
+    {"dwz", "INPROF_DWZ", nullptr, "dwz"},
+    {"google-pprof", "INPROF_GOOGLE_PPROF", nullptr, "google-perftools"},
+    {"chromium", "INPROF_CHROMIUM", nullptr, "chromium"},
+    // Loaded here with dlopen() directly, never through inprof's loaders
+    // (the code under test), which name the same sonames.
+    {"libcurl", nullptr, "libcurl.so.4", "libcurl4"},
+    {"libmicrohttpd", nullptr, "libmicrohttpd.so.12", "libmicrohttpd12"},
 };
 
 const Tool* FindTool(const std::string& name) {
@@ -239,6 +245,12 @@ const Tool* FindTool(const std::string& name) {
 std::string ToolPath(const std::string& tool) {
   const Tool* t = FindTool(tool);
   if (t == nullptr) return "";
+  if (t->soname != nullptr) {
+    void* lib = dlopen(t->soname, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return "";
+    dlclose(lib);
+    return t->soname;
+  }
   const std::string path = Env(t->env);
   return !path.empty() && access(path.c_str(), X_OK) == 0 ? path : "";
 }
@@ -247,6 +259,10 @@ std::string MissingTool(const std::string& tool) {
   const Tool* t = FindTool(tool);
   if (t == nullptr) return absl::StrCat("no such test tool: ", tool);
   if (!ToolPath(tool).empty()) return "";
+  if (t->soname != nullptr) {
+    return absl::StrCat(tool, " is not installed (dlopen(\"", t->soname,
+                        "\") failed; Debian: apt-get install ", t->package, ")");
+  }
   return absl::StrCat(tool, " is not installed ($", t->env,
                       " unset or not executable; Debian: apt-get install ",
                       t->package, ", then meson setup --reconfigure)");

@@ -91,6 +91,8 @@ bool InCi();
 // The path of a tool the tests run: "go", "dwz", "google-pprof" or
 // "chromium", as tests/meson.build found it ($INPROF_GO, $INPROF_DWZ,
 // $INPROF_GOOGLE_PPROF, $INPROF_CHROMIUM); "" when it is not installed.
+// "libcurl" and "libmicrohttpd", the libraries inprof loads at run time:
+// their soname when this process can dlopen() it.
 std::string ToolPath(const std::string& tool);
 
 // "" when ToolPath(tool) is there; otherwise one line naming the tool and
