@@ -10,8 +10,9 @@
 // A visit's weight is fixed when it is taken, and stands for the interval
 // after it: the wall time between the thread's previous visit and this one
 // (between the ticker's scheduled wake-ups, TickTime), which is how long it
-// waits for its next in the round robin; its first visit weighs the round's
-// time (TickTime::round_ns). A thread that lives L seconds is visited L/R
+// waits for its next in the round robin; its first visit weighs a round
+// at the ticker's pace (TickTime::round_ns). A thread once followed keeps
+// an exact account instead (ThreadData::exact). A thread that lives L seconds is visited L/R
 // times on average when its visits come every R (the round robin's phase
 // against its start and end is arbitrary), so its wall total is L on
 // average, and its expected wall time on a stack is the time it spent there

@@ -623,13 +623,13 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         window_stats.wall_running_credits));
     data.comments.push_back(absl::StrCat(
         "wall-time weights: a visit of the wall sampler weighs the time "
-        "until the thread's next visit (a round of the threads; the first "
-        "visit the round's estimate, later ones the round just done), so a "
-        "thread that ends or a window that closes between two visits leaves "
-        "nothing unattributed, and a thread's expected wall time on a stack "
-        "is the time it spent there; a followed thread's running samples "
-        "carry their CPU time as wall time. Longest wait between two visits "
-        "of a thread=",
+        "until the thread's next visit (its first a round of the threads at "
+        "the sampler's pace, later ones the interval since the previous), so "
+        "a thread that ends or a window that closes between two visits "
+        "leaves nothing unattributed, and a thread's expected wall time on a "
+        "stack is the time it spent there; a followed thread's running "
+        "samples carry their CPU time as wall time, and its account stays "
+        "exact. Longest wait between two visits of a thread=",
         absl::FormatDuration(absl::Nanoseconds(
             static_cast<int64_t>(window_stats.wall_longest_round_ns))),
         " (so far)"));
