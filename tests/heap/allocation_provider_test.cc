@@ -774,6 +774,15 @@ TEST(AllocationProviderTest, ForkedChildAllocatesAndExits) {
 #if defined(INPROF_TSAN)
   GTEST_SKIP() << "TSan does not support fork() of a multi-threaded process";
 #endif
+#if defined(INPROF_ASAN)
+  // GCC 12's libasan takes no allocator locks around fork(): a child forked
+  // while one of inprof's threads (the collector, the ticker, the file
+  // thread exporting) is inside malloc hangs in its first allocation
+  // (SafetyForkTest.ChildForkedWhileCollectorRunsCanStop says more; a
+  // clean-clone ASan run: this test's child hung until the 240 s timeout,
+  // 1 of 2 runs). The plain build runs this test.
+  GTEST_SKIP() << "this libasan does not lock its allocator across fork()";
+#endif
   Options options = TestOptions("heap_fork");
   HeapProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
