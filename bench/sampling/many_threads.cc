@@ -36,6 +36,8 @@
 //     register_us_p50/p90=RegisterThread's CPU on the registering thread,
 //       in the burst of THREADS registrations, microseconds
 //     busy_vs_life=the busy thread's wall time over its registered span
+//   MANY_THREADS_WINDOWS=1 also prints each window's length, wall time,
+//   lifetimes within it and share on real stacks (stderr).
 //
 // The same workload for peers (python3 bench/sampling/many_threads.py BUILD
 // runs them all and prints one table), one more argument, the profile file:
