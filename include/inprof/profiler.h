@@ -137,6 +137,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                                  .two_step_arming = kTwoStepArming,
                                  .leaf_words = Layout::kLeafWords > 0,
                                  .activity = &Handler::activity,
+                                 .pending = &Pool().pending,
                                  .walks_without_tables = WalksWithoutTables()}) {
     if constexpr (kHasEvents) pipeline_.Attach(std::make_unique<EventAttachment>(*this));
   }
@@ -705,6 +706,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   struct SlotPool {
     std::mutex mutex;
     std::vector<Slot*> free;
+    internal::PendingSlots pending;  // the slots' bits
   };
   static SlotPool& Pool() {
     static SlotPool* pool = [] {  // intentionally never destroyed
@@ -729,6 +731,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     slot->sample_stackless = &Handler::SampleStackless;
     slot->sample_stack_bytes = static_cast<uint32_t>(Layout::kHandlerStackBytes);
     slot->before_retire = &Handler::TakeOwedSamples;
+    pool.pending.Assign(slot);
     return slot;
   }
   void ReleaseSlot(internal::SlotBase* base) override {

@@ -308,6 +308,7 @@ __attribute__((noinline)) uint64_t OnAllocSampleBody(HeapState& h, const AllocSa
       event->objects += sample.weight_objects;
       event->bytes += sample.weight_bytes;
       data.count.store(static_cast<uint32_t>(data.events.size()), std::memory_order_release);
+      internal::MarkPending(*slot);
       if (auto* activity = h.activity.load(std::memory_order_relaxed)) {
         activity->fetch_add(1, std::memory_order_release);
       }

@@ -380,9 +380,31 @@ bool ProfilerBase::DrainRings() {
     drained_activity_ = activity;
     Pipeline::Ingesting ingest = pipeline_.Ingest();
     SampleAggregator& agg = ingest.aggregator();
-    for (SlotBase* slot : active_) {
-      // Records left behind: the next pass visits the rings again.
-      if (!DrainSlotIntoLocked(slot, agg)) drained_activity_ = ~uint64_t{0};
+    if (shape_.pending != nullptr && !shape_.pending->overflowed()) {
+      // Only the slots that left something since the last pass.
+      shape_.pending->TakeEach([&](ThreadSlotHeader* header) {
+        SlotBase* slot = static_cast<SlotBase*>(header);
+        const uint64_t session = slot->session.load(std::memory_order_acquire);
+        if (session == session_ && session != 0) {
+          if (!DrainSlotIntoLocked(slot, agg)) {
+            // Records left behind: the next pass visits the slot again.
+            MarkPending(*slot);
+            drained_activity_ = ~uint64_t{0};
+          }
+        } else if (session != 0) {
+          // Another profiler of this composition's (each takes the bits of
+          // both): left for it, and a pass of its own.
+          MarkPending(*slot);
+          shape_.activity->fetch_add(1, std::memory_order_release);
+        }
+        // Session 0: a free slot, or one unregistering, which drains
+        // itself (FinishUnregisterLocked).
+      });
+    } else {
+      for (SlotBase* slot : active_) {
+        // Records left behind: the next pass visits the rings again.
+        if (!DrainSlotIntoLocked(slot, agg)) drained_activity_ = ~uint64_t{0};
+      }
     }
   }
   return running_;

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "inprof/internal/agent_stream.h"
 #include "inprof/internal/leaf_frame_resolver.h"
+#include "inprof/internal/pending_slots.h"
 #include "inprof/internal/profiler_control.h"
 #include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
@@ -170,7 +171,10 @@ class ProfilerBase : public ProfilerCommon {
     bool leaf_words = false;
     // Samples pushed by the composition's handlers (one profiler runs at a
     // time; a second of the same type only causes extra passes).
-    const std::atomic<uint64_t>* activity = nullptr;
+    std::atomic<uint64_t>* activity = nullptr;
+    // The bits of the composition's slots that left something to drain
+    // (null: every pass reads every slot).
+    PendingSlots* pending = nullptr;
     // The unwinder's walks before its tables were ready, process-wide
     // (null: it has no tables).
     uint64_t (*walks_without_tables)() = nullptr;

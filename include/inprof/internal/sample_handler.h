@@ -172,7 +172,9 @@ class SampleHandler {
   }
   // ... and end with, after the records' push.
   static void HandlerDone(Slot& slot) noexcept {
-    // After the push: a collector that sees this count sees the record.
+    // After the push: a collector that sees this count (and the slot's
+    // bit) sees the record.
+    MarkPending(slot);
     activity.fetch_add(1, std::memory_order_release);
     slot.handler_exit_clock.store(ThreadCpuNanos(slot.cpu_clock),
                                   std::memory_order_relaxed);

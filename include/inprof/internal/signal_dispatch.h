@@ -136,7 +136,20 @@ struct ThreadSlotHeader {
   std::atomic<int64_t> exit_cpu_ns{-1};   // -1: the thread is registered
   std::atomic<int64_t> exit_wall_ns{-1};  // CLOCK_MONOTONIC
   ThreadSlotHeader* next_retired = nullptr;
+  // The slot's bit in its profiler type's PendingSlots (pending_slots.h:
+  // MarkPending), set once when the slot is created; null: none.
+  std::atomic<uint64_t>* pending_word = nullptr;
+  uint64_t pending_bit = 0;
 };
+
+// After leaving records or events in `slot` for the collector: its next
+// pass drains the slot (pending_slots.h). Async-signal-safe: one atomic OR.
+// A slot without a bit: a no-op (the collector then reads every slot).
+inline void MarkPending(ThreadSlotHeader& slot) noexcept {
+  if (std::atomic<uint64_t>* word = slot.pending_word) {
+    word->fetch_or(slot.pending_bit, std::memory_order_release);
+  }
+}
 
 // On the owning thread as it begins to unregister: its CPU and monotonic
 // clocks now, where its tails end (exit_cpu_ns, exit_wall_ns). Not for
