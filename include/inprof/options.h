@@ -153,17 +153,17 @@ struct Options {
   // named from their symbol tables; their debug files are compressed, and
   // reading libc's cost ~80 ms of CPU and ~20 MiB at the first export.
   bool system_debug_info = false;
-  // Wall time: every `wall_period` at least `wall_threads_per_tick`
-  // registered threads (round-robin; more with many threads, so that a
-  // round takes 2 s at most within `wall_cpu_budget`: internal::WallTicker)
-  // are credited with the wall time since their last wall sample, running
-  // or blocked. Zero disables wall sampling.
+  // Wall time: every `wall_period` `wall_threads_per_tick` registered
+  // threads (round-robin; more with many threads, so that a round takes 2 s
+  // at most; fewer, at least one, when visits cost more than
+  // `wall_cpu_budget` allows: internal::WallTicker) are visited, each visit
+  // a wall sample. Zero disables wall sampling.
   absl::Duration wall_period = absl::Milliseconds(10);
   int wall_threads_per_tick = 5;  // the dd-win-prof seed's default
-  // The wall sampler's CPU, in percent of one core, that its visits beyond
-  // wall_threads_per_tick a tick may take (each visit's cost is measured):
-  // with more threads than that budget visits every 2 s, rounds grow
-  // longer. 0: no budget (a round every 2 s whatever it costs). Linux.
+  // The wall sampler's CPU, in percent of one core, that its visits may
+  // take (each visit's cost is measured): with more threads than that
+  // budget visits every 2 s, rounds grow longer. 0: no budget (a round
+  // every 2 s whatever it costs). Linux.
   double wall_cpu_budget = 1.0;
   // Allocations (a Profiler composed with AllocationProvider,
   // inprof/heap/allocation_provider.h; others ignore it): the mean, in

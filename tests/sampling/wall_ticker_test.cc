@@ -197,13 +197,16 @@ TEST_F(WallTickerTest, VisitsGrowWithTheThreadCountSoThatARoundTakesTwoSecondsAt
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 0);
 }
 
-TEST_F(WallTickerTest, TheCpuBudgetCapsTheVisitsAboveTheConfiguredFloor) {
+TEST_F(WallTickerTest, TheCpuBudgetCapsTheVisitsEvenBelowTheConfiguredFloor) {
   using Ticker = internal::WallTicker<FakeProvider>;
   constexpr int64_t kPeriod = 10'000'000;  // 10 ms
   // 10,000 threads want 50 a tick for a 2 s round; a cap of 7 holds them
-  // to 7, never below the configured 5.
+  // to 7, and a cap of 2 to 2, below the configured 5 (visits that cost
+  // more than the budget allows five of); never below one.
   EXPECT_EQ(Ticker::VisitsPerTick(5, 10'000, kPeriod, 7), 7u);
-  EXPECT_EQ(Ticker::VisitsPerTick(5, 10'000, kPeriod, 2), 5u);
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 10'000, kPeriod, 2), 2u);
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 100, kPeriod, 2), 2u);
+  EXPECT_EQ(Ticker::VisitsPerTick(5, 100, kPeriod, 0), 1u);
   EXPECT_EQ(Ticker::VisitsPerTick(5, 1'001, kPeriod, 100), 6u);
   // The budget's cap: 1% of a core at 10 ms a tick, 15 us a visit: 6.67.
   EXPECT_EQ(internal::VisitBudgetPerTick(0.01, kPeriod, 15'000), 6u);
@@ -279,15 +282,18 @@ TEST_F(WallTickerTest, AFirstVisitWeighsTheTimeARoundTakes) {
   slow.pace = 2.5;  // wake-ups 2.5 periods apart
   counts_ = ticker_.VisitNext(provider_, host_, pointers_, slow, 1, 10, next_, steady_);
   EXPECT_EQ(slot(4).data.round_ns, 200 * kMs);
-  // The budget's cap of 1 a tick: 16 ticks a round.
+  // The budget's cap of 1 a tick, below the configured 2: one visit, and
+  // 16 ticks a round.
   log_.clear();
   counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(1090 * kMs), 1, 10,
                               next_, steady_, /*cap=*/1);
-  EXPECT_EQ(slot(6).data.round_ns, 80 * kMs);  // never below the configured 2
+  EXPECT_EQ(counts_.visits, 1u);
+  EXPECT_EQ(slot(6).data.round_ns, 160 * kMs);
+  EXPECT_EQ(slot(7).data.round_ns, 0);  // not visited yet
   provider_.per_tick = 1;
   counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(1120 * kMs), 1, 10,
                               next_, steady_, /*cap=*/1);
-  EXPECT_EQ(slot(8).data.round_ns, 160 * kMs);
+  EXPECT_EQ(slot(7).data.round_ns, 160 * kMs);
 }
 
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {
