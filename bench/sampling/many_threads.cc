@@ -11,7 +11,8 @@
 //       seconds, and busy_wall_share of its lifetime
 //     cpu_real=share of the profile's CPU on real stacks
 //     ticker_cpu_ms=the wall sampler's own CPU ("inprof-tick"), and
-//       ticker_core_pct its share of one core over the run
+//       ticker_core_pct its share of one core over the run (from the
+//       busy thread's start, once every napper registered)
 //     process_cpu_s, rss_kib_per_thread (peak RSS over the threads)
 //
 //   build/bench/many_threads 10000 3          (nap 200 ms at a time)
@@ -119,9 +120,16 @@ __attribute__((noinline)) void WaitLoop(const std::atomic<bool>& stop) {
 // User + system CPU of /proc/self/task/TID, ms (-1 if it is gone).
 double TaskCpuMs(const std::string& tid, std::string* comm) {
   const std::string base = "/proc/self/task/" + tid;
+  if (comm != nullptr) std::getline(std::ifstream(base + "/comm"), *comm);
+  // schedstat's first field: nanoseconds on a CPU (stat's ticks are 10 ms).
+  std::string sched;
+  double on_cpu_ns = 0;
+  if (std::getline(std::ifstream(base + "/schedstat"), sched) &&
+      absl::SimpleAtod(sched.substr(0, sched.find(' ')), &on_cpu_ns)) {
+    return on_cpu_ns / 1e6;
+  }
   std::string stat;
   if (!std::getline(std::ifstream(base + "/stat"), stat)) return -1;
-  if (comm != nullptr) std::getline(std::ifstream(base + "/comm"), *comm);
   const size_t paren = stat.rfind(')');
   if (paren == std::string::npos) return -1;
   std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
@@ -150,7 +158,13 @@ void ThreadCpuMs(const char* name, const std::vector<pid_t>& ours, double* named
     const double ms = TaskCpuMs(e->d_name, &comm);
     if (ms < 0) continue;
     if (comm == name) *named += ms;
-    if (!std::binary_search(sorted.begin(), sorted.end(), std::atoi(e->d_name))) *others += ms;
+    if (!std::binary_search(sorted.begin(), sorted.end(), std::atoi(e->d_name))) {
+      *others += ms;
+      // MANY_THREADS_PROFILER_THREADS=1: each of a profiler's threads.
+      if (getenv("MANY_THREADS_PROFILER_THREADS") != nullptr) {
+        fprintf(stderr, "profiler thread %s %s: %.0f ms\n", e->d_name, comm.c_str(), ms);
+      }
+    }
   }
   closedir(dir);
 }
@@ -218,6 +232,10 @@ Run RunWorkload(int threads, double seconds, bool wait, Register register_thread
     });
   }
   while (registered.load() < threads) usleep(1000);
+  // The profiler's threads' CPU from here: the run, not the registrations
+  // (whose cost register_us_* gives).
+  double ticker_before = 0, profiler_before = 0;
+  ThreadCpuMs("inprof-tick", ours, &ticker_before, &profiler_before);
   const int64_t start = Now(CLOCK_MONOTONIC);
   std::atomic<pid_t> busy_tid{0};
   std::thread busy([&] {
@@ -234,6 +252,8 @@ Run RunWorkload(int threads, double seconds, bool wait, Register register_thread
   run.run_ns = Now(CLOCK_MONOTONIC) - start;
   ours[threads] = busy_tid.load();
   ThreadCpuMs("inprof-tick", ours, &run.ticker_ms, &run.profiler_ms);
+  run.ticker_ms -= ticker_before;
+  run.profiler_ms -= profiler_before;
   before_release();
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -308,7 +328,9 @@ int main(int argc, char** argv) {
   const bool wait = argc > 3 && std::string(argv[3]) == "wait";
   const bool stop_first = argc > 4 && std::string(argv[4]) == "stop";
   inprof::Options options = inprof::Options::FromEnv();
-  options.write_output = false;
+  // INPROF_OUTPUT=FILE also writes the profile (its comments count the
+  // wall sampler's visits).
+  options.write_output = std::getenv("INPROF_OUTPUT") != nullptr;
   auto windows = std::make_shared<Windows>();
   options.sinks.push_back(windows);
   inprof::DefaultProfiler profiler(options);
