@@ -41,6 +41,7 @@
 #include "inprof/base/sanitizers.h"
 #include "inprof/pprof_reader.h"
 #include "sampling/wall_time_provider_test_util.h"
+#include "util/stat_bounds.h"
 #include "util/test_util.h"
 
 namespace inprof {
@@ -320,11 +321,11 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
 // tail, within [-2R, R] (R: the longest wait between two visits,
 // ProfilerStats::wall_longest_round_ns), mean 0 over the random phase of
 // the ticker's jittered wake-ups against the thread's start and end, and
-// independent between threads. Hoeffding: P(|sum e_i| >= t) <=
-// 2 exp(-2 t^2 / (N (3R)^2)); for a false-failure chance of 1e-6,
-// t = 3R sqrt(N ln(2e6) / 2) = 3R sqrt(7.25 N) (N = 64: 68 R; R is
-// ~0.13 s here, more on a loaded machine, the total 64 x ~1.2 s). Deterministic besides: no thread's
-// total is outside [inner - 2R, outer + R].
+// independent between threads. Hoeffding (stats::HoeffdingDeviation):
+// P(sum e_i >= t) <= exp(-2 t^2 / (N (3R)^2)) each side; for a false-failure
+// chance of 1e-7 a side, t = 3R sqrt(N ln(1e7) / 2) (N = 64: 68 R; R is
+// ~0.13 s here, more on a loaded machine, the total 64 x ~1.2 s).
+// Deterministic besides: no thread's total is outside [inner - 2R, outer + R].
 TEST(WallTimeProviderTest, ThreadsEndingBetweenVisitsLeaveNothingUnattributed) {
   Options options = WallOptions("wall_joined");
   options.wall_threads_per_tick = 1;
@@ -388,8 +389,8 @@ TEST(WallTimeProviderTest, ThreadsEndingBetweenVisitsLeaveNothingUnattributed) {
     inner += span.inner_ns;
     outer += span.outer_ns;
   }
-  const int64_t t = static_cast<int64_t>(3.0 * static_cast<double>(round) *
-                                         std::sqrt(7.25 * kThreads));
+  const int64_t t =
+      static_cast<int64_t>(stats::HoeffdingDeviation(kThreads, 3.0 * static_cast<double>(round)));
   std::printf("64 waiters: wall %.3f s, lifetimes %.3f-%.3f s, longest round %.3f s, "
               "bound +-%.3f s, tail frame %.3f s\n",
               total / 1e9, inner / 1e9, outer / 1e9, round / 1e9, t / 1e9, tail / 1e9);
