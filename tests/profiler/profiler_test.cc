@@ -76,10 +76,16 @@ TEST(ProfilerTest, WritesCpuProfileOfRegisteredThread) {
   Options options = TestOptions("basic");
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
+  int64_t inner = 0, outer = 0;  // the thread's CPU inside / around its registration
   {
+    const int64_t outer0 = ThreadCpuNow();
     auto self = profiler.RegisterThread("main");
     ASSERT_TRUE(self.active());
+    const int64_t t0 = ThreadCpuNow();
     BurnCpu(300'000'000);
+    inner = ThreadCpuNow() - t0;
+    self.Reset();
+    outer = ThreadCpuNow() - outer0;
   }
   ASSERT_TRUE(profiler.Stop().ok());
   auto profile = ReadPprofFile(options.output);
@@ -87,12 +93,21 @@ TEST(ProfilerTest, WritesCpuProfileOfRegisteredThread) {
   const int cpu = profile->ValueIndex("cpu-time");
   ASSERT_GE(cpu, 0);
   EXPECT_EQ(profile->ValueIndex("cpu-samples"), 0);
+  // The only registered thread's CPU is the period times the sample points
+  // it crossed from arming to its tail (cpu_time_provider.h): within one
+  // period of its registered CPU, deterministically. (It was 200-400 ms
+  // for a 300 ms burn, picked by hand.)
+  const int64_t period = absl::ToInt64Nanoseconds(options.cpu_period);
   const int64_t total = profile->Total(cpu);
-  EXPECT_GT(total, 200'000'000);
-  EXPECT_LT(total, 400'000'000);
+  EXPECT_GT(total, inner - period);
+  EXPECT_LT(total, outer + period);
   auto by_thread = profile->ByLabel("thread name", cpu);
-  EXPECT_GT(by_thread["main"], 200'000'000);
-  EXPECT_GE(profiler.stats().samples_taken, 10u);
+  EXPECT_GT(by_thread["main"], inner - period);
+  // A signal at least every second point it crossed (perf: one a point;
+  // the timer engine: one a scheduler tick it ran, a tick <= 10 ms, the
+  // period): a separation from "no sampling", not a statistical bound.
+  EXPECT_GE(profiler.stats().samples_taken,
+            static_cast<uint64_t>((inner / period - 1) / 2));
   EXPECT_EQ(profiler.stats().samples_taken,
             profiler.stats().samples_recorded + profiler.stats().samples_dropped);
 }
@@ -138,17 +153,22 @@ TEST(ProfilerTest, ThreadsRegisterBeforeAndAfterStart) {
   Options options = TestOptions("before_after");
   DefaultProfiler profiler(options);
   std::atomic<bool> started{false};
+  int64_t early_cpu = 0, late_cpu = 0;  // each one's BurnCpu, by its clock
   std::thread early([&] {
     auto r = profiler.RegisterThread("early");
     while (!started.load()) std::this_thread::yield();
+    const int64_t t0 = ThreadCpuNow();
     BurnCpu(200'000'000);
+    early_cpu = ThreadCpuNow() - t0;
   });
   while (profiler.stats().threads_registered < 1) std::this_thread::yield();
   ASSERT_TRUE(profiler.Start().ok());
   started = true;
   std::thread late([&] {
     auto r = profiler.RegisterThread("late");
+    const int64_t t0 = ThreadCpuNow();
     BurnCpu(200'000'000);
+    late_cpu = ThreadCpuNow() - t0;
   });
   early.join();
   late.join();
@@ -156,8 +176,12 @@ TEST(ProfilerTest, ThreadsRegisterBeforeAndAfterStart) {
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
   auto by_thread = profile->ByLabel("thread name", profile->ValueIndex("cpu-time"));
-  EXPECT_GT(by_thread["early"], 100'000'000);
-  EXPECT_GT(by_thread["late"], 100'000'000);
+  // Each armed before its burn (early: by Start()), so each gets its burn's
+  // CPU within one period, deterministically (the sample points it
+  // crossed; it was > 100 ms of 200, picked by hand).
+  const int64_t period = absl::ToInt64Nanoseconds(options.cpu_period);
+  EXPECT_GT(by_thread["early"], early_cpu - period);
+  EXPECT_GT(by_thread["late"], late_cpu - period);
 }
 
 // Unwind tables are built on the collector thread after Start(); until
@@ -406,17 +430,24 @@ TEST(ProfilerTest, StopIsIdempotentAndRestartWritesAgain) {
   Options options = TestOptions("restart");
   DefaultProfiler profiler(options);
   auto self = profiler.RegisterThread("main");
+  const int64_t period = absl::ToInt64Nanoseconds(options.cpu_period);
   for (int i = 0; i < 3; ++i) {
+    const int64_t outer0 = ThreadCpuNow();
     ASSERT_TRUE(profiler.Start().ok());
+    const int64_t t0 = ThreadCpuNow();
     BurnCpu(50'000'000);
+    const int64_t inner = ThreadCpuNow() - t0;
     ASSERT_TRUE(profiler.Stop().ok());
+    const int64_t outer = ThreadCpuNow() - outer0;
     ASSERT_TRUE(profiler.Stop().ok());
     auto profile = ReadPprofFile(options.output);
     ASSERT_TRUE(profile.ok()) << profile.status();
-    // Each profile covers its own window only.
+    // Each profile covers its own window only: the thread's CPU between
+    // Start() and Stop() within one period, deterministically (the sample
+    // points it crossed; it was 20-100 ms for a 50 ms burn, picked by hand).
     const int64_t total = profile->Total(profile->ValueIndex("cpu-time"));
-    EXPECT_GT(total, 20'000'000) << "round " << i;
-    EXPECT_LT(total, 100'000'000) << "round " << i;
+    EXPECT_GT(total, inner - period) << "round " << i;
+    EXPECT_LT(total, outer + period) << "round " << i;
   }
   EXPECT_EQ(profiler.stats().profiles_written, 3u);
 }
@@ -451,6 +482,7 @@ TEST(ProfilerTest, ThreadsThatBlockSigprofAreUnblockedWhenTheyRegister) {
   DefaultProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   bool sigprof_blocked_after = true, sigusr1_blocked_after = false;
+  int64_t burn_cpu = 0;  // its BurnCpu, by its clock
   ::testing::internal::CaptureStderr();
   std::thread worker([&] {
     sigset_t all;
@@ -461,7 +493,9 @@ TEST(ProfilerTest, ThreadsThatBlockSigprofAreUnblockedWhenTheyRegister) {
     pthread_sigmask(SIG_SETMASK, nullptr, &now);
     sigprof_blocked_after = sigismember(&now, SIGPROF) == 1;
     sigusr1_blocked_after = sigismember(&now, SIGUSR1) == 1;
+    const int64_t t0 = ThreadCpuNow();
     BurnCpu(200'000'000);
+    burn_cpu = ThreadCpuNow() - t0;
   });
   worker.join();
   const std::string err = ::testing::internal::GetCapturedStderr();
@@ -492,9 +526,17 @@ TEST(ProfilerTest, ThreadsThatBlockSigprofAreUnblockedWhenTheyRegister) {
       }
     }
   }
-  std::printf("masked: cpu %.3f s, on BurnCpu %.3f s\n", total / 1e9, on_burn / 1e9);
-  EXPECT_GT(total, 150'000'000);
-  EXPECT_GT(on_burn, total / 2);
+  std::printf("masked: cpu %.3f s, on BurnCpu %.3f s of %.3f s burnt\n", total / 1e9,
+              on_burn / 1e9, burn_cpu / 1e9);
+  // Deterministic (it was > 150 ms of 200 and more than half on BurnCpu,
+  // picked by hand): the sample points its burn crossed each carry a
+  // period, on BurnCpu's stack unless their signal came after it returned,
+  // at most one period plus one scheduler tick (<= 10 ms at HZ >= 100;
+  // the timer engine's lag) of its CPU.
+  const int64_t period = absl::ToInt64Nanoseconds(options.cpu_period);
+  constexpr int64_t kTick = 10'000'000;
+  EXPECT_GT(total, burn_cpu - period);
+  EXPECT_GT(on_burn, burn_cpu - period - kTick);
 }
 
 TEST(ProfilerTest, HarmlessHandlerRemainsAfterStop) {
@@ -562,12 +604,15 @@ TEST(ProfilerTest, DropsWhenRingIsFullAreCountedAndReconciled) {
   options.collect_period = absl::Seconds(10);
   TinyRingProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
-  int64_t measured = 0;
+  int64_t measured = 0, outer = 0;  // inside / around the registration
   {
+    const int64_t outer0 = ThreadCpuNow();
     auto self = profiler.RegisterThread("main");
     const int64_t t0 = ThreadCpuNow();
     BurnCpu(300'000'000);
     measured = ThreadCpuNow() - t0;
+    self.Reset();
+    outer = ThreadCpuNow() - outer0;
   }
   ASSERT_TRUE(profiler.Stop().ok());
   const ProfilerStats stats = profiler.stats();
@@ -578,9 +623,13 @@ TEST(ProfilerTest, DropsWhenRingIsFullAreCountedAndReconciled) {
   const int cpu = profile->ValueIndex("cpu-time");
   auto flat = profile->FlatByFunction(cpu);
   EXPECT_GT(flat["[inprof: samples dropped, ring full]"], 0);
+  // Dropped samples keep their CPU (on the pseudo-frame), so the total is
+  // still the period times the points crossed: within one period of the
+  // thread's registered CPU, deterministically (it was +-10%, by hand).
+  const int64_t period = absl::ToInt64Nanoseconds(options.cpu_period);
   const int64_t total = profile->Total(cpu);
-  EXPECT_NEAR(static_cast<double>(total), static_cast<double>(measured),
-              0.1 * static_cast<double>(measured));
+  EXPECT_GT(total, measured - period);
+  EXPECT_LT(total, outer + period);
   bool comment_found = false;
   for (const auto& c : profile->comments) {
     comment_found |= c.find("dropped=" + std::to_string(stats.samples_dropped)) !=
@@ -644,9 +693,10 @@ TEST(ProfilerTest, RingsAreDrainedWhileTablesAreBuiltAndStopEndsTheBuild) {
   options.export_period = absl::ZeroDuration();  // the collector alone builds
   SlowTablesProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
-  int64_t measured = 0;
+  int64_t measured = 0, outer = 0;  // inside / around the registration
   constexpr int kChunks = 80;
   {
+    const int64_t outer0 = ThreadCpuNow();
     auto self = profiler.RegisterThread("main");
     const int64_t t0 = ThreadCpuNow();
     for (int i = 1; i <= kChunks; ++i) {
@@ -662,6 +712,8 @@ TEST(ProfilerTest, RingsAreDrainedWhileTablesAreBuiltAndStopEndsTheBuild) {
       ASSERT_GE(SlowTablesUnwinder::drained.load(), i) << "no table built";
     }
     measured = ThreadCpuNow() - t0;
+    self.Reset();
+    outer = ThreadCpuNow() - outer0;
   }
   SlowTablesUnwinder::released = true;
   ASSERT_TRUE(profiler.Stop().ok());
@@ -675,18 +727,21 @@ TEST(ProfilerTest, RingsAreDrainedWhileTablesAreBuiltAndStopEndsTheBuild) {
   // 400 ms of CPU at 1 ms: >= 399 sample points, taken one per signal with
   // the perf engine, or with the timer engine one signal per scheduler
   // tick the thread runs at (>= 1 per 10 ms of its CPU at HZ >= 100):
-  // >= 39 samples, all recorded by drains between tables.
-  EXPECT_GT(stats.samples_recorded, 30u);
+  // >= 39 samples, all recorded by drains between tables (it asserted
+  // > 30, below what it computed).
+  EXPECT_GE(stats.samples_recorded, static_cast<uint64_t>(measured / 10'000'000 - 1));
   auto profile = ReadPprofFile(options.output);
   ASSERT_TRUE(profile.ok()) << profile.status();
   const int cpu = profile->ValueIndex("cpu-time");
   auto flat = profile->FlatByFunction(cpu);
   EXPECT_EQ(flat["[inprof: samples dropped, ring full]"], 0);
   // The points crossed, a period apart: within one period of the thread's
-  // CPU (deterministic); 1% for the calls around `measured`.
-  EXPECT_NEAR(static_cast<double>(profile->Total(cpu)),
-              static_cast<double>(measured),
-              1e6 + 0.01 * static_cast<double>(measured));
+  // registered CPU, between what it measured inside and around its
+  // registration (deterministic; it allowed 1% by hand for the calls
+  // around `measured`).
+  const int64_t period = absl::ToInt64Nanoseconds(options.cpu_period);
+  EXPECT_GT(profile->Total(cpu), measured - period);
+  EXPECT_LT(profile->Total(cpu), outer + period);
 }
 
 TEST(ProfilerTest, InvalidOptionsMakeStartFailWithoutCrashing) {

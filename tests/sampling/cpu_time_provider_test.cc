@@ -388,17 +388,22 @@ void CheckKernelShare(CpuEngine engine, const char* name,
   }
   const double truth = 100.0 * in_reads / total;
   const double measured = 100.0 * profiled_reads / profiled;
-  // A share estimated from samples of unequal weight (the itimer engine's
-  // each carry the CPU since their thread's last one; the tick-limited
-  // timer's, several periods): its standard error is that of a binomial
-  // share over the effective number of samples, (sum w)^2 / sum w^2
-  // (Kish). 5 sigma (a two-sided chance of 6e-7 in the normal
-  // approximation), on top of the 3 points the placement of samples
-  // around each read may be off by (a sample's skid past a read's return).
+  // A share estimated from samples of unequal weight w_i (the tick-limited
+  // timer's carry several periods): the CPU on the reads is sum w_i X_i,
+  // X_i ~ Bernoulli(p) whether sample i lands in a read, independent terms
+  // each within the heaviest weight of its mean, variance sum w_i^2 p (1 -
+  // p). Bernstein (stats::BernsteinDeviation, 1e-7 a side) over the
+  // profile's CPU gives the share's deviation in points (it was 5 sigma of
+  // the normal approximation, (sum w)^2 / sum w^2 samples, Kish: ~5.7
+  // sigma now, plus 10.7 heaviest weights over the CPU, 0.7 points at
+  // 1 ms), on top of the 3 points the placement of samples around each
+  // read may be off by (a sample's skid past a read's return).
   const double n_eff = static_cast<double>(profiled) * static_cast<double>(profiled) /
                        std::max(squares, 1.0);
   const double p = truth / 100.0;
-  const double sigma = 100.0 * std::sqrt(p * (1 - p) / std::max(n_eff, 1.0));
+  const double deviation =
+      100.0 * stats::BernsteinDeviation(squares * p * (1 - p), heaviest) /
+      static_cast<double>(profiled);
   // The time the thread waited for a core while it read and spun.
   const double waited = 1.0 - static_cast<double>(total) /
                                   std::max<double>(1.0, absl::ToDoubleNanoseconds(wall));
@@ -423,15 +428,15 @@ void CheckKernelShare(CpuEngine engine, const char* name,
   const double moved = 100.0 * static_cast<double>(preempted_in_reads) * heaviest /
                        static_cast<double>(profiled);
   std::printf("%-6s %-5s kernel share: thread clock %.1f%%, profile %.1f%% "
-              "(%lld samples, %.0f effective, 5 sigma = %.1f points; waited "
+              "(%lld samples, %.0f effective, bound %.1f points; waited "
               "for a core %.0f%% of the time; preempted %lld times, %lld in "
               "reads, heaviest sample %.1f ms: %.1f points)\n",
               name, absl::FormatDuration(period).c_str(), truth, measured,
-              static_cast<long long>(samples), n_eff, 5 * sigma, 100 * waited,
+              static_cast<long long>(samples), n_eff, deviation, 100 * waited,
               static_cast<long long>(preempted),
               static_cast<long long>(preempted_in_reads), heaviest / 1e6, moved);
-  EXPECT_GE(measured, truth - (3.0 + 5 * sigma)) << name;
-  EXPECT_LE(measured, truth + 3.0 + 5 * sigma + moved) << name;
+  EXPECT_GE(measured, truth - (3.0 + deviation)) << name;
+  EXPECT_LE(measured, truth + 3.0 + deviation + moved) << name;
 }
 
 TEST(CpuTimeProviderTest, KernelCpuIsChargedToItsCallerWithEveryEngine) {

@@ -113,6 +113,14 @@ inline double BernsteinDeviation(double variance, double range,
   return (b + std::sqrt(b * b + 8 * l * variance)) / 2;
 }
 
+// A sum of `n` independent terms, each in an interval `range` wide: how far
+// from its mean the sum may be with a chance of at most `chance` (each
+// side). Hoeffding's inequality: P(S - E >= t) <= exp(-2 t^2 / (n range^2)).
+// For terms whose variance is not known (Bernstein needs it).
+inline double HoeffdingDeviation(int64_t n, double range, double chance = kFalseFailure) {
+  return range * std::sqrt(static_cast<double>(n) * std::log(1 / chance) / 2);
+}
+
 // The range of a sampled allocation estimate over its truth: `n`
 // allocations of `size` bytes each at a mean sampling period of `period`
 // bytes. Each is sampled with chance p = 1 - exp(-size/period),
