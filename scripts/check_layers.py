@@ -57,7 +57,7 @@ HEADERS = {
         "profiler", "inprof", "profiler_common", "profiler_base", "profiler_collector",
         "profiler_collector_windows", "profiler_layout", "profiler_layout_windows",
         "profiler_sampler_windows", "profiler_control", "provider_set", "sample_handler",
-        "wall_ticker", "composition", "profiler_windows"],
+        "wall_ticker", "wall_ticker_thread", "composition", "profiler_windows"],
     "gperftools": ["profiler_gperftools"],
 }
 HEADER_COMPONENT = {name: c for c, names in HEADERS.items() for name in names}

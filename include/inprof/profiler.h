@@ -104,10 +104,9 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // The base's state and services this part uses.
   using typename Base::Shape;
   using Base::options_, Base::pipeline_, Base::composition_, Base::session_, Base::active_,
-      Base::tick_steady_visits_, Base::tick_visit_cap_, Base::tick_visits_,
+      Base::pacing_,
       Base::wall_visits_deferred_, Base::wall_due_, Base::kMaxTickBatch, Base::wall_signals_,
       Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::wall_tail_frame_ns_,
-      Base::NoteRoundLocked,
       Base::Shutdown,
       Base::DrainRings, Base::DrainSlotLocked, Base::RefreshLeafResolverLocked,
       Base::SendProfilingSignal, Base::CreditBlockedLocked,
@@ -563,10 +562,10 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       TickerHost<I> host{this};
       const internal::WallVisitCounts counts = std::get<I>(tickers_).VisitNext(
           std::get<I>(providers_), host, std::span<internal::SlotBase* const>(active_),
-          when, batch, kMaxTickBatch, next, tick_steady_visits_, tick_visit_cap_,
+          when, batch, kMaxTickBatch, next, pacing_.steady_visits, pacing_.visit_cap(),
           std::span<const internal::WallDue>(wall_due_));
-      tick_visits_ += counts.visits;
-      NoteRoundLocked(std::get<I>(tickers_).round_estimate_ns());
+      pacing_.AddVisits(counts.visits);
+      pacing_.NoteRound(std::get<I>(tickers_).round_estimate_ns());
       wall_visits_deferred_.fetch_add(counts.deferred, std::memory_order_relaxed);
       wall_signals_.fetch_add(counts.signals, std::memory_order_relaxed);
       wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);

@@ -6,20 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <utility>
 
-#include "absl/random/distributions.h"
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/owned_fd.h"
 #include "inprof/base/alloc_guard.h"
-#include "inprof/base/profiler_thread.h"
-#include "inprof/internal/wall_ticker.h"
 
 namespace inprof::internal {
 
@@ -124,7 +118,7 @@ absl::Status ProfilerBase::Stop() {
       for (SlotBase* slot : active_) ForgetSlotLocked(slot);
       active_.clear();
       wall_due_.clear();
-      ClearArmQueueLocked();
+      arm_queue_.Clear();
       DeactivateSession(session_);
       running_ = false;
     }
@@ -145,19 +139,11 @@ absl::Status ProfilerBase::Stop() {
     if (!running_) return absl::OkStatus();  // another Stop() was first
     // Prepared threads the ticker did not arm: DisarmLocked forgets their
     // preparation, their tails take their points.
-    ClearArmQueueLocked();
+    arm_queue_.Clear();
     ProcessRetiredLocked();
-    // No last visits: a wall visit's weight stands for the interval after
-    // it (WallTimeProvider::VisitThread), so the threads' time since their
-    // last visits is already credited, on average. A thread's wait for its
-    // next visit, at most the time since the last wake-up and a round
-    // beyond it, is a wait between visits too (the comments' longest).
-    if (last_tick_ns_ > 0) {
-      NoteRoundLocked(WallTimeProvider::NowNanos() - last_tick_ns_ + last_round_ns_);
-    }
-    last_tick_ns_ = 0;
-    last_round_ns_ = 0;
-    tick_lateness_ = 1;
+    // No last visits; the threads' waits since the last wake-up count as
+    // waits between visits (the comments' longest).
+    pacing_.Stop(WallTimeProvider::NowNanos());
     for (SlotBase* slot : active_) DisarmLocked(slot);
     DeactivateSession(session_);
     for (SlotBase* slot : active_) {
@@ -271,11 +257,10 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
     if (shape_.two_step_arming &&
         std::max(registering, registering_.load(std::memory_order_relaxed) - 1) >=
             burst_threads_ &&
-        armer_ready_.load(std::memory_order_acquire) &&
+        ticker_.armer_ready() &&
         PrepareProviders(slot, session)) {
-      // In a burst: the ticker thread opens its perf event (ArmQueued).
-      slot->arm_queued = true;
-      arm_queue_.push_back(QueuedArm{slot, slot->generation});
+      // In a burst: the ticker's armer opens its perf event (ArmQueued).
+      arm_queue_.Push(slot);
       wake_armer = true;
     } else if (shape_.arms_outside_lock) {
       // The engines' system calls (perf_event_open, fcntl) without the
@@ -292,7 +277,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   }
   const bool ticking = running_ && !stopping_;
   lock.unlock();
-  if (wake_armer) WakeTickerToArm();
+  if (wake_armer) ticker_.WakeToArm();
   if (ticking) WakeQuietTicker();
   return ThreadRegistration(registry_, slot, info->tid);
 }
@@ -333,7 +318,7 @@ ProfilerStats ProfilerBase::stats() const {
   s.threads_sigprof_unblocked =
       threads_sigprof_unblocked_.load(std::memory_order_relaxed);
   s.wall_tail_frame_ns = wall_tail_frame_ns_.load(std::memory_order_relaxed);
-  s.wall_longest_round_ns = wall_longest_round_ns_.load(std::memory_order_relaxed);
+  s.wall_longest_round_ns = pacing_.longest_round_ns();
   s.threads_armed_by_sampler =
       threads_armed_by_sampler_.load(std::memory_order_relaxed);
   return s;
@@ -472,60 +457,26 @@ bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
   if (it == active_.end()) return false;
   active_.erase(it);
   ForgetDueLocked(slot);
-  ForgetQueuedArmLocked(slot);
+  arm_queue_.Forget(slot);
   return true;
 }
 
-// Registry lock held: `slot` will not be armed by the ticker (it leaves
-// active_; its preparation is undone by DisarmLocked, its points taken by
-// its tail).
-void ProfilerBase::ForgetQueuedArmLocked(SlotBase* slot) {
-  if (!slot->arm_queued) return;
-  std::erase_if(arm_queue_, [slot](const QueuedArm& q) { return q.slot == slot; });
-  slot->arm_queued = false;
-}
-
-void ProfilerBase::ClearArmQueueLocked() {
-  for (const QueuedArm& q : arm_queue_) q.slot->arm_queued = false;
-  arm_queue_.clear();
-}
-
-// After RegisterThread queued a prepared slot (registry lock not held):
-// one wake-up of the ticker for however many queue before it runs.
-void ProfilerBase::WakeTickerToArm() {
-  if (arm_wake_pending_.exchange(true, std::memory_order_acq_rel)) return;
-  {
-    std::lock_guard<std::mutex> lock(ticker_->mutex);
-    ticker_->arm = true;
-  }
-  ticker_->cv.notify_all();
-}
-
-// The ticker thread: arms the queued slots, kArmBatch per hold of the
-// registry lock (a registering thread waits for it meanwhile, asleep),
+// The armer thread: arms the queued slots, ArmQueue::kBatch per hold of
+// the registry lock (a registering thread waits for it meanwhile, asleep),
 // until the queue is empty. A slot that left active_ left the queue; one
 // whose thread is retiring is skipped (its tail takes its points).
 void ProfilerBase::ArmQueued() {
-  arm_wake_pending_.store(false, std::memory_order_release);
   for (;;) {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     if (!running_ || stopping_) {
-      ClearArmQueueLocked();
+      arm_queue_.Clear();
       return;
     }
     if (arm_queue_.empty()) return;
-    const size_t n = std::min(arm_queue_.size(), kArmBatch);
-    for (size_t i = 0; i < n; ++i) {
-      SlotBase* slot = arm_queue_[i].slot;
-      slot->arm_queued = false;
-      if (slot->generation != arm_queue_[i].generation ||
-          slot->retiring.load(std::memory_order_acquire)) {
-        continue;
-      }
+    arm_queue_.ArmBatch([this](SlotBase* slot) {
       ArmPreparedProviders(slot, session_);
       threads_armed_by_sampler_.fetch_add(1, std::memory_order_relaxed);
-    }
-    arm_queue_.erase(arm_queue_.begin(), arm_queue_.begin() + static_cast<ptrdiff_t>(n));
+    });
   }
 }
 
@@ -634,115 +585,22 @@ void ProfilerBase::EndWorkOutsideLock(SlotBase* slot) {
   if (--arms_in_flight_ == 0) arms_done_.notify_all();
 }
 
-// The ticker thread ("inprof-tick"): drives providers that model
-// TicksThreads (wall time).
+// The ticker thread ("inprof-tick", WallTickerThread): drives providers
+// that model TicksThreads (wall time).
 void ProfilerBase::StartTicker() {
   if (!shape_.has_ticker) return;
   const absl::Duration period = TickerPeriod();
   if (period == absl::InfiniteDuration()) return;
   // A new thread, a new CPU clock: its cost per visit is measured again
   // (registry lock held by Start()).
-  tick_cpu_at_ = -1;
-  tick_cost_per_visit_ns_ = 0;
-  tick_visits_ = 0;
-  tick_visit_cap_ = SIZE_MAX;
-  tick_period_ns_ = absl::ToInt64Nanoseconds(period);
-  Ticker* t = ticker_.get();
-  {
-    std::lock_guard<std::mutex> lock(t->mutex);
-    t->stop = false;
-    t->arm = false;
-  }
-  arm_wake_pending_.store(false, std::memory_order_relaxed);
-  t->armer = std::thread([this, t] {
-    pthread_setname_np(pthread_self(), "inprof-arm");
-    MarkProfilerThread();
-    std::unique_lock<std::mutex> lock(t->mutex);
-    while (!t->stop) {
-      t->cv.wait(lock, [t] { return t->stop || t->arm; });
-      if (t->stop) break;
-      // Threads that registered in a burst wait for their arming.
-      t->arm = false;
-      lock.unlock();
-      RunContained("arming registered threads", [&] { ArmQueued(); });
-      lock.lock();
-    }
-  });
-  t->thread = std::thread([this, t, period] {
-    pthread_setname_np(pthread_self(), "inprof-tick");
-    MarkProfilerThread();
-    // Its own descriptor table: the /proc/self/task/TID/syscall files it
-    // opens, keeps and closes never take or close a number of the
-    // program's, whatever the program does meanwhile (dup2 onto a number,
-    // close_range). DESIGN.md, "Hard rules of the host".
-    EnterPrivateDescriptorTable();
-    const auto step = absl::ToChronoNanoseconds(period);
-    // Intervals drawn uniformly from [0.5, 1.5] x `step`: visits at fixed
-    // intervals lock onto a program's own rhythm (measured: a thread
-    // sleeping 5 ms and spinning 5 ms was profiled 90-99.7% asleep at a
-    // fixed 10 ms); with random intervals each visit falls at a random
-    // phase of any rhythm. Uniform rather than exponential: each visit is
-    // worth its interval, and the intervals' spread adds to the profile's
-    // variance (exponential: twice a fixed interval's, this: 1.08x).
-    absl::BitGen gen;
-    auto jittered = [&gen](std::chrono::nanoseconds d) {
-      const double u = absl::Uniform<double>(gen, 0.5, 1.5);
-      return std::chrono::nanoseconds(
-          static_cast<int64_t>(static_cast<double>(d.count()) * u));
-    };
-    auto next = std::chrono::steady_clock::now() + jittered(step);
-    size_t batch = 1;
-    std::unique_lock<std::mutex> lock(t->mutex);
-    while (!t->stop) {
-      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan; });
-      if (t->stop) break;
-      if (t->replan) {
-        // A thread registered while the ticker waited long: back to the
-        // base period, its first visit within one.
-        t->replan = false;
-        next = std::min(next, std::chrono::steady_clock::now() + jittered(step));
-        continue;
-      }
-      lock.unlock();
-      // steady_clock is CLOCK_MONOTONIC in libstdc++ and libc++ on Linux:
-      // the same clock as the visits' (NowNanos).
-      // A visit that throws (memory pressure) is skipped, never the host.
-      RunContained("a wall-time visit", [&] {
-        batch = Tick(batch, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                next.time_since_epoch())
-                                .count());
-      });
-      lock.lock();
-      next += jittered(step * batch *
-                       tick_quiet_factor_.load(std::memory_order_relaxed));
-      const auto now = std::chrono::steady_clock::now();
-      // Fell behind: do not burst.
-      if (next < now) next = now + jittered(step);
-    }
-  });
-  armer_ready_.store(true, std::memory_order_release);
+  pacing_.Restart(absl::ToInt64Nanoseconds(period));
+  ticker_.Start(
+      period, pacing_,
+      [this](size_t batch, int64_t scheduled_ns) { return Tick(batch, scheduled_ns); },
+      [this] { ArmQueued(); });
 }
 
-void ProfilerBase::StopTicker() {
-  // A thread registering from now on arms itself; Stop() forgets the queue.
-  armer_ready_.store(false, std::memory_order_release);
-  if (!ticker_->thread.joinable()) return;
-  if (getpid() != start_pid_) {
-    // A forked child has no ticker thread: detaching it throws, and
-    // destroying a condition variable it waited on can hang. Leak the
-    // parent's ticker state (a few dozen bytes) and start afresh.
-    (void)ticker_.release();
-    ticker_ = std::make_unique<Ticker>();
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(ticker_->mutex);
-    ticker_->stop = true;
-  }
-  ticker_->cv.notify_all();
-  ticker_->thread.join();
-  ticker_->armer.join();
-}
+void ProfilerBase::StopTicker() { ticker_.Stop(/*in_forked_child=*/getpid() != start_pid_); }
 
 // One wake-up of the ticker standing for `batch` ticks, meant for
 // `scheduled_ns` (CLOCK_MONOTONIC; TickTime says why that matters);
@@ -760,23 +618,11 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   wall_wakeups_.fetch_add(1, std::memory_order_relaxed);
   const int64_t now = WallTimeProvider::NowNanos();
   TickTime when{now, std::min(scheduled_ns, now)};
-  // The pace of the wake-ups (TickTime::pace): the factor the ticker's
-  // schedule spaces them by (the back-off after steady rounds), times how
-  // late they come on average (the time since the last wake-up over the
-  // interval planned for `batch` ticks, smoothed over ~8 wake-ups: a busy
-  // machine, or a ticker that fell behind and rescheduled from its real
-  // time).
-  const uint32_t spacing = tick_quiet_factor_.load(std::memory_order_relaxed);
-  if (last_tick_ns_ > 0 && now > last_tick_ns_ && tick_period_ns_ > 0) {
-    const double planned = static_cast<double>(tick_period_ns_) *
-                           static_cast<double>(std::max<size_t>(1, batch)) * spacing;
-    const double late = std::clamp(static_cast<double>(now - last_tick_ns_) / planned, 0.25, 100.0);
-    tick_lateness_ = 0.875 * tick_lateness_ + 0.125 * late;
-  }
-  when.pace = static_cast<double>(spacing) * std::max(1.0, tick_lateness_);
-  last_tick_ns_ = now;
-  last_round_ns_ = 0;  // this wake-up's (NoteRoundLocked)
-  UpdateVisitBudgetLocked();
+  when.pace = pacing_.WakeUp(now, batch);
+  // The visits a tick within Options::wall_cpu_budget, from the ticker
+  // thread's CPU since the last wake-up.
+  pacing_.MeasureCpu(ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID),
+                     options_.wall_cpu_budget / 100.0);
   size_t next = kMaxTickBatch;
   TickProvidersLocked(when, batch, next);
   for (const WallDue& due : wall_due_) {
@@ -784,67 +630,17 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   }
   wall_due_.clear();
   // A whole round of steady visits (every thread followed, or blocked
-  // without having run): the next wake-up comes later, up to
-  // kMaxQuietFactor periods, and never so late that a thread's revisit
-  // interval grows past kMaxTickBatch periods (with many threads the
-  // batches already space the wake-ups); anything new brings the base
-  // period back. A followed thread's wall profile does not depend on its
-  // visits, a blocked thread's episode is credited whole whenever it is
-  // visited, and a thread that changes is found within kMaxQuietFactor
-  // periods (each visit still credits the interval to where the thread is
-  // then, at a time the program cannot predict: no bias, but a longer
-  // interval is a coarser sample). bench/overhead: the ticker's wake-ups
-  // were most of wall sampling's cost on busy threads.
-  const uint32_t factor = tick_quiet_factor_.load(std::memory_order_relaxed);
-  const uint32_t cap = static_cast<uint32_t>(
-      std::clamp<size_t>(kMaxTickBatch / next, 1, kMaxQuietFactor));
-  tick_quiet_factor_.store(
-      !active_.empty() && tick_steady_visits_ >= active_.size()
-          ? std::min<uint32_t>(factor * 2, cap)
-          : 1,
-      std::memory_order_relaxed);
+  // without having run): the next wake-up comes later; anything new brings
+  // the base period back.
+  pacing_.EndWakeUp(active_.size(), next);
   return next;
-}
-
-// Registry lock held, on the ticker thread: the sampler's CPU per visit
-// since the last measurement (its whole wake-ups: waking, the lock, the
-// visits), smoothed, and from it the most visits a tick within
-// Options::wall_cpu_budget. With 10,000 threads that each wake 5 times a
-// second a visit costs ~15 us (the thread's state from /proc, its stack
-// copied and walked), so a round of them every 2 s would take 7.5% of a
-// core; within a 1% budget the round takes ~15 s instead, and each visit
-// credits the longer interval to where the thread is then. Threads whose
-// clocks stand cost little to visit, and are not held back.
-void ProfilerBase::UpdateVisitBudgetLocked() {
-  const int64_t cpu = ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID);
-  if (tick_cpu_at_ < 0 || cpu < tick_cpu_at_) {
-    tick_cpu_at_ = cpu;
-    tick_visits_ = 0;
-    return;
-  }
-  if (tick_visits_ == 0) return;  // the CPU counts towards the next visits
-  const double cost = static_cast<double>(cpu - tick_cpu_at_) /
-                      static_cast<double>(tick_visits_);
-  tick_cost_per_visit_ns_ = tick_cost_per_visit_ns_ <= 0
-                                ? cost
-                                : 0.75 * tick_cost_per_visit_ns_ + 0.25 * cost;
-  tick_cpu_at_ = cpu;
-  tick_visits_ = 0;
-  tick_visit_cap_ = VisitBudgetPerTick(options_.wall_cpu_budget / 100.0, tick_period_ns_,
-                                       tick_cost_per_visit_ns_);
 }
 
 // After a thread registers: the ticker, if waiting long, is brought back
 // to the base period (registry lock not held).
 void ProfilerBase::WakeQuietTicker() {
   if (!shape_.has_ticker) return;
-  if (tick_quiet_factor_.load(std::memory_order_relaxed) <= 1) return;
-  tick_quiet_factor_.store(1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(ticker_->mutex);
-    ticker_->replan = true;
-  }
-  ticker_->cv.notify_all();
+  if (pacing_.Unquiet()) ticker_.Replan();
 }
 
 }  // namespace inprof::internal

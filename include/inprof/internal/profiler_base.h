@@ -4,8 +4,10 @@
 // over what both platforms share (ProfilerCommon, profiler_common.h):
 // the registry of threads (RegisterThread, unregistration, the queue of
 // slots retired without the lock, the slot lifecycle), Start() and Stop(),
-// the collector's pass over the slots, the wall ticker's thread, and the
-// counters. Compiled once, in src/profiler/profiler_base.cc.
+// the collector's pass over the slots, the wall ticker's wake-ups (its
+// thread, pacing and arm queue are internal::WallTickerThread, TickerPacing
+// and ArmQueue: wall_ticker_thread.h), and the counters. Compiled once, in
+// src/profiler/profiler_base.cc.
 //
 // Profiler<U, R, Ps...> (profiler.h) derives from ProfilerBase, through
 // ProfilerCollector (profiler_collector.h), and supplies what its types
@@ -44,6 +46,7 @@
 #include "inprof/internal/profiler_common.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
+#include "inprof/internal/wall_ticker_thread.h"
 #include "inprof/options.h"
 #include "inprof/sample_aggregator.h"
 #include "inprof/wall_time_provider.h"
@@ -92,8 +95,8 @@ struct SlotBase : ThreadSlotHeader, SlotRecordState {
   // Its providers are being armed or disarmed outside the registry lock:
   // the ticker leaves it alone meanwhile.
   bool arm_in_flight = false;
-  // Prepared by RegisterThread and waiting in ProfilerBase::arm_queue_ for
-  // the ticker thread to arm it (registry lock).
+  // Prepared by RegisterThread and waiting in ProfilerBase::arm_queue_
+  // (ArmQueue) for the ticker's armer thread to arm it (registry lock).
   bool arm_queued = false;
   // Where a copy of the thread's stack last failed to walk (ticker, registry
   // lock; ProfilerCollector<>::ReadBlockedStack): signalled there instead.
@@ -276,21 +279,17 @@ class ProfilerBase : public ProfilerCommon {
   void SendProfilingSignal(const ThreadSlotHeader& slot, int tag) const;
 
   // Most ticks one wake-up of the ticker may stand for (Tick).
-  static constexpr size_t kMaxTickBatch = 10;
+  static constexpr size_t kMaxTickBatch = TickerPacing::kMaxTickBatch;
 
   std::vector<SlotBase*> active_;  // registry lock
   // xorshift64 state for where a registering thread enters active_
   // (registry lock).
   uint64_t insert_rng_ = 0x9E3779B97F4A7C15ULL;
   pid_t start_pid_ = 0;
-  // Steady visits in a row (registry lock): Tick widens the ticker's
-  // interval after a whole round of them.
-  size_t tick_steady_visits_ = 0;
-  // The sampler's CPU budget (Options::wall_cpu_budget, registry lock):
-  // the most visits a tick (VisitBudgetPerTick), and the visits since
-  // Tick last measured the ticker's CPU.
-  size_t tick_visit_cap_ = SIZE_MAX;
-  uint64_t tick_visits_ = 0;
+  // The ticker's pace and CPU budget (Options::wall_cpu_budget; registry
+  // lock): Tick widens its interval after a whole round of steady visits
+  // (steady_visits), and the visits a tick stay within visit_cap().
+  TickerPacing pacing_;
   // Threads that ran (a running sample was drained) and were not visited
   // for a round, visited first at the next tick, ahead of the round robin
   // (registry lock; WallTicker::VisitNext). A thread that registers last
@@ -328,18 +327,6 @@ class ProfilerBase : public ProfilerCommon {
   // Wall time (ns) of threads with no wall sample that went to the tail
   // frame (Profiler<>::TakeTailOne): where they were could not be read.
   std::atomic<uint64_t> wall_tail_frame_ns_{0};
-  // ProfilerStats::wall_longest_round_ns; the last wake-up of the ticker in
-  // this session (CLOCK_MONOTONIC, 0 before one; registry lock).
-  std::atomic<uint64_t> wall_longest_round_ns_{0};
-  int64_t last_tick_ns_ = 0;
-  int64_t last_round_ns_ = 0;  // the last wake-up's round (registry lock)
-  double tick_lateness_ = 1;  // Tick: how late the wake-ups come, smoothed
-  void NoteRoundLocked(int64_t ns) {
-    last_round_ns_ = std::max(last_round_ns_, ns);
-    if (ns > 0 && static_cast<uint64_t>(ns) > wall_longest_round_ns_.load(std::memory_order_relaxed)) {
-      wall_longest_round_ns_.store(static_cast<uint64_t>(ns), std::memory_order_relaxed);
-    }
-  }
 
  private:
   // Registry::Owner. Registry lock held by the caller (`lock`).
@@ -360,22 +347,14 @@ class ProfilerBase : public ProfilerCommon {
   void StartTicker();
   void StopTicker();
   size_t Tick(size_t batch, int64_t scheduled_ns);
-  void UpdateVisitBudgetLocked();
   void WakeQuietTicker();
   // Two-step arming (shape_.two_step_arming): RegisterThread queues a
-  // prepared slot and wakes the ticker, whose thread arms the queue in
-  // batches (ArmQueued); a slot leaving active_ leaves the queue.
-  void WakeTickerToArm();
+  // prepared slot in arm_queue_ and wakes the armer, whose thread arms the
+  // queue in batches (ArmQueued); a slot leaving active_ leaves the queue.
   void ArmQueued();
-  void ForgetQueuedArmLocked(SlotBase* slot);
-  void ClearArmQueueLocked();
 
   // Queued unregistrations that a registering thread finishes first.
   static constexpr uint32_t kRetiredForRegistration = 64;
-  // Most base periods the ticker waits between wake-ups while every thread
-  // is steady (Tick).
-  static constexpr uint32_t kMaxQuietFactor = 8;
-
 
   const Shape shape_;
   // Stop() is waiting for arming outside the lock to end: no new one starts
@@ -384,13 +363,6 @@ class ProfilerBase : public ProfilerCommon {
   size_t arms_in_flight_ = 0;  // registry lock
   std::condition_variable arms_done_;  // arms_in_flight_ fell to 0
   uid_t signal_uid_ = 0;  // getuid() at Start(): the ticker's signals' si_uid
-  std::atomic<uint32_t> tick_quiet_factor_{1};
-  // The ticker thread's CPU clock when Tick last measured it (-1: not yet
-  // on this ticker thread), and its CPU per visit since (exponentially
-  // smoothed; 0: none measured). Registry lock.
-  int64_t tick_cpu_at_ = -1;
-  double tick_cost_per_visit_ns_ = 0;
-  int64_t tick_period_ns_ = 0;
   std::atomic<uint64_t> wall_wakeups_{0};
   std::atomic<uint64_t> threads_sigprof_unblocked_{0};
   std::atomic<bool> sigprof_unblock_logged_{false};
@@ -405,30 +377,9 @@ class ProfilerBase : public ProfilerCommon {
   static constexpr int kBurstThreads = 4;
   int burst_threads_ = kBurstThreads;
   std::atomic<int> registering_{0};  // threads inside RegisterThread
-  struct QueuedArm {
-    SlotBase* slot;
-    uint64_t generation;
-  };
-  std::vector<QueuedArm> arm_queue_;  // registry lock
-  // The ticker thread runs and arms what is queued; a wake-up is pending.
-  std::atomic<bool> armer_ready_{false};
-  std::atomic<bool> arm_wake_pending_{false};
-  // Most slots armed per hold of the registry lock (~5 us each).
-  static constexpr size_t kArmBatch = 32;
+  ArmQueue arm_queue_;  // registry lock
   std::atomic<uint64_t> threads_armed_by_sampler_{0};
-  struct Ticker {
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool stop = false;
-    bool replan = false;  // WakeQuietTicker
-    bool arm = false;     // WakeTickerToArm
-    std::thread thread;
-    // Arms the threads queued in a burst (ArmQueued) on the program's
-    // descriptor table, where the signal handler finds each perf event:
-    // the ticker thread has a table of its own (its /proc files).
-    std::thread armer;
-  };
-  std::unique_ptr<Ticker> ticker_ = std::make_unique<Ticker>();
+  WallTickerThread ticker_;
   LeafFrameResolver leaf_resolver_;  // registry lock
   // The handlers' activity count the last full collector pass saw
   // (registry lock).

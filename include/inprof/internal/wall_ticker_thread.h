@@ -1,0 +1,213 @@
+// internal: not part of the public API (include inprof/profiler.h).
+//
+// The wall ticker's own machinery, which ProfilerBase owns and calls:
+//   TickerPacing     how far apart its wake-ups come (the back-off after
+//                    steady rounds, how late they come) and how many visits
+//                    a tick its CPU budget allows. Pure arithmetic on the
+//                    times and counts it is given: no clock, no thread.
+//   ArmQueue         threads that registered in a burst, prepared and
+//                    waiting for the ticker's armer thread to arm them.
+//   WallTickerThread the ticker thread ("inprof-tick": jittered wake-ups,
+//                    batches, the back-off) and the armer ("inprof-arm").
+// What a wake-up visits is WallTicker's (wall_ticker.h).
+//
+// Thread-safety: TickerPacing and ArmQueue under the profiler's registry
+// lock, but for TickerPacing's atomics (quiet_factor, Unquiet,
+// longest_round_ns: any thread). WallTickerThread: Start and Stop on the
+// thread that starts and stops the profiler; WakeToArm, Replan and
+// armer_ready from any thread. Never in a signal handler.
+//
+// Example (ProfilerBase):
+//   pacing_.Restart(period_ns);
+//   ticker_.Start(period, pacing_,
+//                 [this](size_t batch, int64_t at) { return Tick(batch, at); },
+//                 [this] { ArmQueued(); });
+//   ...
+//   const double pace = pacing_.WakeUp(now_ns, batch);  // in Tick
+//   ticker_.Stop(/*in_forked_child=*/false);
+#ifndef INPROF_INTERNAL_WALL_TICKER_THREAD_H_
+#define INPROF_INTERNAL_WALL_TICKER_THREAD_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/time/time.h"
+
+namespace inprof::internal {
+
+struct SlotBase;  // profiler_base.h
+
+// The ticker's pace and CPU budget (registry lock, but for the atomics).
+class TickerPacing {
+ public:
+  // Most ticks one wake-up may stand for (ProfilerBase::Tick).
+  static constexpr size_t kMaxTickBatch = 10;
+  // Most base periods the ticker waits between wake-ups while every thread
+  // is steady.
+  static constexpr uint32_t kMaxQuietFactor = 8;
+
+  // A new ticker thread at `period_ns`, a new CPU clock: its cost per visit
+  // is measured again, and no cap holds until it is.
+  void Restart(int64_t period_ns);
+
+  // Stop(), at `now_ns`: a thread's wait for its next visit, at most the
+  // time since the last wake-up and a round beyond it, is noted as a wait
+  // between visits (longest_round_ns); the wake-ups' history is forgotten.
+  void Stop(int64_t now_ns);
+
+  // A wake-up at `now_ns` (CLOCK_MONOTONIC) standing for `batch` ticks.
+  // Returns its pace (TickTime::pace): the factor the schedule spaces the
+  // wake-ups by (quiet_factor), times how late they come on average (the
+  // time since the last wake-up over the interval planned for `batch`
+  // ticks, each clamped to [0.25, 100], smoothed over ~8 wake-ups), at
+  // least the spacing.
+  double WakeUp(int64_t now_ns, size_t batch);
+
+  // The ticker thread's CPU clock `cpu_ns` at a wake-up: its CPU per visit
+  // since the last measurement (smoothed), and from it visit_cap() within
+  // `budget` (a fraction of one core; <= 0: none). The first measurement
+  // on a thread (or a clock that went back) only sets the baseline; one
+  // with no visits since waits for them.
+  void MeasureCpu(int64_t cpu_ns, double budget);
+
+  // The visits a wake-up made (counted towards the next MeasureCpu).
+  void AddVisits(uint64_t visits) { visits_ += visits; }
+
+  // After a wake-up's visits to `threads` threads, of which steady_visits
+  // in a row were steady; `next` is the batch the next wake-up may stand
+  // for. A whole round of steady visits doubles quiet_factor, up to
+  // kMaxQuietFactor and up to kMaxTickBatch / next (a thread's revisit
+  // interval never grows past kMaxTickBatch periods); anything else brings
+  // it back to 1.
+  void EndWakeUp(size_t threads, size_t next);
+
+  // How many base periods the next wake-up waits (1: the base period).
+  // Any thread.
+  uint32_t quiet_factor() const { return quiet_factor_.load(std::memory_order_relaxed); }
+
+  // A thread registered: back to the base period. True when the ticker was
+  // spaced wider and must plan its next wake-up again. Any thread.
+  bool Unquiet();
+
+  // A wake-up's round estimate (WallTicker::round_estimate_ns).
+  void NoteRound(int64_t ns);
+  // The longest wait between visits noted in this profiler's life
+  // (ProfilerStats::wall_longest_round_ns). Any thread.
+  uint64_t longest_round_ns() const {
+    return longest_round_ns_.load(std::memory_order_relaxed);
+  }
+
+  // The most visits a tick the budget allows (SIZE_MAX: no cap).
+  size_t visit_cap() const { return visit_cap_; }
+  // The smoothed lateness and CPU per visit (0: none measured), for tests.
+  double lateness() const { return lateness_; }
+  double cost_per_visit_ns() const { return cost_per_visit_ns_; }
+
+  // Steady visits in a row across providers (WallTicker::VisitNext's
+  // `steady_visits`).
+  size_t steady_visits = 0;
+
+ private:
+  int64_t period_ns_ = 0;
+  // The last wake-up (0 before one) and its round.
+  int64_t last_tick_ns_ = 0;
+  int64_t last_round_ns_ = 0;
+  double lateness_ = 1;
+  std::atomic<uint32_t> quiet_factor_{1};
+  std::atomic<uint64_t> longest_round_ns_{0};
+  // The ticker thread's CPU clock when last measured (-1: not yet on this
+  // thread), the visits since, and its CPU per visit (0: none measured).
+  int64_t cpu_at_ = -1;
+  uint64_t visits_ = 0;
+  double cost_per_visit_ns_ = 0;
+  size_t visit_cap_ = SIZE_MAX;
+};
+
+// Threads prepared by RegisterThread in a burst, waiting for the armer
+// (registry lock). A slot that leaves the registry leaves the queue.
+class ArmQueue {
+ public:
+  // Most slots armed per hold of the registry lock (~5 us each).
+  static constexpr size_t kBatch = 32;
+
+  // Queues `slot` (SlotBase::arm_queued) as registered now.
+  void Push(SlotBase* slot);
+  // `slot` will not be armed from the queue (a no-op when not queued).
+  void Forget(SlotBase* slot);
+  // Every queued slot forgotten.
+  void Clear();
+  bool empty() const { return queue_.empty(); }
+  size_t size() const { return queue_.size(); }
+
+  // Takes the oldest kBatch slots (fewer when fewer wait) off the queue and
+  // passes to `arm` each whose registration is the one queued (same
+  // generation) and not retiring. Returns how many were passed.
+  size_t ArmBatch(absl::FunctionRef<void(SlotBase*)> arm);
+
+ private:
+  struct Queued {
+    SlotBase* slot;
+    uint64_t generation;
+  };
+  std::vector<Queued> queue_;
+};
+
+// The ticker thread and the armer thread.
+class WallTickerThread {
+ public:
+  WallTickerThread() = default;
+  WallTickerThread(const WallTickerThread&) = delete;
+  WallTickerThread& operator=(const WallTickerThread&) = delete;
+
+  // Starts both threads. The ticker calls tick(batch, scheduled_ns) at
+  // intervals drawn uniformly from [0.5, 1.5] x period x batch x
+  // pacing.quiet_factor() (tick returns the next batch); the armer calls
+  // arm() after WakeToArm. Then armer_ready() is true.
+  void Start(absl::Duration period, const TickerPacing& pacing,
+             std::function<size_t(size_t batch, int64_t scheduled_ns)> tick,
+             std::function<void()> arm);
+
+  // armer_ready() false, then both threads ended and joined (in a forked
+  // child, where they do not exist, only forgotten). A no-op when not
+  // started.
+  void Stop(bool in_forked_child);
+
+  // The armer thread runs: a registering thread may leave its arming to it.
+  bool armer_ready() const { return armer_ready_.load(std::memory_order_acquire); }
+
+  // One wake-up of the armer for however many threads queue before it
+  // runs.
+  void WakeToArm();
+
+  // The ticker plans its next wake-up again, within a base period.
+  void Replan();
+
+ private:
+  struct Threads {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool stop = false;
+    bool replan = false;  // Replan
+    bool arm = false;     // WakeToArm
+    std::thread thread;
+    // Arms the threads queued in a burst on the program's descriptor
+    // table, where the signal handler finds each perf event: the ticker
+    // thread has a table of its own (its /proc files).
+    std::thread armer;
+  };
+  std::unique_ptr<Threads> threads_ = std::make_unique<Threads>();
+  std::atomic<bool> armer_ready_{false};
+  std::atomic<bool> arm_wake_pending_{false};
+};
+
+}  // namespace inprof::internal
+
+#endif  // INPROF_INTERNAL_WALL_TICKER_THREAD_H_
