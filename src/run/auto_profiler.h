@@ -28,7 +28,7 @@ namespace inprof::run {
 
 // First thing in a process image an exec() started from a profiled one:
 // discards the SIGPROF the old image left pending and unblocks it (see
-// ExecGuard in auto_profiler_linux.cc).
+// ExecGuard in auto_profiler_exec_linux.cc).
 void UnblockSigprofAfterExec();
 
 // Starts a detached helper thread named `name` that runs fn(arg) with every
