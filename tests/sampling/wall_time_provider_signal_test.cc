@@ -354,8 +354,10 @@ TEST(WallTimeProviderTest, ThreadsEndingBetweenVisitsLeaveNothingUnattributed) {
   const int64_t t =
       static_cast<int64_t>(stats::HoeffdingDeviation(kThreads, 3.0 * static_cast<double>(round)));
   std::printf("64 waiters: wall %.3f s, lifetimes %.3f-%.3f s, longest round %.3f s, "
-              "bound +-%.3f s, tail frame %.3f s\n",
-              total / 1e9, inner / 1e9, outer / 1e9, round / 1e9, t / 1e9, tail / 1e9);
+              "bound +-%.3f s, tail frame %.3f s, stacks read %llu, signals %llu\n",
+              total / 1e9, inner / 1e9, outer / 1e9, round / 1e9, t / 1e9, tail / 1e9,
+              static_cast<unsigned long long>(stats.wall_stacks_read),
+              static_cast<unsigned long long>(stats.wall_signals));
   EXPECT_GE(total, inner - t);
   EXPECT_LE(total, outer + t);
   EXPECT_GE(total, inner - 2 * round * kThreads);
@@ -364,11 +366,19 @@ TEST(WallTimeProviderTest, ThreadsEndingBetweenVisitsLeaveNothingUnattributed) {
   // how much: only the weight of a signal a thread never took.
   EXPECT_EQ(static_cast<uint64_t>(tail), stats.wall_tail_frame_ns);
 #if !defined(INPROF_TSAN) && !defined(INPROF_ASAN)
-  // Read from copies of their stacks, never signalled: no weight is left
-  // to a signal, and all of it is on the stack they waited in.
-  EXPECT_EQ(stats.wall_signals, 0u);
+  // Waiting, they are read from copies of their stacks, never signalled.
+  // A visit that finds a waiter running (between its registration and its
+  // read(), or between read()'s return and its end; moments a loaded
+  // machine stretches: beside two busy loops 4 runs of 30 had 1-2 such
+  // signals) signals it, and that sample, weighing at most the longest
+  // wait between two visits (R), may be on another stack. No weight is
+  // left to a signal. With R shorter than the 1.2 s they wait, each waiter
+  // is visited while it waits: its stack is read, at least 64 in all.
   EXPECT_EQ(tail, 0);
-  EXPECT_EQ(waiting_wall, total);
+  EXPECT_GE(waiting_wall, total - static_cast<int64_t>(stats.wall_signals) * round);
+  if (round < 1'200'000'000) {
+    EXPECT_GE(stats.wall_stacks_read, static_cast<uint64_t>(kThreads));
+  }
 #endif
 }
 
