@@ -609,6 +609,25 @@ TEST(AllocationProviderTest, SamplesCarryTheThreadAndItsLabels) {
               400 + 1);
 }
 
+// tests/alloc/alloc_test_lib.cc, opened: its functions allocate through
+// the library's own GOT. handle is null when dlopen failed (dlerror says
+// why); a function is null when the library lacks it.
+struct AllocTestLib {
+  void* handle = nullptr;
+  void* (*malloc_fn)(size_t) = nullptr;
+  void* (*realloc_fn)(void*, size_t) = nullptr;
+  void (*free_fn)(void*) = nullptr;
+};
+AllocTestLib OpenAllocTestLib(const std::string& path) {
+  AllocTestLib lib;
+  lib.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib.handle == nullptr) return lib;
+  lib.malloc_fn = reinterpret_cast<void* (*)(size_t)>(dlsym(lib.handle, "LibMalloc"));
+  lib.realloc_fn = reinterpret_cast<void* (*)(void*, size_t)>(dlsym(lib.handle, "LibRealloc"));
+  lib.free_fn = reinterpret_cast<void (*)(void*)>(dlsym(lib.handle, "LibFree"));
+  return lib;
+}
+
 // Allocations a loaded library makes through its own GOT, from two
 // registered threads at once. Unlike the test executable's own calls, these
 // are intercepted under the sanitizers too (their runtime's malloc is the
@@ -618,12 +637,10 @@ TEST(AllocationProviderTest, SamplesCarryTheThreadAndItsLabels) {
 TEST(AllocationProviderTest, AllocationsInALoadedLibraryAreProfiled) {
   const std::string path = testing::EnvOrEmpty("INPROF_ALLOC_TEST_LIB");
   if (path.empty()) GTEST_SKIP() << "INPROF_ALLOC_TEST_LIB is not set (run through meson test)";
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(lib, nullptr) << dlerror();
-  using MallocFn = void* (*)(size_t);
-  using FreeFn = void (*)(void*);
-  auto lib_malloc = reinterpret_cast<MallocFn>(dlsym(lib, "LibMalloc"));
-  auto lib_free = reinterpret_cast<FreeFn>(dlsym(lib, "LibFree"));
+  const AllocTestLib lib = OpenAllocTestLib(path);
+  ASSERT_NE(lib.handle, nullptr) << dlerror();
+  auto lib_malloc = lib.malloc_fn;
+  auto lib_free = lib.free_fn;
   ASSERT_NE(lib_malloc, nullptr);
   ASSERT_NE(lib_free, nullptr);
   Options options = TestOptions("heap_lib");
@@ -676,7 +693,7 @@ TEST(AllocationProviderTest, AllocationsInALoadedLibraryAreProfiled) {
   auto by_thread = profile->ByLabel("thread name", alloc_space);
   EXPECT_GT(by_thread["lib-a"], 0);
   EXPECT_GT(by_thread["lib-b"], 0);
-  dlclose(lib);
+  dlclose(lib.handle);
 }
 
 // Threads that come and go, each growing blocks with realloc through a
@@ -691,14 +708,11 @@ TEST(AllocationProviderTest, AllocationsInALoadedLibraryAreProfiled) {
 TEST(AllocationProviderTest, ThreadsThatEndLeaveTheirReallocatedBlocksInTheLiveHeap) {
   const std::string path = testing::EnvOrEmpty("INPROF_ALLOC_TEST_LIB");
   if (path.empty()) GTEST_SKIP() << "INPROF_ALLOC_TEST_LIB is not set (run through meson test)";
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(lib, nullptr) << dlerror();
-  using MallocFn = void* (*)(size_t);
-  using ReallocFn = void* (*)(void*, size_t);
-  using FreeFn = void (*)(void*);
-  auto lib_malloc = reinterpret_cast<MallocFn>(dlsym(lib, "LibMalloc"));
-  auto lib_realloc = reinterpret_cast<ReallocFn>(dlsym(lib, "LibRealloc"));
-  auto lib_free = reinterpret_cast<FreeFn>(dlsym(lib, "LibFree"));
+  const AllocTestLib lib = OpenAllocTestLib(path);
+  ASSERT_NE(lib.handle, nullptr) << dlerror();
+  auto lib_malloc = lib.malloc_fn;
+  auto lib_realloc = lib.realloc_fn;
+  auto lib_free = lib.free_fn;
   ASSERT_NE(lib_malloc, nullptr);
   ASSERT_NE(lib_realloc, nullptr);
   ASSERT_NE(lib_free, nullptr);
@@ -764,7 +778,7 @@ TEST(AllocationProviderTest, ThreadsThatEndLeaveTheirReallocatedBlocksInTheLiveH
   auto by_thread = profile->ByLabel("thread name", alloc_space);
   EXPECT_GT(by_thread["lib-even"], 0);
   EXPECT_GT(by_thread["lib-odd"], 0);
-  dlclose(lib);
+  dlclose(lib.handle);
 }
 
 // Stop() writes every GOT slot back: a malloc after it is the allocator's
