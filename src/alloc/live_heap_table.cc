@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstring>
 
+#include "inprof/alloc/live_peak.h"
+
 namespace inprof::internal {
 namespace {
 uint64_t DoubleBits(double d) {
@@ -112,6 +114,9 @@ bool LiveHeapTable::Insert(const void* address, const Entry& entry) {
     if (!levels_[i].Insert(a, entry)) continue;
     inserts_.fetch_add(1, std::memory_order_relaxed);
     bytes_in_.fetch_add(EntryBytes(entry.size, entry.weight_objects), std::memory_order_relaxed);
+    if (LivePeak* peak = peak_.load(std::memory_order_acquire)) {
+      peak->Add(entry.tag, entry.size, entry.weight_objects);
+    }
     if (i == n - 1) MaybeGrow(i);
     return true;
   }
@@ -177,6 +182,9 @@ bool LiveHeapTable::Take(const void* address, Entry* out) {
     if (out != nullptr) *out = entry;
     erases_.fetch_add(1, std::memory_order_relaxed);
     bytes_out_.fetch_add(EntryBytes(entry.size, entry.weight_objects), std::memory_order_relaxed);
+    if (LivePeak* peak = peak_.load(std::memory_order_acquire)) {
+      peak->Remove(entry.tag, entry.size, entry.weight_objects);
+    }
     return true;
   }
   return false;

@@ -35,6 +35,13 @@ struct AllocThreadState {
   uint64_t rng;         // xorshift64* state; 0: not seeded yet
   uint64_t mean;        // the mean the current countdown was drawn with
   uint32_t guard;       // > 0: inside the sampled path or inprof's own work
+  // The last address this thread's free() looked up in a live-heap table
+  // and did not find there, that table, and its insert count then
+  // (LiveHeapTable::Erase: an allocator hands the same block out again and
+  // again, and its home slot may be another block's).
+  uintptr_t absent_address;
+  const void* absent_table;
+  uint64_t absent_inserts;
 };
 
 // Initial-exec: the executable (or a preloaded library) owns it, so a
