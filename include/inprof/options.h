@@ -174,6 +174,12 @@ struct Options {
   // that set it ("INPROF_ALLOC_PERIOD", "HEAPPROFILE"); empty: the program's
   // own Options.
   std::string alloc_period_source;
+  // The sample type viewers open a profile on (pprof's
+  // default_sample_type), e.g. "peak_inuse_space"; empty: the CPU's
+  // (cpu-time), or the first provider's period type. A name the
+  // composition has no column for is ignored, with one line at Start.
+  // `inprof run --alloc` sets peak_inuse_space unless it is set.
+  std::string default_sample_type;
   // Length of each profile window: every export_period a profile covering
   // [start, end) goes to the sinks; Stop() exports the last, partial one.
   // Zero: one profile covering Start() to Stop(). (dd-win-prof: 60 s.)

@@ -481,7 +481,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
               thread = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
             }
             if (!p.SnapshotEvents(agg, *thread, Layout::kValueOffsets[I])) return;
-            for (size_t t = 0; t < P::kSampleTypes.size(); ++t) {
+            for (size_t t = 0; t < SnapshotTypeCount<P>(); ++t) {
               const size_t bit = Layout::kValueOffsets[I] + t;
               if (bit < 64) shape.types |= uint64_t{1} << bit;
             }

@@ -307,6 +307,18 @@ concept SnapshotsEvents =
       { p.SnapshotEvents(aggregator, thread, offset) } -> std::same_as<bool>;
     };
 
+// How many of a SnapshotsEvents provider's leading columns its snapshot
+// fills: P::kSnapshotTypes when it declares one (the allocation provider:
+// Go's four heap types, not its windows' peak), else all of them.
+template <typename P>
+constexpr size_t SnapshotTypeCount() {
+  if constexpr (requires { P::kSnapshotTypes; }) {
+    return P::kSnapshotTypes;
+  } else {
+    return P::kSampleTypes.size();
+  }
+}
+
 // Optional, with RecordsEvents: a provider whose FlushEvents reports state
 // as of a window's end (the live heap) reports that state alone too, for
 // windows cut elsewhere (library mode: `inprof agent` cuts them, and keeps

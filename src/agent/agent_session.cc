@@ -224,6 +224,11 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
     }
     if (match) {
       alloc_offset_ = static_cast<int>(i);
+      // Its peak columns follow (a process of an older inprof has none).
+      peak_columns_ = i + 6 <= d.sample_types.size() && i + 6 <= 64 &&
+                      d.sample_types[i + 4].type == "peak_inuse_objects" &&
+                      d.sample_types[i + 5].type == "peak_inuse_space" &&
+                      (d.omitted_types >> (i + 4) & 3) == 0;
       break;
     }
   }
@@ -321,6 +326,8 @@ void AgentSession::Apply(const internal::AgentOp& op) {
       }
     }
   } else if (const auto* n = std::get_if<AgentEventsNote>(&op)) {
+    // A state begins: the previous one is whole.
+    TakePeakLocked();
     events_note_ = n->line;
     events_period_ = n->period;
   } else if (const auto* t = std::get_if<AgentThreadAdd>(&op)) {
@@ -411,9 +418,40 @@ void AgentSession::KeepStateLocked(Rows& rows, uint32_t process_thread, uint32_t
   for (size_t i = 0; i < values.size(); ++i) sums[i] += values[i];
 }
 
+void AgentSession::TakePeakLocked() {
+  if (!peak_columns_) return;
+  // The state rows' peak columns: the process's interval since its
+  // previous state (allocation_provider.h: AddLiveState).
+  constexpr size_t kPeakObjects = 4, kPeakSpace = 5;
+  int64_t total = 0;
+  for (const auto& [key, row] : state_) {
+    if (row.value_offset == static_cast<uint32_t>(alloc_offset_) &&
+        row.values.size() > kPeakSpace) {
+      total += row.values[kPeakSpace];
+    }
+  }
+  if (total <= peak_total_) return;
+  peak_total_ = total;
+  peak_rows_.clear();
+  for (const auto& [key, row] : state_) {
+    if (row.value_offset != static_cast<uint32_t>(alloc_offset_) ||
+        row.values.size() <= kPeakSpace ||
+        (row.values[kPeakObjects] == 0 && row.values[kPeakSpace] == 0)) {
+      continue;
+    }
+    StateRow& peak = peak_rows_[key];
+    peak = row;
+    peak.values.assign(row.values.size(), 0);
+    peak.values[kPeakObjects] = row.values[kPeakObjects];
+    peak.values[kPeakSpace] = row.values[kPeakSpace];
+  }
+}
+
 void AgentSession::AddRowsLocked(const Rows& rows, SampleAggregator& aggregator,
-                                 ThreadsByName* fresh) {
+                                 ThreadsByName* fresh, size_t max_values) {
   for (const auto& [key, row] : rows) {
+    const std::span<const int64_t> values =
+        std::span<const int64_t>(row.values).first(std::min(max_values, row.values.size()));
     uint32_t thread = row.thread;
     if (fresh != nullptr) {
       // A fresh aggregate (a snapshot): the row's thread by its identity.
@@ -422,9 +460,9 @@ void AgentSession::AddRowsLocked(const Rows& rows, SampleAggregator& aggregator,
       thread = it->second;
     }
     if (row.synthetic.empty()) {
-      aggregator.Add(thread, row.frames, row.labels, row.value_offset, row.values);
+      aggregator.Add(thread, row.frames, row.labels, row.value_offset, values);
     } else {
-      aggregator.AddSynthetic(thread, row.synthetic, row.value_offset, row.values);
+      aggregator.AddSynthetic(thread, row.synthetic, row.value_offset, values);
     }
   }
 }
@@ -437,7 +475,7 @@ internal::PipelineAttachment::SnapshotShape AgentSession::HeapSnapshotLocked(
   // its newest state (at most a second old).
   ThreadsByName threads;
   AddRowsLocked(alloc_totals_, aggregator, &threads);
-  AddRowsLocked(state_, aggregator, &threads);
+  AddRowsLocked(state_, aggregator, &threads, kStateValues);
   const auto first = static_cast<size_t>(alloc_offset_);
   shape.types = uint64_t{0xf} << first;
   shape.period = events_period_;
@@ -455,7 +493,17 @@ std::string AgentSession::AddStateLocked(SampleAggregator& aggregator, bool wind
   // Called with the pipeline's lock held, which guards the state (Apply
   // writes it under that lock too); never mu_, which Drain holds while it
   // waits for the pipeline's lock.
-  if (window_end) AddRowsLocked(state_, aggregator, nullptr);
+  if (window_end) {
+    // inuse_* as of the newest state; peak_inuse_* from the state whose
+    // interval peaked highest in the window (begun with the newest one
+    // before it, so that a window without a state of its own still has
+    // the heap's peak as last seen).
+    AddRowsLocked(state_, aggregator, nullptr, kStateValues);
+    TakePeakLocked();
+    AddRowsLocked(peak_rows_, aggregator, nullptr);
+    peak_total_ = -1;
+    TakePeakLocked();
+  }
   std::string note = events_note_;
   if (state_rows_refused_ != 0) {
     absl::StrAppend(&note, note.empty() ? "" : "; ",

@@ -173,8 +173,15 @@ class AgentSession {
   // Adds `rows` to `aggregator`: the windows' own (their thread indices), or
   // a fresh one (`fresh`: its threads, added by identity as they come).
   using ThreadsByName = absl::flat_hash_map<std::pair<int64_t, std::string>, uint32_t>;
+  // At most `max_values` of each row's values (kStateValues: the state's
+  // inuse_*, not the peak columns it carries).
   static void AddRowsLocked(const Rows& rows, SampleAggregator& aggregator,
-                            ThreadsByName* fresh);
+                            ThreadsByName* fresh, size_t max_values = SIZE_MAX);
+  static constexpr size_t kStateValues = 4;
+  // The pipeline's lock held: when the newest state's peak total (its
+  // rows' peak_inuse_space) is above the window's, its peak columns become
+  // the window's (peak_rows_).
+  void TakePeakLocked();
 
   Options options_;
   internal::AgentHello hello_;
@@ -221,6 +228,12 @@ class AgentSession {
   std::string events_note_;
   int64_t events_period_ = 0;
   int alloc_offset_ = -1;  // of alloc_objects in its sample types (-1: none; mu_)
+  // Whether peak_inuse_objects and peak_inuse_space follow its four (mu_).
+  bool peak_columns_ = false;
+  // The pipeline's lock: the window's peak (the state rows' peak columns
+  // when their total was highest) and that total (-1: none yet).
+  Rows peak_rows_;
+  int64_t peak_total_ = -1;
   std::unique_ptr<internal::Pipeline> pipeline_;
 };
 

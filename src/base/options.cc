@@ -1,5 +1,6 @@
 #include "inprof/options.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 
@@ -244,6 +245,23 @@ Options Options::FromLookup(const Lookup& lookup,
       options.alloc_period_source = "INPROF_ALLOC_PERIOD";
     } else {
       report(bytes.status(), "0");
+    }
+  }
+  if (const char* v = lookup("INPROF_DEFAULT_SAMPLE_TYPE")) {
+    // A sample type's name: letters, digits, '_' and '-' (checked against
+    // the composition's columns at Start, which Options does not know).
+    const absl::string_view name = v;
+    const bool valid = !name.empty() && name.size() <= 64 &&
+                       std::all_of(name.begin(), name.end(), [](char c) {
+                         return absl::ascii_isalnum(c) || c == '_' || c == '-';
+                       });
+    if (valid) {
+      options.default_sample_type = std::string(name);
+    } else {
+      report(absl::InvalidArgumentError(absl::StrCat(
+                 "INPROF_DEFAULT_SAMPLE_TYPE='", absl::CHexEscape(v),
+                 "': expected a sample type's name, e.g. peak_inuse_space")),
+             "the default");
     }
   }
   if (const char* v = lookup("INPROF_OUTPUT")) {

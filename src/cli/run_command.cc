@@ -76,7 +76,9 @@ const char kRunHelp[] =
     "      --engine=ENGINE     auto, perf, timer or itimer     INPROF_CPU_ENGINE\n"
     "      --alloc[=SIZE]      profile allocations and the live heap too: one\n"
     "                          sample per SIZE bytes allocated on average\n"
-    "                          (512KiB; 0: off)              INPROF_ALLOC_PERIOD\n"
+    "                          (512KiB; 0: off); the profile opens on the\n"
+    "                          heap at its peak (peak_inuse_space)\n"
+    "                                                          INPROF_ALLOC_PERIOD\n"
     "      --export-period=DURATION  one profile per window, 100ms to 24h\n"
     "                          (default here: 0, one profile per process)\n"
     "                                                          INPROF_EXPORT_PERIOD\n"
@@ -370,8 +372,14 @@ int RunMain(int argc, char** argv) {
         break;
       case 'M': {
         const char* value = optarg != nullptr ? optarg : "512KiB";
-        st = ParseAllocPeriodFlag("--alloc", value).status();
+        const absl::StatusOr<uint64_t> bytes = ParseAllocPeriodFlag("--alloc", value);
+        st = bytes.status();
         s.env["INPROF_ALLOC_PERIOD"] = value;
+        // A program's heap at exit is mostly freed: its profile opens on
+        // the heap at its highest (unless the caller chose a type).
+        if (bytes.ok() && *bytes > 0 && std::getenv("INPROF_DEFAULT_SAMPLE_TYPE") == nullptr) {
+          s.env["INPROF_DEFAULT_SAMPLE_TYPE"] = "peak_inuse_space";
+        }
         break;
       }
       case 'X':

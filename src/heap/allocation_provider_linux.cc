@@ -19,6 +19,7 @@
 #include "inprof/alloc/alloc_hooks.h"
 #include "inprof/alloc/alloc_sampler.h"
 #include "inprof/alloc/live_heap_table.h"
+#include "inprof/alloc/live_peak.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/profiler_thread.h"
 #include "inprof/internal/label_table.h"
@@ -41,6 +42,10 @@ using internal::LiveHeapTable;
 // blocks: a 4 TiB heap at the 512 KiB default; allocation_provider.h).
 constexpr size_t kLiveSlots = 1 << 16;
 constexpr size_t kMaxLiveSlots = 1 << 24;
+
+// The provider's columns: alloc_*, inuse_*, peak_inuse_* (objects, bytes).
+constexpr size_t kValues = AllocationProvider::kSampleTypes.size();
+static_assert(kValues == 6);
 
 // Stack ids: the first three stand for samples without a stack.
 constexpr uint32_t kUnregisteredId = 0;
@@ -78,6 +83,9 @@ struct StackEntry {
   // whether it ever reported more than zero since Start.
   double live_objects_sent = 0;
   double live_bytes_sent = 0;
+  // And its peak_inuse_* of the interval before that call.
+  double peak_objects_sent = 0;
+  double peak_bytes_sent = 0;
   bool live_reported = false;
 
   std::span<const uint64_t> labels() const {
@@ -100,6 +108,9 @@ struct HeapState {
   std::vector<uint32_t> pending;  // ids with allocations since the last flush
   uint64_t rounding = 0x853c49e6748fea9bULL;  // RoundUnbiasedLocked's state
   LiveHeapTable live{kLiveSlots, kMaxLiveSlots};
+  // The live heap at its highest in the window (peak_inuse_*), told of
+  // every entry the live table gains and loses; one cell per stack id.
+  internal::LivePeak peak{kFirstStackId + AllocationProvider::kMaxStacks};
   std::atomic<size_t (*)(std::span<uintptr_t>) noexcept> unwind{nullptr};
   std::atomic<void* (*)(ThreadContext&) noexcept> thread_data{nullptr};
   std::atomic<std::atomic<uint64_t>*> activity{nullptr};
@@ -122,6 +133,7 @@ struct HeapState {
 
   HeapState() {
     stacks.resize(kFirstStackId);
+    live.SetPeak(&peak);
     // A forked child may allocate while another thread of the parent held
     // the lock at the fork (base/fork_guard.h).
     internal::RegisterForkLock(&mutex, internal::kForkRankLeaf);
@@ -174,6 +186,37 @@ LiveSums LiveSumsByStack(HeapState& h) {
     bytes += entry.weight_objects * static_cast<double>(entry.size);
   });
   return live;
+}
+
+// The window's peak so far per stack id: (id, objects, bytes). Without the
+// mutex (LivePeak has its own).
+struct PeakSum {
+  uint64_t id;
+  double objects;
+  double bytes;
+};
+using PeakSums = std::vector<PeakSum>;
+PeakSums PeakSumsByStack(HeapState& h) {
+  PeakSums peak;
+  h.peak.ForEachPeak([&](uint64_t id, double objects, double bytes) {
+    peak.push_back({id, objects, bytes});
+  });
+  return peak;
+}
+
+void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
+           const StackEntry& entry, uint32_t id, std::span<const int64_t> values);
+
+// The peak_inuse_* columns of `peak`. mutex held.
+void AddPeakLocked(HeapState& h, SampleAggregator& aggregator, uint32_t thread,
+                   size_t value_offset, const PeakSums& peak) {
+  for (const PeakSum& p : peak) {
+    if (p.id >= h.stacks.size()) continue;  // not one of ours
+    const int64_t values[kValues] = {0, 0, 0, 0, RoundUnbiasedLocked(h, p.objects),
+                                     RoundUnbiasedLocked(h, p.bytes)};
+    if (values[4] == 0 && values[5] == 0) continue;
+    AddTo(aggregator, thread, value_offset, h.stacks[p.id], static_cast<uint32_t>(p.id), values);
+  }
 }
 
 // On the "[events]" thread at the next flush. mutex held.
@@ -372,7 +415,7 @@ const char* SyntheticFrame(uint32_t id) {
   }
 }
 
-// `values` (4) to stack `id`: a real stack, or its synthetic frame.
+// `values` (kValues) to stack `id`: a real stack, or its synthetic frame.
 void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
            const StackEntry& entry, uint32_t id, std::span<const int64_t> values) {
   if (id >= kFirstStackId) {
@@ -417,11 +460,13 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
     stale.push_back(address);
   });
   for (const void* address : stale) h.live.Erase(address);
+  h.peak.StartWindow();
   {
     std::lock_guard<std::mutex> lock(h.mutex);
     for (StackEntry& entry : h.stacks) {
       entry.total_objects = entry.total_bytes = 0;
       entry.live_objects_sent = entry.live_bytes_sent = 0;
+      entry.peak_objects_sent = entry.peak_bytes_sent = 0;
       entry.live_reported = false;
     }
   }
@@ -469,11 +514,19 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
   AllocGuard guard;  // what this allocates is never sampled (nor deadlocks on h.mutex)
   // The live table first, outside the lock: per stack, the blocks live now.
   const LiveSums live = window_end ? LiveSumsByStack(h) : LiveSums();
+  // The window's peak, and the next window's starts from the heap now.
+  PeakSums peak;
+  internal::LivePeak::Stats peak_stats;
+  if (window_end) {
+    peak = PeakSumsByStack(h);
+    peak_stats = h.peak.stats();
+    h.peak.StartWindow();
+  }
   std::lock_guard<std::mutex> lock(h.mutex);
   for (uint32_t id : h.pending) {
     StackEntry& entry = h.stacks[id];
     entry.pending = false;
-    const int64_t values[4] = {RoundUnbiasedLocked(h, entry.objects),
+    const int64_t values[kValues] = {RoundUnbiasedLocked(h, entry.objects),
                                RoundUnbiasedLocked(h, entry.bytes), 0, 0};
     entry.total_objects += entry.objects;
     entry.total_bytes += entry.bytes;
@@ -485,11 +538,12 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
   h.pending.clear();
   for (const auto& [tag, sums] : live) {
     if (tag >= h.stacks.size()) continue;  // not one of ours
-    const int64_t values[4] = {0, 0, RoundUnbiasedLocked(h, sums.first),
+    const int64_t values[kValues] = {0, 0, RoundUnbiasedLocked(h, sums.first),
                                RoundUnbiasedLocked(h, sums.second)};
     if (values[2] == 0 && values[3] == 0) continue;
     AddTo(aggregator, thread, value_offset, h.stacks[tag], static_cast<uint32_t>(tag), values);
   }
+  AddPeakLocked(h, aggregator, thread, value_offset, peak);
   const LiveHeapTable::Stats table = h.live.stats();
   return absl::StrCat(
       "allocations sampled=", h.samples.load(std::memory_order_relaxed),
@@ -506,7 +560,10 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       h.no_room_bytes.load(std::memory_order_relaxed), " bytes)",
       ", live blocks the table could not keep=", table.overflows, " of ",
       table.inserts + table.overflows, " (table: ", table.capacity, " slots), freed unseen and "
-      "replaced when their address was handed out again=", table.replaced);
+      "replaced when their address was handed out again=", table.replaced,
+      window_end ? absl::StrCat(", live heap at its highest in this window (peak_inuse_space)=",
+                                peak_stats.peak_bytes, " bytes, now=", peak_stats.live_bytes)
+                 : std::string());
 }
 
 void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thread,
@@ -515,22 +572,39 @@ void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thr
   HeapState& h = State();
   AllocGuard guard;  // as in FlushEvents
   const LiveSums live = LiveSumsByStack(h);
+  // The peak since the previous call: the agent keeps the highest of these
+  // intervals in each of its windows (agent_session.h).
+  absl::flat_hash_map<uint64_t, std::pair<double, double>> peak;
+  for (const PeakSum& p : PeakSumsByStack(h)) peak[p.id] = {p.objects, p.bytes};
+  h.peak.StartWindow();
   std::lock_guard<std::mutex> lock(h.mutex);
   for (size_t id = 0; id < h.stacks.size(); ++id) {
     StackEntry& entry = h.stacks[id];
-    double objects = 0;
-    double bytes = 0;
+    double objects = 0, bytes = 0, peak_objects = 0, peak_bytes = 0;
     if (auto it = live.find(id); it != live.end()) {
       objects = it->second.first;
       bytes = it->second.second;
     }
-    const bool changed = objects != entry.live_objects_sent || bytes != entry.live_bytes_sent;
+    if (auto it = peak.find(id); it != peak.end()) {
+      peak_objects = it->second.first;
+      peak_bytes = it->second.second;
+    }
+    const bool changed = objects != entry.live_objects_sent || bytes != entry.live_bytes_sent ||
+                         peak_objects != entry.peak_objects_sent ||
+                         peak_bytes != entry.peak_bytes_sent;
     if (!changed && !(all && entry.live_reported)) continue;
     entry.live_objects_sent = objects;
     entry.live_bytes_sent = bytes;
-    entry.live_reported = entry.live_reported || objects != 0 || bytes != 0;
-    const int64_t values[4] = {0, 0, RoundUnbiasedLocked(h, objects),
-                               RoundUnbiasedLocked(h, bytes)};
+    entry.peak_objects_sent = peak_objects;
+    entry.peak_bytes_sent = peak_bytes;
+    entry.live_reported =
+        entry.live_reported || objects != 0 || bytes != 0 || peak_objects != 0 || peak_bytes != 0;
+    const int64_t values[kValues] = {0,
+                                     0,
+                                     RoundUnbiasedLocked(h, objects),
+                                     RoundUnbiasedLocked(h, bytes),
+                                     RoundUnbiasedLocked(h, peak_objects),
+                                     RoundUnbiasedLocked(h, peak_bytes)};
     AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
   }
 }
@@ -553,7 +627,7 @@ bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t t
       live_objects = it->second.first;
       live_bytes = it->second.second;
     }
-    const int64_t values[4] = {RoundUnbiasedLocked(h, entry.total_objects + entry.objects),
+    const int64_t values[kValues] = {RoundUnbiasedLocked(h, entry.total_objects + entry.objects),
                                RoundUnbiasedLocked(h, entry.total_bytes + entry.bytes),
                                RoundUnbiasedLocked(h, live_objects),
                                RoundUnbiasedLocked(h, live_bytes)};
@@ -573,7 +647,7 @@ void AllocationProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor 
     StackEntry& entry = h.stacks[event.key];
     entry.total_objects += event.objects;
     entry.total_bytes += event.bytes;
-    const int64_t values[4] = {RoundUnbiasedLocked(h, event.objects),
+    const int64_t values[kValues] = {RoundUnbiasedLocked(h, event.objects),
                                RoundUnbiasedLocked(h, event.bytes), 0, 0};
     visit(entry.frames(), entry.labels(), values);
   }

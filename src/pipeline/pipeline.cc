@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "inprof/base/alloc_guard.h"
 #include "inprof/base/contained.h"
@@ -107,7 +108,18 @@ Pipeline::Pipeline(const Options& options,
       period_type_(std::move(period_type)),
       period_(period),
       engine_(std::move(engine)),
-      aggregator_(std::move(sample_types)) {}
+      aggregator_(std::move(sample_types)) {
+  const std::string& wanted = options_.default_sample_type;
+  if (wanted.empty()) return;
+  std::vector<std::string> names;
+  for (const ValueType& t : aggregator_.sample_types()) {
+    if (t.type == wanted) return;
+    names.push_back(t.type);
+  }
+  Log(absl::StrCat("default sample type '", wanted, "' (INPROF_DEFAULT_SAMPLE_TYPE): this "
+                   "profiler has no such column (it has: ", absl::StrJoin(names, ", "),
+                   "); viewers open on ", period_type_.type));
+}
 
 Pipeline::~Pipeline() {
   StopCollector();
@@ -585,6 +597,14 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
   // (pprof's default: wall-time in DefaultProfiler's profiles).
   for (size_t i = 0; i < data.sample_types.size(); ++i) {
     if (data.sample_types[i].type == period_type_.type) {
+      data.default_sample_type = static_cast<int64_t>(i);
+    }
+  }
+  // Unless another is asked for (INPROF_DEFAULT_SAMPLE_TYPE; `inprof run
+  // --alloc`: peak_inuse_space).
+  for (size_t i = 0; i < data.sample_types.size(); ++i) {
+    if (!options_.default_sample_type.empty() &&
+        data.sample_types[i].type == options_.default_sample_type) {
       data.default_sample_type = static_cast<int64_t>(i);
     }
   }

@@ -33,8 +33,9 @@ std::string IngestUrlFor(absl::string_view base, absl::string_view name,
 
 // Go's names for the allocation types (pprof_writer), which Pyroscope
 // files under "memory".
-constexpr std::string_view kAllocationTypes[] = {"alloc_objects", "alloc_space",
-                                                 "inuse_objects", "inuse_space"};
+constexpr std::string_view kAllocationTypes[] = {"alloc_objects",      "alloc_space",
+                                                 "inuse_objects",      "inuse_space",
+                                                 "peak_inuse_objects", "peak_inuse_space"};
 
 // What is queued: a window, or one of its two parts (below). Every profile
 // this uploader queues is one of these, so the request builder may cast.
@@ -46,12 +47,15 @@ struct IngestPart : ExportedProfile {
 // mapping takes alloc_* as cumulative (Go's heap profile counts since the
 // start, and the old server subtracted the previous upload); inprof's
 // windows hold what was allocated during the window. inuse_* is the live
-// heap at the window's end: averaged, not summed, over time.
+// heap at the window's end, peak_inuse_* at the window's highest:
+// averaged, not summed, over time.
 constexpr char kMemorySampleTypeConfig[] =
     R"({"alloc_objects":{"units":"objects"},)"
     R"("alloc_space":{"units":"bytes"},)"
     R"("inuse_objects":{"units":"objects","aggregation":"average"},)"
-    R"("inuse_space":{"units":"bytes","aggregation":"average"}})";
+    R"("inuse_space":{"units":"bytes","aggregation":"average"},)"
+    R"("peak_inuse_objects":{"units":"objects","aggregation":"average"},)"
+    R"("peak_inuse_space":{"units":"bytes","aggregation":"average"}})";
 
 }  // namespace
 

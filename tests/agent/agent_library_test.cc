@@ -625,16 +625,19 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
   }
   ASSERT_GE(windows.size(), 5u) << Log();
   struct Site {
-    int64_t alloc = 0, inuse = 0;
+    int64_t alloc = 0, inuse = 0, peak = 0;
   };
+  constexpr int64_t kKept = 100 * 64 * 1024, kFreed = 50 * 32 * 1024, kLate = 10 * 16 * 1024;
   std::vector<std::map<std::string, Site>> sites;  // per window, by function
   std::string comments;
   for (const std::string& w : windows) {
     auto p = ReadPprofFile(w);
     ASSERT_TRUE(p.ok()) << w << ": " << p.status();
     const int alloc = p->ValueIndex("alloc_space"), inuse = p->ValueIndex("inuse_space");
+    const int peak = p->ValueIndex("peak_inuse_space");
     ASSERT_GE(alloc, 0) << w;
     ASSERT_GE(inuse, 0) << w;
+    ASSERT_GE(peak, 0) << w;
     std::map<std::string, Site>& by = sites.emplace_back();
     for (const DecodedProfile::Sample& s : p->samples) {
       for (const char* fn : {"AgentHeapKept", "AgentHeapFreed", "AgentHeapLate"}) {
@@ -644,21 +647,29 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
         }
         by[fn].alloc += s.values[alloc];
         by[fn].inuse += s.values[inuse];
+        by[fn].peak += s.values[peak];
       }
     }
     if (&w == &windows.back()) {
       for (const std::string& c : p->comments) comments += c + "\n";
     }
   }
-  constexpr int64_t kKept = 100 * 64 * 1024, kFreed = 50 * 32 * 1024, kLate = 10 * 16 * 1024;
   int64_t kept_alloc = 0, freed_alloc = 0, late_alloc = 0;
   bool kept_live_before_the_last = false;
   for (size_t i = 0; i < sites.size(); ++i) {
     kept_alloc += sites[i]["AgentHeapKept"].alloc;
     freed_alloc += sites[i]["AgentHeapFreed"].alloc;
     late_alloc += sites[i]["AgentHeapLate"].alloc;
-    // What was freed at once is never live at a window's end.
+    // What was freed at once is never live at a window's end, and at its
+    // peak at most one of those blocks was (each is freed before the next).
     EXPECT_EQ(sites[i]["AgentHeapFreed"].inuse, 0) << windows[i];
+    EXPECT_LE(sites[i]["AgentHeapFreed"].peak, 32 * 1024) << windows[i];
+    // Blocks live at a window's end, allocated before it or in it (never
+    // freed in between), were all live at its peak: every sample is
+    // sampled at INPROF_ALLOC_PERIOD=1, so exactly.
+    if (sites[i]["AgentHeapKept"].inuse == kKept) {
+      EXPECT_EQ(sites[i]["AgentHeapKept"].peak, kKept) << windows[i];
+    }
     if (i + 1 < sites.size() && sites[i]["AgentHeapKept"].inuse == kKept) {
       kept_live_before_the_last = true;
     }

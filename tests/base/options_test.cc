@@ -804,5 +804,24 @@ TEST(OptionsTest, WallCpuBudgetIsAPercentageOfOneCore) {
   EXPECT_TRUE(options.Validate().ok());
 }
 
+TEST(OptionsTest, DefaultSampleTypeIsASampleTypesName) {
+  std::vector<std::string> errors;
+  EXPECT_EQ(FromMap({}, &errors).default_sample_type, "");
+  EXPECT_EQ(FromMap({{"INPROF_DEFAULT_SAMPLE_TYPE", "peak_inuse_space"}}, &errors)
+                .default_sample_type,
+            "peak_inuse_space");
+  EXPECT_EQ(FromMap({{"INPROF_DEFAULT_SAMPLE_TYPE", "wall-time"}}, &errors).default_sample_type,
+            "wall-time");
+  EXPECT_THAT(errors, IsEmpty());
+  for (const char* bad : {"", "peak inuse", "a;b", "x\n"}) {
+    errors.clear();
+    EXPECT_EQ(FromMap({{"INPROF_DEFAULT_SAMPLE_TYPE", bad}}, &errors).default_sample_type, "")
+        << bad;
+    ASSERT_EQ(errors.size(), 1u) << bad;
+    EXPECT_THAT(errors[0], HasSubstr("INPROF_DEFAULT_SAMPLE_TYPE='"));
+    EXPECT_THAT(errors[0], HasSubstr("expected a sample type's name"));
+  }
+}
+
 }  // namespace
 }  // namespace inprof

@@ -371,6 +371,142 @@ TEST(AllocationProviderTest, ReallocReallocarrayAndMixedSitesMatchTheTruth) {
   }
 }
 
+// The sites of the peak test. noinline, each the leaf of its stacks.
+__attribute__((noinline)) void* PeakSiteA() { return Kept(std::malloc(3000)); }
+__attribute__((noinline)) char* PeakSiteB() { return Kept(new char[20'000]); }
+__attribute__((noinline)) void* PeakSiteC() {
+  // A buffer grown by realloc to 64 KiB: only its last size is live.
+  void* p = Kept(std::malloc(1024));
+  for (size_t size = 2048; size <= 64 * 1024; size *= 2) p = Kept(std::realloc(p, size));
+  return p;
+}
+__attribute__((noinline)) void* PeakSiteD() { return Kept(std::malloc(10'000)); }
+
+// peak_inuse_*: the live heap when it was highest, by site, against the
+// truth the test counts itself, for a program that frees everything
+// before it stops (inuse_* is then empty: what a batch program's exit
+// profile shows). Phase 1 grows the heap to 110 MB: site A on the main
+// thread (60 MB), B on a registered thread that ends (40 MB), D on a
+// thread that never registers (10 MB). Phase 2 frees A, grows C by
+// realloc to 32 MB (below the high), then frees everything.
+//
+// Expected at the peak: A, B and D's full bytes, C none. Each site's
+// estimate is a sum of independent terms (each block sampled with
+// p = 1 - exp(-size/period), weighing size/p): EstimateDeviation's
+// Bernstein bound at 1e-8 a side. The peak is phase 1's end unless C's
+// estimate passed A's (then the peak would be in phase 2), which needs one
+// of them outside its bound: the bounds below are checked not to overlap
+// first. Eight two-sided checks at 1e-8 a side: a false failure at most
+// 1.6e-7 a run.
+TEST(AllocationProviderTest, PeakInuseIsTheHeapAtItsHighestPerSite) {
+  if (!kIntercepted) GTEST_SKIP() << "the sanitizer's allocator is not intercepted";
+  Options options = TestOptions("heap_peak");
+  options.default_sample_type = "peak_inuse_space";
+  HeapProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  constexpr int kA = 20'000, kB = 2'000, kC = 500, kD = 1'000;
+  std::vector<void*> a, c, d;
+  std::vector<char*> b;
+  {
+    auto self = profiler.RegisterThread("main");
+    a.reserve(kA);
+    b.reserve(kB);
+    c.reserve(kC);
+    d.reserve(kD);
+    std::thread([&] {
+      auto registered = profiler.RegisterThread("ends");
+      for (int i = 0; i < kB; ++i) b.push_back(PeakSiteB());
+    }).join();
+    std::thread([&] {
+      for (int i = 0; i < kD; ++i) d.push_back(PeakSiteD());
+    }).join();
+    for (int i = 0; i < kA; ++i) a.push_back(PeakSiteA());
+    // Phase 2.
+    for (void* p : a) std::free(p);
+    for (int i = 0; i < kC; ++i) c.push_back(PeakSiteC());
+    for (char* p : b) delete[] p;
+    for (void* p : c) std::free(p);
+    for (void* p : d) std::free(p);
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int inuse_space = profile->ValueIndex("inuse_space");
+  const int peak_objects = profile->ValueIndex("peak_inuse_objects");
+  const int peak_space = profile->ValueIndex("peak_inuse_space");
+  ASSERT_GE(inuse_space, 0);
+  ASSERT_EQ(peak_objects, inuse_space + 1);
+  ASSERT_EQ(peak_space, inuse_space + 2);
+  EXPECT_EQ(profile->sample_types[peak_space].unit, "bytes");
+  EXPECT_EQ(profile->sample_types[peak_objects].unit, "count");
+  // The profile opens on the peak (Options::default_sample_type).
+  EXPECT_EQ(profile->default_sample_type, "peak_inuse_space");
+  constexpr double kChance = 1e-8;
+  const double dev_a = EstimateDeviation({{kA, 3000}}, kChance);
+  const double dev_c = EstimateDeviation({{kC, 65536}}, kChance);
+  // The premise: A's estimate within its bound is above C's within its.
+  ASSERT_GT(kA * 3000.0 - dev_a, kC * 65536.0 + dev_c);
+  const struct {
+    const char* site;
+    double truth;
+    double deviation;
+  } checks[] = {
+      {"PeakSiteA", kA * 3000.0, dev_a},
+      {"PeakSiteB", kB * 20'000.0, EstimateDeviation({{kB, 20'000}}, kChance)},
+      {"PeakSiteD", kD * 10'000.0, EstimateDeviation({{kD, 10'000}}, kChance)},
+  };
+  for (const auto& site : checks) {
+    const double got = static_cast<double>(SiteSum(*profile, peak_space, site.site));
+    EXPECT_NEAR(got, site.truth, site.deviation) << site.site << " (peak_inuse_space)";
+  }
+  // Objects: the same samples' counts (each term 1/p, at most 1/p apart
+  // per sample from the bytes / size; checked on A at its own bound).
+  {
+    const double got = static_cast<double>(SiteSum(*profile, peak_objects, "PeakSiteA"));
+    EXPECT_NEAR(got, kA, dev_a / 3000 + 1) << "PeakSiteA (peak_inuse_objects)";
+  }
+  EXPECT_EQ(SiteSum(*profile, peak_space, "PeakSiteC"), 0);
+  // Everything was freed: nothing in use at the end.
+  EXPECT_EQ(SiteSum(*profile, inuse_space, "PeakSite"), 0);
+  // The unregistered thread's part carries its label, on "[events]".
+  int64_t labelled = 0;
+  for (const auto& sample : profile->samples) {
+    if (sample.stack.empty() || !absl::StrContains(sample.stack[0], "PeakSiteD")) continue;
+    auto it = sample.str_labels.find(AllocationProvider::kUnregisteredLabel[0]);
+    if (it != sample.str_labels.end()) labelled += sample.values[peak_space];
+  }
+  EXPECT_EQ(labelled, SiteSum(*profile, peak_space, "PeakSiteD"));
+  // The readers: go tool pprof and inprof top rank A first on the peak.
+  INPROF_REQUIRE_TOOL("go");
+  {
+    auto raw = testing::ReadWithGoPprofRaw(options.output);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    int64_t go_sum = 0;
+    for (const auto& sample : *raw) {
+      if (!sample.stack.empty() && absl::StrContains(sample.stack[0], "PeakSiteA")) {
+        ASSERT_GT(sample.values.size(), static_cast<size_t>(peak_space));
+        go_sum += sample.values[peak_space];
+      }
+    }
+    EXPECT_EQ(go_sum, SiteSum(*profile, peak_space, "PeakSiteA"));
+    // Its default index is the profile's default type.
+    auto top = testing::GoPprof("-top -nodecount=3 " + options.output);
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_TRUE(absl::StrContains(*top, "peak_inuse_space")) << *top;
+    EXPECT_TRUE(absl::StrContains(*top, "PeakSiteA")) << *top;
+  }
+  if (const char* cli = std::getenv("INPROF_CLI"); cli != nullptr && *cli != '\0') {
+    auto top = testing::RunCommandSeparately(testing::ShellQuote(cli) + " top " +
+                                             testing::ShellQuote(options.output));
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_EQ(top->exit_code, 0) << top->err;
+    EXPECT_TRUE(absl::StrContains(top->out, "peak_inuse_space")) << top->out;
+    const size_t a_at = top->out.find("PeakSiteA"), b_at = top->out.find("PeakSiteB");
+    EXPECT_NE(a_at, std::string::npos) << top->out;
+    EXPECT_LT(a_at, b_at) << top->out;
+  }
+}
+
 // A host that asks the allocator about its blocks sees what it would see
 // unprofiled: the hooks keep no header in a block (sampled or not), and
 // malloc_usable_size, mallopt and malloc_trim are not intercepted.

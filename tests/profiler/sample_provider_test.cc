@@ -316,7 +316,7 @@ TEST(SampleProviderTest, TickingProvidersCreditRunningSamplesWithoutASignal) {
 
 TEST(SampleProviderTest, DefaultProfilerHasCpuWallAndAllocationTypesOnce) {
   auto types = DefaultProfiler::SampleTypes();
-  ASSERT_EQ(types.size(), 8u);
+  ASSERT_EQ(types.size(), 10u);
   EXPECT_EQ(types[0].type, "cpu-samples");
   EXPECT_EQ(types[1].type, "cpu-time");
   EXPECT_EQ(types[2].type, "wall-samples");
@@ -325,10 +325,12 @@ TEST(SampleProviderTest, DefaultProfilerHasCpuWallAndAllocationTypesOnce) {
   EXPECT_EQ(types[5].type, "alloc_space");
   EXPECT_EQ(types[6].type, "inuse_objects");
   EXPECT_EQ(types[7].type, "inuse_space");
+  EXPECT_EQ(types[8].type, "peak_inuse_objects");
+  EXPECT_EQ(types[9].type, "peak_inuse_space");
 }
 
 // With the allocation provider off (INPROF_ALLOC_PERIOD unset), the profile
-// has no heap columns and no "[events]" thread; on, it has all four. The
+// has no heap columns and no "[events]" thread; on, it has all six. The
 // CPU loop's samples keep their values in the right columns either way.
 TEST(SampleProviderTest, DefaultProfilerLeavesOutTheTypesOfAProviderThatIsOff) {
   for (const int64_t alloc_period : {int64_t{0}, int64_t{64} << 10}) {
@@ -357,7 +359,8 @@ TEST(SampleProviderTest, DefaultProfilerLeavesOutTheTypesOfAProviderThatIsOff) {
     } else {
       EXPECT_THAT(names, ::testing::ElementsAre("cpu-samples", "cpu-time", "wall-samples",
                                                 "wall-time", "alloc_objects", "alloc_space",
-                                                "inuse_objects", "inuse_space"));
+                                                "inuse_objects", "inuse_space",
+                                                "peak_inuse_objects", "peak_inuse_space"));
     }
     // 200 ms of the thread's CPU at the default 10 ms period is ~20 expiries
     // of its CPU-clock timer, not a draw: none recorded is a failure.

@@ -504,6 +504,19 @@ TEST(RunTest, AllocProfilesTheAllocationsOfAnUnmodifiedProgram) {
       EXPECT_LE(got, range.high * truth) << c.site << ": " << got << " of " << truth;
     }
     EXPECT_EQ(LeafSum(*p, inuse_space, "RunAllocFreedSite"), 0);
+    // The heap was highest at the end (16 MB live against at most one
+    // 64 KiB block before): the peak is the live site's blocks, the same
+    // samples as inuse_space (the peak rounds each block's bytes, the live
+    // heap each stack's sum: at most half a byte a block apart, and one a
+    // stack), and no freed block.
+    const int peak_space = p->ValueIndex("peak_inuse_space");
+    ASSERT_GE(peak_space, 0);
+    EXPECT_NEAR(static_cast<double>(LeafSum(*p, peak_space, "RunAllocLiveSite")),
+                static_cast<double>(LeafSum(*p, inuse_space, "RunAllocLiveSite")),
+                kLive / 2 + 4);
+    EXPECT_EQ(LeafSum(*p, peak_space, "RunAllocFreedSite"), 0);
+    // --alloc's profile opens on the peak.
+    EXPECT_EQ(p->default_sample_type, "peak_inuse_space") << r.err;
   }
 
   // A bad size is one line naming the option.

@@ -1,11 +1,17 @@
 // inprof/heap/allocation_provider.h: sampled allocation and live-heap
 // profiling, as a provider of a Profiler (Linux).
 //
-// AllocationProvider adds four sample types, named as Go's heap profile
-// names them: alloc_objects/count and alloc_space/bytes (what was allocated
-// in the window, estimated from the samples), inuse_objects/count and
-// inuse_space/bytes (what the sampled blocks still allocated at the
-// window's end stand for). It is event-driven (sample_provider.h:
+// AllocationProvider adds six sample types. Four are named as Go's heap
+// profile names them: alloc_objects/count and alloc_space/bytes (what was
+// allocated in the window, estimated from the samples), inuse_objects/count
+// and inuse_space/bytes (what the sampled blocks still allocated at the
+// window's end stand for). Two more, peak_inuse_objects/count and
+// peak_inuse_space/bytes, are the live heap as it stood when its sampled
+// total was highest in the window (over the run for a profile that is one
+// window): what held the memory at the peak, which a program that frees
+// before it exits no longer shows in inuse_* (inprof/alloc/live_peak.h:
+// exact for the samples, O(1) amortized per sampled allocation or free,
+// nothing on the unsampled path). It is event-driven (sample_provider.h:
 // RecordsEvents): at Start it patches the GOT slots through which every
 // loaded object calls the allocator (inprof/alloc/alloc_hooks.h; objects
 // dlopen()ed later too) and at Stop it writes them back. Each thread counts
@@ -32,9 +38,10 @@
 //
 // Memory: the live table (2 MiB, growing with the sampled live set to at
 // most 16 M slots, 64 bytes a live sampled block; past that blocks are
-// counted in the comments, not kept) and at most kMaxStacks distinct stacks of at most kMaxDepth frames
-// (~9 MiB at the limit), for the process's life: the hooks' wrappers may
-// still run after Stop.
+// counted in the comments, not kept), the peak's 40 bytes a stack (2.6 MiB
+// mapped, touched as stacks appear) and at most kMaxStacks distinct stacks
+// of at most kMaxDepth frames (~9 MiB at the limit), for the process's
+// life: the hooks' wrappers may still run after Stop.
 //
 // Thread-safety: one AllocationProvider may run at a time in a process
 // (the GOT is the process's); StartEvents fails for a second. The sampled
@@ -49,7 +56,8 @@
 //   HeapProfiler profiler(options);
 //   inprof::ScopedProfiler running(profiler);
 //   auto self = profiler.RegisterThread("main");
-//   // go tool pprof -sample_index=inuse_space inprof.pb.gz
+//   // go tool pprof -sample_index=inuse_space inprof.pb.gz (peak_inuse_space:
+//   // the heap at its highest)
 #ifndef INPROF_HEAP_ALLOCATION_PROVIDER_H_
 #define INPROF_HEAP_ALLOCATION_PROVIDER_H_
 
@@ -73,11 +81,16 @@ namespace inprof {
 class AllocationProvider {
  public:
   static constexpr const char* kName = "alloc";
-  static constexpr std::array<SampleTypeSpec, 4> kSampleTypes{{{"alloc_objects", "count"},
+  static constexpr std::array<SampleTypeSpec, 6> kSampleTypes{{{"alloc_objects", "count"},
                                                                {"alloc_space", "bytes"},
                                                                {"inuse_objects", "count"},
-                                                               {"inuse_space", "bytes"}}};
+                                                               {"inuse_space", "bytes"},
+                                                               {"peak_inuse_objects", "count"},
+                                                               {"peak_inuse_space", "bytes"}}};
   static constexpr size_t kPeriodTypeIndex = 1;  // alloc_space: the period is in bytes
+  // The live endpoint's heap (SnapshotEvents) has Go's four types: the
+  // peak is a window's.
+  static constexpr size_t kSnapshotTypes = 4;
   static constexpr bool kArmsConcurrently = true;
   static constexpr bool kUnregistersLate = true;
   static constexpr bool kRecordsEvents = true;
