@@ -1,7 +1,8 @@
 // The cost of the allocation hooks (src/alloc): malloc(48) + free through
 // the benchmark's own PLT, with its GOT slots unpatched, patched and
 // unsampled (mean 512 KiB: one 48-byte allocation in ~11,000 is sampled,
-// and mean 0: off), patched and always sampled (mean 1, into a live table),
+// and mean 0: off), patched and always sampled (mean 1, into a live table;
+// and with the table telling a LivePeak, for the peak_inuse_* types),
 // and free of a sampled block alone; then `new char[48]` + `delete[]` and
 // malloc(48) + free with every loaded object patched (libstdc++'s operator
 // new[] calls operator new and malloc through slots of its own: the chain
@@ -14,6 +15,7 @@
 #include "benchmark/benchmark.h"
 #include "inprof/alloc/alloc_hooks.h"
 #include "inprof/alloc/live_heap_table.h"
+#include "inprof/alloc/live_peak.h"
 
 namespace {
 
@@ -127,6 +129,18 @@ void BM_AllocHooks_MallocFree_PatchedSampled(benchmark::State& state) {
   AllocHooks::Uninstall();
 }
 BENCHMARK(BM_AllocHooks_MallocFree_PatchedSampled);
+
+// The same with the live table telling a LivePeak (the peak_inuse_*
+// types): what the peak adds to each sampled allocation and free.
+void BM_AllocHooks_MallocFree_PatchedSampledWithPeak(benchmark::State& state) {
+  static inprof::internal::LivePeak* peak = new inprof::internal::LivePeak(1 << 16);
+  Live().SetPeak(peak);
+  Install(1);
+  MallocFreeLoop(state);
+  AllocHooks::Uninstall();
+  Live().SetPeak(nullptr);
+}
+BENCHMARK(BM_AllocHooks_MallocFree_PatchedSampledWithPeak);
 
 // free alone, of blocks that were all sampled (in the live table), against
 // free of unsampled blocks through the same patched slot.
