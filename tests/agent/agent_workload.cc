@@ -5,19 +5,25 @@
 //   agent_workload threads OUT   threads "light" (200 ms of CPU in
 //                                AgentSpinLight) and "heavy" (500 ms in
 //                                AgentSpinHeavy); writes "pid N" and "name ns"
-//                                lines of each one's measured CPU to OUT
-//   agent_workload spawn OUT     200 ms in AgentSpinParent on "main", then
-//                                fork+exec's `agent_workload threads OUT.child`
-//                                and waits for it
+//                                lines of each one's measured CPU to OUT, and
+//                                "name_outer ns" of its CPU around its
+//                                registration
+//   agent_workload spawn OUT     200 ms in AgentSpinParent on "main" (writes
+//                                "parent ns" to OUT), then fork+exec's
+//                                `agent_workload threads OUT.child` and waits
+//                                for it
 //   agent_workload die [OUT]     300 ms in AgentSpinDie, then SIGKILL itself
-//                                (no Stop(), no exit handlers); with OUT, writes
-//                                "die NS" (its measured CPU) there first and
+//                                (no Stop(), no exit handlers); prints "die NS
+//                                die_outer NS" (its measured CPU, and the main
+//                                thread's since it registered) to stderr; with
+//                                OUT, writes them there first too and
 //                                collects every 10 s (its collector never
 //                                drains the samples before it dies; it waits
 //                                for the unwind tables, then 1 s, before it
 //                                spins, for the collector's first pass to end)
 //   agent_workload long MS       MS ms of CPU in AgentSpinLong; prints
-//                                "started" once its profiler runs
+//                                "started" once its profiler runs, and
+//                                "spun NS" (its measured CPU) to stderr
 //   agent_workload until FILE MS spins in AgentSpinLong until FILE exists
 //                                (60 s at most), then MS ms more in one call;
 //                                prints "started" once its profiler runs
@@ -117,25 +123,33 @@ int main(int argc, char** argv) {
   if (mode == "die" && argc == 3) options.collect_period = absl::Seconds(10);
   inprof::DefaultProfiler profiler(options);
   inprof::ScopedProfiler running(profiler);
+  const int64_t before_registering = ThreadCpuNs();
   auto self = profiler.RegisterThread("main");
+  const int64_t registered = before_registering;
   if (mode == "threads" && argc == 3) {
-    int64_t light = 0, heavy = 0;
-    std::thread a([&] {
-      auto r = profiler.RegisterThread("light");
-      light = AgentSpinLight(200'000'000);
-    });
-    std::thread b([&] {
-      auto r = profiler.RegisterThread("heavy");
-      heavy = AgentSpinHeavy(500'000'000);
-    });
+    // Each thread's CPU in its spin, and around its registration (the
+    // profile's total is within a period of both: agent_library_test).
+    int64_t light = 0, heavy = 0, light_outer = 0, heavy_outer = 0;
+    auto worker = [&](const char* name, int64_t (*spin)(int64_t), int64_t ns, int64_t* inner,
+                      int64_t* outer) {
+      const int64_t t0 = ThreadCpuNs();
+      auto r = profiler.RegisterThread(name);
+      *inner = spin(ns);
+      r.Reset();
+      *outer = ThreadCpuNs() - t0;
+    };
+    std::thread a(worker, "light", AgentSpinLight, 200'000'000, &light, &light_outer);
+    std::thread b(worker, "heavy", AgentSpinHeavy, 500'000'000, &heavy, &heavy_outer);
     a.join();
     b.join();
-    std::ofstream(argv[2]) << "pid " << getpid() << "\nlight " << light
-                           << "\nheavy " << heavy << "\n";
+    std::ofstream(argv[2]) << "pid " << getpid() << "\nlight " << light << "\nlight_outer "
+                           << light_outer << "\nheavy " << heavy << "\nheavy_outer "
+                           << heavy_outer << "\n";
     return 0;
   }
   if (mode == "spawn" && argc == 3) {
-    AgentSpinParent(200'000'000);
+    const int64_t parent = AgentSpinParent(200'000'000);
+    std::ofstream(argv[2]) << "parent " << parent << "\n";
     const std::string out = std::string(argv[2]) + ".child";
     const pid_t child = fork();
     if (child == 0) {
@@ -157,14 +171,21 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     const int64_t spun = AgentSpinDie(300'000'000);
-    if (argc == 3) std::ofstream(argv[2]) << "die " << spun << "\n";
+    // Its measured CPU, and all the main thread's since it registered.
+    if (argc == 3) {
+      std::ofstream(argv[2]) << "die " << spun << "\ndie_outer " << ThreadCpuNs() - registered
+                             << "\n";
+    }
+    std::fprintf(stderr, "die %lld die_outer %lld\n", static_cast<long long>(spun),
+                 static_cast<long long>(ThreadCpuNs() - registered));
     raise(SIGKILL);
     return 1;
   }
   if (mode == "long" && argc == 3) {
     std::printf("started\n");
     std::fflush(stdout);
-    AgentSpinLong(std::atoll(argv[2]) * 1'000'000);
+    const int64_t spun = AgentSpinLong(std::atoll(argv[2]) * 1'000'000);
+    std::fprintf(stderr, "spun %lld\n", static_cast<long long>(spun));
     return 0;
   }
   if (mode == "until" && argc == 4) {
