@@ -191,6 +191,16 @@ struct HttpReply {
 HttpReply HttpFetch(const std::string& address, const std::string& method,
                     const std::string& target, const char* host = nullptr);
 
+// What a profile carries at least on a function that burned `ms` of one
+// thread's CPU in one go (at least `ms`, measured on the thread's clock), at
+// a CPU period of `period_ms`: the sample points it crossed, less those
+// whose signal was handled after it returned: a period's with the perf
+// engine, a period's and a scheduler tick's (<= 10 ms at HZ >= 100) with
+// the timer engine. Deterministic: no draw is involved.
+inline int64_t CpuRegionFloor(int64_t ms, int64_t period_ms = 10) {
+  return (ms - period_ms - 10) * 1'000'000;
+}
+
 // values[index] summed over the samples whose leaf function's name
 // contains `site`.
 int64_t LeafSum(const DecodedProfile& profile, int index, const std::string& site);
