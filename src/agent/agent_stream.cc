@@ -476,12 +476,14 @@ AgentThreadAreaSummary ReadAgentThreadArea(
     summary.error = "its threads' ring area has an impossible layout";
     return summary;
   }
+  size_t value_counts[kAgentMaxProviders] = {};  // as RecordView reads them
   for (uint32_t p = 0; p < h.num_providers; ++p) {
     if (h.value_counts[p] > kAgentOpMaxValues ||
         h.value_offsets[p] + uint64_t{h.value_counts[p]} > kAgentOpMaxValues) {
       summary.error = "its threads' ring area has an impossible layout";
       return summary;
     }
+    value_counts[p] = h.value_counts[p];
   }
   const uint64_t room = (bytes - kAgentThreadAreaHeaderBytes) / h.chunk_bytes;
   const uint64_t n = chunks < room ? chunks : room;
@@ -511,22 +513,16 @@ AgentThreadAreaSummary ReadAgentThreadArea(
       }
       for (uint64_t i = 0; i < length; ++i) record[i] = words[(tail + 1 + i) & mask];
       tail += 1 + length;
-      const RecordMeta meta = RecordMeta::Decode(record[0]);
+      // A record whose parts do not fill it exactly is skipped.
+      const RecordView view =
+          RecordView::Read(record.data(), length,
+                           std::span<const size_t>(value_counts, h.num_providers), h.leaf_words);
+      if (!view.ok() || view.layout.size() != length) {
+        ++summary.skipped;
+        continue;
+      }
+      const RecordMeta meta = view.meta;
       const uint64_t provider = meta.provider;
-      if (provider >= h.num_providers) {
-        ++summary.skipped;
-        continue;
-      }
-      const uint64_t nvalues = h.value_counts[provider];
-      const uint64_t leaf = meta.leaf_words ? h.leaf_words : 0;
-      const uint64_t nlabels = meta.label_count;
-      const uint64_t depth = meta.depth;
-      const uint64_t label_at = 1 + nvalues + leaf;
-      const uint64_t frames_at = label_at + 2 * nlabels;
-      if (frames_at + depth != length) {
-        ++summary.skipped;
-        continue;
-      }
       AgentLeftoverSample s;
       s.tid = ch->tid;
       s.thread_name = name;
@@ -534,9 +530,9 @@ AgentThreadAreaSummary ReadAgentThreadArea(
       s.value_offset = h.value_offsets[provider];
       s.blocked = meta.blocked;
       s.state_label = ((h.state_label_providers >> provider) & 1) != 0;
-      s.values = std::span<const uint64_t>(record.data() + 1, nvalues);
-      s.labels = std::span<const uint64_t>(record.data() + label_at, 2 * nlabels);
-      s.frames = std::span<const uint64_t>(record.data() + frames_at, depth);
+      s.values = view.values();
+      s.labels = view.labels();
+      s.frames = view.frames();
       ++summary.samples;
       on_sample(s);
     }

@@ -123,20 +123,15 @@ class ProfilerCollector : public ProfilerBase {
   bool AddRecordLocked(Slot* slot, SampleAggregator& agg, uint64_t* record,
                        size_t n, uint64_t* repaired) {
     EnsureAggregateThread(slot, agg);
-    const RecordMeta meta = RecordMeta::Decode(record[0]);
+    const RecordView view = RecordView::Read(record, n, L::kValueCounts, L::kLeafWords);
+    if (!view.ok()) return false;
+    const RecordMeta meta = view.meta;
     const size_t provider = meta.provider;
-    const size_t depth = meta.depth;
     const bool blocked = meta.blocked;
-    const size_t leaf_words = meta.leaf_words ? L::kLeafWords : 0;
-    const size_t nlabels = meta.label_count;
-    if (provider >= L::kNumProviders) return false;
-    const size_t nvalues = L::kValueCounts[provider];
-    const size_t label_at = 1 + nvalues + leaf_words;
-    const size_t header = label_at + 2 * nlabels;
-    if (n < header + depth) return false;
+    const size_t nvalues = view.layout.values;
     int64_t values[L::kMaxValuesPerProvider];
     for (size_t i = 0; i < nvalues; ++i) {
-      values[i] = static_cast<int64_t>(record[1 + i]);
+      values[i] = static_cast<int64_t>(view.values()[i]);
     }
     if (meta.stackless) {
       // Taken on a stack too small for the walk (SampleStackless). A
@@ -152,17 +147,12 @@ class ProfilerCollector : public ProfilerBase {
       }
       return true;
     }
-    std::span<const uint64_t> frames(record + header, depth);
-    if (leaf_words > 0 && depth >= 1) {
-      frames = RepairLeaf(frames,
-                          std::span<const uint64_t>(record + 1 + nvalues,
-                                                    leaf_words),
-                          repaired);
+    std::span<const uint64_t> frames = view.frames();
+    if (!view.leaf().empty() && !frames.empty()) {
+      frames = RepairLeaf(frames, view.leaf(), repaired);
     }
     uint64_t labels[L::kMaxLabelWords + 2];
-    const size_t label_words = CanonicalLabels(
-        std::span<const uint64_t>(record + label_at, 2 * nlabels), provider,
-        labels, blocked);
+    const size_t label_words = CanonicalLabels(view.labels(), provider, labels, blocked);
     agg.Add(slot->aggregate_thread, frames,
             std::span<const uint64_t>(labels, label_words),
             L::kValueOffsets[provider],
@@ -175,8 +165,7 @@ class ProfilerCollector : public ProfilerBase {
       slot->running_labels.assign(labels, labels + label_words);
       NoteRanLocked(slot);  // a wall visit soon, if none came for a round
       if constexpr (kHasFollower) {
-        FollowRunningSample(slot, agg, frames,
-                            std::span<const uint64_t>(record + label_at, 2 * nlabels),
+        FollowRunningSample(slot, agg, frames, view.labels(),
                             values[kPeriodIndexes[provider]]);
       }
     }
@@ -192,8 +181,7 @@ class ProfilerCollector : public ProfilerBase {
       slot->blocked_tables_generation = meta.generation;
     }
     // The stack's own labels, without the provider's state label.
-    slot->last_labels.assign(record + label_at,
-                             record + label_at + 2 * nlabels);
+    slot->last_labels.assign(view.labels().begin(), view.labels().end());
     return true;
   }
 
@@ -314,11 +302,11 @@ class ProfilerCollector : public ProfilerBase {
       // do not change while its clock does not).
       uint32_t nlabels = __atomic_load_n(&slot->label_count, __ATOMIC_RELAXED);
       if (nlabels > ThreadSlotHeader::kMaxLabels) nlabels = 0;
-      const size_t label_at = 1 + nvalues;
+      RecordLayout at{.values = nvalues, .labels = nlabels};  // no leaf words
       for (size_t i = 0; i < 2 * nlabels; ++i) {
-        record[label_at + i] = __atomic_load_n(&slot->label_words[i], __ATOMIC_RELAXED);
+        record[at.labels_at() + i] = __atomic_load_n(&slot->label_words[i], __ATOMIC_RELAXED);
       }
-      const size_t header_words = label_at + 2 * nlabels;
+      const size_t header_words = at.frames_at();
       const size_t max_frames = std::min<size_t>(
           static_cast<size_t>(slot->max_frames), L::kMaxRecordWords - header_words);
       const bool tables_ready = L::UnwindTablesReady();
@@ -352,14 +340,15 @@ class ProfilerCollector : public ProfilerBase {
       meta.generation = unwound.provisional ? static_cast<uint32_t>(generation) : 0;
       meta.label_count = static_cast<uint8_t>(nlabels);
       meta.depth = static_cast<uint16_t>(unwound.depth);
-      record[0] = meta.Encode();
+      at.depth = unwound.depth;
+      record[RecordLayout::kMetaAt] = meta.Encode();
       for (size_t i = 0; i < nvalues; ++i) {
-        record[1 + i] = static_cast<uint64_t>(values[i]);
+        record[at.value(i)] = static_cast<uint64_t>(values[i]);
       }
       slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
       Pipeline::Ingesting ingest = pipeline_.Ingest();
-      if (AddRecordLocked(slot, ingest.aggregator(), record,
-                          header_words + unwound.depth, record + L::kMaxRecordWords)) {
+      if (AddRecordLocked(slot, ingest.aggregator(), record, at.size(),
+                          record + L::kMaxRecordWords)) {
         recorded_.fetch_add(1, std::memory_order_relaxed);
       }
       return true;

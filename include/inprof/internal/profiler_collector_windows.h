@@ -120,17 +120,14 @@ class ProfilerCollector : protected ProviderHolder<Ps...>, public ProfilerCommon
     uint64_t* record = drain_scratch_.get();
     uint64_t recorded = 0;
     while (size_t n = slot->ring.TryPop(std::span<uint64_t>(record, L::kMaxRecordWords))) {
-      const internal::RecordMeta meta = internal::RecordMeta::Decode(record[0]);
+      // No leaf words on Windows (sample_record.h).
+      const internal::RecordView view = internal::RecordView::Read(record, n, L::kValueCounts, 0);
+      if (!view.ok()) continue;
+      const internal::RecordMeta meta = view.meta;
       const size_t provider = meta.provider;
-      const size_t depth = meta.depth;
-      const size_t nlabels = meta.label_count;
-      if (provider >= L::kNumProviders) continue;
-      const size_t nvalues = L::kValueCounts[provider];
-      const size_t label_at = 1 + nvalues;
-      const size_t header = label_at + 2 * nlabels;
-      if (n < header + depth) continue;
+      const size_t nvalues = view.layout.values;
       int64_t values[L::kMaxValuesPerProvider];
-      for (size_t i = 0; i < nvalues; ++i) values[i] = static_cast<int64_t>(record[1 + i]);
+      for (size_t i = 0; i < nvalues; ++i) values[i] = static_cast<int64_t>(view.values()[i]);
       const std::span<const int64_t> value_span(values, nvalues);
       if (meta.unsuspended) {
         agg.AddSynthetic(slot->aggregate_thread, "[inprof: thread could not be suspended]",
@@ -140,8 +137,7 @@ class ProfilerCollector : protected ProviderHolder<Ps...>, public ProfilerCommon
       }
       uint64_t labels[L::kMaxLabelWords + 2];
       const size_t label_words =
-          CanonicalLabels(std::span<const uint64_t>(record + label_at, 2 * nlabels), provider,
-                          labels, meta.blocked);
+          CanonicalLabels(view.labels(), provider, labels, meta.blocked);
       const std::span<const uint64_t> label_span(labels, label_words);
       if (meta.same_stack) {
         if (slot->last_stack.empty()) {
@@ -156,7 +152,7 @@ class ProfilerCollector : protected ProviderHolder<Ps...>, public ProfilerCommon
         ++recorded;
         continue;
       }
-      std::span<const uint64_t> frames(record + header, depth);
+      std::span<const uint64_t> frames = view.frames();
       agg.Add(slot->aggregate_thread, frames, label_span, L::kValueOffsets[provider], value_span);
       slot->last_stack.assign(frames.begin(), frames.end());
       slot->provider_last_stack[provider].assign(frames.begin(), frames.end());

@@ -65,8 +65,12 @@ struct ProfilerLayout {
   static_assert(kLeafWords <= LeafFrameResolver::kStackWords);
   static constexpr uint64_t kWalkGenerationMask = RecordMeta::kGenerationMask;
   static constexpr size_t kMaxLabelWords = 2 * ThreadSlotHeader::kMaxLabels;
+  // The longest header a record may have (sample_record.h: RecordLayout).
   static constexpr size_t kHeaderWords =
-      1 + kMaxValuesPerProvider + kLeafWords + kMaxLabelWords;
+      RecordLayout{.values = kMaxValuesPerProvider,
+                   .leaf_words = kLeafWords,
+                   .labels = ThreadSlotHeader::kMaxLabels}
+          .frames_at();
   static constexpr size_t kMaxRecordWords =
       kHeaderWords + kMaxFrames < R::max_record_words()
           ? kHeaderWords + kMaxFrames

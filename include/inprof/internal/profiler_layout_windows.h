@@ -33,6 +33,7 @@
 
 #include "inprof/internal/profiler_common.h"
 #include "inprof/internal/provider_set.h"
+#include "inprof/internal/sample_record.h"
 #include "inprof/internal/thread_slot_windows.h"
 #include "inprof/spsc_ring.h"
 #include "inprof/unwinder.h"
@@ -52,7 +53,9 @@ struct ProfilerLayout {
   static constexpr size_t kMaxFrames = 512;  // deeper stacks are truncated
   static constexpr size_t kMaxLabels = internal::ThreadSlotHeader::kMaxLabels;
   static constexpr size_t kMaxLabelWords = 2 * kMaxLabels;
-  static constexpr size_t kHeaderWords = 1 + kMaxValuesPerProvider + kMaxLabelWords;
+  // The longest header a record may have (sample_record.h: RecordLayout).
+  static constexpr size_t kHeaderWords =
+      internal::RecordLayout{.values = kMaxValuesPerProvider, .labels = kMaxLabels}.frames_at();
   static constexpr size_t kMaxRecordWords =
       kHeaderWords + kMaxFrames < R::max_record_words() ? kHeaderWords + kMaxFrames
                                                         : R::max_record_words();

@@ -281,7 +281,9 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
       U unwinder;
       const size_t max_frames = std::min<size_t>(
           static_cast<size_t>(std::max(1, slot->max_frames)),
-          L::kMaxRecordWords - (1 + L::kMaxValuesPerProvider + 2 * labels.count));
+          L::kMaxRecordWords -
+              internal::RecordLayout{.values = L::kMaxValuesPerProvider, .labels = labels.count}
+                  .frames_at());
       unwound = unwinder.Unwind(snapshotter_->snapshot(), slot->stack,
                                 std::span<uintptr_t>(frames_.data(), max_frames));
     }
@@ -308,14 +310,14 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
         }
       }
       meta.depth = static_cast<uint16_t>(depth);
-      record_[0] = meta.Encode();
-      for (size_t v = 0; v < nvalues; ++v) record_[1 + v] = static_cast<uint64_t>(p.values[v]);
-      const size_t label_at = 1 + nvalues;
-      for (size_t w = 0; w < 2 * labels.count; ++w) record_[label_at + w] = labels.words[w];
-      const size_t frames_at = label_at + 2 * labels.count;
-      for (size_t f = 0; f < depth; ++f) record_[frames_at + f] = frames_[f];
+      // No leaf words here (sample_record.h: RecordLayout).
+      const internal::RecordLayout at{.values = nvalues, .labels = labels.count, .depth = depth};
+      record_[internal::RecordLayout::kMetaAt] = meta.Encode();
+      for (size_t v = 0; v < nvalues; ++v) record_[at.value(v)] = static_cast<uint64_t>(p.values[v]);
+      for (size_t w = 0; w < 2 * labels.count; ++w) record_[at.labels_at() + w] = labels.words[w];
+      for (size_t f = 0; f < depth; ++f) record_[at.frames_at() + f] = frames_[f];
       slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
-      if (!slot->ring.TryPush(std::span<const uint64_t>(record_.data(), frames_at + depth))) {
+      if (!slot->ring.TryPush(std::span<const uint64_t>(record_.data(), at.size()))) {
         const size_t offset = L::kValueOffsets[p.provider];
         for (size_t v = 0; v < nvalues; ++v) {
           slot->dropped_values[offset + v].fetch_add(p.values[v], std::memory_order_relaxed);

@@ -58,11 +58,11 @@ class SampleHandler {
     std::atomic_signal_fence(std::memory_order_acquire);
     uint32_t nlabels = slot->label_count;
     if (nlabels > ThreadSlotHeader::kMaxLabels) nlabels = 0;
-    const size_t label_at = 1 + nvalues + L::kLeafWords;
+    RecordLayout at{.values = nvalues, .leaf_words = L::kLeafWords, .labels = nlabels};
     for (size_t i = 0; i < 2 * nlabels; ++i) {
-      record[label_at + i] = slot->label_words[i];
+      record[at.labels_at() + i] = slot->label_words[i];
     }
-    const size_t header_words = label_at + 2 * nlabels;
+    const size_t header_words = at.frames_at();
     const size_t frame_room = L::kMaxRecordWords - header_words;
     const size_t max_frames =
         static_cast<size_t>(slot->max_frames) < frame_room
@@ -81,7 +81,7 @@ class SampleHandler {
     if constexpr (L::kLeafWords > 0) {
       unwinder.CopyLeafStack(
           ucontext, slot->stack,
-          std::span<uint64_t>(record + 1 + nvalues, L::kLeafWords));
+          std::span<uint64_t>(record + at.leaf_at(), L::kLeafWords));
     }
     const UnwindResult unwound = unwinder.Unwind(
         ucontext, slot->stack,
@@ -102,16 +102,16 @@ class SampleHandler {
     meta.leaf_words = L::kLeafWords > 0;
     meta.label_count = static_cast<uint8_t>(nlabels);
     meta.depth = static_cast<uint16_t>(unwound.depth);
-    record[0] = meta.Encode();
+    at.depth = unwound.depth;
+    record[RecordLayout::kMetaAt] = meta.Encode();
     for (size_t i = 0; i < nvalues; ++i) {
-      record[1 + i] = static_cast<uint64_t>(values[i]);
+      record[at.value(i)] = static_cast<uint64_t>(values[i]);
     }
     slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
     if (unwound.truncated) {
       slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
     }
-    if (!slot->active_ring->TryPush(
-            std::span<const uint64_t>(record, header_words + unwound.depth))) {
+    if (!slot->active_ring->TryPush(std::span<const uint64_t>(record, at.size()))) {
       // Keep the values so totals stay true; the ring counted the drop.
       const size_t offset = L::kValueOffsets[provider];
       for (size_t i = 0; i < nvalues; ++i) {
@@ -183,17 +183,18 @@ class SampleHandler {
   static void PushStackless(Slot& slot, size_t provider, const int64_t* values,
                             bool blocked) noexcept {
     const size_t nvalues = L::kValueCounts[provider];
-    uint64_t record[1 + L::kMaxValuesPerProvider];
+    uint64_t record[RecordLayout{.values = L::kMaxValuesPerProvider}.size()];
     RecordMeta meta;
     meta.provider = static_cast<uint8_t>(provider);
     meta.stackless = true;
     meta.blocked = blocked;
-    record[0] = meta.Encode();
+    const RecordLayout at{.values = nvalues};
+    record[RecordLayout::kMetaAt] = meta.Encode();
     for (size_t i = 0; i < nvalues; ++i) {
-      record[1 + i] = static_cast<uint64_t>(values[i]);
+      record[at.value(i)] = static_cast<uint64_t>(values[i]);
     }
     slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
-    if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, 1 + nvalues))) {
+    if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, at.size()))) {
       for (size_t i = 0; i < nvalues; ++i) {
         slot.dropped_values[L::kValueOffsets[provider] + i].fetch_add(
             values[i], std::memory_order_relaxed);
@@ -253,17 +254,21 @@ class SampleHandler {
                                   std::span<int64_t>(values, L::kValueCounts[I]))) {
               return;
             }
-            const size_t new_header =
-                1 + L::kValueCounts[I] + L::kLeafWords + 2 * nlabels;
+            const RecordLayout was{.values = nvalues, .leaf_words = L::kLeafWords,
+                                   .labels = nlabels};
+            RecordLayout now{.values = L::kValueCounts[I], .leaf_words = L::kLeafWords,
+                             .labels = nlabels};
+            const size_t new_header = now.frames_at();
             size_t depth = unwound.depth;
             bool truncated = unwound.truncated;
             if (new_header + depth > L::kMaxRecordWords) {
               depth = L::kMaxRecordWords - new_header;
               truncated = true;
             }
+            now.depth = depth;
             // Leaf words, labels and frames, moved as one block.
-            const size_t from = 1 + nvalues, to = 1 + L::kValueCounts[I];
-            const size_t words = L::kLeafWords + 2 * nlabels + depth;
+            const size_t from = was.leaf_at(), to = now.leaf_at();
+            const size_t words = now.size() - to;
             if (to < from) {
               for (size_t w = 0; w < words; ++w) record[to + w] = record[from + w];
             } else if (to > from) {
@@ -275,14 +280,13 @@ class SampleHandler {
             meta.leaf_words = L::kLeafWords > 0;
             meta.label_count = static_cast<uint8_t>(nlabels);
             meta.depth = static_cast<uint16_t>(depth);
-            record[0] = meta.Encode();
-            for (size_t i = 0; i < L::kValueCounts[I]; ++i) {
-              record[1 + i] = static_cast<uint64_t>(values[i]);
+            record[RecordLayout::kMetaAt] = meta.Encode();
+            for (size_t i = 0; i < now.values; ++i) {
+              record[now.value(i)] = static_cast<uint64_t>(values[i]);
             }
             slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
             if (truncated) slot.samples_truncated.fetch_add(1, std::memory_order_relaxed);
-            if (!slot.active_ring->TryPush(
-                    std::span<const uint64_t>(record, new_header + depth))) {
+            if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, now.size()))) {
               for (size_t i = 0; i < L::kValueCounts[I]; ++i) {
                 slot.dropped_values[L::kValueOffsets[I] + i].fetch_add(
                     values[i], std::memory_order_relaxed);

@@ -12,19 +12,28 @@
 // the unwinder's (CopiesLeafStack), the label words two per label: a key
 // and a value, label-table ids (internal/label_table.h). `meta` is a
 // RecordMeta, encoded in one word; every reader and writer goes through
-// Encode() and Decode(), so a new bit is one field and one line each.
+// Encode() and Decode(), so a new bit is one field and one line each. Where
+// each part lies is RecordLayout's to say, for every writer (the handler,
+// its stackless and re-used records, the collector's blocked-stack reads,
+// the Windows sampler) and reader (RecordView: the collector, the agent,
+// the Windows collector): the offsets are computed here only.
 //
 // Example:
 //   RecordMeta meta;
 //   meta.provider = 1;
 //   meta.depth = 12;
+//   const RecordLayout at{.values = 2, .labels = 1, .depth = 12};
 //   record[0] = meta.Encode();
+//   record[at.value(0)] = ...;            // values, then labels, then frames
 //   ...
-//   const RecordMeta read = RecordMeta::Decode(record[0]);
+//   const RecordView view = RecordView::Read(record, at.size(), value_counts, 0);
+//   if (view.ok()) use(view.meta, view.values(), view.labels(), view.frames());
 #ifndef INPROF_INTERNAL_SAMPLE_RECORD_H_
 #define INPROF_INTERNAL_SAMPLE_RECORD_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace inprof::internal {
 
@@ -113,6 +122,59 @@ static_assert([] {
 }());
 static_assert(RecordMeta::kGenerationShift + 26 == RecordMeta::kStacklessShift);
 static_assert(RecordMeta::kStacklessShift + 1 == RecordMeta::kSameStackShift);
+
+// Where each part of a record lies: [meta][values][leaf words][labels]
+// [frames], from how many of each there are. Constant expressions only:
+// the signal handler uses it.
+struct RecordLayout {
+  size_t values = 0;      // the provider's value count
+  size_t leaf_words = 0;  // the unwinder's leaf stack words (0: none)
+  size_t labels = 0;      // labels, two words each
+  size_t depth = 0;       // frames
+
+  static constexpr size_t kMetaAt = 0;
+  constexpr size_t value(size_t i) const { return 1 + i; }
+  constexpr size_t leaf_at() const { return 1 + values; }
+  constexpr size_t labels_at() const { return leaf_at() + leaf_words; }
+  // Where the frames begin: the header's length.
+  constexpr size_t frames_at() const { return labels_at() + 2 * labels; }
+  constexpr size_t size() const { return frames_at() + depth; }
+};
+
+// A record read back: its meta, and each part, checked against the words
+// there are. `value_counts[p]` is provider p's value count and
+// `leaf_words` the unwinder's (the meta says whether they are there).
+struct RecordView {
+  RecordMeta meta;
+  RecordLayout layout;
+  const uint64_t* words = nullptr;
+  bool valid = false;  // the provider is known and the words hold every part
+
+  bool ok() const { return valid; }
+  std::span<const uint64_t> values() const {
+    return {words + layout.value(0), layout.values};
+  }
+  std::span<const uint64_t> leaf() const { return {words + layout.leaf_at(), layout.leaf_words}; }
+  std::span<const uint64_t> labels() const {
+    return {words + layout.labels_at(), 2 * layout.labels};
+  }
+  std::span<const uint64_t> frames() const { return {words + layout.frames_at(), layout.depth}; }
+
+  static RecordView Read(const uint64_t* record, size_t n,
+                         std::span<const size_t> value_counts, size_t leaf_words) {
+    RecordView view;
+    if (n < 1) return view;
+    view.words = record;
+    view.meta = RecordMeta::Decode(record[0]);
+    if (view.meta.provider >= value_counts.size()) return view;
+    view.layout.values = value_counts[view.meta.provider];
+    view.layout.leaf_words = view.meta.leaf_words ? leaf_words : 0;
+    view.layout.labels = view.meta.label_count;
+    view.layout.depth = view.meta.depth;
+    view.valid = view.layout.size() <= n;
+    return view;
+  }
+};
 
 }  // namespace inprof::internal
 
