@@ -394,6 +394,10 @@ TEST(SafetyAgentAbuseTest, ASquatterThatNeverAcceptsCannotHangStart) {
   } else {
     EXPECT_THAT(lines[0], HasSubstr("no connection taken within 1000 ms (its backlog is "
                                     "full: the agent is stopped or overloaded)"));
+    // It waited its whole second for the backlog (deterministic; the
+    // printed time is truncated to a millisecond), and the alarm above
+    // bounds the wait from above: no hang.
+    EXPECT_GE(host.start_ms, 999);
   }
 }
 
@@ -428,6 +432,7 @@ TEST(SafetyAgentAbuseTest, AStoppedAgentWithAFullBacklogCannotHangStart) {
   EXPECT_THAT(lines[0], HasSubstr("no connection taken within 1000 ms (its backlog is full: "
                                   "the agent is stopped or overloaded); profiling in this "
                                   "process (INPROF_AGENT_FALLBACK=local)"));
+  EXPECT_GE(host.start_ms, 999);  // its whole second, as above
 }
 
 // INPROF_AGENT=spawn with a binary that never detaches (not the inprof

@@ -201,6 +201,13 @@ inline int64_t CpuRegionFloor(int64_t ms, int64_t period_ms = 10) {
   return (ms - period_ms - 10) * 1'000'000;
 }
 
+// And at most: the sample points crossed from a period and a tick before
+// it began (a signal handled late lands in it) to its end, each a period,
+// plus the last check of its clock (< 1 ms). Deterministic as the floor.
+inline int64_t CpuRegionCeiling(int64_t ms, int64_t period_ms = 10) {
+  return (ms + 2 * period_ms + 10 + 1) * 1'000'000;
+}
+
 // values[index] summed over the samples whose leaf function's name
 // contains `site`.
 int64_t LeafSum(const DecodedProfile& profile, int index, const std::string& site);
