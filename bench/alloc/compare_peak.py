@@ -44,6 +44,30 @@ def run_measured(cmd, env):
     return out.decode(), ru.ru_utime + ru.ru_stime, wall
 
 
+def bernstein_bound(n, size, period, chance=1e-6):
+    """How far a sampled estimate of n blocks of `size` bytes may stray from
+    its truth, in bytes, with a chance of at most `chance` a side: each block
+    sampled with p = 1 - exp(-size/period), weighing size/p (variance
+    size^2 (1-p)/p, range size/p); Bernstein's inequality, as
+    tests/util/stat_bounds.h computes it."""
+    if n == 0:
+        return 0.0
+    p = -math.expm1(-size / period)
+    variance = n * size * size * (1 - p) / p
+    rng = size / p
+    l = math.log(1 / chance)
+    b = 2 * l * rng / 3
+    return (b + math.sqrt(b * b + 8 * l * variance)) / 2
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+)\s*(B|K|KiB|KB|M|MiB|MB|G|GiB|GB)?", text.strip())
+    if not m:
+        sys.exit(f"--period={text}: expected a size such as 512KiB")
+    unit = (m.group(2) or "B")[0]
+    return int(m.group(1)) * {"B": 1, "K": 1024, "M": 1 << 20, "G": 1 << 30}[unit]
+
+
 def parse_truth(stdout):
     truth = {}
     for line in stdout.splitlines():
@@ -155,6 +179,26 @@ def main():
         print(f"\ninprof / inprof-old CPU, run by run: median {statistics.median(rs):.3f} "
               f"({min(rs):.3f}..{max(rs):.3f})")
     truth = results[next(iter(results))][0]["truth"]
+    period = parse_size(args.period)
+    # Each site's computed bound (1e-6 a side) and how many inprof runs
+    # stayed within it. The peak's moment is the sampled total's highest,
+    # which may hold a block that lived for a moment (SiteF): sites whose
+    # truth is 0 are shown, not bounded.
+    if "inprof" in results:
+        print(f"\ninprof's peak per site against its bound at {args.period} (Bernstein, "
+              "1e-6 a side):\n")
+        print("| site | truth | bound | runs within |")
+        print("|---|---|---|---|")
+        for s in SITES:
+            t = truth[s]
+            if t["peak_bytes"] == 0:
+                continue
+            n = t["peak_objects"]
+            bound = bernstein_bound(n, t["peak_bytes"] / n, period)
+            within = sum(abs(r["est"][s] - t["peak_bytes"]) <= bound for r in results["inprof"])
+            print(f"| {s} | {t['peak_bytes'] / 1e6:.1f} MB | +-{bound / 1e6:.1f} MB "
+                  f"({bound / t['peak_bytes'] * 100:.0f}%) | {within} of "
+                  f"{len(results['inprof'])} |")
     print("\n| site | truth at the peak | blocks | 1 sd of a 512 KiB sampler | "
           + " | ".join(f"{n}: estimate / truth - 1 (median, range)" for n, r in results.items()
                        if r[0]["est"] is not None) + " |")
