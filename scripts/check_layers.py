@@ -42,7 +42,7 @@ HEADERS = {
         "sample_provider_windows", "cpu_time_provider_windows",
         "wall_time_provider_windows"],
     "unwind": [
-        "unwinder", "frame_pointer_unwinder", "dwarf_unwinder", "cfi_table", "cfi_walk",
+        "unwinder", "frame_pointer_unwinder", "dwarf_unwinder", "cfi_table", "cfi_rule", "cfi_walk",
         "leaf_frame_resolver", "dwarf_registers", "machine_context", "thread_snapshot_windows",
         "unwind_snapshot_windows", "os_unwinder_windows"],
     "symbolize": ["symbolizer", "line_table", "process_maps"],

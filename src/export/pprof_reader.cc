@@ -29,14 +29,10 @@
 #include "absl/strings/str_format.h"
 #include "inprof/internal/legacy_heap.h"
 #include "inprof/internal/proto_wire.h"
+#include "src/export/pprof_raw.h"
 
 namespace inprof {
 namespace {
-
-bool IsGzip(std::string_view bytes) {
-  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
-         static_cast<unsigned char>(bytes[1]) == 0x8b;
-}
 
 // "256 MiB" for whole mebibytes, else "N bytes".
 std::string Bytes(uint64_t n) {
@@ -48,6 +44,21 @@ std::string Bytes(uint64_t n) {
 absl::Status OverLimit(absl::string_view what) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "DecodePprof: ", what, " (the reader's limit for one profile)"));
+}
+
+std::string BaseName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+// What the rewrites share (pprof_raw.h).
+namespace internal {
+
+bool IsGzip(std::string_view bytes) {
+  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+         static_cast<unsigned char>(bytes[1]) == 0x8b;
 }
 
 absl::StatusOr<std::string> Gunzip(std::string_view bytes, uint64_t max_out) {
@@ -114,16 +125,40 @@ absl::StatusOr<std::string> Gzip(std::string_view bytes) {
   return out;
 }
 
-std::string BaseName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+// The protobuf bytes of `pprof`: `pprof` itself, or its gunzipped copy kept
+// in `inflated`. `who` names the caller in errors.
+absl::StatusOr<std::string_view> RawProfileBytes(std::string_view pprof,
+                                                 std::string& inflated,
+                                                 absl::string_view who) {
+  const PprofReadLimits limits;
+  if (pprof.size() > limits.max_input_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, ": profile larger than 256 MiB"));
+  }
+  if (!IsGzip(pprof)) return pprof;
+  absl::StatusOr<std::string> out = Gunzip(pprof, limits.max_decoded_bytes);
+  if (!out.ok()) return out.status();
+  inflated = std::move(*out);
+  return std::string_view(inflated);
 }
 
-}  // namespace
+bool ParseValueType(std::string_view bytes, RawValueType& out) {
+  ProtoReader r(bytes);
+  while (r.Next()) {
+    if (!r.is_varint()) continue;
+    if (r.field() == 1) out.type = static_cast<int64_t>(r.varint());
+    if (r.field() == 2) out.unit = static_cast<int64_t>(r.varint());
+  }
+  return r.ok();
+}
+
+}  // namespace internal
 
 namespace {
 
+using internal::ParseValueType;
 using internal::ProtoReader;
+using internal::RawValueType;
 
 // Profile's messages as they are on the wire: ids and string indexes.
 struct RawMapping {
@@ -146,9 +181,6 @@ struct RawSample {
   std::vector<int64_t> values;
   std::vector<RawLabel> labels;
 };
-struct RawValueType {
-  int64_t type = 0, unit = 0;
-};
 struct RawProfile {
   std::vector<RawValueType> sample_types;
   std::vector<RawSample> samples;
@@ -164,16 +196,6 @@ struct RawProfile {
 
 // Each Parse* reads one message; false (with the reader's error) when the
 // bytes are not well-formed protobuf or a field has the wrong wire type.
-bool ParseValueType(std::string_view bytes, RawValueType& out) {
-  ProtoReader r(bytes);
-  while (r.Next()) {
-    if (!r.is_varint()) continue;
-    if (r.field() == 1) out.type = static_cast<int64_t>(r.varint());
-    if (r.field() == 2) out.unit = static_cast<int64_t>(r.varint());
-  }
-  return r.ok();
-}
-
 bool ParseLabel(std::string_view bytes, RawLabel& out) {
   ProtoReader r(bytes);
   while (r.Next()) {
@@ -372,9 +394,9 @@ absl::Status CheckCounts(std::string_view bytes, const PprofReadLimits& limits) 
 absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
                                            const PprofReadLimits& limits) {
   std::string inflated;
-  const bool gzipped = IsGzip(bytes);
+  const bool gzipped = internal::IsGzip(bytes);
   if (gzipped) {
-    absl::StatusOr<std::string> raw = Gunzip(bytes, limits.max_decoded_bytes);
+    absl::StatusOr<std::string> raw = internal::Gunzip(bytes, limits.max_decoded_bytes);
     if (!raw.ok()) return raw.status();
     inflated = *std::move(raw);
     bytes = inflated;
@@ -628,218 +650,6 @@ absl::flat_hash_map<std::string, int64_t> DecodedProfile::ByLabel(
     }
   }
   return out;
-}
-
-namespace {
-
-// The protobuf bytes of `pprof`: `pprof` itself, or its gunzipped copy kept
-// in `inflated`. `who` names the caller in errors.
-absl::StatusOr<std::string_view> RawProfileBytes(std::string_view pprof,
-                                                 std::string& inflated,
-                                                 absl::string_view who) {
-  const PprofReadLimits limits;
-  if (pprof.size() > limits.max_input_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(who, ": profile larger than 256 MiB"));
-  }
-  if (!IsGzip(pprof)) return pprof;
-  absl::StatusOr<std::string> out = Gunzip(pprof, limits.max_decoded_bytes);
-  if (!out.ok()) return out.status();
-  inflated = std::move(*out);
-  return std::string_view(inflated);
-}
-
-}  // namespace
-
-absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
-    std::string_view pprof,
-    const std::vector<std::pair<std::string_view, std::string_view>>& renames) {
-  std::string inflated;
-  absl::StatusOr<std::string_view> bytes_or =
-      RawProfileBytes(pprof, inflated, "RenamePprofStrings");
-  if (!bytes_or.ok()) return bytes_or.status();
-  const std::string_view raw = *bytes_or;
-  // Profile.string_table is field 6; every other top-level field is copied
-  // as read (varints and length-delimited fields only, in profile.proto).
-  constexpr uint32_t kStringTable = 6;
-  internal::ProtoReader reader(raw);
-  internal::ProtoWriter writer;
-  bool renamed = false;
-  while (reader.Next()) {
-    if (reader.is_length_delimited()) {
-      std::string_view bytes = reader.bytes();
-      if (reader.field() == kStringTable) {
-        for (const auto& [from, to] : renames) {
-          if (bytes == from) {
-            bytes = to;
-            renamed = true;
-            break;
-          }
-        }
-      }
-      writer.Bytes(reader.field(), bytes);
-    } else if (reader.is_varint()) {
-      // Written even when 0: an unpacked repeated field keeps its zeros.
-      writer.VarintAlways(reader.field(), reader.varint());
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RenamePprofStrings: field ", reader.field(),
-          " has a wire type profile.proto does not use"));
-    }
-  }
-  if (!reader.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RenamePprofStrings: malformed profile at byte ", reader.error_offset()));
-  }
-  if (!renamed) return std::optional<std::string>();
-  absl::StatusOr<std::string> zipped = Gzip(writer.bytes());
-  if (!zipped.ok()) return zipped.status();
-  return std::optional<std::string>(std::move(*zipped));
-}
-
-absl::StatusOr<std::string> SelectPprofSampleTypes(
-    std::string_view pprof, absl::FunctionRef<bool(std::string_view)> keep,
-    const ValueType& period_type, int64_t period) {
-  constexpr absl::string_view kWho = "SelectPprofSampleTypes";
-  std::string inflated;
-  absl::StatusOr<std::string_view> bytes_or = RawProfileBytes(pprof, inflated, kWho);
-  if (!bytes_or.ok()) return bytes_or.status();
-  const std::string_view raw = *bytes_or;
-  // profile.proto's top-level fields that this rewrites.
-  constexpr uint32_t kSampleType = 1, kSample = 2, kStringTable = 6,
-                     kPeriodType = 11, kPeriod = 12, kDefaultSampleType = 14;
-  auto malformed = [&](const internal::ProtoReader& r) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kWho, ": malformed profile at byte ", r.error_offset()));
-  };
-
-  // First pass: the string table and the sample types' names.
-  std::vector<std::string_view> strings;
-  std::vector<int64_t> type_names;  // string index of each sample type
-  int64_t default_type = 0;
-  {
-    internal::ProtoReader r(raw);
-    while (r.Next()) {
-      if (r.field() == kStringTable && r.is_length_delimited()) {
-        strings.push_back(r.bytes());
-      } else if (r.field() == kSampleType && r.is_length_delimited()) {
-        RawValueType t;
-        if (!ParseValueType(r.bytes(), t)) return malformed(r);
-        type_names.push_back(t.type);
-      } else if (r.field() == kDefaultSampleType && r.is_varint()) {
-        default_type = static_cast<int64_t>(r.varint());
-      }
-    }
-    if (!r.ok()) return malformed(r);
-  }
-  auto name_of = [&](int64_t index) -> std::string_view {
-    return index >= 0 && static_cast<size_t>(index) < strings.size()
-               ? strings[static_cast<size_t>(index)]
-               : std::string_view();
-  };
-  std::vector<bool> kept(type_names.size(), false);
-  int64_t first_kept_name = -1;
-  bool default_kept = false;
-  for (size_t i = 0; i < type_names.size(); ++i) {
-    kept[i] = keep(name_of(type_names[i]));
-    if (!kept[i]) continue;
-    if (first_kept_name < 0) first_kept_name = type_names[i];
-    if (type_names[i] == default_type) default_kept = true;
-  }
-  if (first_kept_name < 0) {
-    return absl::NotFoundError(
-        absl::StrCat(kWho, ": the profile has none of the sample types asked for"));
-  }
-  // The new period type's names: found in the table, or appended to it.
-  std::vector<std::string> appended;
-  auto index_of = [&](const std::string& name) -> int64_t {
-    for (size_t i = 0; i < strings.size(); ++i) {
-      if (strings[i] == name) return static_cast<int64_t>(i);
-    }
-    for (size_t i = 0; i < appended.size(); ++i) {
-      if (appended[i] == name) return static_cast<int64_t>(strings.size() + i);
-    }
-    appended.push_back(name);
-    return static_cast<int64_t>(strings.size() + appended.size() - 1);
-  };
-  const bool new_period = !period_type.type.empty();
-  const int64_t period_type_name = new_period ? index_of(period_type.type) : 0;
-  const int64_t period_unit_name = new_period ? index_of(period_type.unit) : 0;
-
-  // Second pass: every field copied but those.
-  internal::ProtoReader r(raw);
-  internal::ProtoWriter out;
-  size_t type_index = 0;
-  std::vector<uint64_t> locations;
-  std::vector<int64_t> values;
-  std::vector<std::string_view> labels;
-  while (r.Next()) {
-    const uint32_t field = r.field();
-    if (field == kSampleType && r.is_length_delimited()) {
-      if (type_index < kept.size() && kept[type_index]) out.Bytes(field, r.bytes());
-      ++type_index;
-      continue;
-    }
-    if (field == kSample && r.is_length_delimited()) {
-      locations.clear();
-      values.clear();
-      labels.clear();
-      internal::ProtoReader sr(r.bytes());
-      while (sr.Next()) {
-        if (sr.field() == 1) {
-          if (!sr.RepeatedVarint([&](uint64_t v) { locations.push_back(v); })) break;
-        } else if (sr.field() == 2) {
-          if (!sr.RepeatedVarint([&](uint64_t v) {
-                values.push_back(static_cast<int64_t>(v));
-              })) {
-            break;
-          }
-        } else if (sr.field() == 3 && sr.is_length_delimited()) {
-          labels.push_back(sr.bytes());
-        }
-      }
-      if (!sr.ok()) return malformed(sr);
-      internal::ProtoWriter ids, vals, sample;
-      bool any = false;
-      for (size_t i = 0; i < values.size() && i < kept.size(); ++i) {
-        if (!kept[i]) continue;
-        vals.RawVarint(static_cast<uint64_t>(values[i]));
-        any = any || values[i] != 0;
-      }
-      if (!any) continue;  // nothing left of this sample
-      for (uint64_t id : locations) ids.RawVarint(id);
-      sample.Packed(1, ids);
-      sample.Packed(2, vals);
-      for (std::string_view label : labels) sample.Bytes(3, label);
-      out.Message(kSample, sample);
-      continue;
-    }
-    if (new_period && field == kPeriodType) continue;  // written at the end
-    if (new_period && field == kPeriod) continue;
-    if (field == kDefaultSampleType && r.is_varint()) {
-      out.VarintAlways(field, static_cast<uint64_t>(
-                                  default_kept ? default_type : first_kept_name));
-      continue;
-    }
-    if (r.is_length_delimited()) {
-      out.Bytes(field, r.bytes());
-    } else if (r.is_varint()) {
-      out.VarintAlways(field, r.varint());
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kWho, ": field ", field, " has a wire type profile.proto does not use"));
-    }
-  }
-  if (!r.ok()) return malformed(r);
-  for (const std::string& s : appended) out.Bytes(kStringTable, s);
-  if (new_period) {
-    internal::ProtoWriter vt;
-    vt.Varint(1, static_cast<uint64_t>(period_type_name));
-    vt.Varint(2, static_cast<uint64_t>(period_unit_name));
-    out.Message(kPeriodType, vt);
-    out.Int64(kPeriod, period);
-  }
-  return Gzip(out.bytes());
 }
 
 namespace internal {

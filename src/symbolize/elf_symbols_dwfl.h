@@ -1,8 +1,8 @@
 // src/symbolize/elf_symbols_dwfl.h: one ELF object's symbols and debug
 // info for the Linux symbolizer (symbolizer_dwfl.cc): ElfSymbols, whose
 // lookups name an address's frames from the symbol table, the line table
-// and the inline chain. Its indexes (SymbolTable, CuScopes) are
-// elf_symbols_dwfl.cc's own.
+// and the inline chain. Its indexes: SymbolTable (symbol_table_dwfl.h) and
+// CuScopes (elf_symbols_dwfl.cc's own).
 //
 // Also the "cannot read symbols of PATH: REASON" error and the hex form of
 // a build-id, which the process scan (process_scan_linux.cc) and the
