@@ -58,7 +58,7 @@ libs="$(pkg-config --libs $absl zlib libdw) -lpthread -ldl"
 # name -> sources besides the target itself
 declare -A sources=(
   [options_fuzzer]="src/base/options.cc src/base/log.cc src/base/addresses.cc"
-  [pprof_reader_fuzzer]="src/export/pprof_reader.cc"
+  [pprof_reader_fuzzer]="src/export/pprof_reader.cc src/export/pprof_rewrite.cc"
   [pprof_writer_fuzzer]="src/export/pprof_writer.cc src/export/pprof_reader.cc src/symbolize/symbolizer_dwfl.cc src/symbolize/debug_files_dwfl.cc src/symbolize/elf_symbols_dwfl.cc src/symbolize/process_scan_linux.cc src/symbolize/line_table.cc src/symbolize/line_table_libdw.cc src/symbolize/process_maps_linux.cc src/base/log.cc src/base/platform_linux.cc src/base/owned_fd_linux.cc src/base/contained.cc"
   [symbolizer_fuzzer]="src/symbolize/symbolizer_dwfl.cc src/symbolize/debug_files_dwfl.cc src/symbolize/elf_symbols_dwfl.cc src/symbolize/process_scan_linux.cc src/symbolize/line_table.cc src/symbolize/line_table_libdw.cc src/symbolize/process_maps_linux.cc src/base/log.cc src/base/owned_fd_linux.cc src/base/contained.cc src/base/platform_linux.cc"
   [cfi_table_fuzzer]="src/unwind/cfi_table.cc src/unwind/cfi_table_libdw.cc src/unwind/cfi_table_direct_linux.cc src/unwind/cfi_interpreter.cc src/base/log.cc src/base/owned_fd_linux.cc src/base/contained.cc src/base/platform_linux.cc"
