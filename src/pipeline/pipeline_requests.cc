@@ -12,8 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/base/alloc_guard.h"
+#include "inprof/base/log.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/pprof_writer.h"
+#include "inprof/symbolizer.h"
 #include "src/pipeline/pipeline_parts.h"
 
 namespace inprof::internal {
