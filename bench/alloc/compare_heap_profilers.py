@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import site_truth  # noqa: E402
+
 SITES = ["SiteA48B", "SiteB1KiB", "SiteC16KiB", "SiteD256KiB", "SiteE4MiB",
          "SiteFReallocGrow", "SiteGReallocarray", "SiteHNewArray48"]
 PROFILERS = ["plain", "inprof", "inprof-noalloc", "jemalloc", "jemalloc-noprof", "heaptrack"]
@@ -61,29 +64,6 @@ def run_measured(cmd, env):
     return out.decode(), ru.ru_utime + ru.ru_stime, wall, ru.ru_maxrss
 
 
-def parse_truth(stdout):
-    truth = {}
-    for line in stdout.splitlines():
-        if line.startswith("TRUTH "):
-            fields = dict(f.split("=", 1) for f in line.split()[1:])
-            truth[fields["site"]] = {k: int(v) for k, v in fields.items() if k != "site"}
-    if set(truth) != set(SITES):
-        sys.exit(f"alloc_sites printed no truth for every site:\n{stdout}")
-    return truth
-
-
-def per_site(lines, value_of):
-    """Sums value_of(line) over lines naming each site."""
-    sums = {s: 0.0 for s in SITES}
-    for line in lines:
-        for s in SITES:
-            if re.search(r"\b" + s + r"\b", line):
-                v = value_of(line)
-                if v is not None:
-                    sums[s] += v
-    return sums
-
-
 def pprof_top(binary, profile, index):
     """cum per site from `go tool pprof -top` (the site is the leaf: flat is the same)."""
     out = subprocess.run(
@@ -98,7 +78,7 @@ def pprof_top(binary, profile, index):
         if not m:
             return None
         return float(m.group(1)) * unit_scale(m.group(2))
-    return per_site(out.splitlines(), cum)
+    return site_truth.per_site(out.splitlines(), SITES, cum)
 
 
 def unit_scale(unit):
@@ -116,7 +96,7 @@ def jeprof_top(binary, profile, flag):
     def cum(line):
         m = re.match(r"\s*[0-9.]+\s+[0-9.]+%\s+[0-9.]+%\s+([0-9.]+)\s+[0-9.]+%", line)
         return float(m.group(1)) if m else None
-    return per_site(out.splitlines(), cum)
+    return site_truth.per_site(out.splitlines(), SITES, cum)
 
 
 def heaptrack_stacks(profile, cost):
@@ -132,7 +112,7 @@ def heaptrack_stacks(profile, cost):
     def value(line):
         head, _, v = line.rpartition(" ")
         return float(v) if head else None
-    return per_site(lines, value)
+    return site_truth.per_site(lines, SITES, value)
 
 
 def main():
@@ -179,7 +159,7 @@ def main():
                     os.remove(old)
                 cmd = ["heaptrack", "-o", stem, binary, "none"]
             stdout, cpu, wall, rss = run_measured(cmd, env)
-            truth = parse_truth(stdout)
+            truth = site_truth.parse_truth(stdout, SITES, "alloc_sites")
             est = {}
             if name == "inprof":
                 est["alloc_bytes"] = pprof_top(binary, profile, "alloc_space")

@@ -28,6 +28,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import site_truth  # noqa: E402
+
 SITES = ["SiteA", "SiteB", "SiteC", "SiteE", "SiteF"]
 
 
@@ -68,28 +71,6 @@ def parse_size(text):
     return int(m.group(1)) * {"B": 1, "K": 1024, "M": 1 << 20, "G": 1 << 30}[unit]
 
 
-def parse_truth(stdout):
-    truth = {}
-    for line in stdout.splitlines():
-        if line.startswith("TRUTH "):
-            fields = dict(f.split("=", 1) for f in line.split()[1:])
-            truth[fields["site"]] = {k: int(v) for k, v in fields.items() if k != "site"}
-    if set(truth) != set(SITES):
-        sys.exit(f"peak_sites printed no truth for every site:\n{stdout}")
-    return truth
-
-
-def per_site(lines, value_of):
-    sums = {s: 0.0 for s in SITES}
-    for line in lines:
-        for s in SITES:
-            if re.search(r"\b" + s + r"\b", line):
-                v = value_of(line)
-                if v is not None:
-                    sums[s] += v
-    return sums
-
-
 def pprof_peak(binary, profile):
     out = subprocess.run(
         ["go", "tool", "pprof", "-top", "-nodecount=100000", "-nodefraction=0",
@@ -103,7 +84,7 @@ def pprof_peak(binary, profile):
             return None
         scale = {"": 1, "B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}.get(m.group(2), 1)
         return float(m.group(1)) * scale
-    return per_site(out.splitlines(), cum)
+    return site_truth.per_site(out.splitlines(), SITES, cum)
 
 
 def heaptrack_peak(profile):
@@ -116,7 +97,7 @@ def heaptrack_peak(profile):
     def value(line):
         head, _, v = line.rpartition(" ")
         return float(v) if head else None
-    return per_site(lines, value)
+    return site_truth.per_site(lines, SITES, value)
 
 
 def main():
@@ -151,7 +132,7 @@ def main():
                     os.remove(old)
                 cmd = ["heaptrack", "-o", stem] + cmd
             stdout, cpu, wall = run_measured(cmd, env)
-            truth = parse_truth(stdout)
+            truth = site_truth.parse_truth(stdout, SITES, "peak_sites")
             est = None
             if name == "inprof":
                 est = pprof_peak(binary, profile)
