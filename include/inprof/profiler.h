@@ -105,7 +105,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   using typename Base::Shape;
   using Base::options_, Base::pipeline_, Base::composition_, Base::session_, Base::active_,
       Base::pacing_,
-      Base::wall_visits_deferred_, Base::wall_due_, Base::kMaxTickBatch, Base::wall_signals_,
+      Base::wall_visits_deferred_, Base::wall_unattributed_ns_, Base::wall_due_,
+      Base::kMaxTickBatch, Base::wall_signals_,
       Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::wall_tail_frame_ns_,
       Base::Shutdown,
       Base::DrainRings, Base::DrainSlotLocked, Base::RefreshLeafResolverLocked,
@@ -567,6 +568,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       pacing_.AddVisits(counts.visits);
       pacing_.NoteRound(std::get<I>(tickers_).round_estimate_ns());
       wall_visits_deferred_.fetch_add(counts.deferred, std::memory_order_relaxed);
+      wall_unattributed_ns_.fetch_add(counts.unattributed_ns, std::memory_order_relaxed);
       wall_signals_.fetch_add(counts.signals, std::memory_order_relaxed);
       wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);
       wall_episodes_resampled_.fetch_add(counts.episodes_resampled,

@@ -7,26 +7,31 @@
 // and half) and visits up to `wall_threads_per_tick` registered threads in
 // round-robin (the dd-win-prof seed's sampler loop).
 //
-// A visit's weight is fixed when it is taken, and stands for the interval
-// after it: the wall time between the thread's previous visit and this one
-// (between the ticker's scheduled wake-ups, TickTime), which is how long it
-// waits for its next in the round robin; its first visit weighs a round
-// at the ticker's pace (TickTime::round_ns). A thread once followed keeps
-// an exact account instead (ThreadData::exact). A thread that lives L seconds is visited L/R
-// times on average when its visits come every R (the round robin's phase
-// against its start and end is arbitrary), so its wall total is L on
-// average, and its expected wall time on a stack is the time it spent there
-// -- whatever the thread count, for threads that end before Stop() and in
-// every export window: a thread that ends, or a window that closes, between
-// two visits leaves nothing to credit afterwards (Go's runtime and
-// async-profiler weigh their samples the same way). A thread's total is
-// within a round of its lifetime (|w1 - head - tail| with w1, head and tail
-// each at most a round); over N threads with arbitrary phases the errors
-// are independent, mean 0, each within [-R, R]: the sum's standard
-// deviation is R sqrt(N/6) for uniform phases and at most R sqrt(N)
-// (10,000 threads, R = 2 s, 3 s each: 82 s and 200 s of 30,000 s, 0.3%
-// and 0.7%). A followed thread's (below) running samples carry
-// its wall time as it goes, and its visits settle the rest exactly.
+// A visit's weight is fixed when it is taken. When a wake-up visits only
+// some of the n registered threads (k of them, round robin), it hands the
+// threads' time since the previous wake-up (the count integrated over real
+// time, threads that ended in it included: TickTime::thread_ns) out to its
+// visits in equal shares (Horvitz-Thompson: a thread visited with chance
+// k/n weighs n/k intervals; a visit that credits nothing leaves its share
+// to the others, WallTicker::VisitNext). So each wake-up credits exactly
+// the threads' time, and each export window (a wake-up is made at its
+// edge, WallTickerThread::TickNow) holds the threads' lifetimes in it;
+// a thread's expected wall time on a stack is the time it spent there
+// (the round robin's phase against its start and end is arbitrary). The
+// variance: a thread visited m times is credited m shares of about a round
+// R, so its total is within about a round of its lifetime; over N threads
+// with independent phases the errors' sum has standard deviation about
+// R sqrt(N/6) (10,000 threads, R = 20 s, 3 s each: 816 s of 30,000 s,
+// 2.7%), while the total per window is exact up to the wake-ups at its
+// edges. When every thread is visited at each wake-up (few threads), a
+// visit weighs the time since the thread's previous visit (between the
+// ticker's scheduled wake-ups, TickTime) and its first a round at the
+// ticker's pace (TickTime::round_ns). A thread once followed (below) keeps
+// an exact account instead (ThreadData::exact): its running samples carry
+// its wall time as it goes, and its visits settle the rest exactly. Time
+// no visit could take -- every thread left ended before a visit, as when
+// 10,000 threads exit together and keep the sampler off the CPU -- is
+// counted (ProfilerStats::wall_unattributed_ns) and shown in the comments.
 //
 // A visit reads the thread's state from the kernel rather than guessing it,
 // in one read of /proc/self/task/TID/syscall ("running", or where the
@@ -134,12 +139,23 @@ namespace inprof {
 struct TickTime {
   int64_t now_ns = 0;
   int64_t scheduled_ns = 0;
-  // The time a thread waits between two visits of the round robin now
-  // (WallTicker::RoundEstimate): the weight of a thread's first visit,
-  // which stands for the interval until its next (a sample's weight is
-  // known when it is taken). 0: not known (tests): the first visit credits
-  // the time since the thread was armed.
+  // The weight of a visit whose thread's account is estimated (a first
+  // visit; with round_weights, every visit of a thread never followed),
+  // fixed when it is taken (WallTicker::VisitNext): its share of the
+  // threads' time since the last wake-up, or the round's time at the
+  // ticker's rate (WallTicker::RoundEstimate). 0: not known (tests): the
+  // first visit credits the time since the thread was armed.
   int64_t round_ns = 0;
+  // The scheduled time since the ticker's previous wake-up (0 at the
+  // first), and the registered threads' time since it (thread-ns of real
+  // time; 0: not known), which WallTicker::VisitNext hands out.
+  int64_t interval_ns = 0;
+  double thread_ns = 0;
+  // Set by WallTicker::VisitNext when a wake-up visits only some of the
+  // threads: every visit of a thread not followed weighs round_ns. Else
+  // (every thread visited at each wake-up; tests) a thread's visits after
+  // its first credit the time since its previous one.
+  bool round_weights = false;
   // How many base periods apart the ticker's wake-ups come now, a batch's
   // worth counted as one: the back-off after steady rounds, times how late
   // the ticker wakes (ProfilerBase::Tick); 1 for the period itself.
@@ -196,6 +212,20 @@ template <typename P>
 concept ReportsSteadyVisits =
     TicksThreads<P> && requires(const typename P::ThreadData& data) {
       { P::SteadyVisit(data) } -> std::convertible_to<bool>;
+    };
+
+// What a visit did with TickTime::round_ns: credited it (or owes it to a
+// signal); not needed it (the thread followed, or credited since arming);
+// found the thread ended (counted as unattributed); found it not armed yet
+// (its share goes to the other visits: WallTicker::VisitNext).
+enum class RoundWeight { kTaken, kOwnAccount, kEnded, kNotYet };
+
+// ReportsRoundWeight: `static RoundWeight P::RoundWeightUse(const
+// ThreadData&)`, after a visit. Without it: kTaken.
+template <typename P>
+concept ReportsRoundWeight =
+    TicksThreads<P> && requires(const typename P::ThreadData& data) {
+      { P::RoundWeightUse(data) } -> std::same_as<RoundWeight>;
     };
 
 // FollowsRunningThreads: `static bool P::FollowRunningSample(ThreadData&,
@@ -301,6 +331,8 @@ class WallTimeProvider {
     int64_t followed_ns = 0;
     int64_t follow_balance_ns = 0;
     bool steady_visit = false;  // ticker: the last visit found nothing new
+    // Ticker: what the last visit did with TickTime::round_ns.
+    RoundWeight round_weight = RoundWeight::kNotYet;
     // Ticker: no visit has credited the thread since it was armed; its
     // first weighs TickTime::round_ns.
     bool fresh = true;
@@ -364,6 +396,9 @@ class WallTimeProvider {
   }
   static bool SteadyVisit(const ThreadData& data) noexcept {
     return data.steady_visit;
+  }
+  static RoundWeight RoundWeightUse(const ThreadData& data) noexcept {
+    return data.round_weight;
   }
 
   absl::Duration TickPeriod() const { return period_; }

@@ -141,7 +141,7 @@ void Pipeline::EnsureSinks() {
 }
 
 void Pipeline::StartCollector(std::function<void()> drain,
-                              StatsFunction stats) {
+                              StatsFunction stats, std::function<void()> edge) {
   StopCollector();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -159,6 +159,7 @@ void Pipeline::StartCollector(std::function<void()> drain,
   threads_ = std::make_unique<Threads>();
   Threads* t = threads_.get();
   t->drain = drain;
+  t->edge = std::move(edge);
   const auto period = absl::ToChronoNanoseconds(options_.collect_period);
   std::function<void()> step = drain;
   if (!attachments_.empty()) {
@@ -261,6 +262,7 @@ void Pipeline::ExporterLoop(Threads* t,
     // Samples still in the rings belong to this window. A window that
     // throws (no memory) is not written; its samples go to the next.
     RunContained("an export window", [&] {
+      if (t->edge) t->edge();
       drain();
       std::lock_guard<std::mutex> export_lock(export_mutex_);
       ExportWindow(nullptr, /*last=*/false).IgnoreError();
@@ -372,14 +374,17 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "carried by their CPU samples without a signal=",
         window_stats.wall_running_credits));
     data.comments.push_back(absl::StrCat(
-        "wall-time weights: a visit of the wall sampler weighs the time "
-        "until the thread's next visit (its first a round of the threads at "
-        "the sampler's pace, later ones the interval since the previous), so "
-        "a thread that ends or a window that closes between two visits "
-        "leaves nothing unattributed, and a thread's expected wall time on a "
-        "stack is the time it spent there; a followed thread's running "
-        "samples carry their CPU time as wall time, and its account stays "
-        "exact. Longest wait between two visits of a thread=",
+        "wall-time weights: each wake-up of the wall sampler hands the "
+        "registered threads' time since the last one (threads that ended "
+        "in it included) out to the threads it visits, in equal shares when "
+        "it visits only some of them (a thread visited with chance k/n "
+        "weighs n/k intervals), so each window holds its threads' "
+        "lifetimes in it (a wake-up is made at each window's edge) and a "
+        "thread's expected wall time on a stack is the time it spent there; "
+        "when it visits every thread, a visit weighs the time since the "
+        "thread's previous one; a followed thread's running samples carry "
+        "their CPU time as wall time, and its account stays exact. Longest "
+        "wait between two visits of a thread=",
         absl::FormatDuration(absl::Nanoseconds(
             static_cast<int64_t>(window_stats.wall_longest_round_ns))),
         " (so far)"));
@@ -390,6 +395,14 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "INPROF_WALL_CPU_BUDGET=", window_stats.wall_visits_deferred,
         " (a round of the threads took longer than 2 s; each visit weighs "
         "the longer round)"));
+  }
+  if (window_stats.wall_unattributed_ns > 0) {
+    data.comments.push_back(absl::StrCat(
+        "wall time of threads that all ended before the wall sampler could "
+        "visit one of them (a burst of exits kept it off the CPU), on no "
+        "stack=",
+        absl::FormatDuration(absl::Nanoseconds(
+            static_cast<int64_t>(window_stats.wall_unattributed_ns)))));
   }
   if (window_stats.wall_tail_frame_ns > 0) {
     data.comments.push_back(absl::StrCat(

@@ -21,6 +21,7 @@ struct Pipeline::Threads {
   ProfilerThread collector;
   ProfilerThread exporter;
   std::function<void()> drain;  // for the endpoint's captures
+  std::function<void()> edge;   // StartCollector's; may be empty
   int captures = 0;  // Capture()s using this object (guarded by `mutex`)
   // The collector's passes begun and finished, and whether one is asked
   // for now (DrainNow; guarded by `mutex`).

@@ -34,6 +34,8 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
   }
   SampleAggregator window(aggregator_.sample_types());
   ShapeLikeOurs(window);
+  // The wake-up that stands for the time before the capture, before it.
+  if (t->edge) t->edge();
   int64_t start = 0;
   ProfilerStats before;
   {
@@ -48,8 +50,12 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
     stopped = t->cv.wait_for(lock, absl::ToChronoNanoseconds(duration),
                              [t] { return t->stop; });
   }
-  // Samples still in the rings belong to this window.
-  if (!stopped) DrainNow(t);
+  // Samples still in the rings belong to this window, and those of a
+  // wake-up that stands for the time up to its end.
+  if (!stopped) {
+    if (t->edge) t->edge();
+    DrainNow(t);
+  }
   {
     // The last use of `t`; notified under the lock, as StopCollector may
     // destroy it as soon as the lock is free.

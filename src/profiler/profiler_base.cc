@@ -102,7 +102,10 @@ absl::Status ProfilerBase::Start() {
   }
   if (absl::Status s = StartEventProviders(); !s.ok()) Log(s.message());
   pipeline_.SetEngineDetail(DescribeProviders());
-  pipeline_.StartCollector([this] { Drain(); }, [this] { return stats(); });
+  // Each window's last wall visits at its edge (WallTickerThread::TickNow):
+  // 50 ms at most, a window is not held up by a late ticker.
+  pipeline_.StartCollector([this] { Drain(); }, [this] { return stats(); },
+                           [this] { ticker_.TickNow(absl::Milliseconds(50)); });
   StartTicker();
   return absl::OkStatus();
 }
@@ -234,6 +237,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   }
   slot->session.store(session_, std::memory_order_release);
   SetCurrentThreadSlot(slot);
+  pacing_.CountThreads(WallTimeProvider::NowNanos(), active_.size());
   active_.push_back(slot);
   // At a random place in the wall sampler's round robin: its first visit
   // then comes after a uniformly random part of a round, which is what the
@@ -315,6 +319,7 @@ ProfilerStats ProfilerBase::stats() const {
   s.wall_running_credits = wall_running_credits_.load(std::memory_order_relaxed);
   s.wall_wakeups = wall_wakeups_.load(std::memory_order_relaxed);
   s.wall_visits_deferred = wall_visits_deferred_.load(std::memory_order_relaxed);
+  s.wall_unattributed_ns = wall_unattributed_ns_.load(std::memory_order_relaxed);
   s.threads_sigprof_unblocked =
       threads_sigprof_unblocked_.load(std::memory_order_relaxed);
   s.wall_tail_frame_ns = wall_tail_frame_ns_.load(std::memory_order_relaxed);
@@ -455,6 +460,7 @@ void ProfilerBase::Unregister(ThreadSlotHeader* header, bool on_owner_thread,
 bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
   auto it = std::find(active_.begin(), active_.end(), slot);
   if (it == active_.end()) return false;
+  pacing_.CountThreads(WallTimeProvider::NowNanos(), active_.size());
   active_.erase(it);
   ForgetDueLocked(slot);
   arm_queue_.Forget(slot);
@@ -619,6 +625,8 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   const int64_t now = WallTimeProvider::NowNanos();
   TickTime when{now, std::min(scheduled_ns, now)};
   when.pace = pacing_.WakeUp(now, batch);
+  when.interval_ns = pacing_.ScheduledInterval(when.scheduled_ns);
+  when.thread_ns = pacing_.ThreadTime(now, active_.size());
   // The visits a tick within Options::wall_cpu_budget, from the ticker
   // thread's CPU since the last wake-up.
   pacing_.MeasureCpu(ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID),

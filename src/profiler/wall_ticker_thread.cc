@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstddef>
 #include <utility>
 
@@ -25,6 +27,9 @@ void TickerPacing::Restart(int64_t period_ns) {
   visits_ = 0;
   visit_cap_ = SIZE_MAX;
   period_ns_ = period_ns;
+  last_scheduled_ns_ = 0;
+  thread_ns_ = 0;
+  mean_from_ns_ = 0;
 }
 
 // No last visits at Stop(): a wall visit's weight stands for the interval
@@ -34,6 +39,9 @@ void TickerPacing::Stop(int64_t now_ns) {
   if (last_tick_ns_ > 0) NoteRound(now_ns - last_tick_ns_ + last_round_ns_);
   last_tick_ns_ = 0;
   last_round_ns_ = 0;
+  last_scheduled_ns_ = 0;
+  thread_ns_ = 0;
+  mean_from_ns_ = 0;
   lateness_ = 1;
 }
 
@@ -73,6 +81,30 @@ void TickerPacing::MeasureCpu(int64_t cpu_ns, double budget) {
   cpu_at_ = cpu_ns;
   visits_ = 0;
   visit_cap_ = VisitBudgetPerTick(budget, period_ns_, cost_per_visit_ns_);
+}
+
+int64_t TickerPacing::ScheduledInterval(int64_t scheduled_ns) {
+  const int64_t interval =
+      last_scheduled_ns_ > 0 && scheduled_ns > last_scheduled_ns_ ? scheduled_ns - last_scheduled_ns_
+                                                                  : 0;
+  if (scheduled_ns > last_scheduled_ns_) last_scheduled_ns_ = scheduled_ns;
+  return interval;
+}
+
+void TickerPacing::CountThreads(int64_t now_ns, size_t threads) {
+  if (mean_from_ns_ > 0 && now_ns > threads_at_ns_) {
+    thread_ns_ += static_cast<double>(threads) * static_cast<double>(now_ns - threads_at_ns_);
+  }
+  threads_at_ns_ = std::max(threads_at_ns_, now_ns);
+}
+
+double TickerPacing::ThreadTime(int64_t now_ns, size_t threads) {
+  CountThreads(now_ns, threads);
+  const double total = mean_from_ns_ > 0 ? thread_ns_ : 0;
+  thread_ns_ = 0;
+  mean_from_ns_ = now_ns;
+  threads_at_ns_ = now_ns;
+  return total;
 }
 
 // A followed thread's wall profile does not depend on its visits, a
@@ -193,11 +225,33 @@ void WallTickerThread::Start(absl::Duration period, const TickerPacing& pacing,
           static_cast<int64_t>(static_cast<double>(d.count()) * u));
     };
     auto next = std::chrono::steady_clock::now() + jittered(step);
+    auto last = std::chrono::steady_clock::now();  // the last wake-up's schedule
     size_t batch = 1;
     std::unique_lock<std::mutex> lock(t->mutex);
     while (!t->stop) {
-      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan; });
+      t->cv.wait_until(lock, next, [t] { return t->stop || t->replan || t->edge; });
       if (t->stop) break;
+      if (t->edge) {
+        // A window's edge (TickNow): the ticks since the last wake-up, now;
+        // the schedule goes on from `next`.
+        t->edge = false;
+        const auto now = std::chrono::steady_clock::now();
+        const size_t ticks = static_cast<size_t>(std::max<int64_t>(
+            1, std::llround(static_cast<double>((now - last).count()) /
+                            static_cast<double>(step.count()))));
+        lock.unlock();
+        RunContained("a wall-time visit", [&] {
+          batch = tick(std::min(ticks, std::max<size_t>(batch, 1)),
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           now.time_since_epoch())
+                           .count());
+        });
+        lock.lock();
+        last = now;
+        ++t->edges_done;
+        t->cv.notify_all();
+        continue;
+      }
       if (t->replan) {
         // A thread registered while the ticker waited long: back to the
         // base period, its first visit within one.
@@ -215,6 +269,7 @@ void WallTickerThread::Start(absl::Duration period, const TickerPacing& pacing,
                                 .count());
       });
       lock.lock();
+      last = next;
       next += jittered(step * batch * pacing.quiet_factor());
       const auto now = std::chrono::steady_clock::now();
       // Fell behind: do not burst.
@@ -253,6 +308,18 @@ void WallTickerThread::WakeToArm() {
     threads_->arm = true;
   }
   threads_->cv.notify_all();
+}
+
+void WallTickerThread::TickNow(absl::Duration timeout) {
+  if (!armer_ready_.load(std::memory_order_acquire)) return;
+  Threads* t = threads_.get();
+  std::unique_lock<std::mutex> lock(t->mutex);
+  if (t->stop) return;
+  const uint64_t done = t->edges_done;
+  t->edge = true;
+  t->cv.notify_all();
+  t->cv.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                 [t, done] { return t->stop || t->edges_done != done; });
 }
 
 void WallTickerThread::Replan() {

@@ -140,30 +140,41 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
                                            std::span<int64_t> values) {
   CloseParkedFiles();
   data.steady_visit = false;
+  data.round_weight = RoundWeight::kNotYet;
   if (!data.armed) return TickDecision::kSkip;
   // Credited up to the visit's scheduled time (TickTime); a thread armed
   // after it waits for the next visit.
   const int64_t credit_to = when.scheduled_ns;
   // A visit's weight is fixed when it is taken and stands for the interval
-  // after it: the time since the thread's previous visit, which is how
-  // long it waits for its next in the round robin; its first visit weighs
-  // the round's time as the ticker's rate says now (TickTime::round_ns,
-  // WallTicker::RoundEstimate). A thread visited every R seconds is
-  // credited R per visit, and one that lives L seconds is visited L/R
-  // times on average (the round robin's phase against its start and end
-  // is arbitrary), so nothing is left to credit when it ends, and time
-  // spent on a stack is credited there on average. A thread's total is
-  // w1 + (t_n - t_1) for visits t_1..t_n: within a round of its lifetime
-  // whatever happens (the first visit's weight, the time before it, and
-  // the time after the last, are each at most a round). Without a round
-  // given (tests), the first visit weighs the time since arming.
+  // after it: TickTime::round_ns, the wake-up's interval times the threads
+  // over the wake-up's visits (Horvitz-Thompson: a thread is visited in a
+  // wake-up with chance visits/threads). A thread visited every R seconds
+  // is credited about R per visit, and one that lives L seconds is visited
+  // L/R times on average (it enters the round robin at a random place, and
+  // the round robin's phase against its end is arbitrary), so nothing is
+  // left to credit when it ends, time spent on a stack is credited there on
+  // average, and each wake-up credits its interval's worth for every
+  // thread: an export window's total is its threads' lifetimes in it, up
+  // to the wake-ups at its edges. A thread once followed keeps an exact
+  // account instead (ThreadData::exact): its visits credit the time since
+  // the previous one. When every thread is visited at each wake-up
+  // (TickTime::round_weights false; tests), later visits credit the time
+  // since the previous one too, and without a round the first visit weighs
+  // the time since arming.
   const int64_t backward = credit_to - data.last_wall_ns;
   if (backward <= 0) return TickDecision::kSkip;
   const int64_t weight = when.round_ns > 0 ? when.round_ns : backward;
   const bool fresh = data.fresh;
-  int64_t elapsed = fresh ? weight : backward;
+  const bool estimated = fresh || (when.round_weights && !data.exact);
+  int64_t elapsed = estimated ? weight : backward;
   const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
-  if (clock < 0) return TickDecision::kSkip;  // exited
+  if (clock < 0) {  // exited
+    data.round_weight = RoundWeight::kEnded;
+    return TickDecision::kSkip;
+  }
+  // Changed below where the visit credits nothing, or credits the time
+  // since arming instead.
+  data.round_weight = estimated ? RoundWeight::kTaken : RoundWeight::kOwnAccount;
   // A thread that ran throughout the interval since the last look (its CPU
   // clock advanced by nearly all the wall time): see below.
   const int64_t previous_mark = data.cpu_mark.load(std::memory_order_relaxed);
@@ -178,6 +189,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // busy machine a busy thread does not get 97% of a core, and unfollowed
     // in a round of thousands its first visit would weigh the whole round
     // (a 3 s busy thread among 10,000 credited 20 s).
+    data.round_weight = RoundWeight::kOwnAccount;  // never in the round
     if (!has_running_sample) return TickDecision::kSkip;
     if (!ran_throughout) {
       const internal::ThreadLook peek =
@@ -257,7 +269,10 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     ++counts_.state_reads;
   }
   const char state = look.state;
-  if (state == 0) return TickDecision::kSkip;  // exited
+  if (state == 0) {  // exited
+    data.round_weight = RoundWeight::kEnded;
+    return TickDecision::kSkip;
+  }
   data.last_wall_ns = credit_to;
   data.fresh = false;
   // The thread's own CPU since the last look or, when one of inprof's
@@ -340,6 +355,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
       data.following = true;
       const bool was_exact = data.exact;
       data.exact = true;
+      data.round_weight = RoundWeight::kOwnAccount;
       if (!fresh && !was_exact) {
         data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns - ahead, 0);
         return TickDecision::kFollowing;

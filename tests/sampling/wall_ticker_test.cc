@@ -38,6 +38,10 @@ struct FakeProvider {
     bool saw_episode_stack = false;
     bool saw_running_sample = false;
     int64_t round_ns = 0;
+    bool round_weights = false;
+    // What a visit does with the round's weight (ReportsRoundWeight).
+    RoundWeight use = RoundWeight::kTaken;
+    int64_t weight_taken = 0;  // summed over the visits that took it
   };
   static constexpr const char* kName = "fake";
   static constexpr std::array<SampleTypeSpec, 2> kSampleTypes{
@@ -61,6 +65,8 @@ struct FakeProvider {
     g_log->push_back(absl::StrCat("visit ", data.id, " at ", when.scheduled_ns,
                                   when.out_of_round ? " ahead" : ""));
     data.round_ns = when.round_ns;
+    data.round_weights = when.round_weights;
+    if (when.round_weights && data.use == RoundWeight::kTaken) data.weight_taken += when.round_ns;
     data.saw_episode_stack = has_episode_stack;
     data.saw_running_sample = has_running_sample;
     values[0] = 7'000'000;
@@ -69,6 +75,7 @@ struct FakeProvider {
   }
   bool AwaitsEpisodeStack(const ThreadData& data) { return data.awaits_stack; }
   static bool SteadyVisit(const ThreadData& data) { return data.steady; }
+  static RoundWeight RoundWeightUse(const ThreadData& data) { return data.use; }
   static bool FollowRunningSample(ThreadData&, int64_t, std::span<int64_t>) {
     return false;
   }
@@ -78,7 +85,7 @@ struct FakeProvider {
 };
 static_assert(TicksThreads<FakeProvider>);
 static_assert(NamesSigwaitFrame<FakeProvider> && ReportsSteadyVisits<FakeProvider> &&
-              FollowsRunningThreads<FakeProvider>);
+              FollowsRunningThreads<FakeProvider> && ReportsRoundWeight<FakeProvider>);
 
 struct FakeSlot : internal::SlotBase {
   FakeProvider::ThreadData data;
@@ -294,6 +301,103 @@ TEST_F(WallTickerTest, AFirstVisitWeighsTheTimeARoundTakes) {
   counts_ = ticker_.VisitNext(provider_, host_, pointers_, TickTime::At(1120 * kMs), 1, 10,
                               next_, steady_, /*cap=*/1);
   EXPECT_EQ(slot(7).data.round_ns, 160 * kMs);
+}
+
+// A wake-up that visits some of the threads hands the threads' time since
+// the last one (TickTime::thread_ns) out to its visits (Horvitz-Thompson:
+// a thread visited with chance k/n weighs n/k intervals): what a window
+// holds is its threads' time, whatever the visits a wake-up makes.
+TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
+  constexpr int64_t kMs = 1'000'000;
+  AddThreads(10);
+  provider_.per_tick = 2;
+  int64_t total = 0;
+  auto wake = [&](int64_t at, int64_t interval, double thread_ns, size_t cap = SIZE_MAX) {
+    log_.clear();
+    next_ = 10;
+    TickTime when = TickTime::At(at);
+    when.interval_ns = interval;
+    when.thread_ns = thread_ns;
+    total += static_cast<int64_t>(thread_ns);
+    counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_, cap);
+    return log_;
+  };
+  auto taken = [&] {
+    int64_t sum = 0;
+    for (auto& s : slots_) sum += s->data.weight_taken;
+    return sum;
+  };
+  // 10 threads for 10 ms, 2 visits: 50 ms each.
+  EXPECT_THAT(wake(100 * kMs, 10 * kMs, 100.0 * kMs),
+              ElementsAre("visit 0 at 100000000", "visit 1 at 100000000"));
+  EXPECT_TRUE(slot(0).data.round_weights);
+  EXPECT_EQ(slot(0).data.round_ns, 50 * kMs);
+  EXPECT_EQ(slot(1).data.round_ns, 50 * kMs);
+  EXPECT_EQ(taken(), total);
+  // A budget's cap of one visit a tick: one visit weighs all 15 ms x 10.
+  wake(115 * kMs, 15 * kMs, 150.0 * kMs, /*cap=*/1);
+  EXPECT_EQ(slot(2).data.round_ns, 150 * kMs);
+  EXPECT_EQ(taken(), total);
+  // A thread not armed yet leaves its share to the next visit, and the
+  // round robin goes on until the time is handed out.
+  slot(4).data.use = RoundWeight::kNotYet;
+  EXPECT_THAT(wake(125 * kMs, 10 * kMs, 90.0 * kMs),
+              ElementsAre("visit 3 at 125000000", "visit 4 at 125000000",
+                          "visit 5 at 125000000"));
+  EXPECT_EQ(slot(3).data.round_ns, 45 * kMs);
+  EXPECT_EQ(slot(5).data.round_ns, 45 * kMs);
+  EXPECT_EQ(taken(), total);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);
+  // None is armed (a burst of registrations; at most 4x the visits are
+  // tried): the time goes to the next wake-up's visits.
+  for (int i : {6, 7, 8, 9, 0, 1, 2, 3}) slot(i).data.use = RoundWeight::kNotYet;
+  EXPECT_EQ(wake(135 * kMs, 10 * kMs, 100.0 * kMs).size(), 8u);
+  EXPECT_EQ(taken(), total - 100 * kMs);
+  for (auto& s : slots_) s->data.use = RoundWeight::kTaken;
+  wake(145 * kMs, 10 * kMs, 100.0 * kMs);
+  EXPECT_EQ(slot(4).data.round_ns, 100 * kMs);
+  EXPECT_EQ(slot(5).data.round_ns, 100 * kMs);
+  EXPECT_EQ(taken(), total);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);
+  // A followed thread's time is accounted by its own samples: its share is
+  // not handed on (that would count it twice). A thread found ended: its
+  // share is counted as unattributed, not handed to threads on their way
+  // out.
+  slot(6).data.use = RoundWeight::kOwnAccount;
+  slot(7).data.use = RoundWeight::kEnded;
+  EXPECT_THAT(wake(155 * kMs, 10 * kMs, 100.0 * kMs),
+              ElementsAre("visit 6 at 155000000", "visit 7 at 155000000"));
+  EXPECT_EQ(taken(), total - 100 * kMs);
+  EXPECT_EQ(counts_.unattributed_ns, static_cast<uint64_t>(50 * kMs));
+}
+
+// With no thread left, the time is counted as unattributed, never lost
+// silently; when a wake-up visits every thread, its visits weigh the time
+// since each thread's previous visit instead (round_weights off).
+TEST_F(WallTickerTest, TimeNoThreadCanTakeIsCountedAndEveryThreadVisitedWeighsItsOwnInterval) {
+  constexpr int64_t kMs = 1'000'000;
+  AddThreads(4);
+  provider_.per_tick = 2;
+  for (auto& s : slots_) s->data.use = RoundWeight::kNotYet;
+  TickTime when = TickTime::At(100 * kMs);
+  when.interval_ns = 10 * kMs;
+  when.thread_ns = 40.0 * kMs;
+  next_ = 10;
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);  // carried
+  std::vector<internal::SlotBase*> none;
+  when.scheduled_ns = when.now_ns = 110 * kMs;
+  when.thread_ns = 15.0 * kMs;  // their time until they ended
+  counts_ = ticker_.VisitNext(provider_, host_, none, when, 1, 10, next_, steady_);
+  EXPECT_EQ(counts_.unattributed_ns, static_cast<uint64_t>(55 * kMs));
+  // Two threads, two visits a tick: each visited at every wake-up.
+  pointers_.resize(2);
+  when.scheduled_ns = when.now_ns = 120 * kMs;
+  when.thread_ns = 20.0 * kMs;
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  EXPECT_FALSE(slot(0).data.round_weights);
+  EXPECT_FALSE(slot(1).data.round_weights);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);
 }
 
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -243,6 +244,35 @@ TEST(TickerPacingTest, StopCountsTheLastWakeUpsRoundOnly) {
   EXPECT_EQ(pacing.longest_round_ns(), static_cast<uint64_t>(300 * kMs));
 }
 
+// The scheduled intervals between wake-ups telescope to the span between
+// the first and the last; a schedule that did not advance gives 0.
+TEST(TickerPacingTest, ScheduledIntervalsAreTheTimeSinceThePreviousWakeUpsSchedule) {
+  TickerPacing pacing;
+  pacing.Restart(kPeriod);
+  EXPECT_EQ(pacing.ScheduledInterval(1000 * kMs), 0);  // the first
+  EXPECT_EQ(pacing.ScheduledInterval(1012 * kMs), 12 * kMs);
+  EXPECT_EQ(pacing.ScheduledInterval(1012 * kMs), 0);
+  EXPECT_EQ(pacing.ScheduledInterval(1300 * kMs), 288 * kMs);
+  pacing.Stop(1400 * kMs);
+  EXPECT_EQ(pacing.ScheduledInterval(2000 * kMs), 0);  // a first again
+}
+
+// The threads' time between two wake-ups: each count for as long as it
+// held, threads that left in between included; nothing before the first
+// wake-up.
+TEST(TickerPacingTest, ThreadTimeIntegratesTheCountBetweenWakeUps) {
+  TickerPacing pacing;
+  pacing.Restart(kPeriod);
+  pacing.CountThreads(900 * kMs, 5);
+  EXPECT_EQ(pacing.ThreadTime(1000 * kMs, 5), 0);  // the first wake-up
+  pacing.CountThreads(1010 * kMs, 5);               // 5 for 10 ms, then 6
+  pacing.CountThreads(1030 * kMs, 6);               // 6 for 20 ms, then 2
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1100 * kMs, 2), (50.0 + 120.0 + 140.0) * kMs);
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1110 * kMs, 2), 20.0 * kMs);
+  pacing.Restart(kPeriod);
+  EXPECT_EQ(pacing.ThreadTime(1200 * kMs, 2), 0);
+}
+
 class ArmQueueTest : public ::testing::Test {
  protected:
   void AddSlots(int n) {
@@ -335,6 +365,7 @@ TEST(WallTickerThreadTest, TicksAndArmsUntilStopped) {
     EXPECT_TRUE(cv.wait_for(lock, std::chrono::minutes(1),
                             [&] { return ticks >= 3 && arms >= 1; }));
   }
+
   ticker.Stop(/*in_forked_child=*/false);
   EXPECT_FALSE(ticker.armer_ready());
   std::lock_guard<std::mutex> lock(mu);
@@ -343,4 +374,44 @@ TEST(WallTickerThreadTest, TicksAndArmsUntilStopped) {
 }
 
 }  // namespace
+// A window's edge (TickNow): a wake-up of its own, at the time it was
+// asked for, standing for the ticks since the last (at least one), returned
+// from only once it ran; none when the ticker is not running. The period
+// is an hour: no wake-up of the schedule comes during the test.
+TEST(WallTickerThreadTest, TickNowWakesTheTickerAndWaitsForIt) {
+  std::mutex mu;
+  std::vector<std::pair<size_t, int64_t>> ticks;
+  TickerPacing pacing;
+  WallTickerThread ticker;
+  ticker.TickNow(absl::Milliseconds(10));  // not started: returns at once
+  ticker.Start(
+      absl::Hours(1), pacing,
+      [&](size_t batch, int64_t scheduled_ns) {
+        std::lock_guard<std::mutex> lock(mu);
+        ticks.emplace_back(batch, scheduled_ns);
+        return size_t{4};
+      },
+      [] {});
+  const auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t before = now_ns();
+  ticker.TickNow(absl::Minutes(1));
+  const int64_t after = now_ns();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(ticks.size(), 1u);
+    EXPECT_EQ(ticks[0].first, 1u);  // under a period since the start: one tick
+    EXPECT_GE(ticks[0].second, before);
+    EXPECT_LE(ticks[0].second, after);
+  }
+  ticker.TickNow(absl::Minutes(1));
+  ticker.Stop(/*in_forked_child=*/false);
+  ticker.TickNow(absl::Minutes(1));  // stopped: returns at once
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(ticks.size(), 2u);
+}
+
 }  // namespace inprof::internal

@@ -105,6 +105,11 @@ class Symbolizer;
   /* Visits the wall sampler deferred to stay within its CPU budget         \
      (Options::wall_cpu_budget): each thread's rounds grew longer. */       \
   X(wall_visits_deferred, true, "wall visits deferred by the CPU budget")  \
+  /* Wall time (ns) of threads that ended before any visit could take it:  \
+     every thread left (WallTicker::VisitNext) ended while the sampler's   \
+     time was still to be handed out -- a burst of exits that kept the     \
+     sampler thread off the CPU. Not on any stack. */                      \
+  X(wall_unattributed_ns, true, "wall time no visit could take, ns")     \
   /* Wall time (ns) put on "[inprof: wall time since the thread's last       \
      sample]": threads that had no wall sample when their tail was taken     \
      (a sample's signal the thread never took before it ended; a followed    \
@@ -284,9 +289,13 @@ class Pipeline {
   // and then exports a window every export_period, unless an attachment
   // takes the samples. `stats`, when given, is called with the lock held at
   // each cut, so that each window's comments count exactly the samples it
-  // holds; it must not take locks.
+  // holds; it must not take locks. `edge`, when given, is called before a
+  // window's last drain (the exporter's; a capture's, at its start and its
+  // end): the profiler's samplers take the samples that stand for the time
+  // up to the edge (the wall sampler's visits).
   void StartCollector(std::function<void()> drain,
-                      StatsFunction stats = nullptr);
+                      StatsFunction stats = nullptr,
+                      std::function<void()> edge = nullptr);
   // Wakes and joins the collector and the exporter (an export in progress
   // finishes first). Safe to call when not started.
   void StopCollector();

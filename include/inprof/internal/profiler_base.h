@@ -315,6 +315,7 @@ class ProfilerBase : public ProfilerCommon {
   // A round at most (WallTicker::kMaxRoundNs).
   static constexpr int64_t kWallDueAfterNs = 2'000'000'000;
   std::atomic<uint64_t> wall_visits_deferred_{0};
+  std::atomic<uint64_t> wall_unattributed_ns_{0};
   std::atomic<uint64_t> small_stack_{0};
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};

@@ -81,6 +81,9 @@ struct WallVisitCounts {
   uint64_t signals = 0;
   uint64_t stacks_read = 0;
   uint64_t episodes_resampled = 0;
+  // Threads' time (ns) no visit took: the share of a visit that found its
+  // thread ended, and what was left with no thread to hand it to.
+  uint64_t unattributed_ns = 0;
 };
 
 // The most visits a tick that keep the sampler within `budget` (a
@@ -147,12 +150,50 @@ class WallTicker {
     const int64_t period_ns = absl::ToInt64Nanoseconds(provider.TickPeriod());
     const size_t per_tick = VisitsPerTick(provider.ThreadsPerTick(), n, period_ns, cap);
     next = std::min(next, std::clamp<size_t>(n / per_tick, 1, max_batch));
-    if (n == 0) return counts;
+    if (n == 0) {
+      // No thread left to carry it: counted, and shown in the comments.
+      counts.unattributed_ns = static_cast<uint64_t>(carried_ns_ + std::max(0.0, when.thread_ns));
+      carried_ns_ = 0;
+      return counts;
+    }
     const size_t visits = std::min(n, batch * per_tick);
     const size_t wanted = std::min(
         n, batch * VisitsPerTick(provider.ThreadsPerTick(), n, period_ns));
     counts.deferred = wanted - visits;
-    when.round_ns = RoundEstimate(when, static_cast<int64_t>((n + per_tick - 1) / per_tick) * period_ns);
+    // Horvitz-Thompson: each of the n threads is visited in this wake-up
+    // with chance visits/n, so a visit weighs n/visits times the interval
+    // the wake-up stands for: the threads' time since the last wake-up
+    // (TickTime::thread_ns), threads that ended in it included (their time
+    // is carried by the visits to the others: a ratio estimator, unbiased
+    // as long as the threads that end were where the others are). A
+    // wake-up credits that time whatever the budget's cap does to the
+    // visits from one to the next; weights of "the time since the thread's
+    // previous visit" credited a 1 s export window 0.69-1.15x its threads'
+    // lifetimes at 10,000 threads (the round's pace, not the window's).
+    // Real time, not the schedule's: a ticker kept 300 ms from the
+    // registry lock while 10,000 threads unregistered credited their last
+    // window 0.7x their lifetimes in it.
+    //
+    // The time is handed out visit by visit, each taking what is left over
+    // the visits still to make (RoundWeight): a thread followed, or
+    // credited since its arming, has its time accounted otherwise and its
+    // share is dropped; one found ended has its share counted as
+    // unattributed (given to the threads still there, it went to threads
+    // on their way out: labelled running, or on the tail frame when they
+    // ended before their signal); one not armed yet (a burst of
+    // registrations) leaves its share to the others, the round robin going
+    // on past `visits` (up to 4x), and what is left to the next wake-up's
+    // visits, as long as threads are registered. When every thread is
+    // visited at each wake-up, its visits credit exactly the time since its
+    // previous one instead.
+    when.round_weights = when.interval_ns > 0 && when.thread_ns > 0 && visits < n;
+    double left = when.round_weights ? when.thread_ns + carried_ns_ : 0;
+    carried_ns_ = 0;
+    when.round_ns =
+        when.round_weights
+            ? std::max<int64_t>(1, static_cast<int64_t>(left / static_cast<double>(visits)))
+            : RoundEstimate(when,
+                            static_cast<int64_t>((n + per_tick - 1) / per_tick) * period_ns);
     round_estimate_ns_ = when.round_ns;
     TickTime ahead = when;
     ahead.out_of_round = true;
@@ -166,10 +207,27 @@ class WallTicker {
     // same: the visit ahead only began its following (then this one finds
     // nothing to credit), or did nothing; skipping this one would take a
     // sample from the threads that run.
-    for (size_t j = 0; j < visits; ++j) {
-      VisitOne(provider, host, *threads[(cursor_ + j) % n], when, counts, steady_visits);
+    size_t weighed = 0;  // visits that took a weight
+    size_t j = 0;
+    for (; j < n && (j < visits || (when.round_weights && weighed < visits && left >= 1 &&
+                                    j < 4 * visits));
+         ++j) {
+      if (when.round_weights) {
+        when.round_ns = std::max<int64_t>(
+            1, static_cast<int64_t>(left / static_cast<double>(visits - weighed)));
+      }
+      const RoundWeight use =
+          VisitOne(provider, host, *threads[(cursor_ + j) % n], when, counts, steady_visits);
+      if (when.round_weights && use != RoundWeight::kNotYet) {
+        left -= static_cast<double>(when.round_ns);
+        ++weighed;
+        if (use == RoundWeight::kEnded) {
+          counts.unattributed_ns += static_cast<uint64_t>(when.round_ns);
+        }
+      }
     }
-    cursor_ = (cursor_ + visits) % n;
+    cursor_ = (cursor_ + j) % n;
+    if (when.round_weights && left >= 1) carried_ns_ = left;
     return counts;
   }
 
@@ -191,12 +249,14 @@ class WallTicker {
   }
 
  private:
+  // What the visit did with TickTime::round_ns (ReportsRoundWeight; else
+  // kTaken for any visit that happened).
   template <typename H>
-  void VisitOne(P& provider, H& host, SlotBase& slot, TickTime when,
+  RoundWeight VisitOne(P& provider, H& host, SlotBase& slot, TickTime when,
                 WallVisitCounts& counts, size_t& steady_visits) {
     if (slot.arm_in_flight) {  // being armed; visited next round
       steady_visits = 0;
-      return;
+      return RoundWeight::kNotYet;
     }
     // A thread that unregistered itself may be gone, and its id reused:
     // never visited again. One that unregisters during the visit waits
@@ -204,7 +264,7 @@ class WallTicker {
     slot.visiting.store(true, std::memory_order_seq_cst);
     if (slot.retiring.load(std::memory_order_seq_cst)) {
       slot.visiting.store(false, std::memory_order_release);
-      return;
+      return RoundWeight::kEnded;
     }
     slot.wall_last_visit_ns = when.now_ns;
     Visit(provider, host, slot, when, counts);
@@ -216,8 +276,11 @@ class WallTicker {
         steady_visits = 0;
       }
     }
+    RoundWeight took = RoundWeight::kTaken;
+    if constexpr (ReportsRoundWeight<P>) took = P::RoundWeightUse(host.Data(slot));
     // Last: the thread may unregister (and its data change) from here.
     slot.visiting.store(false, std::memory_order_release);
+    return took;
   }
 
   template <typename H>
@@ -316,6 +379,8 @@ class WallTicker {
 
   size_t cursor_ = 0;  // where the next wake-up starts
   int64_t round_estimate_ns_ = 0;  // the last wake-up's RoundEstimate
+  // Threads' time a wake-up could not hand out, for the next (VisitNext).
+  double carried_ns_ = 0;
 
 };
 
