@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <new>
 #include <cstring>
 #include <utility>
 
@@ -182,7 +183,17 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
     return ThreadRegistration(absl::AlreadyExistsError(absl::StrCat(
         "thread '", name, "' is already registered with a profiler")));
   }
-  auto info = DescribeCurrentThread();
+  // With the heap exhausted (a program registering a thread while short of
+  // memory; its std::thread would end in std::terminate), the
+  // registration fails with a status that allocates nothing: no message.
+  const absl::Status no_memory(absl::StatusCode::kResourceExhausted, "");
+  absl::StatusOr<CurrentThreadInfo> info = no_memory;
+  try {
+    info = DescribeCurrentThread();
+  } catch (const std::bad_alloc&) {
+    registrations_without_memory_.fetch_add(1, std::memory_order_relaxed);
+    return ThreadRegistration(no_memory);
+  }
   if (!info.ok()) {
     Log(absl::StrCat("cannot register thread '", name,
                      "': ", info.status().message()));
@@ -199,11 +210,18 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
           "profile's comments count such threads)"));
     }
   }
-  SlotBase* slot = AcquireSlot();
+  SlotBase* slot = nullptr;
+  try {
+    slot = AcquireSlot();
+    slot->name = std::string(name);
+  } catch (const std::bad_alloc&) {
+    if (slot != nullptr) ReleaseSlot(slot);
+    registrations_without_memory_.fetch_add(1, std::memory_order_relaxed);
+    return ThreadRegistration(no_memory);
+  }
   slot->tid = info->tid;
   slot->cpu_clock = info->cpu_clock;
   slot->stack = info->stack;
-  slot->name = std::string(name);
   slot->max_frames = options_.max_frames;
   slot->has_aggregate_thread = false;
   slot->label_count = 0;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -125,9 +126,27 @@ class ThreadRegistration {
   // profiler is disabled).
   const absl::Status& status() const { return status_; }
 
-  // Unregisters now. Idempotent.
-  void Reset() {
+  // Unregisters now. Idempotent. Never throws: with the heap exhausted
+  // (the drain of the thread's last samples allocates), the thread leaves
+  // the profiler without them rather than ending the program in
+  // std::terminate (this runs in a destructor).
+  void Reset() noexcept {
     if (slot_ == nullptr) return;
+    try {
+      ResetOrThrow();
+    } catch (const std::bad_alloc&) {
+#if !defined(_WIN32)
+      if (static_cast<int64_t>(internal::CurrentTid()) == tid_ &&
+          internal::CurrentThreadSlot() == slot_) {
+        internal::SetCurrentThreadSlot(nullptr);
+      }
+#endif
+      slot_ = nullptr;
+    }
+  }
+
+ private:
+  void ResetOrThrow() {
     // What the unregistration allocates is inprof's, not the host's.
     internal::AllocGuard guard;
 #if !defined(_WIN32)
@@ -169,7 +188,6 @@ class ThreadRegistration {
     slot_ = nullptr;
   }
 
- private:
   std::shared_ptr<internal::Registry> registry_;
   internal::ThreadSlotHeader* slot_ = nullptr;
   int64_t tid_ = 0;
