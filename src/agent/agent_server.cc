@@ -133,7 +133,11 @@ void AgentServer::StartEndpoint() {
     return HeapSnapshot(default_type, pid);
   });
   absl::StatusOr<std::unique_ptr<internal::DebugServer>> server =
-      internal::DebugServer::Start(*address, endpoint_.get());
+      internal::DebugServer::Start(
+          *address, endpoint_.get(), internal::DebugServer::kRequestDeadline,
+          // A capture symbolizes with the session's symbolizer, whose files
+          // this thread's table holds (Pipeline::EncodeForRequest).
+          internal::DebugServer::Descriptors::kCallersTable);
   if (!server.ok()) {
     Log(absl::StrCat("agent: INPROF_HTTP_ADDR='",
                      absl::CHexEscape(options_.profile_options.http_addr),

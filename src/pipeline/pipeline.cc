@@ -214,6 +214,10 @@ void Pipeline::UseSymbolizer(std::unique_ptr<Symbolizer> symbolizer) {
   std::lock_guard<std::mutex> lock(export_mutex_);
   symbolizer_ = std::move(symbolizer);
   symbolizer_given_ = symbolizer_ != nullptr;
+  // Its files are numbers in the table of the thread that hands it over
+  // (owned_fd.h): used from another table, they would read and close
+  // whatever that table has there.
+  symbolizer_table_ = CurrentDescriptorTable();
 }
 
 void Pipeline::SetLabelTable(const LabelTable* table) {

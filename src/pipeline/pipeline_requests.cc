@@ -106,7 +106,17 @@ absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) 
   absl::StatusOr<std::string> encoded;
   if (symbolizer_given_) {
     // Another process's (`inprof agent`): its symbolizer holds its files
-    // open, and it may have exited since; shared with the exporter.
+    // open, and it may have exited since; shared with the exporter. Only
+    // in the descriptor table those files are in: from another one (a
+    // server thread in a table of inprof's) a refresh would open the
+    // process's files there and close the old numbers there, and the
+    // exporter would later read and close the new numbers in its own
+    // table -- files of the agent's that are not the symbolizer's.
+    if (CurrentDescriptorTable() != symbolizer_table_) {
+      return absl::FailedPreconditionError(
+          "this capture was asked for from a thread whose descriptor table "
+          "does not hold the process's symbol files; nothing was symbolized");
+    }
     std::lock_guard<std::mutex> lock(export_mutex_);
     encoded = EncodePprof(data, *symbolizer_);
   } else if (!RunWithOwnDescriptors([&] {

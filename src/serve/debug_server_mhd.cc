@@ -394,7 +394,7 @@ absl::Status DebugServer::Available() {
 
 absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
     const ListenAddress& address, DebugEndpoint* endpoint,
-    absl::Duration request_deadline) {
+    absl::Duration request_deadline, Descriptors descriptors) {
   if (absl::Status s = Available(); !s.ok()) return s;
   sockaddr_in v4{};
   sockaddr_in6 v6{};
@@ -437,7 +437,8 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
   // (owned_fd.h): made by "inprof-http", whose children MHD's threads are.
   // The program's close_range or dup2 never reaches them, nor they the
   // program's files. Without private tables (refused, ThreadSanitizer) the
-  // owner thread uses the program's, as the server did before.
+  // owner thread uses the program's, as the server did before; so does it
+  // with kCallersTable (the table of the thread calling Start).
   struct Started {
     std::mutex mu;
     std::condition_variable cv;
@@ -448,10 +449,15 @@ absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
   DebugServer* self = server.get();
   pthread_sigmask(SIG_SETMASK, &all, &old);
   try {
-    watch->owner = std::thread([self, watch, &started, flags, address, addr] {
+    watch->owner = std::thread([self, watch, &started, flags, address, addr,
+                                caller = ThisDescriptorTable(), descriptors] {
       MarkProfilerThread();
       SetCurrentThreadName("inprof-http");
-      EnterPrivateDescriptorTable();
+      if (descriptors == Descriptors::kOwnTable) {
+        EnterPrivateDescriptorTable();
+      } else {
+        JoinDescriptorTable(caller);
+      }
       watch->table = ThisDescriptorTable();
       const MhdApi& mhd = Mhd();
       errno = 0;

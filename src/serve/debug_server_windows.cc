@@ -16,7 +16,7 @@ absl::Status DebugServer::Available() {
 
 absl::StatusOr<std::unique_ptr<DebugServer>> DebugServer::Start(
     const ListenAddress& /*address*/, DebugEndpoint* /*endpoint*/,
-    absl::Duration /*request_deadline*/) {
+    absl::Duration /*request_deadline*/, Descriptors /*descriptors*/) {
   return Available();
 }
 

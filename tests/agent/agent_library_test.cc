@@ -556,6 +556,19 @@ TEST_F(AgentLibraryTest, TheAgentServesALiveCaptureOfAProcess) {
   const std::string http = server.http_address();
   ASSERT_FALSE(http.empty()) << Log();
   EXPECT_THAT(Log(), HasSubstr(absl::StrCat("agent: serving http://", http, "/debug/pprof/")));
+  // The low numbers free now are taken by files of the test's own: the
+  // agent opens the process's symbol files above them and keeps them open,
+  // and a capture reads them again; each of the test's files is checked
+  // after the session ends.
+  struct stat null_stat{};
+  ASSERT_EQ(stat("/dev/null", &null_stat), 0);
+  std::vector<int> sentinels;
+  while (sentinels.size() < 4096) {
+    const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;
+    sentinels.push_back(fd);
+    if (fd >= 256) break;
+  }
   RunningWorkload workload(Workload(options.address.ToString(), "long 3000"),
                            dir_ + "/workload.err");
   ASSERT_TRUE(workload.started());
@@ -627,6 +640,20 @@ TEST_F(AgentLibraryTest, TheAgentServesALiveCaptureOfAProcess) {
   }
   server.Stop();
   EXPECT_EQ(server.http_address(), "");
+  // Every one of the test's files is still open, at its number: neither the
+  // capture nor the session's end (its files closed by Stop at the
+  // latest) closed a number that was not its own.
+  int closed = 0;
+  for (int fd : sentinels) {
+    struct stat st{};
+    if (fstat(fd, &st) != 0 || st.st_ino != null_stat.st_ino ||
+        st.st_rdev != null_stat.st_rdev) {
+      ++closed;
+      continue;
+    }
+    close(fd);
+  }
+  EXPECT_EQ(closed, 0) << "of " << sentinels.size() << " files of the test's own";
 }
 
 // The agent cuts the windows (every second here), not the process: each of

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -31,8 +32,10 @@
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
 #include "inprof/base/log.h"
+#include "inprof/base/owned_fd.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/pprof_reader.h"
+#include "inprof/symbolizer.h"
 #include "util/test_util.h"
 
 namespace inprof {
@@ -621,6 +624,40 @@ TEST(DebugCaptureTest, StoppingCutsACaptureShort) {
   EXPECT_THAT(result.status().message(), HasSubstr("stopped during the capture"));
   // Woken, not timed out (a 60 s capture).
   EXPECT_LT(absl::Now() - begin, absl::Seconds(30));
+}
+
+// `inprof agent` hands each session's pipeline the process's symbolizer,
+// whose files are numbers in the table of the thread that made it. A
+// capture asked for from a thread in another table is refused rather than
+// symbolized there: a refresh would open the files again in that table and
+// close the old numbers in it, and the exporter would then close the new
+// numbers in its own -- other files of the agent's
+// (AgentLibraryTest.TheAgentServesALiveCaptureOfAProcess shows the whole
+// path). Deterministic.
+TEST(DebugCaptureTest, AGivenSymbolizerIsUsedOnlyInTheTableItsFilesAreIn) {
+  Options options;
+  options.write_output = false;
+  options.export_period = absl::ZeroDuration();
+  internal::Pipeline core(options, {{"samples", "count"}}, {"samples", "count"}, 1,
+                          "test");
+  core.UseSymbolizer(std::make_unique<Symbolizer>());
+  core.StartCollector([] {});
+  EXPECT_TRUE(core.Capture(absl::Milliseconds(10)).ok());
+  bool own_table = false;
+  absl::Status elsewhere;
+  std::thread([&] {
+    own_table = internal::EnterPrivateDescriptorTable();
+    elsewhere = core.Capture(absl::Milliseconds(10)).status();
+  }).join();
+  core.StopCollector();
+  if (own_table) {
+    EXPECT_EQ(elsewhere.code(), absl::StatusCode::kFailedPrecondition) << elsewhere;
+    EXPECT_THAT(elsewhere.message(), HasSubstr("descriptor table"));
+  } else {
+    // Private tables refused here (ThreadSanitizer, a seccomp filter):
+    // every thread shares the program's, and the capture is served.
+    EXPECT_TRUE(elsewhere.ok()) << elsewhere;
+  }
 }
 
 }  // namespace

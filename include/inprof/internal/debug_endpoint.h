@@ -174,12 +174,26 @@ class DebugServer {
   // library and its Debian package. INPROF_LIBMICROHTTPD overrides the file.
   static absl::Status Available();
 
+  // Where the server's threads keep their descriptors (owned_fd.h).
+  enum class Descriptors {
+    // A table of inprof's: in a program's process, where the program's
+    // close_range or dup2 must never reach the server's sockets, nor the
+    // server the program's files.
+    kOwnTable,
+    // The table of the thread calling Start: in a process of inprof's own
+    // (`inprof agent`), whose answers use files that process opened (each
+    // profiled process's symbol files) -- numbers that mean nothing in
+    // another table.
+    kCallersTable,
+  };
+
   // Listens on `address` and answers with `endpoint` (not owned; it must
   // outlive the server). `request_deadline`: kRequestDeadline (tests
   // shorten it).
   static absl::StatusOr<std::unique_ptr<DebugServer>> Start(
       const ListenAddress& address, DebugEndpoint* endpoint,
-      absl::Duration request_deadline = kRequestDeadline);
+      absl::Duration request_deadline = kRequestDeadline,
+      Descriptors descriptors = Descriptors::kOwnTable);
 
   ~DebugServer();  // Stop()
   DebugServer(const DebugServer&) = delete;

@@ -435,6 +435,7 @@ class Pipeline {
   SinkFactory sink_factory_;
   std::unique_ptr<Symbolizer> symbolizer_;  // kept: caches across exports
   bool symbolizer_given_ = false;  // UseSymbolizer(): captures use it too
+  uint32_t symbolizer_table_ = 0;  // the descriptor table its files are in
   bool sinks_built_ = false;
   std::vector<std::shared_ptr<ProfileSink>> sinks_;
   std::vector<bool> sink_failing_;  // one log line per failure streak
