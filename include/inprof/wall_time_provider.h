@@ -146,10 +146,9 @@ struct TickTime {
   // ticker's rate (WallTicker::RoundEstimate). 0: not known (tests): the
   // first visit credits the time since the thread was armed.
   int64_t round_ns = 0;
-  // The scheduled time since the ticker's previous wake-up (0 at the
-  // first), and the registered threads' time since it (thread-ns of real
-  // time; 0: not known), which WallTicker::VisitNext hands out.
-  int64_t interval_ns = 0;
+  // The registered threads' time since the ticker's previous wake-up
+  // (thread-ns of real time; 0 at the first, or not known), which
+  // WallTicker::VisitNext hands out.
   double thread_ns = 0;
   // Set by WallTicker::VisitNext when a wake-up visits only some of the
   // threads: every visit of a thread not followed weighs round_ns. Else

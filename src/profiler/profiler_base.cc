@@ -643,7 +643,6 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   const int64_t now = WallTimeProvider::NowNanos();
   TickTime when{now, std::min(scheduled_ns, now)};
   when.pace = pacing_.WakeUp(now, batch);
-  when.interval_ns = pacing_.ScheduledInterval(when.scheduled_ns);
   when.thread_ns = pacing_.ThreadTime(now, active_.size());
   // The visits a tick within Options::wall_cpu_budget, from the ticker
   // thread's CPU since the last wake-up.

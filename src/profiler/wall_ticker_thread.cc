@@ -27,9 +27,8 @@ void TickerPacing::Restart(int64_t period_ns) {
   visits_ = 0;
   visit_cap_ = SIZE_MAX;
   period_ns_ = period_ns;
-  last_scheduled_ns_ = 0;
   thread_ns_ = 0;
-  mean_from_ns_ = 0;
+  counted_from_ns_ = 0;
 }
 
 // No last visits at Stop(): a wall visit's weight stands for the interval
@@ -39,9 +38,8 @@ void TickerPacing::Stop(int64_t now_ns) {
   if (last_tick_ns_ > 0) NoteRound(now_ns - last_tick_ns_ + last_round_ns_);
   last_tick_ns_ = 0;
   last_round_ns_ = 0;
-  last_scheduled_ns_ = 0;
   thread_ns_ = 0;
-  mean_from_ns_ = 0;
+  counted_from_ns_ = 0;
   lateness_ = 1;
 }
 
@@ -83,16 +81,8 @@ void TickerPacing::MeasureCpu(int64_t cpu_ns, double budget) {
   visit_cap_ = VisitBudgetPerTick(budget, period_ns_, cost_per_visit_ns_);
 }
 
-int64_t TickerPacing::ScheduledInterval(int64_t scheduled_ns) {
-  const int64_t interval =
-      last_scheduled_ns_ > 0 && scheduled_ns > last_scheduled_ns_ ? scheduled_ns - last_scheduled_ns_
-                                                                  : 0;
-  if (scheduled_ns > last_scheduled_ns_) last_scheduled_ns_ = scheduled_ns;
-  return interval;
-}
-
 void TickerPacing::CountThreads(int64_t now_ns, size_t threads) {
-  if (mean_from_ns_ > 0 && now_ns > threads_at_ns_) {
+  if (counted_from_ns_ > 0 && now_ns > threads_at_ns_) {
     thread_ns_ += static_cast<double>(threads) * static_cast<double>(now_ns - threads_at_ns_);
   }
   threads_at_ns_ = std::max(threads_at_ns_, now_ns);
@@ -100,9 +90,9 @@ void TickerPacing::CountThreads(int64_t now_ns, size_t threads) {
 
 double TickerPacing::ThreadTime(int64_t now_ns, size_t threads) {
   CountThreads(now_ns, threads);
-  const double total = mean_from_ns_ > 0 ? thread_ns_ : 0;
+  const double total = counted_from_ns_ > 0 ? thread_ns_ : 0;
   thread_ns_ = 0;
-  mean_from_ns_ = now_ns;
+  counted_from_ns_ = now_ns;
   threads_at_ns_ = now_ns;
   return total;
 }

@@ -312,11 +312,10 @@ TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
   AddThreads(10);
   provider_.per_tick = 2;
   int64_t total = 0;
-  auto wake = [&](int64_t at, int64_t interval, double thread_ns, size_t cap = SIZE_MAX) {
+  auto wake = [&](int64_t at, double thread_ns, size_t cap = SIZE_MAX) {
     log_.clear();
     next_ = 10;
     TickTime when = TickTime::At(at);
-    when.interval_ns = interval;
     when.thread_ns = thread_ns;
     total += static_cast<int64_t>(thread_ns);
     counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_, cap);
@@ -328,20 +327,20 @@ TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
     return sum;
   };
   // 10 threads for 10 ms, 2 visits: 50 ms each.
-  EXPECT_THAT(wake(100 * kMs, 10 * kMs, 100.0 * kMs),
+  EXPECT_THAT(wake(100 * kMs, 100.0 * kMs),
               ElementsAre("visit 0 at 100000000", "visit 1 at 100000000"));
   EXPECT_TRUE(slot(0).data.round_weights);
   EXPECT_EQ(slot(0).data.round_ns, 50 * kMs);
   EXPECT_EQ(slot(1).data.round_ns, 50 * kMs);
   EXPECT_EQ(taken(), total);
   // A budget's cap of one visit a tick: one visit weighs all 15 ms x 10.
-  wake(115 * kMs, 15 * kMs, 150.0 * kMs, /*cap=*/1);
+  wake(115 * kMs, 150.0 * kMs, /*cap=*/1);
   EXPECT_EQ(slot(2).data.round_ns, 150 * kMs);
   EXPECT_EQ(taken(), total);
   // A thread not armed yet leaves its share to the next visit, and the
   // round robin goes on until the time is handed out.
   slot(4).data.use = RoundWeight::kNotYet;
-  EXPECT_THAT(wake(125 * kMs, 10 * kMs, 90.0 * kMs),
+  EXPECT_THAT(wake(125 * kMs, 90.0 * kMs),
               ElementsAre("visit 3 at 125000000", "visit 4 at 125000000",
                           "visit 5 at 125000000"));
   EXPECT_EQ(slot(3).data.round_ns, 45 * kMs);
@@ -351,10 +350,10 @@ TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
   // None is armed (a burst of registrations; at most 4x the visits are
   // tried): the time goes to the next wake-up's visits.
   for (int i : {6, 7, 8, 9, 0, 1, 2, 3}) slot(i).data.use = RoundWeight::kNotYet;
-  EXPECT_EQ(wake(135 * kMs, 10 * kMs, 100.0 * kMs).size(), 8u);
+  EXPECT_EQ(wake(135 * kMs, 100.0 * kMs).size(), 8u);
   EXPECT_EQ(taken(), total - 100 * kMs);
   for (auto& s : slots_) s->data.use = RoundWeight::kTaken;
-  wake(145 * kMs, 10 * kMs, 100.0 * kMs);
+  wake(145 * kMs, 100.0 * kMs);
   EXPECT_EQ(slot(4).data.round_ns, 100 * kMs);
   EXPECT_EQ(slot(5).data.round_ns, 100 * kMs);
   EXPECT_EQ(taken(), total);
@@ -365,7 +364,7 @@ TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
   // out.
   slot(6).data.use = RoundWeight::kOwnAccount;
   slot(7).data.use = RoundWeight::kEnded;
-  EXPECT_THAT(wake(155 * kMs, 10 * kMs, 100.0 * kMs),
+  EXPECT_THAT(wake(155 * kMs, 100.0 * kMs),
               ElementsAre("visit 6 at 155000000", "visit 7 at 155000000"));
   EXPECT_EQ(taken(), total - 100 * kMs);
   EXPECT_EQ(counts_.unattributed_ns, static_cast<uint64_t>(50 * kMs));
@@ -380,7 +379,6 @@ TEST_F(WallTickerTest, TimeNoThreadCanTakeIsCountedAndEveryThreadVisitedWeighsIt
   provider_.per_tick = 2;
   for (auto& s : slots_) s->data.use = RoundWeight::kNotYet;
   TickTime when = TickTime::At(100 * kMs);
-  when.interval_ns = 10 * kMs;
   when.thread_ns = 40.0 * kMs;
   next_ = 10;
   counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
@@ -398,6 +396,20 @@ TEST_F(WallTickerTest, TimeNoThreadCanTakeIsCountedAndEveryThreadVisitedWeighsIt
   EXPECT_FALSE(slot(0).data.round_weights);
   EXPECT_FALSE(slot(1).data.round_weights);
   EXPECT_EQ(counts_.unattributed_ns, 0u);
+  // Time carried from wake-ups that visited some threads, when the next
+  // one visits every thread (weighing their own intervals): nobody takes
+  // it, and it is counted.
+  pointers_.clear();
+  for (auto& s : slots_) pointers_.push_back(s.get());
+  when.scheduled_ns = when.now_ns = 130 * kMs;
+  when.thread_ns = 40.0 * kMs;
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);  // carried
+  pointers_.resize(2);
+  when.scheduled_ns = when.now_ns = 140 * kMs;
+  when.thread_ns = 20.0 * kMs;
+  counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  EXPECT_EQ(counts_.unattributed_ns, static_cast<uint64_t>(40 * kMs));
 }
 
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {

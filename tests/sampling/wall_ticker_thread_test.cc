@@ -244,19 +244,6 @@ TEST(TickerPacingTest, StopCountsTheLastWakeUpsRoundOnly) {
   EXPECT_EQ(pacing.longest_round_ns(), static_cast<uint64_t>(300 * kMs));
 }
 
-// The scheduled intervals between wake-ups telescope to the span between
-// the first and the last; a schedule that did not advance gives 0.
-TEST(TickerPacingTest, ScheduledIntervalsAreTheTimeSinceThePreviousWakeUpsSchedule) {
-  TickerPacing pacing;
-  pacing.Restart(kPeriod);
-  EXPECT_EQ(pacing.ScheduledInterval(1000 * kMs), 0);  // the first
-  EXPECT_EQ(pacing.ScheduledInterval(1012 * kMs), 12 * kMs);
-  EXPECT_EQ(pacing.ScheduledInterval(1012 * kMs), 0);
-  EXPECT_EQ(pacing.ScheduledInterval(1300 * kMs), 288 * kMs);
-  pacing.Stop(1400 * kMs);
-  EXPECT_EQ(pacing.ScheduledInterval(2000 * kMs), 0);  // a first again
-}
-
 // The threads' time between two wake-ups: each count for as long as it
 // held, threads that left in between included; nothing before the first
 // wake-up.

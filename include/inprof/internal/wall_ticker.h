@@ -186,8 +186,11 @@ class WallTicker {
     // visits, as long as threads are registered. When every thread is
     // visited at each wake-up, its visits credit exactly the time since its
     // previous one instead.
-    when.round_weights = when.interval_ns > 0 && when.thread_ns > 0 && visits < n;
+    when.round_weights = when.thread_ns > 0 && visits < n;
     double left = when.round_weights ? when.thread_ns + carried_ns_ : 0;
+    // Visiting every thread, each visit takes its own interval: time
+    // carried from earlier wake-ups has no taker, and is counted.
+    if (!when.round_weights) counts.unattributed_ns += static_cast<uint64_t>(carried_ns_);
     carried_ns_ = 0;
     when.round_ns =
         when.round_weights

@@ -71,12 +71,6 @@ class TickerPacing {
   // least the spacing.
   double WakeUp(int64_t now_ns, size_t batch);
 
-  // The scheduled time since the previous wake-up's (TickTime::interval_ns),
-  // noting `scheduled_ns` for the next; 0 at the first wake-up after
-  // Start() or Stop(), or when the schedule did not advance. Summed over
-  // the wake-ups of any span, these telescope to the span's scheduled time.
-  int64_t ScheduledInterval(int64_t scheduled_ns);
-
   // The registered threads' count integrated over time (registry lock):
   // CountThreads before the count changes from `threads`; ThreadTime at a
   // wake-up: the threads' time since the previous wake-up, in thread-
@@ -134,12 +128,11 @@ class TickerPacing {
   // The last wake-up (0 before one) and its round.
   int64_t last_tick_ns_ = 0;
   int64_t last_round_ns_ = 0;
-  int64_t last_scheduled_ns_ = 0;  // the last wake-up's (0 before one)
-  // CountThreads: thread-nanoseconds since mean_from_ns_ (0: no wake-up
-  // yet), counted up to threads_at_ns_.
+  // CountThreads: thread-nanoseconds since counted_from_ns_ (the last
+  // wake-up; 0: none yet), counted up to threads_at_ns_.
   double thread_ns_ = 0;
   int64_t threads_at_ns_ = 0;
-  int64_t mean_from_ns_ = 0;
+  int64_t counted_from_ns_ = 0;
   double lateness_ = 1;
   std::atomic<uint32_t> quiet_factor_{1};
   std::atomic<uint64_t> longest_round_ns_{0};
