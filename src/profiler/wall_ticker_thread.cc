@@ -223,7 +223,10 @@ void WallTickerThread::Start(absl::Duration period, const TickerPacing& pacing,
       if (t->stop) break;
       if (t->edge) {
         // A window's edge (TickNow): the ticks since the last wake-up, now;
-        // the schedule goes on from `next`.
+        // the schedule starts again from here, so that the next wake-up
+        // stands for the time after this one only (kept at `next`, it
+        // visited a whole batch for what was left of one: ~10% more
+        // visits than the budget's at 10,000 threads and 1 s windows).
         t->edge = false;
         const auto now = std::chrono::steady_clock::now();
         const size_t ticks = static_cast<size_t>(std::max<int64_t>(
@@ -238,6 +241,7 @@ void WallTickerThread::Start(absl::Duration period, const TickerPacing& pacing,
         });
         lock.lock();
         last = now;
+        next = now + jittered(step * batch * pacing.quiet_factor());
         ++t->edges_done;
         t->cv.notify_all();
         continue;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -399,6 +400,62 @@ TEST(WallTickerThreadTest, TickNowWakesTheTickerAndWaitsForIt) {
   ticker.TickNow(absl::Minutes(1));  // stopped: returns at once
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(ticks.size(), 2u);
+}
+
+// After a window's edge the schedule starts again from the edge: the next
+// regular wake-up stands for the time after it, so it comes at least half
+// a jittered interval (0.5-1.5 periods here) after it. Kept on its old
+// schedule instead, it came within 100 ms of an edge and visited a whole
+// batch for what was left of one. Deterministic: the property holds for
+// every regular wake-up, whatever the machine's load (a starved test
+// thread only spaces the edges further apart).
+TEST(WallTickerThreadTest, AWindowsEdgeRestartsTheSchedule) {
+  constexpr int64_t kMs = 1'000'000;
+  std::mutex mu;
+  std::atomic<bool> in_edge{false};
+  struct Tick {
+    int64_t at_ns;
+    bool edge;
+  };
+  std::vector<Tick> ticks;
+  const auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  TickerPacing pacing;
+  WallTickerThread ticker;
+  ticker.Start(
+      absl::Seconds(1), pacing,
+      [&](size_t, int64_t) {
+        std::lock_guard<std::mutex> lock(mu);
+        ticks.push_back({now_ns(), in_edge.load()});
+        return size_t{1};
+      },
+      [] {});
+  // Edges every 100 ms for 1.6 s: past the first regular wake-up's latest
+  // time on the old schedule (1.5 s).
+  for (int i = 0; i < 16; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    in_edge = true;
+    ticker.TickNow(absl::Minutes(1));
+    in_edge = false;
+  }
+  ticker.Stop(/*in_forked_child=*/false);
+  std::lock_guard<std::mutex> lock(mu);
+  int edges = 0;
+  for (size_t i = 0; i < ticks.size(); ++i) {
+    if (ticks[i].edge) {
+      ++edges;
+      continue;
+    }
+    // 0.5 s after the wake-up before it, less what the edge's own tick
+    // took after its time was read (microseconds; 100 ms allowed).
+    if (i > 0) {
+      EXPECT_GE(ticks[i].at_ns - ticks[i - 1].at_ns, 400 * kMs) << "wake-up " << i;
+    }
+  }
+  EXPECT_EQ(edges, 16);
 }
 
 }  // namespace inprof::internal
