@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <new>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -146,7 +146,8 @@ absl::Status ProfilerBase::Stop() {
     arm_queue_.Clear();
     ProcessRetiredLocked();
     // No last visits; the threads' waits since the last wake-up count as
-    // waits between visits (the comments' longest).
+    // waits between visits (the comments' longest), and with shares
+    // (TickTime::round_weights) their time since it is not handed out.
     pacing_.Stop(WallTimeProvider::NowNanos());
     for (SlotBase* slot : active_) DisarmLocked(slot);
     DeactivateSession(session_);

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "absl/random/distributions.h"
@@ -31,9 +31,11 @@ void TickerPacing::Restart(int64_t period_ns) {
   counted_from_ns_ = 0;
 }
 
-// No last visits at Stop(): a wall visit's weight stands for the interval
-// after it (WallTimeProvider::VisitThread), so the threads' time since
-// their last visits is already credited, on average.
+// No last visits at Stop(). When every thread is visited at each wake-up,
+// a visit's weight stands for the interval after it, so the threads' time
+// since their last visits is already credited, on average; when a wake-up
+// visits only some, its shares stand for the interval before it, and the
+// time since the last wake-up is not handed out (ProfilerBase::Stop).
 void TickerPacing::Stop(int64_t now_ns) {
   if (last_tick_ns_ > 0) NoteRound(now_ns - last_tick_ns_ + last_round_ns_);
   last_tick_ns_ = 0;
@@ -218,6 +220,19 @@ void WallTickerThread::Start(absl::Duration period, const TickerPacing& pacing,
     auto last = std::chrono::steady_clock::now();  // the last wake-up's schedule
     size_t batch = 1;
     std::unique_lock<std::mutex> lock(t->mutex);
+    // One wake-up standing for `ticks` ticks, scheduled `at`, outside the
+    // lock. steady_clock is CLOCK_MONOTONIC in libstdc++ and libc++ on
+    // Linux: the same clock as the visits' (NowNanos). A visit that throws
+    // (memory pressure) is skipped, never the host.
+    auto run_tick = [&](size_t ticks, std::chrono::steady_clock::time_point at) {
+      lock.unlock();
+      RunContained("a wall-time visit", [&] {
+        batch = tick(ticks, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                at.time_since_epoch())
+                                .count());
+      });
+      lock.lock();
+    };
     while (!t->stop) {
       t->cv.wait_until(lock, next, [t] { return t->stop || t->replan || t->edge; });
       if (t->stop) break;
@@ -232,14 +247,7 @@ void WallTickerThread::Start(absl::Duration period, const TickerPacing& pacing,
         const size_t ticks = static_cast<size_t>(std::max<int64_t>(
             1, std::llround(static_cast<double>((now - last).count()) /
                             static_cast<double>(step.count()))));
-        lock.unlock();
-        RunContained("a wall-time visit", [&] {
-          batch = tick(std::min(ticks, std::max<size_t>(batch, 1)),
-                       std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           now.time_since_epoch())
-                           .count());
-        });
-        lock.lock();
+        run_tick(std::min(ticks, std::max<size_t>(batch, 1)), now);
         last = now;
         next = now + jittered(step * batch * pacing.quiet_factor());
         ++t->edges_done;
@@ -253,16 +261,7 @@ void WallTickerThread::Start(absl::Duration period, const TickerPacing& pacing,
         next = std::min(next, std::chrono::steady_clock::now() + jittered(step));
         continue;
       }
-      lock.unlock();
-      // steady_clock is CLOCK_MONOTONIC in libstdc++ and libc++ on Linux:
-      // the same clock as the visits' (NowNanos).
-      // A visit that throws (memory pressure) is skipped, never the host.
-      RunContained("a wall-time visit", [&] {
-        batch = tick(batch, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                next.time_since_epoch())
-                                .count());
-      });
-      lock.lock();
+      run_tick(batch, next);
       last = next;
       next += jittered(step * batch * pacing.quiet_factor());
       const auto now = std::chrono::steady_clock::now();

@@ -145,10 +145,10 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   // Credited up to the visit's scheduled time (TickTime); a thread armed
   // after it waits for the next visit.
   const int64_t credit_to = when.scheduled_ns;
-  // A visit's weight is fixed when it is taken and stands for the interval
-  // after it: TickTime::round_ns, the wake-up's interval times the threads
-  // over the wake-up's visits (Horvitz-Thompson: a thread is visited in a
-  // wake-up with chance visits/threads). A thread visited every R seconds
+  // A visit's weight is fixed when it is taken: TickTime::round_ns, the
+  // visit's share of the registered threads' time since the ticker's
+  // previous wake-up (Horvitz-Thompson: a thread is visited in a wake-up
+  // with chance visits/threads). A thread visited every R seconds
   // is credited about R per visit, and one that lives L seconds is visited
   // L/R times on average (it enters the round robin at a random place, and
   // the round robin's phase against its end is arbitrary), so nothing is
