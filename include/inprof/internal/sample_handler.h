@@ -317,13 +317,15 @@ class SampleHandler {
   static bool OnSignalAt(size_t provider, Slot& slot, const siginfo_t& info,
                          std::index_sequence<I...>, int64_t* values) noexcept {
     bool sampled = false;
-    ((provider == I
-          ? (sampled = std::tuple_element_t<I, std::tuple<Ps...>>::OnSignal(
-                 slot, std::get<I>(slot.data), info,
-                 std::span<int64_t>(values, L::kValueCounts[I])),
-             true)
-          : false) ||
-     ...);
+    // A fold over one provider is a lone `||` operand; its value is unused.
+    static_cast<void>(
+        ((provider == I
+              ? (sampled = std::tuple_element_t<I, std::tuple<Ps...>>::OnSignal(
+                     slot, std::get<I>(slot.data), info,
+                     std::span<int64_t>(values, L::kValueCounts[I])),
+                 true)
+              : false) ||
+         ...));
     return sampled;
   }
 };
