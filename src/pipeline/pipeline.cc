@@ -431,6 +431,14 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "could be sampled=",
         window_stats.threads_sigprof_unblocked));
   }
+  if (window_stats.registrations_without_memory > 0) {
+    data.comments.push_back(absl::StrCat(
+        "thread registrations and unregistrations that failed for want of "
+        "memory=",
+        window_stats.registrations_without_memory,
+        " (the heap was exhausted: those threads were not profiled, or their "
+        "last samples were lost)"));
+  }
   if (window_stats.samples_small_stack > 0) {
     data.comments.push_back(absl::StrCat(
         "samples taken on a small or foreign stack, not walked=",

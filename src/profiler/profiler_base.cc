@@ -345,6 +345,9 @@ ProfilerStats ProfilerBase::stats() const {
   s.wall_longest_round_ns = pacing_.longest_round_ns();
   s.threads_armed_by_sampler =
       threads_armed_by_sampler_.load(std::memory_order_relaxed);
+  s.registrations_without_memory =
+      registrations_without_memory_.load(std::memory_order_relaxed) +
+      registry_->unregistrations_without_memory.load(std::memory_order_relaxed);
   return s;
 }
 

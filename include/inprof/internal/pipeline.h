@@ -128,7 +128,12 @@ class Symbolizer;
      (a round of the threads: WallTicker::RoundEstimate at each wake-up,    \
      and at Stop() the time since the last wake-up): what one wall sample   \
      weighs at most. Since the profiler was made. */                        \
-  X(wall_longest_round_ns, false, "longest wait between two wall visits, ns")
+  X(wall_longest_round_ns, false, "longest wait between two wall visits, ns") \
+  /* Thread registrations that failed, and unregistrations that could not   \
+     drain the thread's last samples, because the heap was exhausted       \
+     (std::bad_alloc): the threads are not profiled, or their last samples \
+     are lost. */                                                           \
+  X(registrations_without_memory, true, "registrations that failed for want of memory")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;
