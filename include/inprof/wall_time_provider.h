@@ -335,7 +335,9 @@ class WallTimeProvider {
     // Ticker: no visit has credited the thread since it was armed; its
     // first weighs TickTime::round_ns.
     bool fresh = true;
-    // Ticker, drains and TakeTail (registry lock): the thread was followed
+    // Ticker, drains and TakeTail (registry lock): the thread was followed,
+    // or visited at a wake-up that visited every thread (its visit then
+    // credited the time since the previous one, or since it was armed),
     // since it was armed. From then on its account is exact, interval by
     // interval: its visits credit the time since the previous one, the
     // following's balance settles what its samples did not carry, and its

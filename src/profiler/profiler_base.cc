@@ -132,6 +132,11 @@ absl::Status ProfilerBase::Stop() {
   }
   // No event is recorded from here on; the last window takes those that were.
   StopEventProviders(/*forked_child=*/false);
+  // The last wall visits, as at a window's edge: the threads' time since
+  // the ticker's last wake-up is handed out now (it was lost: up to a
+  // jittered batch of quiet periods, 12.6 ms of a 0.3 s program at 10 ms,
+  // GperftoolsTest.WallTimeOnlyWhenInprofWallPeriodAsksForIt).
+  ticker_.TickNow(absl::Milliseconds(50));
   StopTicker();  // before taking the registry lock: Tick() takes it
   {
     std::unique_lock<std::mutex> lock(registry_->mutex);
@@ -145,9 +150,9 @@ absl::Status ProfilerBase::Stop() {
     // preparation, their tails take their points.
     arm_queue_.Clear();
     ProcessRetiredLocked();
-    // No last visits; the threads' waits since the last wake-up count as
-    // waits between visits (the comments' longest), and with shares
-    // (TickTime::round_weights) their time since it is not handed out.
+    // The threads' waits since the last wake-up (the one above, unless the
+    // ticker was late for it) count as waits between visits (the
+    // comments' longest).
     pacing_.Stop(WallTimeProvider::NowNanos());
     for (SlotBase* slot : active_) DisarmLocked(slot);
     DeactivateSession(session_);

@@ -31,11 +31,8 @@ void TickerPacing::Restart(int64_t period_ns) {
   counted_from_ns_ = 0;
 }
 
-// No last visits at Stop(). When every thread is visited at each wake-up,
-// a visit's weight stands for the interval after it, so the threads' time
-// since their last visits is already credited, on average; when a wake-up
-// visits only some, its shares stand for the interval before it, and the
-// time since the last wake-up is not handed out (ProfilerBase::Stop).
+// After Stop()'s last wake-up (ProfilerBase::Stop: TickNow), which handed
+// out the threads' time up to it.
 void TickerPacing::Stop(int64_t now_ns) {
   if (last_tick_ns_ > 0) NoteRound(now_ns - last_tick_ns_ + last_round_ns_);
   last_tick_ns_ = 0;

@@ -382,11 +382,13 @@ void ArmThisThread(const std::string& name, WallTimeProvider& provider,
 // `ran_ms` of CPU since (the clocks only move forward, so "ran throughout"
 // and "ran part of it" are exact).
 // `round_ms`: the round's time the ticker gives (TickTime::round_ns; 0:
-// none); `ahead`: a visit out of the round (TickTime::out_of_round).
+// none); `ahead`: a visit out of the round (TickTime::out_of_round);
+// `shares`: a wake-up that visits only some threads
+// (TickTime::round_weights).
 TickDecision VisitAfter(WallTimeProvider& provider, ThreadContext& thread,
                         WallTimeProvider::ThreadData& data, int64_t ms,
                         int64_t ran_ms, bool sampled, int64_t* values,
-                        int64_t round_ms = 0, bool ahead = false) {
+                        int64_t round_ms = 0, bool ahead = false, bool shares = false) {
   const int64_t now = WallTimeProvider::NowNanos();
   data.last_wall_ns = now - ms * 1'000'000;
   data.last_look_ns = data.last_wall_ns;
@@ -394,19 +396,21 @@ TickDecision VisitAfter(WallTimeProvider& provider, ThreadContext& thread,
   TickTime when = TickTime::At(now);
   when.round_ns = round_ms * 1'000'000;
   when.out_of_round = ahead;
+  when.round_weights = shares;
   return provider.VisitThread(thread, data, when, false, sampled,
                               std::span<int64_t>(values, 2));
 }
 
-// A visit's weight is fixed when it is taken and stands for the interval
-// after it: the first visit weighs the round's time (not the time since
-// the thread was armed, half a round on average), later ones the interval
-// since the previous visit (the time the thread waits for its next); a
-// thread that ends between two visits owes nothing but what a signal it
-// never took was to carry. Driven directly (this thread, which runs: each
-// visit that reads its state signals it; the handler's part is taken by
-// hand), every value exact.
-TEST(WallTimeProviderTest, AVisitWeighsTheIntervalAfterItAndAnEndingThreadOwesNothing) {
+// When a wake-up visits only some threads (TickTime::round_weights), a
+// visit's weight is its share of the round's time (TickTime::round_ns),
+// fixed when it is taken, standing for the interval after it: a thread
+// that ends between two visits owes nothing but what a signal it never
+// took was to carry. When a wake-up visits every thread, each visit
+// credits the time since the previous one (the first, since arming), and
+// the tail the time since the last: the thread's lifetime exactly. Driven
+// directly (this thread, which runs: each visit that reads its state
+// signals it; the handler's part is taken by hand), every value exact.
+TEST(WallTimeProviderTest, AVisitWeighsItsShareOfTheRoundOrExactlyItsOwnInterval) {
   WallTimeProvider provider;
   ThreadContext thread;
   WallTimeProvider::ThreadData data;
@@ -414,13 +418,16 @@ TEST(WallTimeProviderTest, AVisitWeighsTheIntervalAfterItAndAnEndingThreadOwesNo
   int64_t values[2] = {};
   Spin(20'000'000);  // the marks below stay positive
   EXPECT_TRUE(data.fresh);
-  // Armed 3 ms ago, a round takes 50 ms: the first sample weighs 50 ms.
-  EXPECT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50), TickDecision::kSignal);
+  // Shares. Armed 3 ms ago, a share of 50 ms: the first sample weighs 50 ms.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
+            TickDecision::kSignal);
   EXPECT_EQ(data.pending_wall_ns.exchange(0), 50'000'000);
   EXPECT_FALSE(data.fresh);
-  // The next, 40 ms later (the round was shorter this time): 40 ms.
-  EXPECT_EQ(VisitAfter(provider, thread, data, 40, 1, false, values, 50), TickDecision::kSignal);
-  EXPECT_EQ(data.pending_wall_ns.exchange(0), 40'000'000);
+  EXPECT_FALSE(data.exact);
+  // The next, 40 ms later: its share again.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 40, 1, false, values, 50, false, true),
+            TickDecision::kSignal);
+  EXPECT_EQ(data.pending_wall_ns.exchange(0), 50'000'000);
   // It unregisters 30 ms after that visit: nothing is owed.
   data.last_wall_ns = WallTimeProvider::NowNanos() - 30'000'000;
   EXPECT_FALSE(provider.TakeTail(thread, data, values));
@@ -429,9 +436,29 @@ TEST(WallTimeProviderTest, AVisitWeighsTheIntervalAfterItAndAnEndingThreadOwesNo
   provider.DisarmThread(thread, data);
   ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
   EXPECT_TRUE(data.fresh);
-  EXPECT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
+            TickDecision::kSignal);
   ASSERT_TRUE(provider.TakeTail(thread, data, values));
   EXPECT_EQ(values[1], 50'000'000);
+  EXPECT_EQ(values[0], 0);
+
+  // Every thread visited. Armed 3 ms ago: 3 ms, whatever the round's time.
+  provider.DisarmThread(thread, data);
+  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  EXPECT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(data.pending_wall_ns.exchange(0), 3'000'000);
+  EXPECT_TRUE(data.exact);
+  // The next, 40 ms later: 40 ms.
+  EXPECT_EQ(VisitAfter(provider, thread, data, 40, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(data.pending_wall_ns.exchange(0), 40'000'000);
+  // It unregisters 30 ms after that visit: the tail owes those 30 ms (and
+  // the moments between these lines).
+  const int64_t before = WallTimeProvider::NowNanos();
+  data.last_wall_ns = before - 30'000'000;
+  ASSERT_TRUE(provider.TakeTail(thread, data, values));
+  const int64_t after = WallTimeProvider::NowNanos();
+  EXPECT_GE(values[1], 30'000'000);
+  EXPECT_LE(values[1], 30'000'000 + (after - before));
   EXPECT_EQ(values[0], 0);
 }
 
@@ -467,17 +494,29 @@ TEST(WallTimeProviderTest, AVisitAheadOfTheRoundOnlyBeginsTheFollowing) {
   EXPECT_TRUE(data.exact);
   EXPECT_FALSE(data.fresh);
 
-  // After a visit in the round (a sample of 50 ms), the following begins
-  // with nothing to credit.
+  // After a visit in the round weighing a share (a sample of 50 ms), the
+  // following begins with nothing to credit.
   WallTimeProvider::ThreadData later;
   ASSERT_TRUE(provider.ArmThread(thread, later, 0).ok());
-  EXPECT_EQ(VisitAfter(provider, thread, later, 3, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(VisitAfter(provider, thread, later, 3, 1, false, values, 50, false, true),
+            TickDecision::kSignal);
   EXPECT_EQ(later.pending_wall_ns.exchange(0), 50'000'000);
   values[1] = 0;
-  EXPECT_EQ(VisitAfter(provider, thread, later, 10, 10, true, values, 50, true),
+  EXPECT_EQ(VisitAfter(provider, thread, later, 10, 10, true, values, 50, true, true),
             TickDecision::kFollowing);
   EXPECT_EQ(values[1], 0);
   EXPECT_TRUE(later.following);
+
+  // After one that credited its own interval (every thread visited: 3 ms
+  // since arming), the following credits the 10 ms since.
+  WallTimeProvider::ThreadData own;
+  ASSERT_TRUE(provider.ArmThread(thread, own, 0).ok());
+  EXPECT_EQ(VisitAfter(provider, thread, own, 3, 1, false, values, 50), TickDecision::kSignal);
+  EXPECT_EQ(own.pending_wall_ns.exchange(0), 3'000'000);
+  EXPECT_EQ(VisitAfter(provider, thread, own, 10, 10, true, values, 50, true),
+            TickDecision::kCreditRunning);
+  EXPECT_EQ(values[1], 10'000'000);
+  EXPECT_TRUE(own.following);
 }
 
 // The ticker's visit to a thread that used nearly all the wall time since
