@@ -197,7 +197,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   try {
     info = DescribeCurrentThread();
   } catch (const std::bad_alloc&) {
-    registrations_without_memory_.fetch_add(1, std::memory_order_relaxed);
+    registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
     return ThreadRegistration(no_memory);
   }
   if (!info.ok()) {
@@ -222,7 +222,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
     slot->name = std::string(name);
   } catch (const std::bad_alloc&) {
     if (slot != nullptr) ReleaseSlot(slot);
-    registrations_without_memory_.fetch_add(1, std::memory_order_relaxed);
+    registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
     return ThreadRegistration(no_memory);
   }
   slot->tid = info->tid;
@@ -350,9 +350,7 @@ ProfilerStats ProfilerBase::stats() const {
   s.wall_longest_round_ns = pacing_.longest_round_ns();
   s.threads_armed_by_sampler =
       threads_armed_by_sampler_.load(std::memory_order_relaxed);
-  s.registrations_without_memory =
-      registrations_without_memory_.load(std::memory_order_relaxed) +
-      registry_->unregistrations_without_memory.load(std::memory_order_relaxed);
+  s.registrations_without_memory = registry_->without_memory.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -174,6 +174,13 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
   const bool fresh = data.fresh;
   const bool estimated = when.round_weights && (fresh || !data.exact);
   int64_t elapsed = estimated ? weight : backward;
+  // A visit that credits: the thread's account runs up to credit_to, and
+  // is exact when the visit credited its own interval.
+  auto credited = [&] {
+    data.last_wall_ns = credit_to;
+    data.fresh = false;
+    if (!estimated) data.exact = true;
+  };
   const int64_t clock = internal::ThreadCpuNanos(thread.cpu_clock);
   if (clock < 0) {  // exited
     data.round_weight = RoundWeight::kEnded;
@@ -230,9 +237,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // once left a thread waiting with every signal blocked: the sampler
     // re-signalled it every kSignalLostAfterNs and woke every period.
     data.pending_wall_ns.fetch_add(elapsed, std::memory_order_acq_rel);
-    data.last_wall_ns = credit_to;
-    data.fresh = false;
-    if (!estimated) data.exact = true;
+    credited();
     data.last_look_ns = when.now_ns;
     data.steady_visit = true;
     ++counts_.undelivered;
@@ -245,9 +250,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     // episode: it has not run, so it waits where it waited (or was just
     // woken and waits for a core). No /proc reads: an idle thread's visit
     // costs one clock read, as it did before the kernel's state was read.
-    data.last_wall_ns = credit_to;
-    data.fresh = false;
-    if (!estimated) data.exact = true;
+    credited();
     data.last_look_ns = when.now_ns;
     data.steady_visit = true;
     ++counts_.blocked;
@@ -282,9 +285,7 @@ TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
     data.round_weight = RoundWeight::kEnded;
     return TickDecision::kSkip;
   }
-  data.last_wall_ns = credit_to;
-  data.fresh = false;
-  if (!estimated) data.exact = true;  // credited up to credit_to
+  credited();
   // The thread's own CPU since the last look or, when one of inprof's
   // handlers ran on it since (a sample, CPU or wall), since that handler
   // returned: what the sample cost it is not the thread running.

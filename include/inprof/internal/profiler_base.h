@@ -316,9 +316,6 @@ class ProfilerBase : public ProfilerCommon {
   static constexpr int64_t kWallDueAfterNs = 2'000'000'000;
   std::atomic<uint64_t> wall_visits_deferred_{0};
   std::atomic<uint64_t> wall_unattributed_ns_{0};
-  // RegisterThread calls that failed for want of memory (no message: a
-  // status with one allocates).
-  std::atomic<uint64_t> registrations_without_memory_{0};
   std::atomic<uint64_t> small_stack_{0};
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};

@@ -48,9 +48,9 @@ class Registry {
   };
   std::mutex mutex;
   Owner* owner = nullptr;  // null once the Profiler is gone
-  // Unregistrations that ran out of memory (ThreadRegistration::Reset):
-  // the owner's stats count them with its failed registrations.
-  std::atomic<uint64_t> unregistrations_without_memory{0};
+  // Registrations and unregistrations (ThreadRegistration::Reset) that
+  // ran out of memory; the owner's stats show them.
+  std::atomic<uint64_t> without_memory{0};
 #if !defined(_WIN32)
   // The owner finishes unregistrations that threads queue on `retired`
   // without the lock (ThreadSlotHeader::retiring); false once it is gone
@@ -138,7 +138,7 @@ class ThreadRegistration {
     try {
       ResetOrThrow();
     } catch (const std::bad_alloc&) {
-      registry_->unregistrations_without_memory.fetch_add(1, std::memory_order_relaxed);
+      registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
 #if !defined(_WIN32)
       if (static_cast<int64_t>(internal::CurrentTid()) == tid_ &&
           internal::CurrentThreadSlot() == slot_) {
