@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "inprof/base/growth_safe_table.h"
 #include "absl/hash/hash.h"
 #include "absl/types/span.h"
 #include "inprof/profile_data.h"
@@ -189,7 +190,8 @@ class SampleAggregator {
   std::vector<uint32_t> retired_;   // removed; samples not yet taken out
   std::vector<uint32_t> reusable_;  // removed before the last Take()
   std::vector<ProfileSample> samples_;
-  absl::flat_hash_map<Key, size_t, KeyHash, KeyEq> index_;
+  // Grows with the heap exhausted too (growth_safe_table.h).
+  internal::GrowthSafeMap<Key, size_t, KeyHash, KeyEq> index_;
   uint64_t records_added_ = 0;
   uint64_t values_rejected_ = 0;
   const internal::LabelTable* label_table_ = nullptr;  // null: Global()

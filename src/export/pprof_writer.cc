@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -17,12 +18,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/proto_wire.h"
 #include "inprof/sink.h"
 
@@ -120,22 +120,29 @@ class StringTable {
 
   int64_t Index(const std::string& raw) {
     const std::string& s = ValidUtf8(raw, scratch_);
-    auto [it, inserted] =
-        index_.try_emplace(s, static_cast<int64_t>(strings_.size()));
-    if (inserted) strings_.push_back(&it->first);
-    return it->second;
+    auto it = index_.find(absl::string_view(s));
+    if (it != index_.end()) return it->second;
+    // Each allocation before the tables change (growth_safe_table.h).
+    const auto id = static_cast<int64_t>(strings_.size());
+    strings_.push_back(s);
+    try {
+      internal::GrowthReserve reserve(index_);
+      index_.emplace(absl::string_view(strings_.back()), id);
+    } catch (...) {
+      strings_.pop_back();
+      throw;
+    }
+    return id;
   }
 
   void WriteTo(ProtoWriter& profile) const {
-    for (const std::string* s : strings_) {
-      profile.Bytes(field::kStringTable, *s);
-    }
+    for (const std::string& s : strings_) profile.Bytes(field::kStringTable, s);
   }
 
  private:
-  // node_hash_map: the keys' addresses stay put for strings_.
-  absl::node_hash_map<std::string, int64_t> index_;
-  std::vector<const std::string*> strings_;
+  // The strings in a deque (they stay put), the index of views into them.
+  std::deque<std::string> strings_;
+  internal::GrowthSafeMap<absl::string_view, int64_t> index_;
   std::string scratch_;
 };
 
@@ -294,6 +301,7 @@ class Encoder {
     const std::string& name =
         frame.function.empty() ? frame.system_name : frame.function;
     auto key = std::make_tuple(name, frame.system_name, frame.file);
+    internal::GrowthReserve reserve(functions_);
     auto [it, inserted] = functions_.try_emplace(std::move(key), 0);
     if (inserted) {
       it->second = ++function_count_;
@@ -310,9 +318,12 @@ class Encoder {
   // The leaf pc is exact; callers' addresses are return addresses. The same
   // address can occur in both roles, with different source lines.
   uint64_t AddressLocation(uint64_t address, bool is_return_address) {
-    auto [it, inserted] =
-        locations_.try_emplace(std::make_pair(address, is_return_address), 0);
-    if (!inserted) return it->second;
+    auto it = locations_.find(std::make_pair(address, is_return_address));
+    if (it != locations_.end()) return it->second;
+    {
+      internal::GrowthReserve reserve(locations_);
+      it = locations_.try_emplace(std::make_pair(address, is_return_address), 0).first;
+    }
     const SymbolizedAddress& sym =
         symbolizer_.Lookup(address, is_return_address);
     it->second = ++location_count_;
@@ -336,8 +347,13 @@ class Encoder {
   }
 
   uint64_t SyntheticLocation(const std::string& name) {
-    auto [it, inserted] = synthetic_.try_emplace(name, 0);
-    if (!inserted) return it->second;
+    auto it = synthetic_.find(name);
+    if (it != synthetic_.end()) return it->second;
+    {
+      std::string key = name;
+      internal::GrowthReserve reserve(synthetic_);
+      it = synthetic_.try_emplace(std::move(key), 0).first;
+    }
     it->second = ++location_count_;
     SourceFrame frame;
     frame.function = name;
@@ -365,10 +381,11 @@ class Encoder {
   uint64_t location_count_ = 0;
   uint64_t function_count_ = 0;
   std::vector<bool> module_has_location_;
-  absl::flat_hash_map<std::pair<uint64_t, bool>, uint64_t> locations_;
-  absl::flat_hash_map<std::string, uint64_t> synthetic_;
-  absl::flat_hash_map<std::tuple<std::string, std::string, std::string>,
-                      uint64_t>
+  // Tables that grow with the heap exhausted too (growth_safe_table.h):
+  // an export that meets it is abandoned, and its tables destroyed.
+  internal::GrowthSafeMap<std::pair<uint64_t, bool>, uint64_t> locations_;
+  internal::GrowthSafeMap<std::string, uint64_t> synthetic_;
+  internal::GrowthSafeMap<std::tuple<std::string, std::string, std::string>, uint64_t>
       functions_;
 };
 

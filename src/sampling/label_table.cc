@@ -36,10 +36,15 @@ uint32_t LabelTable::Intern(absl::string_view s) {
     ++overflows_;
     return kOverflowId;
   }
+  // Each allocation before the tables change (growth_safe_table.h): with
+  // the heap exhausted Intern throws and the table is as it was.
   const uint32_t id = static_cast<uint32_t>(strings_.size());
+  std::string key(s.data(), s.size());
+  std::string text(s.data(), s.size());
+  internal::GrowthReserve reserve(ids_);
+  strings_.push_back(std::move(text));
+  ids_.emplace(std::move(key), id);
   bytes_ += s.size();
-  strings_.emplace_back(s.data(), s.size());
-  ids_.emplace(strings_.back(), id);
   return id;
 }
 

@@ -1,5 +1,6 @@
 #include "inprof/sample_aggregator.h"
 
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/label_table.h"
 
 #include <algorithm>
@@ -10,17 +11,26 @@ namespace inprof {
 SampleAggregator::SampleAggregator(std::vector<ValueType> sample_types)
     : sample_types_(std::move(sample_types)) {}
 
+// Each step that may throw (std::bad_alloc: the heap exhausted) comes
+// before the tables change, so that one that throws leaves them as they were.
 uint32_t SampleAggregator::AddThread(int64_t tid, absl::string_view name) {
+  std::string copy(name);
   if (!reusable_.empty()) {
     const uint32_t index = reusable_.back();
-    reusable_.pop_back();
-    threads_[index] = {tid, std::string(name)};
     if (mirror_ != nullptr) mirror_threads_[index] = mirror_->AddThread(tid, name);
+    reusable_.pop_back();
+    threads_[index] = {tid, std::move(copy)};
     if (forwarder_ != nullptr) forwarder_->ForwardThread(index, tid, name);
     return index;
   }
-  threads_.push_back({tid, std::string(name)});
-  if (mirror_ != nullptr) mirror_threads_.push_back(mirror_->AddThread(tid, name));
+  if (threads_.size() == threads_.capacity()) threads_.reserve(2 * threads_.size() + 16);
+  if (mirror_ != nullptr) {
+    if (mirror_threads_.size() == mirror_threads_.capacity()) {
+      mirror_threads_.reserve(2 * mirror_threads_.size() + 16);
+    }
+    mirror_threads_.push_back(mirror_->AddThread(tid, name));
+  }
+  threads_.push_back({tid, std::move(copy)});
   const auto index = static_cast<uint32_t>(threads_.size() - 1);
   if (forwarder_ != nullptr) forwarder_->ForwardThread(index, tid, name);
   return index;
@@ -85,7 +95,8 @@ std::vector<int64_t>& SampleAggregator::Slot(const KeyView& key) {
     return Slot({key.thread, {}, {}, overflow_frame_});
   }
   if (it == index_.end()) {
-    frame_words_ += key.frames.size();
+    // Everything the new row needs is made before anything changes (see
+    // AddThread); the table's growth too (growth_safe_table.h).
     ProfileSample sample;
     sample.thread = key.thread;
     sample.frames.assign(key.frames.begin(), key.frames.end());
@@ -105,14 +116,13 @@ std::vector<int64_t>& SampleAggregator::Slot(const KeyView& key) {
       }
       sample.labels.push_back(std::move(label));
     }
+    Key stored{key.thread, sample.frames,
+               std::vector<uint64_t>(key.labels.begin(), key.labels.end()),
+               sample.synthetic_frame};
+    internal::GrowthReserve reserve(index_);
     samples_.push_back(std::move(sample));
-    it = index_
-             .emplace(Key{key.thread, samples_.back().frames,
-                          std::vector<uint64_t>(key.labels.begin(),
-                                                key.labels.end()),
-                          samples_.back().synthetic_frame},
-                      samples_.size() - 1)
-             .first;
+    it = index_.emplace(std::move(stored), samples_.size() - 1).first;  // cannot throw now
+    frame_words_ += key.frames.size();
   }
   return samples_[it->second].values;
 }

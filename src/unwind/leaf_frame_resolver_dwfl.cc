@@ -1,5 +1,7 @@
 #include "inprof/internal/leaf_frame_resolver.h"
 
+#include "inprof/base/growth_safe_table.h"
+
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
@@ -170,6 +172,7 @@ int LeafFrameResolver::ReturnAddressSlot(uint64_t pc) {
   // lookup: in inprof's own descriptor table.
   int slot = -1;
   RunWithOwnDescriptors([&] { slot = SlotFromCfi(session_->dwfl, pc); });
+  internal::GrowthReserve reserve(slots_);  // growth_safe_table.h
   slots_.emplace(pc, static_cast<int8_t>(slot));
   return slot;
 }

@@ -12,15 +12,18 @@
 #include "inprof/profile_data.h"
 
 // Counts heap allocations so a test can check that adding a known stack
-// allocates nothing.
+// allocates nothing; from the g_fail_at-th one counted after FailFrom()
+// (0: never), every allocation throws (a heap exhausted).
 namespace {
 std::atomic<uint64_t> g_allocations{0};
+uint64_t g_fail_at = 0;
 }  // namespace
 
 // noinline: once inlined, GCC's -Wmismatched-new-delete sees free() on a
 // pointer from operator new and (wrongly) rejects the pair.
 __attribute__((noinline)) void* operator new(size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t n = g_allocations.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (g_fail_at != 0 && n >= g_fail_at) throw std::bad_alloc();
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
@@ -288,6 +291,54 @@ TEST(SampleAggregatorTest, AddingKnownStackAllocatesNothing) {
 // A removed thread's entry keeps naming its samples until they are taken
 // out, and is reused only after that: the table stays the size of the
 // threads alive in one window however many come and go.
+// With the heap exhausted (std::bad_alloc) from any allocation of an
+// Add of new stacks on, the aggregate is as it was: what it held is all
+// there and it takes new stacks once the heap is back. absl's tables
+// corrupt themselves when a growth throws (growth_safe_table.h): this
+// crossed the index's growths (40 stacks) and failed each allocation of
+// every Add in turn. Deterministic.
+TEST(SampleAggregatorTest, AnAddThatRunsOutOfMemoryLeavesTheAggregateAsItWas) {
+  constexpr uint64_t kStacks = 40;
+  uint64_t failures = 0;
+  for (uint64_t k = 1;; ++k) {
+    SampleAggregator agg(kTypes);
+    const uint32_t t = agg.AddThread(1, "main");
+    uint64_t added = 0;  // stacks that made it in
+    bool threw = false;
+    g_allocations.store(0);
+    g_fail_at = k;
+    for (uint64_t i = 0; i < kStacks; ++i) {
+      const uint64_t frames[] = {0x1000 + i, 0x2000};  // no allocation here
+      const int64_t values[] = {1, 10};
+      try {
+        agg.Add(t, frames, 0, values);
+        ++added;
+      } catch (const std::bad_alloc&) {
+        threw = true;
+        break;
+      }
+    }
+    g_fail_at = 0;
+    if (!threw) break;  // the k-th allocation was never made
+    ++failures;
+    // The heap is back: every stack can be added, the earlier ones summed.
+    for (uint64_t i = 0; i < kStacks; ++i) {
+      const uint64_t frames[] = {0x1000 + i, 0x2000};
+      const int64_t values[] = {1, 10};
+      agg.Add(t, frames, 0, values);
+    }
+    EXPECT_EQ(agg.num_stacks(), kStacks) << "failing from allocation " << k;
+    const ProfileData data = agg.Take();
+    for (uint64_t i = 0; i < kStacks; ++i) {
+      const ProfileSample* s = Find(data, t, {0x1000 + i, 0x2000});
+      ASSERT_NE(s, nullptr) << "failing from allocation " << k;
+      const int64_t times = i < added ? 2 : 1;
+      EXPECT_THAT(s->values, ElementsAre(times, 10 * times)) << "failing from allocation " << k;
+    }
+  }
+  EXPECT_GT(failures, kStacks);  // at least one allocation a new stack
+}
+
 TEST(SampleAggregatorTest, RemovedThreadEntriesAreReusedAfterTake) {
   SampleAggregator agg(kTypes);
   const uint64_t frames[] = {0x1000, 0x2000};

@@ -20,7 +20,7 @@
 #include <span>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
+#include "inprof/base/growth_safe_table.h"
 #include "absl/strings/string_view.h"
 
 namespace inprof::internal {
@@ -53,7 +53,7 @@ class LabelTable {
   const size_t max_bytes_ = SIZE_MAX;
   size_t bytes_ = 0;
   mutable std::mutex mutex_;
-  absl::flat_hash_map<std::string, uint32_t> ids_;
+  GrowthSafeMap<std::string, uint32_t> ids_;  // growth_safe_table.h
   std::deque<std::string> strings_;
   uint64_t overflows_ = 0;
 };

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "absl/container/flat_hash_map.h"
+#include "inprof/base/growth_safe_table.h"
 
 namespace inprof::internal {
 
@@ -56,7 +56,7 @@ class LeafFrameResolver {
  private:
   struct Session;
   std::unique_ptr<Session> session_;
-  absl::flat_hash_map<uint64_t, int8_t> slots_;
+  GrowthSafeMap<uint64_t, int8_t> slots_;  // growth_safe_table.h
   unsigned long long adds_ = 0, subs_ = 0;
 };
 
