@@ -137,7 +137,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                                  .two_step_arming = kTwoStepArming,
                                  .leaf_words = Layout::kLeafWords > 0,
                                  .activity = &Handler::activity,
-                                 .pending = &Pool().pending,
+                                 .pending = &Pending(),
                                  .walks_without_tables = WalksWithoutTables()}) {
     if constexpr (kHasEvents) pipeline_.Attach(std::make_unique<EventAttachment>(*this));
   }
@@ -702,38 +702,22 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
         slot->running_samples.load(std::memory_order_relaxed));
   }
 
-  // Slots are pooled for the life of the process and never freed, so a
-  // late signal on a stale TLS pointer always reads valid memory.
-  struct SlotPool {
-    std::mutex mutex;
-    std::vector<Slot*> free;
-    internal::PendingSlots pending;  // the slots' bits
-  };
-  static SlotPool& Pool() {
-    static SlotPool* pool = [] {  // intentionally never destroyed
-      auto* p = new SlotPool;
-      internal::RegisterForkLock(&p->mutex, internal::kForkRankSlotPool);
-      return p;
-    }();
-    return *pool;
+  // The slots' bits, for every slot of this type (never destroyed).
+  static internal::PendingSlots& Pending() {
+    static auto* pending = new internal::PendingSlots;
+    return *pending;
   }
   internal::SlotBase* AcquireSlot() override {
-    SlotPool& pool = Pool();
-    {
-      std::lock_guard<std::mutex> lock(pool.mutex);
-      if (!pool.free.empty()) {
-        Slot* slot = pool.free.back();
-        pool.free.pop_back();
-        return slot;
-      }
-    }
-    Slot* slot = new Slot;
-    slot->sample = &Handler::SampleThread;
-    slot->sample_stackless = &Handler::SampleStackless;
-    slot->sample_stack_bytes = static_cast<uint32_t>(Layout::kHandlerStackBytes);
-    slot->before_retire = &Handler::TakeOwedSamples;
-    pool.pending.Assign(slot);
-    return slot;
+    if (Slot* slot = internal::SlotPool<Slot>::Take()) return slot;
+    return internal::SlotPool<Slot>::MakeNew([] {
+      auto slot = std::make_unique<Slot>();
+      slot->sample = &Handler::SampleThread;
+      slot->sample_stackless = &Handler::SampleStackless;
+      slot->sample_stack_bytes = static_cast<uint32_t>(Layout::kHandlerStackBytes);
+      slot->before_retire = &Handler::TakeOwedSamples;
+      Pending().Assign(slot.get());  // may throw; unchanged then
+      return slot.release();
+    });
   }
   void ReleaseSlot(internal::SlotBase* base) override {
     Slot* slot = static_cast<Slot*>(base);
@@ -743,9 +727,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     slot->seen_dropped = slot->ring.dropped();
     slot->seen_truncated = slot->samples_truncated.load();
     slot->seen_small_stack = slot->samples_small_stack.load();
-    SlotPool& pool = Pool();
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    pool.free.push_back(slot);
+    internal::SlotPool<Slot>::Put(slot);
   }
 
   std::tuple<internal::WallTicker<Ps>...> tickers_;  // registry lock

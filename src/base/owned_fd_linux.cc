@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -349,8 +350,9 @@ void EndFileThread() noexcept {
   // kernel lets its task go: Stop() returns once it is gone from
   // /proc/self/task (bounded: 50 ms).
   if (f->tid > 0) {
-    const std::string task = absl::StrCat("/proc/self/task/", f->tid);
-    for (int i = 0; i < 1000 && access(task.c_str(), F_OK) == 0; ++i) {
+    char task[64];  // not on the heap: this runs with the heap exhausted too
+    std::snprintf(task, sizeof(task), "/proc/self/task/%d", static_cast<int>(f->tid));
+    for (int i = 0; i < 1000 && access(task, F_OK) == 0; ++i) {
       usleep(50);
     }
   }

@@ -21,6 +21,7 @@
 #include "inprof/alloc/live_heap_table.h"
 #include "inprof/alloc/live_peak.h"
 #include "inprof/base/fork_guard.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/base/profiler_thread.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/signal_dispatch.h"
@@ -104,7 +105,8 @@ struct StackEntry {
 struct HeapState {
   std::mutex mutex;  // stacks, index, pending: the sampled path and flushes
   std::vector<StackEntry> stacks;
-  absl::flat_hash_map<std::vector<uint64_t>, uint32_t, FramesHash, FramesEq> index;
+  // Grows with the heap exhausted too (growth_safe_table.h).
+  internal::GrowthSafeMap<std::vector<uint64_t>, uint32_t, FramesHash, FramesEq> index;
   std::vector<uint32_t> pending;  // ids with allocations since the last flush
   uint64_t rounding = 0x853c49e6748fea9bULL;  // RoundUnbiasedLocked's state
   LiveHeapTable live{kLiveSlots, kMaxLiveSlots};
@@ -128,6 +130,7 @@ struct HeapState {
   std::atomic<uint64_t> samples_own{0};
   std::atomic<uint64_t> samples_threadless{0};
   std::atomic<uint64_t> samples_no_room{0};  // OnAllocSample: too little stack
+  std::atomic<uint64_t> samples_no_memory{0};  // OnAllocSample: std::bad_alloc
   std::atomic<uint64_t> no_room_bytes{0};    // and their weight_bytes, rounded
   std::atomic<uint64_t> alloc_bytes{0};  // the samples' weight_bytes, rounded
 
@@ -159,9 +162,13 @@ uint32_t InternLocked(HeapState& h, absl::Span<const uint64_t> key) {
   if (auto it = h.index.find(key); it != h.index.end()) return it->second;
   if (h.stacks.size() >= kFirstStackId + AllocationProvider::kMaxStacks) return kTableFullId;
   const auto id = static_cast<uint32_t>(h.stacks.size());
-  StackEntry& entry = h.stacks.emplace_back();
-  entry.key.assign(key.begin(), key.end());
-  h.index.emplace(entry.key, id);
+  // Each allocation before the tables change: with the heap exhausted this
+  // throws std::bad_alloc and they are as they were (OnAllocSample).
+  std::vector<uint64_t> stored(key.begin(), key.end());
+  std::vector<uint64_t> indexed(key.begin(), key.end());
+  internal::GrowthReserve reserve(h.index);
+  h.stacks.emplace_back().key = std::move(stored);
+  h.index.emplace(std::move(indexed), id);
   return id;
 }
 
@@ -222,12 +229,12 @@ void AddPeakLocked(HeapState& h, SampleAggregator& aggregator, uint32_t thread,
 // On the "[events]" thread at the next flush. mutex held.
 void AddPendingLocked(HeapState& h, uint32_t id, double objects, double bytes) {
   StackEntry& entry = h.stacks[id];
+  if (!entry.pending) {
+    h.pending.push_back(id);  // may throw: nothing changed
+    entry.pending = true;
+  }
   entry.objects += objects;
   entry.bytes += bytes;
-  if (!entry.pending) {
-    entry.pending = true;
-    h.pending.push_back(id);
-  }
 }
 
 // The executable segment of the object that defines pthread_getattr_np
@@ -345,6 +352,7 @@ __attribute__((noinline)) uint64_t OnAllocSampleBody(HeapState& h, const AllocSa
       }
     }
     if (event == nullptr && data.events.size() < data.kMaxEvents) {
+      if (data.events.capacity() == 0) data.events.reserve(data.kMaxEvents);  // may throw
       event = &data.events.emplace_back(AllocationProvider::ThreadData::Event{id, 0, 0});
     }
     if (event != nullptr) {
@@ -401,7 +409,14 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
         std::memory_order_relaxed);
     return internal::kAllocUntracked;
   }
-  return OnAllocSampleBody(h, sample, slot, registered);
+  // Inside the program's malloc: no exception may leave. With the heap
+  // exhausted the sample is lost (counted); the tables are as they were.
+  try {
+    return OnAllocSampleBody(h, sample, slot, registered);
+  } catch (const std::bad_alloc&) {
+    h.samples_no_memory.fetch_add(1, std::memory_order_relaxed);
+    return internal::kAllocUntracked;
+  }
 }
 
 const char* SyntheticFrame(uint32_t id) {
@@ -558,6 +573,7 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       ", not recorded for want of stack room (a small or foreign stack)=",
       h.samples_no_room.load(std::memory_order_relaxed), " (~",
       h.no_room_bytes.load(std::memory_order_relaxed), " bytes)",
+      ", not recorded for want of memory=", h.samples_no_memory.load(std::memory_order_relaxed),
       ", live blocks the table could not keep=", table.overflows, " of ",
       table.inserts + table.overflows, " (table: ", table.capacity, " slots), freed unseen and "
       "replaced when their address was handed out again=", table.replaced,

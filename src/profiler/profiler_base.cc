@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/owned_fd.h"
@@ -156,22 +157,31 @@ absl::Status ProfilerBase::Stop() {
     pacing_.Stop(WallTimeProvider::NowNanos());
     for (SlotBase* slot : active_) DisarmLocked(slot);
     DeactivateSession(session_);
+    // What allocates from here on is contained (base/contained.h): with
+    // the heap exhausted Stop() still stops (no exception reaches the
+    // host: ScopedProfiler calls it from a destructor); what could not be
+    // drained or written is lost, counted and said once.
     for (SlotBase* slot : active_) {
       WaitForHandler(*slot);
-      DrainSlotLocked(slot);  // the newest stacks, for the tails
-      TakeTailsLocked(slot);
+      RunContained("a thread's last drain at Stop()", [&] {
+        DrainSlotLocked(slot);  // the newest stacks, for the tails
+        TakeTailsLocked(slot);
+      });
     }
     running_ = false;
-    pipeline_.SetEngineDetail(DescribeProviders());
+    RunContained("describing the engines at Stop()",
+                 [&] { pipeline_.SetEngineDetail(DescribeProviders()); });
   }
   pipeline_.StopCollector();
-  DrainRings();  // no table is needed any more: sampling is off
-  absl::Status status = pipeline_.Export(stats());
-  if (status.ok()) {
-    ++profiles_written_;
-  } else {
-    Log(status.message());
-  }
+  // No table is needed any more: sampling is off.
+  RunContained("the last drain at Stop()", [&] { DrainRings(); });
+  // A status without a message allocates nothing.
+  absl::Status status(absl::StatusCode::kResourceExhausted, "");
+  RunContained("writing the profile at Stop()", [&] {
+    status = pipeline_.Export(stats());
+    if (!status.ok()) Log(status.message());
+  });
+  if (status.ok()) ++profiles_written_;
   EndFileThread();  // a stopped profiler leaves no thread of inprof's
   return status;
 }
@@ -219,9 +229,9 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   SlotBase* slot = nullptr;
   try {
     slot = AcquireSlot();
-    slot->name = std::string(name);
+    slot->name.assign(name.data(), name.size());
   } catch (const std::bad_alloc&) {
-    if (slot != nullptr) ReleaseSlot(slot);
+    if (slot != nullptr) ReleaseSlot(slot);  // allocates nothing
     registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
     return ThreadRegistration(no_memory);
   }
@@ -250,6 +260,18 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   slot->exit_wall_ns.store(-1, std::memory_order_relaxed);
   ++slot->generation;
   std::unique_lock<std::mutex> lock(registry_->mutex);
+  // Room for the slot in the registry's table before anything changes: a
+  // registration that cannot have it ends as if it never began.
+  if (active_.size() == active_.capacity()) {
+    try {
+      active_.reserve(std::max<size_t>(16, 2 * active_.size()));
+    } catch (const std::bad_alloc&) {
+      lock.unlock();
+      ReleaseSlot(slot);
+      registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
+      return ThreadRegistration(no_memory);
+    }
+  }
   // Many threads that ended while the lock was taken and are not finished
   // yet (the collector does that every collect_period): their slots go
   // back to the pool now, so that a program that keeps starting threads
@@ -277,9 +299,32 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
     insert_rng_ ^= insert_rng_ << 17;
     std::swap(active_.back(), active_[insert_rng_ % active_.size()]);
   }
-  ++threads_registered_;
   bool wake_armer = false;
-  if (running_ && !stopping_ && getpid() == start_pid_) {
+  if (running_ && !stopping_ && getpid() == start_pid_ &&
+      !ArmRegisteringLocked(slot, registering, lock, wake_armer)) {
+    // The heap ran out while arming (a provider's system call failed and
+    // its message could not be made, the agent's ring area could not
+    // grow): the registration is undone, as one that never began.
+    lock.unlock();
+    registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
+    return ThreadRegistration(no_memory);
+  }
+  ++threads_registered_;
+  const bool ticking = running_ && !stopping_;
+  lock.unlock();
+  if (wake_armer) ticker_.WakeToArm();
+  if (ticking) WakeQuietTicker();
+  return ThreadRegistration(registry_, slot, info->tid);
+}
+
+// Registry lock held (`lock`), the profiler running: `slot`, just added to
+// active_, armed or queued for the ticker's armer (`wake_armer`). False
+// when an allocation failed on the way; the slot has then left the
+// registry (its arming undone, its TLS pointer cleared).
+bool ProfilerBase::ArmRegisteringLocked(SlotBase* slot, int registering,
+                                        std::unique_lock<std::mutex>& lock,
+                                        bool& wake_armer) {
+  try {
     UseSharedRingLocked(slot);
     const uint64_t session = session_;
     if (shape_.two_step_arming &&
@@ -302,12 +347,14 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
     } else {
       ArmProviders(slot, session);
     }
+    return true;
+  } catch (const std::bad_alloc&) {
+    if (!lock.owns_lock()) lock.lock();
+    if (slot->arm_in_flight) EndWorkOutsideLock(slot);
+    wake_armer = false;
+    if (RemoveActiveLocked(slot)) FinishUnregisterLocked(slot, /*on_owner_thread=*/true, true);
+    return false;
   }
-  const bool ticking = running_ && !stopping_;
-  lock.unlock();
-  if (wake_armer) ticker_.WakeToArm();
-  if (ticking) WakeQuietTicker();
-  return ThreadRegistration(registry_, slot, info->tid);
 }
 
 bool ProfilerBase::SetThreadName(pid_t tid, absl::string_view name) {
@@ -479,7 +526,9 @@ void ProfilerBase::Unregister(ThreadSlotHeader* header, bool on_owner_thread,
     lock.lock();
     EndWorkOutsideLock(slot);
   }
-  FinishUnregisterLocked(slot, on_owner_thread, same_process);
+  if (!FinishUnregisterLocked(slot, on_owner_thread, same_process)) {
+    registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
@@ -523,7 +572,7 @@ void ProfilerBase::ForgetDueLocked(SlotBase* slot) {
 
 // Registry lock held; `slot` is out of active_ (Unregister, or a slot its
 // thread queued: ProcessRetiredLocked).
-void ProfilerBase::FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
+bool ProfilerBase::FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
                                           bool same_process) {
   DisarmLocked(slot);  // a no-op once disarmed
   // A handler cannot be running on this thread while we are here; on
@@ -533,21 +582,35 @@ void ProfilerBase::FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
   if (on_owner_thread && CurrentThreadSlot() == slot) {
     SetCurrentThreadSlot(nullptr);
   }
+  bool drained = true;
   if (same_process) {
-    RefreshLeafResolverLocked();
-    DrainSlotLocked(slot);  // first: the tail goes to the newest stack
-    TakeTailsLocked(slot);
+    // The drain and the tails allocate (a stack the aggregate has not
+    // seen). With the heap exhausted the thread's last samples are lost,
+    // counted, and the unregistration still completes.
+    try {
+      RefreshLeafResolverLocked();
+      DrainSlotLocked(slot);  // first: the tail goes to the newest stack
+      TakeTailsLocked(slot);
+    } catch (const std::bad_alloc&) {
+      drained = false;
+    }
     if (slot->has_aggregate_thread) {
-      // Its entry in the thread table is reused after the next export.
-      Pipeline::Ingesting ingest = pipeline_.Ingest();
-      ingest.aggregator().RemoveThread(slot->aggregate_thread);
       slot->has_aggregate_thread = false;
+      // Its entry in the thread table is reused after the next export
+      // (without memory for that list, it stays: one entry).
+      Pipeline::Ingesting ingest = pipeline_.Ingest();
+      try {
+        ingest.aggregator().RemoveThread(slot->aggregate_thread);
+      } catch (const std::bad_alloc&) {
+      }
     }
   }
   // A slot unregistered from another thread may still be the owner's TLS
   // slot: never reuse it, so that thread can never push into a new owner's
-  // ring.
-  RetireLocked(slot, /*reusable=*/on_owner_thread);
+  // ring. Nor one whose ring may still hold records: they would be drained
+  // as the next owner's.
+  RetireLocked(slot, /*reusable=*/on_owner_thread && drained);
+  return drained;
 }
 
 // Registry lock held: finishes the unregistrations threads queued (when
@@ -571,7 +634,9 @@ void ProfilerBase::ProcessRetiredLocked() {
       ForgetSlotLocked(slot);
       continue;
     }
-    FinishUnregisterLocked(slot, /*on_owner_thread=*/true, same_process);
+    if (!FinishUnregisterLocked(slot, /*on_owner_thread=*/true, same_process)) {
+      registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 

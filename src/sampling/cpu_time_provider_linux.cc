@@ -226,7 +226,12 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
   if (engine_ == CpuEngine::kPerf) {
     // Reserve a descriptor of the budget first: threads arm concurrently.
     if (perf_fds_.TryTake()) {
-      status = ArmPerf(thread, data, tag);
+      try {
+        status = ArmPerf(thread, data, tag);
+      } catch (...) {  // std::bad_alloc making its error
+        perf_fds_.Give();
+        throw;
+      }
       if (status.ok()) return status;
       perf_fds_.Give();
     }

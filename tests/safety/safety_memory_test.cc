@@ -18,12 +18,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
 #include "safety/safety_util.h"
@@ -32,7 +34,15 @@
 namespace inprof {
 namespace {
 
-enum Result { kOk = 0, kStartFailed = 10, kNoLimit, kNeverFull, kStopFailed };
+enum Result {
+  kOk = 0,
+  kStartFailed = 10,
+  kNoLimit,
+  kNeverFull,
+  kStopFailed,
+  kWrongStatus,   // a registration failed, but not for want of memory
+  kNotCounted,    // one failed for want of memory, and stats() do not say so
+};
 
 // The process's address space now, in bytes (/proc/self/statm's first
 // field, in pages).
@@ -66,12 +76,22 @@ int FullHeapScenario(uint64_t alloc_period) {
   auto self = profiler.RegisterThread("main");
   std::atomic<bool> full{false};
   std::atomic<bool> stop{false};
+  // Worker 0 registers again once the heap is full, under a name too long
+  // for a string's inline buffer: the registration needs the heap.
+  std::atomic<bool> again_active{true};
+  std::atomic<int> again_code{0};
   std::vector<std::thread> workers;
   for (int t = 0; t < 2; ++t) {
     workers.emplace_back([&, t] {
       auto registration = profiler.RegisterThread("worker");
       uint64_t x = static_cast<uint64_t>(t);
       while (!full.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (t == 0) {
+        registration.Reset();
+        registration = profiler.RegisterThread("worker registered again with the heap full");
+        again_active.store(registration.active());
+        again_code.store(static_cast<int>(registration.status().code()));
+      }
       for (int i = 0; !stop.load(); ++i) x = Recurse(i % 300, x);
       asm volatile("" : : "r"(x) : "memory");
     });
@@ -102,6 +122,19 @@ int FullHeapScenario(uint64_t alloc_period) {
   limit.rlim_cur = limit.rlim_max = RLIM_INFINITY;
   setrlimit(RLIMIT_AS, &limit);
   if (!profiler.Stop().ok()) return kStopFailed;
+  // A registration that failed says why, and the profiler counts it (the
+  // profile's comments carry the count: pipeline.cc).
+  std::fprintf(stderr, "a registration with the heap full: %s\n",
+               again_active.load()
+                   ? "active"
+                   : absl::StatusCodeToString(static_cast<absl::StatusCode>(again_code.load()))
+                         .c_str());
+  if (!again_active.load()) {
+    if (again_code.load() != static_cast<int>(absl::StatusCode::kResourceExhausted)) {
+      return kWrongStatus;
+    }
+    if (profiler.stats().registrations_without_memory == 0) return kNotCounted;
+  }
   return kOk;
 }
 
@@ -109,6 +142,8 @@ std::string Explain(int rc) {
   if (rc == 128 + SIGABRT) return "aborted (an exception escaped an inprof thread?)";
   if (rc == 128 + SIGSEGV) return "SIGSEGV";
   if (rc == 128 + SIGALRM) return "hung";
+  if (rc == kWrongStatus) return "a registration failed with a status other than ResourceExhausted";
+  if (rc == kNotCounted) return "a registration failed for want of memory, uncounted";
   return "see the exit code";
 }
 

@@ -335,9 +335,13 @@ class ProfilerBase : public ProfilerCommon {
                   std::unique_lock<std::mutex>& lock) override;
   // Registry lock held: takes `slot` out of active_; false if it was not
   // there (unregistered already).
+  bool ArmRegisteringLocked(SlotBase* slot, int registering,
+                            std::unique_lock<std::mutex>& lock, bool& wake_armer);
   bool RemoveActiveLocked(SlotBase* slot);
   void ForgetDueLocked(SlotBase* slot);
-  void FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
+  // False when the slot's last samples could not be drained for want of
+  // memory (lost; the slot is not reused).
+  bool FinishUnregisterLocked(SlotBase* slot, bool on_owner_thread,
                               bool same_process);
   void ProcessRetiredLocked();
   void ForgetSlotLocked(SlotBase* slot);

@@ -221,7 +221,7 @@ class ProfilerCollector : protected ProviderHolder<Ps...>, public ProfilerCommon
   // A slot from the pool (SlotPool: never freed), or a new one.
   static Slot* AcquireSlot() {
     if (Slot* slot = SlotPool<Slot>::Take()) return slot;
-    return new Slot;
+    return SlotPool<Slot>::MakeNew([] { return new Slot; });
   }
   static void ReleaseSlot(Slot* slot) {
     ResetProviderData(slot);

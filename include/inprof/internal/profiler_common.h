@@ -21,6 +21,7 @@
 #ifndef INPROF_INTERNAL_PROFILER_COMMON_H_
 #define INPROF_INTERNAL_PROFILER_COMMON_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "inprof/base/fork_guard.h"
 #include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_control.h"
@@ -156,8 +158,11 @@ class ProfilerCommon : public ProfilerControl, protected Registry::Owner {
 };
 
 // The slots of one Slot type, pooled for the life of the process and never
-// freed, so a ScopedLabels on a thread whose registration ended writes valid
-// memory. Any thread.
+// freed, so a late signal or a ScopedLabels on a thread whose registration
+// ended reads and writes valid memory. The free list keeps room for every
+// slot ever made, so Put never allocates: it runs where an exception must
+// not escape (an unregistration, a registration undone for want of
+// memory). Any thread.
 template <typename Slot>
 class SlotPool {
  public:
@@ -170,19 +175,39 @@ class SlotPool {
     pool.free.pop_back();
     return slot;
   }
-  static void Put(Slot* slot) {
+  // A new slot, `make()`'s. Either may throw std::bad_alloc (the heap
+  // exhausted); nothing is kept then.
+  template <typename Make>
+  static Slot* MakeNew(Make&& make) {
     Pool& pool = Get();
     std::lock_guard<std::mutex> lock(pool.mutex);
-    pool.free.push_back(slot);
+    if (pool.free.capacity() <= pool.made) {
+      pool.free.reserve(std::max<size_t>(16, 2 * pool.made));
+    }
+    Slot* slot = make();
+    ++pool.made;
+    return slot;
+  }
+  static void Put(Slot* slot) noexcept {
+    Pool& pool = Get();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    pool.free.push_back(slot);  // within the room MakeNew kept
   }
 
  private:
   struct Pool {
     std::mutex mutex;
     std::vector<Slot*> free;
+    size_t made = 0;
   };
   static Pool& Get() {
-    static Pool* pool = new Pool;  // intentionally never destroyed
+    static Pool* pool = [] {  // intentionally never destroyed
+      auto* p = new Pool;
+#if !defined(_WIN32)
+      RegisterForkLock(&p->mutex, kForkRankSlotPool);
+#endif
+      return p;
+    }();
     return *pool;
   }
 };
