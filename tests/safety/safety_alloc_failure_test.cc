@@ -70,8 +70,7 @@ int64_t StopInjecting() {
 }  // namespace
 
 // noinline: once inlined, GCC's -Wmismatched-new-delete sees free() on a
-// pointer from operator new and (wrongly) rejects the pair. operator
-// new[] and the nothrow forms call this one (libstdc++).
+// pointer from operator new and (wrongly) rejects the pair.
 __attribute__((noinline)) void* operator new(size_t size) {
   if (t_fail_at > 0 && ++t_count >= t_fail_at) {
     ++t_failed;
@@ -82,6 +81,27 @@ __attribute__((noinline)) void* operator new(size_t size) {
 }
 __attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
 __attribute__((noinline)) void operator delete(void* p, size_t) noexcept { std::free(p); }
+// The other forms too: a sanitizer's runtime defines each form, and
+// memory from its new[] freed by this delete reads as a mismatch.
+__attribute__((noinline)) void* operator new[](size_t size) { return ::operator new(size); }
+__attribute__((noinline)) void* operator new(size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(size);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+__attribute__((noinline)) void* operator new[](size_t size, const std::nothrow_t&) noexcept {
+  return ::operator new(size, std::nothrow);
+}
+__attribute__((noinline)) void operator delete[](void* p) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete[](void* p, size_t) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+__attribute__((noinline)) void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
 
 namespace inprof {
 namespace {
