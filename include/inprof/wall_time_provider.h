@@ -462,6 +462,11 @@ class WallTimeProvider {
   absl::Duration period_ = absl::Milliseconds(10);
   size_t threads_per_tick_ = 5;
   VisitCounts counts_;  // ticker (registry lock)
+  // Whether the ticker's last wake-up visited every thread (its visits took
+  // their own intervals, not shares: TickTime::round_weights false). Then
+  // no other visit carries a thread that ends before its first visit, and
+  // its tail takes its time since arming (TakeTail). Registry lock.
+  bool every_thread_visited_ = false;
   internal::DescriptorBudget kept_files_;  // DisarmThread may run outside the lock
   // Kept files of threads that left, opened by the ticker in its own
   // descriptor table (internal::EnterPrivateDescriptorTable): a thread of

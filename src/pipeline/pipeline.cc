@@ -396,9 +396,10 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
   if (window_stats.wall_visits_deferred > 0) {
     data.comments.push_back(absl::StrCat(
         "wall sampler visits deferred to keep its CPU within "
-        "INPROF_WALL_CPU_BUDGET=", window_stats.wall_visits_deferred,
-        " (a round of the threads took longer than 2 s; each visit weighs "
-        "the longer round)"));
+        "INPROF_WALL_CPU_BUDGET: ", window_stats.wall_visits_deferred,
+        " (fewer a wake-up than INPROF_WALL_THREADS_PER_TICK asks, or than a "
+        "round of the threads in 2 s needs; each visit weighs the longer "
+        "round)"));
   }
   if (window_stats.wall_unattributed_ns > 0) {
     data.comments.push_back(absl::StrCat(

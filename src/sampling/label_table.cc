@@ -1,6 +1,8 @@
 #include "inprof/internal/label_table.h"
 
 #include <algorithm>
+#include <new>
+#include <string>
 #include <utility>
 
 #include "inprof/base/fork_guard.h"
@@ -37,13 +39,19 @@ uint32_t LabelTable::Intern(absl::string_view s) {
     return kOverflowId;
   }
   // Each allocation before the tables change (growth_safe_table.h): with
-  // the heap exhausted Intern throws and the table is as it was.
+  // the heap exhausted the string reads as the overflow's, and the table
+  // is as it was.
   const uint32_t id = static_cast<uint32_t>(strings_.size());
-  std::string key(s.data(), s.size());
-  std::string text(s.data(), s.size());
-  internal::GrowthReserve reserve(ids_);
-  strings_.push_back(std::move(text));
-  ids_.emplace(std::move(key), id);
+  try {
+    std::string key(s.data(), s.size());
+    std::string text(s.data(), s.size());
+    internal::GrowthReserve reserve(ids_);
+    strings_.push_back(std::move(text));
+    ids_.emplace(std::move(key), id);
+  } catch (const std::bad_alloc&) {
+    ++overflows_;
+    return kOverflowId;
+  }
   bytes_ += s.size();
   return id;
 }

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "inprof/internal/label_table.h"
 #include "inprof/profile_data.h"
 
 // Counts heap allocations so a test can check that adding a known stack
@@ -337,6 +339,36 @@ TEST(SampleAggregatorTest, AnAddThatRunsOutOfMemoryLeavesTheAggregateAsItWas) {
     }
   }
   EXPECT_GT(failures, kStacks);  // at least one allocation a new stack
+}
+
+// A label interned with the heap exhausted (a ScopedLabels on the host's
+// thread) reads as the overflow's string, counted, and never throws; the
+// table is as it was and takes the string once the heap is back. Each
+// allocation of 40 new strings failed in turn: deterministic.
+TEST(LabelTableTest, InternWithTheHeapExhaustedReadsAsTheOverflow) {
+  for (uint64_t k = 1;; ++k) {
+    internal::LabelTable table(1000, 1 << 20, "[full]");
+    std::vector<std::string> texts;
+    for (int i = 0; i < 40; ++i) {
+      texts.push_back(absl::StrCat("a label value long enough to allocate ", i));
+    }
+    std::vector<uint32_t> ids;
+    ids.reserve(texts.size());  // the test's own room, before the heap runs out
+    g_allocations.store(0);
+    g_fail_at = k;
+    for (const std::string& t : texts) ids.push_back(table.Intern(t));
+    g_fail_at = 0;
+    const uint64_t refused = table.overflows();
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const uint32_t id = table.Intern(texts[i]);
+      EXPECT_EQ(table.Lookup(id), texts[i]) << "failing from allocation " << k;
+      if (ids[i] != internal::LabelTable::kOverflowId) {
+        EXPECT_EQ(ids[i], id);
+      }
+    }
+    EXPECT_EQ(table.overflows(), refused);
+    if (refused == 0) break;  // the k-th allocation was never made
+  }
 }
 
 TEST(SampleAggregatorTest, RemovedThreadEntriesAreReusedAfterTake) {

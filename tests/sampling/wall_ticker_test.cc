@@ -372,7 +372,8 @@ TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
 
 // With no thread left, the time is counted as unattributed, never lost
 // silently; when a wake-up visits every thread, its visits weigh the time
-// since each thread's previous visit instead (round_weights off).
+// since each thread's previous visit instead (round_weights off), and
+// threads that end before the next are their tails' to credit.
 TEST_F(WallTickerTest, TimeNoThreadCanTakeIsCountedAndEveryThreadVisitedWeighsItsOwnInterval) {
   constexpr int64_t kMs = 1'000'000;
   AddThreads(4);
@@ -410,6 +411,13 @@ TEST_F(WallTickerTest, TimeNoThreadCanTakeIsCountedAndEveryThreadVisitedWeighsIt
   when.thread_ns = 20.0 * kMs;
   counts_ = ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
   EXPECT_EQ(counts_.unattributed_ns, static_cast<uint64_t>(40 * kMs));
+  // They end before the next wake-up. The last one visited every thread,
+  // so their tails took their time since their last visit, or since arming
+  // (WallTimeProvider::TakeTail): nothing is unattributed.
+  when.scheduled_ns = when.now_ns = 150 * kMs;
+  when.thread_ns = 12.0 * kMs;
+  counts_ = ticker_.VisitNext(provider_, host_, none, when, 1, 10, next_, steady_);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);
 }
 
 TEST_F(WallTickerTest, NoThreadsOrNoPeriodVisitsNothing) {

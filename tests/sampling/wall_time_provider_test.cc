@@ -407,7 +407,8 @@ TickDecision VisitAfter(WallTimeProvider& provider, ThreadContext& thread,
 // that ends between two visits owes nothing but what a signal it never
 // took was to carry. When a wake-up visits every thread, each visit
 // credits the time since the previous one (the first, since arming), and
-// the tail the time since the last: the thread's lifetime exactly. Driven
+// the tail the time since the last (or, never visited, since arming): the
+// thread's lifetime exactly. Driven
 // directly (this thread, which runs: each visit that reads its state
 // signals it; the handler's part is taken by hand), every value exact.
 TEST(WallTimeProviderTest, AVisitWeighsItsShareOfTheRoundOrExactlyItsOwnInterval) {
@@ -460,6 +461,29 @@ TEST(WallTimeProviderTest, AVisitWeighsItsShareOfTheRoundOrExactlyItsOwnInterval
   EXPECT_GE(values[1], 30'000'000);
   EXPECT_LE(values[1], 30'000'000 + (after - before));
   EXPECT_EQ(values[0], 0);
+
+  // A thread that ends before its first visit, armed 7 ms ago, while every
+  // thread is visited at each wake-up (the regime of the last visit, above):
+  // no visit carries its time, so its tail takes the time since arming.
+  provider.DisarmThread(thread, data);
+  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  const int64_t armed = WallTimeProvider::NowNanos() - 7'000'000;
+  data.last_wall_ns = armed;
+  ASSERT_TRUE(provider.TakeTail(thread, data, values));
+  const int64_t ended = WallTimeProvider::NowNanos();
+  EXPECT_GE(values[1], 7'000'000);
+  EXPECT_LE(values[1], ended - armed);
+  // While wake-ups visit some threads, the others' visits carry its share
+  // (each weighs a share of every registered thread's time): nothing.
+  WallTimeProvider::ThreadData other;
+  ASSERT_TRUE(provider.ArmThread(thread, other, 0).ok());
+  EXPECT_EQ(VisitAfter(provider, thread, other, 3, 1, false, values, 50, false, true),
+            TickDecision::kSignal);
+  provider.DisarmThread(thread, data);
+  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  data.last_wall_ns = WallTimeProvider::NowNanos() - 7'000'000;
+  EXPECT_FALSE(provider.TakeTail(thread, data, values));
+  EXPECT_EQ(values[1], 0);
 }
 
 // A visit ahead of the round (the thread ran, and was not visited for a

@@ -20,8 +20,8 @@
 #include <span>
 #include <string>
 
-#include "inprof/base/growth_safe_table.h"
 #include "absl/strings/string_view.h"
+#include "inprof/base/growth_safe_table.h"
 
 namespace inprof::internal {
 
@@ -36,7 +36,9 @@ class LabelTable {
 
   // A table of its own (not the process's): at most `max_entries` strings
   // (kOverflowId's included) of at most `max_bytes` in all; a string over
-  // either reads `overflow_text`, counted in overflows(). Not joined to the
+  // either, or one met with the heap exhausted (Intern never throws: a
+  // ScopedLabels on the host's thread calls it), reads `overflow_text`,
+  // counted in overflows(). Not joined to the
   // fork guard: for tables no forked child uses (the agent's).
   LabelTable(size_t max_entries, size_t max_bytes, std::string overflow_text);
 

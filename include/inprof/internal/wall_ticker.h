@@ -152,7 +152,11 @@ class WallTicker {
     next = std::min(next, std::clamp<size_t>(n / per_tick, 1, max_batch));
     if (n == 0) {
       // No thread left to carry it: counted, and shown in the comments.
-      counts.unattributed_ns = static_cast<uint64_t>(carried_ns_ + std::max(0.0, when.thread_ns));
+      // When the last wake-up visited every thread, the threads' tails took
+      // their time since their last visit, or since arming
+      // (WallTimeProvider::TakeTail): only what was carried is left.
+      counts.unattributed_ns = static_cast<uint64_t>(
+          carried_ns_ + (visited_all_ ? 0.0 : std::max(0.0, when.thread_ns)));
       carried_ns_ = 0;
       return counts;
     }
@@ -187,6 +191,7 @@ class WallTicker {
     // visited at each wake-up, its visits credit exactly the time since its
     // previous one instead.
     when.round_weights = when.thread_ns > 0 && visits < n;
+    visited_all_ = visits >= n;
     double left = when.round_weights ? when.thread_ns + carried_ns_ : 0;
     // Visiting every thread, each visit takes its own interval: time
     // carried from earlier wake-ups has no taker, and is counted.
@@ -384,7 +389,8 @@ class WallTicker {
   int64_t round_estimate_ns_ = 0;  // the last wake-up's RoundEstimate
   // Threads' time a wake-up could not hand out, for the next (VisitNext).
   double carried_ns_ = 0;
-
+  // Whether the last wake-up with threads visited each of them.
+  bool visited_all_ = false;
 };
 
 }  // namespace inprof::internal
