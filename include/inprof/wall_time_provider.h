@@ -462,18 +462,14 @@ class WallTimeProvider {
   absl::Duration period_ = absl::Milliseconds(10);
   size_t threads_per_tick_ = 5;
   VisitCounts counts_;  // ticker (registry lock)
-  // Whether the ticker's last wake-up visited every thread (its visits took
-  // their own intervals, not shares: TickTime::round_weights false). Then
-  // no other visit carries a thread that ends before its first visit, and
-  // its tail takes its time since arming (TakeTail). Registry lock.
+  // The ticker's last wake-up visited every thread (round_weights off): a thread
+  // ending before its first visit then owes its time since arming (TakeTail).
   bool every_thread_visited_ = false;
   internal::DescriptorBudget kept_files_;  // DisarmThread may run outside the lock
-  // Kept files of threads that left, opened by the ticker in its own
-  // descriptor table (internal::EnterPrivateDescriptorTable): a thread of
-  // the program's table (DisarmThread runs on the leaving thread) cannot
-  // close them there, so the ticker does at its next visit
-  // (CloseParkedFiles). One that finds this full is left to the ticker's
-  // table, which goes when the ticker thread ends.
+  // Kept files of threads that left, opened by the ticker in its own descriptor
+  // table (internal::EnterPrivateDescriptorTable): the leaving thread cannot close
+  // them there, so the ticker does at its next visit (CloseParkedFiles); one that
+  // finds this full is left to the ticker's table, gone when the ticker ends.
   static constexpr size_t kMaxParkedFiles = 1024;
   std::mutex parked_mutex_;
   std::array<internal::OwnedFd::Parked, kMaxParkedFiles> parked_;
@@ -485,8 +481,7 @@ class WallTimeProvider {
 static_assert(SampleProvider<WallTimeProvider>);
 static_assert(ReportsTail<WallTimeProvider>);
 static_assert(TicksThreads<WallTimeProvider>);
-// What the Profiler uses it for: a renamed member fails here, not by
-// quietly turning a capability off.
+// What the Profiler uses: a renamed member fails here, not by quietly turning it off.
 static_assert(TakesSwallowedSignals<WallTimeProvider>);
 static_assert(ArmsConcurrently<WallTimeProvider>);
 static_assert(UnregistersLate<WallTimeProvider>);
