@@ -56,7 +56,8 @@ HEADERS = {
     "profiler": [
         "profiler", "inprof", "profiler_common", "profiler_base", "profiler_collector",
         "profiler_collector_windows", "profiler_layout", "profiler_layout_windows",
-        "profiler_sampler_windows", "profiler_control", "provider_set", "sample_handler",
+        "profiler_sampler_windows", "profiler_control", "provider_set", "provider_table",
+        "sample_handler",
         "wall_ticker", "wall_ticker_thread", "composition", "profiler_windows"],
     "gperftools": ["profiler_gperftools"],
 }

@@ -66,10 +66,10 @@
 #include "inprof/internal/profiler_base.h"
 #include "inprof/internal/profiler_collector.h"
 #include "inprof/internal/profiler_control.h"
-#include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_layout.h"
 #include "inprof/internal/provider_set.h"
+#include "inprof/internal/provider_table.h"
 #include "inprof/internal/sample_handler.h"
 #include "inprof/internal/sample_record.h"
 #include "inprof/internal/signal_dispatch.h"
@@ -103,7 +103,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   using Slot = typename Layout::Slot;
   // The base's state and services this part uses.
   using typename Base::Shape;
-  using Base::options_, Base::pipeline_, Base::composition_, Base::session_, Base::active_,
+  using Base::pipeline_, Base::session_, Base::active_,
       Base::pacing_,
       Base::wall_visits_deferred_, Base::wall_unattributed_ns_, Base::wall_due_,
       Base::kMaxTickBatch, Base::wall_signals_,
@@ -111,7 +111,7 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
       Base::Shutdown,
       Base::DrainRings, Base::DrainSlotLocked, Base::RefreshLeafResolverLocked,
       Base::SendProfilingSignal, Base::CreditBlockedLocked,
-      Base::CreditSyntheticLocked, Base::EnsureAggregateThread;
+      Base::CreditSyntheticLocked;
 
  public:
   using unwinder_type = U;
@@ -128,19 +128,24 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // disabled (Start() returns the error).
   explicit Profiler(Options options = Options::FromEnv())
       : Collector(options, Shape{.profile = {.sample_types = SampleTypes(),
-                                             .period_type = PeriodType(),
+                                             .period_type = Set::PeriodType(),
                                              .period = this->FirstPeriod(options),
                                              .engine = Engine()},
-                                 .arms_outside_lock = kArmsOutsideLock,
-                                 .defers_retire = kDefersRetire,
+                                 .arms_outside_lock = (ArmsConcurrently<Ps> && ...),
+                                 .defers_retire = (UnregistersLate<Ps> && ...),
                                  .has_ticker = kHasTicker,
                                  .two_step_arming = kTwoStepArming,
                                  .leaf_words = Layout::kLeafWords > 0,
                                  .activity = &Handler::activity,
                                  .pending = &Pending(),
-                                 .walks_without_tables = WalksWithoutTables()}) {
-    if constexpr (kHasEvents) pipeline_.Attach(std::make_unique<EventAttachment>(*this));
-  }
+                                 .walks_without_tables = WalksWithoutTables(),
+                                 .unwinder = U::kName,
+                                 .unwinder_supported = U::Supported(),
+                                 .unwind_here = &UnwindHere,
+                                 .ring_layout = RingLayout(),
+                                 .providers = kOps,
+                                 .provider_objects = this->ProviderAddresses(),
+                                 .slots = kSlotOps}) {}
 
   ~Profiler() { Shutdown(); }
 
@@ -157,23 +162,9 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   static std::string Engine() { return Set::Engine(U::kName); }
 
  private:
-  static ValueType PeriodType() { return Set::PeriodType(); }
-
-  // How providers that say so sample (CpuTimeProvider: its engine), for
-  // the log and the profile's comments.
-  std::string DescribeProviders() const override { return Set::Describe(providers_); }
-
-  absl::Status ConfigureProviders() override {
-    return Set::Configure(providers_, options_);
-  }
-
-  bool UnwinderSupported(std::string& why_not) const override {
-    if (U::Supported()) return true;
-    why_not = absl::StrCat(U::kName,
-                           " unwinding is not supported on this "
-                           "architecture; profiling stays off");
-    return false;
-  }
+  // What each provider does (internal/provider_table.h), looped over by
+  // internal::ProfilerBase with the providers' addresses in that order.
+  static constexpr auto kOps = internal::MakeProviderOpsTable<Slot, Ps...>();
 
   static constexpr uint64_t (*WalksWithoutTables())() {
     if constexpr (BuildsTablesLazily<U>) {
@@ -185,314 +176,17 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
 
   // When every provider ArmsConcurrently (sample_provider.h), a thread
   // that registers or unregisters while the profiler runs arms or disarms
-  // them outside the registry lock; Start() and Stop() do it under the lock.
-  // All or none, so that providers are always armed in their order (a
-  // second perf-engine provider on the same thread takes the slot's
+  // them outside the registry lock; Start() and Stop() do it under the
+  // lock. All or none, so that providers are always armed in their order
+  // (a second perf-engine provider on the same thread takes the slot's
   // overflow descriptor from the first: tests/profiler/sample_provider_test.cc).
-  static constexpr bool kArmsOutsideLock = (ArmsConcurrently<Ps> && ...);
-
   // Threads registering in a burst leave their costliest arming to the
-  // ticker thread (sample_provider.h: ArmsInTwoSteps).
-  static constexpr bool kTwoStepArming =
-      kArmsOutsideLock && (TicksThreads<Ps> || ...) && (ArmsInTwoSteps<Ps> || ...);
-
-  // Registry lock held, on the registering thread: providers that arm in
-  // two steps are prepared, the others armed. True when one waits for
-  // ArmPreparedProviders.
-  bool PrepareProviders(internal::SlotBase* slot, uint64_t session) override {
-    if constexpr (kTwoStepArming) {
-      return PrepareEach(static_cast<Slot*>(slot), session,
-                         std::make_index_sequence<Layout::kNumProviders>{});
-    } else {
-      ArmProviders(slot, session);
-      return false;
-    }
-  }
-  template <size_t... I>
-  bool PrepareEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
-    bool waits = false;
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (ArmsInTwoSteps<P>) {
-            if (std::get<I>(providers_).PrepareThread(*slot, std::get<I>(slot->data))) {
-              waits = true;
-              return;
-            }
-          }
-          ArmOne<I>(slot, session);
-        }(),
-        ...);
-    return waits;
-  }
-  // Registry lock held, on the ticker thread: the prepared providers armed
-  // (ArmThread returns at once for one already armed).
-  void ArmPreparedProviders(internal::SlotBase* slot, uint64_t session) override {
-    ArmPreparedEach(static_cast<Slot*>(slot), session,
-                    std::make_index_sequence<Layout::kNumProviders>{});
-  }
-  template <size_t... I>
-  void ArmPreparedEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (ArmsInTwoSteps<P>) ArmOne<I>(slot, session, /*late=*/true);
-        }(),
-        ...);
-  }
-
-  // The registry lock held, or (kArmsOutsideLock) the slot marked by
-  // BeginWorkOutsideLock.
-  void ArmProviders(internal::SlotBase* slot, uint64_t session) override {
-    ArmEach(static_cast<Slot*>(slot), session,
-            std::make_index_sequence<Layout::kNumProviders>{});
-  }
-  template <size_t... I>
-  void ArmEach(Slot* slot, uint64_t session, std::index_sequence<I...>) {
-    (ArmOne<I>(slot, session), ...);
-  }
-  // `late`: on the ticker thread, after PrepareThread; a thread that
-  // unregistered itself meanwhile (without the registry lock) may be gone,
-  // and its arming fail: its preparation stands (its tail takes its CPU).
-  template <size_t I>
-  void ArmOne(Slot* slot, uint64_t session, bool late = false) {
-    absl::Status s = std::get<I>(providers_).ArmThread(
-        *slot, std::get<I>(slot->data), internal::MakeSignalTag(I, session));
-    if (!s.ok() && !(late && slot->retiring.load(std::memory_order_acquire))) {
-      internal::Log(absl::StrCat("cannot sample thread '", slot->name,
-                                 "': ", s.message()));
-    }
-  }
-  void DisarmLocked(internal::SlotBase* slot) override {
-    DisarmEach(static_cast<Slot*>(slot), std::make_index_sequence<Layout::kNumProviders>{});
-  }
-  template <size_t... I>
-  void DisarmEach(Slot* slot, std::index_sequence<I...>) {
-    (std::get<I>(providers_).DisarmThread(*slot, std::get<I>(slot->data)), ...);
-  }
-
-  // What each provider measured since the thread's last sample: to its
-  // newest stack, or to kTailFrame.
-  void TakeTailsLocked(internal::SlotBase* slot) override {
-    TakeTailsEach(static_cast<Slot*>(slot), std::make_index_sequence<Layout::kNumProviders>{});
-  }
-  template <size_t... I>
-  void TakeTailsEach(Slot* slot, std::index_sequence<I...>) {
-    (TakeTailOne<I>(slot), ...);
-  }
-  template <size_t I>
-  void TakeTailOne(Slot* slot) {
-    using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-    if constexpr (ReportsTail<P>) {
-      int64_t values[Layout::kMaxValuesPerProvider] = {};
-      std::span<int64_t> v(values, Layout::kValueCounts[I]);
-      if (!std::get<I>(providers_).TakeTail(*slot, std::get<I>(slot->data), v)) {
-        return;
-      }
-      internal::Pipeline::Ingesting ingest = pipeline_.Ingest();
-      SampleAggregator& agg = ingest.aggregator();
-      EnsureAggregateThread(slot, agg);
-      const std::vector<uint64_t>& last = slot->provider_last_stack[I];
-      if (!last.empty()) {
-        // The thread was last seen there: its final stretch is credited to
-        // that stack (sampled, not synthetic), so a thread that lived a
-        // sample or two keeps its CPU on its real stack.
-        agg.Add(slot->aggregate_thread, last, slot->provider_last_labels[I],
-                Layout::kValueOffsets[I],
-                std::span<const int64_t>(values, Layout::kValueCounts[I]));
-        return;
-      }
-      const char* frame = kTailFrame;
-      if constexpr (NamesTailFrame<P>) frame = P::kTailFrame;
-      agg.AddSynthetic(slot->aggregate_thread, frame, Layout::kValueOffsets[I],
-                       std::span<const int64_t>(values, Layout::kValueCounts[I]));
-      if constexpr (TicksThreads<P>) {
-        // Wall time whose place was never read: the comments say how much.
-        wall_tail_frame_ns_.fetch_add(
-            static_cast<uint64_t>(std::max<int64_t>(0, values[P::kPeriodTypeIndex])),
-            std::memory_order_relaxed);
-      }
-    }
-  }
-
-  // Event-driven providers (sample_provider.h: RecordsEvents): started and
-  // stopped with the profiler; what they recorded joins each window at its
-  // cut, under one aggregate thread of their own.
-  static constexpr bool kHasEvents = (RecordsEvents<Ps> || ...);
-  static constexpr const char* kEventsThreadName = "[events]";
-
-  absl::Status StartEventProviders() override {
-    absl::Status status;
-    if constexpr (kHasEvents) {
-      StartEventsEach(status, std::make_index_sequence<Layout::kNumProviders>{});
-    }
-    return status;
-  }
-  template <size_t... I>
-  void StartEventsEach(absl::Status& status, std::index_sequence<I...>) {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (RecordsEvents<P>) {
-            const EventContext context{.unwind = &UnwindHere,
-                                       .thread_data = &ThreadDataOf<I>,
-                                       .activity = &Handler::activity};
-            status.Update(std::get<I>(providers_).StartEvents(context));
-          }
-        }(),
-        ...);
-  }
-  template <size_t I>
-  static void* ThreadDataOf(ThreadContext& thread) noexcept {
-    return &std::get<I>(static_cast<Slot&>(thread).data);
-  }
-  void StopEventProviders(bool forked_child) noexcept override {
-    if constexpr (kHasEvents) {
-      std::apply(
-          [&](auto&... p) {
-            (
-                [&] {
-                  if constexpr (RecordsEvents<std::decay_t<decltype(p)>>) {
-                    p.StopEvents(forked_child);
-                  }
-                }(),
-                ...);
-          },
-          providers_);
-    }
-  }
-  // The sample types of the event providers configured off: a composition
-  // with an allocation provider writes CPU profiles without its columns
-  // while INPROF_ALLOC_PERIOD is unset.
-  uint64_t OmittedSampleTypes() const override {
-    uint64_t mask = 0;
-    OmitEach(mask, std::make_index_sequence<Layout::kNumProviders>{});
-    return mask;
-  }
-  template <size_t... I>
-  void OmitEach(uint64_t& mask, std::index_sequence<I...>) const {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (RecordsEvents<P>) {
-            if (std::get<I>(providers_).Period() > 0) return;
-            for (size_t t = 0; t < P::kSampleTypes.size(); ++t) {
-              const size_t bit = Layout::kValueOffsets[I] + t;
-              if (bit < 64) mask |= uint64_t{1} << bit;
-            }
-          }
-        }(),
-        ...);
-  }
-  // Whether an event provider is configured on (a period above 0).
-  bool AnyEventProviderOn() const {
-    return std::apply(
-        [](const auto&... p) {
-          return ([&] {
-            if constexpr (RecordsEvents<std::decay_t<decltype(p)>>) {
-              return p.Period() > 0;
-            } else {
-              return false;
-            }
-          }() || ...);
-        },
-        providers_);
-  }
-  // Each event provider's flush; their comment lines, "\n"-free, "; "-joined.
-  template <size_t... I>
-  std::string FlushEventsEach(SampleAggregator& agg, uint32_t thread, bool window_end,
-                              std::index_sequence<I...>) {
-    std::string lines;
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (RecordsEvents<P>) {
-            std::string line = std::get<I>(providers_).FlushEvents(
-                agg, thread, Layout::kValueOffsets[I], window_end);
-            if (!line.empty()) absl::StrAppend(&lines, lines.empty() ? "" : "; ", line);
-          }
-        }(),
-        ...);
-    return lines;
-  }
-  // Joins the providers' events to each window, on the thread that cuts it.
-  class EventAttachment final : public internal::PipelineAttachment {
-   public:
-    explicit EventAttachment(Profiler& profiler) : profiler_(profiler) {}
-    std::string BeforeCutLocked(SampleAggregator& agg, bool window_end) override {
-      // A composition whose event providers are all off (period 0, as
-      // DefaultProfiler's allocation provider by default) adds nothing.
-      if (!thread_.has_value() && !profiler_.AnyEventProviderOn()) return {};
-      // The aggregate keeps its thread table across cuts: one entry for
-      // the profiler's life (pid as its id: the events of every thread).
-      if (!thread_.has_value()) {
-        thread_ = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
-      }
-      return profiler_.FlushEventsEach(agg, *thread_, window_end,
-                                       std::make_index_sequence<Layout::kNumProviders>{});
-    }
-
-    void LiveStateLocked(SampleAggregator& agg, bool all) override {
-      if (!thread_.has_value() && !profiler_.AnyEventProviderOn()) return;
-      if (!thread_.has_value()) {
-        thread_ = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
-      }
-      profiler_.LiveStateEach(agg, *thread_, all,
-                              std::make_index_sequence<Layout::kNumProviders>{});
-    }
-
-    SnapshotShape SnapshotLocked(SampleAggregator& agg) override {
-      SnapshotShape shape;
-      std::optional<uint32_t> thread;
-      profiler_.SnapshotEach(agg, thread, shape,
-                             std::make_index_sequence<Layout::kNumProviders>{});
-      return shape;
-    }
-
-   private:
-    Profiler& profiler_;
-    std::optional<uint32_t> thread_;
-  };
-  // Each event provider's live state (ReportsLiveState).
-  template <size_t... I>
-  void LiveStateEach(SampleAggregator& agg, uint32_t thread, bool all,
-                     std::index_sequence<I...>) {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (ReportsLiveState<P>) {
-            std::get<I>(providers_).AddLiveState(agg, thread, Layout::kValueOffsets[I], all);
-          }
-        }(),
-        ...);
-  }
-  // The first event provider's snapshot that has one (SnapshotsEvents).
-  template <size_t... I>
-  void SnapshotEach(SampleAggregator& agg, std::optional<uint32_t>& thread,
-                    internal::PipelineAttachment::SnapshotShape& shape,
-                    std::index_sequence<I...>) {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (SnapshotsEvents<P>) {
-            if (shape.types != 0) return;
-            auto& p = std::get<I>(providers_);
-            if (p.Period() <= 0) return;
-            if (!thread.has_value()) {
-              thread = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
-            }
-            if (!p.SnapshotEvents(agg, *thread, Layout::kValueOffsets[I])) return;
-            for (size_t t = 0; t < SnapshotTypeCount<P>(); ++t) {
-              const size_t bit = Layout::kValueOffsets[I] + t;
-              if (bit < 64) shape.types |= uint64_t{1} << bit;
-            }
-            shape.period = p.Period();
-            shape.period_type = Layout::kValueOffsets[I] + P::kPeriodTypeIndex;
-          }
-        }(),
-        ...);
-  }
-
+  // ticker thread (sample_provider.h: ArmsInTwoSteps). When every provider
+  // can be disarmed and its tail taken after the thread is gone
+  // (UnregistersLate), threads unregister themselves without the registry
+  // lock and the profiler finishes that later.
+  static constexpr bool kTwoStepArming = (ArmsConcurrently<Ps> && ...) &&
+                                         (TicksThreads<Ps> || ...) && (ArmsInTwoSteps<Ps> || ...);
   // EventContext::unwind: the calling thread's stack, walked by U from a
   // context of this frame, when the thread is on its own stack with room
   // for the walk (as the signal handler requires): a registered thread's
@@ -526,33 +220,12 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
   // TicksThreads (wall time).
   static constexpr bool kHasTicker = (TicksThreads<Ps> || ...);
 
-  absl::Duration TickerPeriod() const override {
-    absl::Duration period = absl::InfiniteDuration();
-    TickerPeriodEach(period, std::make_index_sequence<Layout::kNumProviders>{});
-    return period;
-  }
-  template <size_t... I>
-  void TickerPeriodEach(absl::Duration& period, std::index_sequence<I...>) const {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-          if constexpr (TicksThreads<P>) {
-            const absl::Duration d = std::get<I>(providers_).TickPeriod();
-            if (d > absl::ZeroDuration() && d < period) period = d;
-          }
-        }(),
-        ...);
-  }
-
   // One wake-up of the ticker (internal::ProfilerBase::Tick): each ticking
-  // provider visits its next threads.
+  // provider visits its next threads (the one fan-out left a template: the
+  // visits are WallTicker<P>'s, inlined with the provider's own).
   void TickProvidersLocked(TickTime when, size_t batch, size_t& next) override {
-    TickEach(when, batch, next, std::make_index_sequence<Layout::kNumProviders>{});
-  }
-  template <size_t... I>
-  void TickEach(TickTime when, size_t batch, size_t& next,
-                std::index_sequence<I...>) {
-    (TickOne<I>(when, batch, next), ...);
+    internal::ForEachProvider<Layout::kNumProviders>(
+        [&](auto i) { TickOne<decltype(i)::value>(when, batch, next); });
   }
   // Registry lock held: provider I's visits (internal::WallTicker), this
   // profiler their host.
@@ -626,24 +299,10 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     DrainRings();
   }
 
-  // When every provider can be disarmed and its tail taken after the
-  // thread is gone, threads unregister themselves without the registry
-  // lock (ThreadRegistration::Reset) and the profiler finishes that later
-  // (internal::ProfilerBase::ProcessRetiredLocked).
-  static constexpr bool kDefersRetire = (UnregistersLate<Ps> && ...);
-
-  // In a forked child: no timer deleted (its id may now name one of the
-  // child's own); a shared ring is the parent's.
-  void ForgetProviderStateLocked(internal::SlotBase* base) override {
-    Slot* slot = static_cast<Slot*>(base);
-    ResetProviderData(slot);
-    slot->active_ring = &slot->ring;
-  }
-
   // Library mode: the shape of the records and rings, for the agent to read
   // the rings of a process that died (internal/agent_stream.h); null when
   // the ring type is not an SpscRecordRing.
-  const internal::AgentThreadRingLayout* ThreadRingLayout() const override {
+  static const internal::AgentThreadRingLayout* RingLayout() {
     if constexpr (kIsSpscRecordRing<R>) {
       static const internal::AgentThreadRingLayout layout = [] {
         internal::AgentThreadRingLayout l;
@@ -663,72 +322,51 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
     }
   }
 
-  // Registry lock held; no handler can run for the slot (not armed yet, or
-  // disarmed and waited for). Its ring becomes one in the agent's region
-  // when there is an agent (its own ring is empty: drained or unused).
-  void UseSharedRingLocked(internal::SlotBase* base) override {
-    if constexpr (kIsSpscRecordRing<R>) {
-      Slot* slot = static_cast<Slot*>(base);
-      if (slot->active_ring != &slot->ring) return;
-      void* memory = composition_.AcquireAgentThreadRing(slot->tid, slot->name);
-      if (memory == nullptr) return;
-      slot->active_ring = new (memory) R;  // default-init: its words untouched
-      slot->seen_dropped = 0;
-    }
-  }
-  // Registry lock held; the shared ring is drained and no handler can run
-  // for the slot. Back to its own ring.
-  void UseOwnRingLocked(internal::SlotBase* base) override {
-    Slot* slot = static_cast<Slot*>(base);
-    if (slot->active_ring == &slot->ring) return;
-    composition_.ReleaseAgentThreadRing(slot->active_ring);
-    slot->active_ring = &slot->ring;
-    slot->seen_dropped = slot->ring.dropped();
-  }
-
-  // Each provider's per-thread state back to its initial value.
-  static void ResetProviderData(Slot* slot) {
-    using Data = std::tuple<typename Ps::ThreadData...>;
-    slot->data.~Data();
-    new (&slot->data) Data();
-  }
-
-  // Before a registration.
-  void ClearProviderHistory(internal::SlotBase* base) override {
-    Slot* slot = static_cast<Slot*>(base);
-    for (auto& v : slot->provider_last_stack) v.clear();
-    for (auto& v : slot->provider_last_labels) v.clear();
-    slot->running_samples_at_visit.fill(
-        slot->running_samples.load(std::memory_order_relaxed));
-  }
-
   // The slots' bits, for every slot of this type (never destroyed).
   static internal::PendingSlots& Pending() {
     static auto* pending = new internal::PendingSlots;
     return *pending;
   }
-  internal::SlotBase* AcquireSlot() override {
-    if (Slot* slot = internal::SlotPool<Slot>::Take()) return slot;
-    return internal::SlotPool<Slot>::MakeNew([] {
-      auto slot = std::make_unique<Slot>();
-      slot->sample = &Handler::SampleThread;
-      slot->sample_stackless = &Handler::SampleStackless;
-      slot->sample_stack_bytes = static_cast<uint32_t>(Layout::kHandlerStackBytes);
-      slot->before_retire = &Handler::TakeOwedSamples;
-      Pending().Assign(slot.get());  // may throw; unchanged then
-      return slot.release();
-    });
-  }
-  void ReleaseSlot(internal::SlotBase* base) override {
-    Slot* slot = static_cast<Slot*>(base);
-    // Reset per-registration state; the ring is empty after the drain.
-    ResetProviderData(slot);
-    slot->seen_taken = slot->samples_taken.load();
-    slot->seen_dropped = slot->ring.dropped();
-    slot->seen_truncated = slot->samples_truncated.load();
-    slot->seen_small_stack = slot->samples_small_stack.load();
-    internal::SlotPool<Slot>::Put(slot);
-  }
+  // The slots (internal::ProfilerBase::Shape::SlotOps): from and back to
+  // their pool; a ring in the agent's memory (library mode) placed with
+  // its words untouched.
+  static constexpr Base::Shape::SlotOps kSlotOps{
+      .acquire = []() -> internal::SlotBase* {
+        if (Slot* slot = internal::SlotPool<Slot>::Take()) return slot;
+        return internal::SlotPool<Slot>::MakeNew([] {
+          auto slot = std::make_unique<Slot>();
+          slot->sample = &Handler::SampleThread;
+          slot->sample_stackless = &Handler::SampleStackless;
+          slot->sample_stack_bytes = static_cast<uint32_t>(Layout::kHandlerStackBytes);
+          slot->before_retire = &Handler::TakeOwedSamples;
+          slot->provider_last_stack.resize(Layout::kNumProviders);
+          slot->provider_last_labels.resize(Layout::kNumProviders);
+          slot->running_samples_at_visit.resize(Layout::kNumProviders);
+          Pending().Assign(slot.get());  // may throw; unchanged then
+          return slot.release();
+        });
+      },
+      .release =
+          [](internal::SlotBase* base) {
+            // The per-registration counts; the ring is empty after the drain.
+            Slot* slot = static_cast<Slot*>(base);
+            slot->seen_taken = slot->samples_taken.load();
+            slot->seen_dropped = slot->ring.dropped();
+            slot->seen_truncated = slot->samples_truncated.load();
+            slot->seen_small_stack = slot->samples_small_stack.load();
+            internal::SlotPool<Slot>::Put(slot);
+          },
+      .shared_ring = [](const internal::SlotBase* base) -> void* {
+        const Slot* slot = static_cast<const Slot*>(base);
+        return slot->active_ring == &slot->ring ? nullptr : slot->active_ring;
+      },
+      .write_ring =
+          [](internal::SlotBase* base, void* shared) {
+            Slot* slot = static_cast<Slot*>(base);
+            slot->active_ring = shared != nullptr ? new (shared) R : &slot->ring;
+            slot->seen_dropped = shared != nullptr ? 0 : slot->ring.dropped();
+          },
+      .shares_rings = kIsSpscRecordRing<R>};
 
   std::tuple<internal::WallTicker<Ps>...> tickers_;  // registry lock
 };

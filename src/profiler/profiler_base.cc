@@ -30,6 +30,7 @@ ProfilerBase::ProfilerBase(Options options, Shape shape)
   // free (base/fork_guard.h).
   RegisterForkLock(&registry_->mutex, kForkRankRegistry);
   pipeline_.RegisterForkLock(kForkRankAggregate);
+  AttachEventProviders();
 }
 
 ProfilerBase::~ProfilerBase() = default;
@@ -63,8 +64,9 @@ absl::Status ProfilerBase::Start() {
         "this profiler was started in process ", start_pid_,
         "; a forked child must construct its own Profiler to profile"));
   }
-  if (std::string why_not; !UnwinderSupported(why_not)) {
-    Log(why_not);
+  if (!shape_.unwinder_supported) {
+    Log(absl::StrCat(shape_.unwinder,
+                     " unwinding is not supported on this architecture; profiling stays off"));
     return absl::OkStatus();
   }
   // Before the agent is told the sample types: which ones are left out
@@ -76,7 +78,7 @@ absl::Status ProfilerBase::Start() {
   // The last session's shared rings (drained, no handler runs) go back
   // before its link does.
   for (SlotBase* slot : active_) UseOwnRingLocked(slot);
-  if (absl::Status s = composition_.ConnectAgent(ThreadRingLayout()); !s.ok()) return s;
+  if (absl::Status s = composition_.ConnectAgent(shape_.ring_layout); !s.ok()) return s;
   for (SlotBase* slot : active_) UseSharedRingLocked(slot);
   // No unwind tables are built here: the collector thread builds them
   // first thing (Drain), so Start() returns in well under a millisecond.

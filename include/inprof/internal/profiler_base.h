@@ -44,6 +44,7 @@
 #include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_common.h"
+#include "inprof/internal/provider_table.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/internal/wall_ticker_thread.h"
@@ -108,6 +109,14 @@ struct SlotBase : ThreadSlotHeader, SlotRecordState {
   int64_t wall_last_visit_ns = kNeverVisited;
   bool wall_due = false;
   uint64_t seen_small_stack = 0;
+  // Per provider (collector-owned, registry lock): the newest stack drained
+  // for it and its canonical labels. What the provider measured after that
+  // sample (TakeTail) is credited there: a thread's last moments were
+  // spent near it. And running_samples at each ticking provider's last
+  // visit (ticker). Sized when the slot is made.
+  std::vector<std::vector<uint64_t>> provider_last_stack;
+  std::vector<std::vector<uint64_t>> provider_last_labels;
+  std::vector<uint32_t> running_samples_at_visit;
 };
 
 // A thread the wall ticker visits ahead of its round (ProfilerBase::
@@ -181,6 +190,31 @@ class ProfilerBase : public ProfilerCommon {
     // The unwinder's walks before its tables were ready, process-wide
     // (null: it has no tables).
     uint64_t (*walks_without_tables)() = nullptr;
+    // Its unwinder: its name and whether it works on this machine; the
+    // calling thread's stack walked with it (EventContext::unwind).
+    const char* unwinder = "";
+    bool unwinder_supported = true;
+    size_t (*unwind_here)(std::span<uintptr_t> out) noexcept = nullptr;
+    // Library mode: the shape of the records and rings, for the agent to
+    // read the rings of a process that died; null when it cannot.
+    const AgentThreadRingLayout* ring_layout = nullptr;
+    // The providers (provider_table.h): what each does, and each, in order.
+    std::span<const ProviderOps> providers;
+    std::vector<void*> provider_objects;
+    // Its slots (ProfilerLayout<>::Slot).
+    struct SlotOps {
+      // One from the composition's pool, made when it is empty (never
+      // freed); and one back to it, its providers' data reset.
+      SlotBase* (*acquire)() = nullptr;
+      void (*release)(SlotBase* slot) = nullptr;
+      // The ring its handler writes: the agent's shared memory it writes
+      // (null: its own ring), and a switch to `shared` (null: to its own).
+      // shares_rings: its ring type can live in the agent's memory.
+      void* (*shared_ring)(const SlotBase* slot) = nullptr;
+      void (*write_ring)(SlotBase* slot, void* shared) = nullptr;
+      bool shares_rings = false;
+    };
+    SlotOps slots;
   };
   ProfilerBase(Options options, Shape shape);
   // Does nothing that needs the composition: Profiler<>'s destructor
@@ -191,60 +225,76 @@ class ProfilerBase : public ProfilerCommon {
   void Shutdown();
 
   // --- The composition's part (Profiler<U, R, Ps...>) ---------------------
-  // Whether its unwinder works on this machine; `why_not` names it.
-  virtual bool UnwinderSupported(std::string& why_not) const = 0;
-  virtual absl::Status ConfigureProviders() = 0;
-  // The sample types (bit i: the i-th) of providers configured off, left
-  // out of the profile (Pipeline::SetOmittedTypes). After ConfigureProviders.
-  virtual uint64_t OmittedSampleTypes() const { return 0; }
-  // How providers that say so sample, for the log and the profile's
-  // comments (empty: nothing to say).
-  virtual std::string DescribeProviders() const = 0;
-  // Library mode: the shape of the records and rings, for the agent to
-  // read the rings of a process that died; null when it cannot.
-  virtual const AgentThreadRingLayout* ThreadRingLayout() const = 0;
-  // A slot from the composition's pool (never freed), and back to it.
-  virtual SlotBase* AcquireSlot() = 0;
-  virtual void ReleaseSlot(SlotBase* slot) = 0;
-  // Before a registration: the per-provider parts of the slot cleared.
-  virtual void ClearProviderHistory(SlotBase* slot) = 0;
-  // The registry lock held, or (arms_outside_lock) the slot marked by
-  // BeginWorkOutsideLock.
-  virtual void ArmProviders(SlotBase* slot, uint64_t session) = 0;
-  // Registry lock held (shape_.two_step_arming). On the registering thread:
-  // true when a provider waits for ArmPreparedProviders, which the ticker
-  // thread calls later.
-  virtual bool PrepareProviders(SlotBase* slot, uint64_t session) = 0;
-  virtual void ArmPreparedProviders(SlotBase* slot, uint64_t session) = 0;
-  virtual void DisarmLocked(SlotBase* slot) = 0;
-  // Registry lock held; no handler can run for the slot. Credits what each
-  // provider measured since the thread's last sample.
-  virtual void TakeTailsLocked(SlotBase* slot) = 0;
   // Registry and aggregate locks held: the slot's records into `agg`.
   // Cheap for an idle thread. False when it stopped at its budget with
   // records left.
   virtual bool DrainSlotIntoLocked(SlotBase* slot, SampleAggregator& agg) = 0;
-  // Registry lock held; no handler can run for the slot. Its ring becomes
-  // one in the agent's region when there is an agent, and back.
-  virtual void UseSharedRingLocked(SlotBase* slot) = 0;
-  virtual void UseOwnRingLocked(SlotBase* slot) = 0;
-  // In a forked child: the slot's provider data back to its initial value
-  // and its own ring (a shared one is the parent's), no timer deleted.
-  virtual void ForgetProviderStateLocked(SlotBase* slot) = 0;
   // Collector step (not under the registry lock): the unwinder's module
   // tables, then DrainRings().
   virtual void Drain() = 0;
-  // The ticker's period (InfiniteDuration: no ticking provider), and one
-  // wake-up's visits (registry lock held; `next` lowered to the batch the
-  // next wake-up may stand for).
-  virtual absl::Duration TickerPeriod() const = 0;
+  // One wake-up's visits of the ticking providers (registry lock held;
+  // `next` lowered to the batch the next wake-up may stand for).
   virtual void TickProvidersLocked(TickTime when, size_t batch, size_t& next) = 0;
+
+  // --- The providers, through their table (profiler_providers.cc) --------
+  absl::Status ConfigureProviders();
+  // The sample types (bit i: the i-th) of event providers configured off,
+  // left out of the profile (Pipeline::SetOmittedTypes): a composition
+  // with an allocation provider writes CPU profiles without its columns
+  // while INPROF_ALLOC_PERIOD is unset. After ConfigureProviders.
+  uint64_t OmittedSampleTypes() const;
+  // How providers that say so sample, for the log and the profile's
+  // comments (empty: nothing to say).
+  std::string DescribeProviders() const;
+  // Before a registration: the per-provider parts of the slot cleared.
+  static void ClearProviderHistory(SlotBase* slot);
+  // Each provider's per-thread data back to its initial value.
+  void ResetProviderData(SlotBase* slot) const;
+  // The registry lock held, or (arms_outside_lock) the slot marked by
+  // BeginWorkOutsideLock.
+  void ArmProviders(SlotBase* slot, uint64_t session);
+  // Registry lock held. On the registering thread: providers that arm in
+  // two steps (shape_.two_step_arming) prepared, the others armed; true
+  // when one waits for ArmPreparedProviders, which the ticker thread
+  // calls later (ArmThread returns at once for one armed already).
+  bool PrepareProviders(SlotBase* slot, uint64_t session);
+  void ArmPreparedProviders(SlotBase* slot, uint64_t session);
+  void DisarmLocked(SlotBase* slot);
+  // Registry lock held; no handler can run for the slot. Credits what each
+  // provider measured since the thread's last sample: to its newest stack
+  // for that provider, or to its tail frame.
+  void TakeTailsLocked(SlotBase* slot);
+  // The ticker's period (InfiniteDuration: no ticking provider).
+  absl::Duration TickerPeriod() const;
   // Event-driven providers (sample_provider.h: RecordsEvents): started at
   // Start() once the threads are armed (an error is logged, and the others
   // sample on), stopped at the beginning of Stop() (forked_child: in a
   // child, where only atomics may be set). Start: under the registry lock.
-  virtual absl::Status StartEventProviders() { return absl::OkStatus(); }
-  virtual void StopEventProviders(bool /*forked_child*/) noexcept {}
+  absl::Status StartEventProviders();
+  void StopEventProviders(bool forked_child) noexcept;
+  bool AnyEventProviderOn() const;
+  // A slot from the composition's pool, and back to it.
+  SlotBase* AcquireSlot() { return shape_.slots.acquire(); }
+  void ReleaseSlot(SlotBase* slot) {
+    ResetProviderData(slot);
+    shape_.slots.release(slot);
+  }
+  // Registry lock held; no handler can run for the slot (not armed yet, or
+  // disarmed and waited for). Its ring becomes one in the agent's region
+  // when there is an agent (its own ring is empty: drained or unused), and
+  // back once the shared one is drained.
+  void UseSharedRingLocked(SlotBase* slot);
+  void UseOwnRingLocked(SlotBase* slot);
+  // In a forked child: the slot's provider data back to its initial value
+  // and its own ring (a shared one is the parent's), no timer deleted.
+  void ForgetProviderStateLocked(SlotBase* slot) {
+    ResetProviderData(slot);
+    shape_.slots.write_ring(slot, nullptr);
+  }
+  // Provider i's per-thread data in `slot`.
+  void* ProviderData(SlotBase* slot, size_t i) const {
+    return shape_.providers[i].data(*slot);
+  }
 
   // --- For the composition ----------------------------------------------
   // Registry lock held. Moves the slot's records into the aggregate.
@@ -357,6 +407,14 @@ class ProfilerBase : public ProfilerCommon {
   // prepared slot in arm_queue_ and wakes the armer, whose thread arms the
   // queue in batches (ArmQueued); a slot leaving active_ leaves the queue.
   void ArmQueued();
+
+  // `late`: on the ticker thread, after PrepareThread; a thread that
+  // unregistered itself meanwhile (without the registry lock) may be gone,
+  // and its arming fail: its preparation stands (its tail takes its CPU).
+  void ArmOne(SlotBase* slot, size_t i, uint64_t session, bool late = false);
+  // At construction: the event providers' records joined to each window.
+  class EventAttachment;
+  void AttachEventProviders();
 
   // Queued unregistrations that a registering thread finishes first.
   static constexpr uint32_t kRetiredForRegistration = 64;

@@ -105,14 +105,6 @@ struct ProfilerLayout {
     std::tuple<typename Ps::ThreadData...> data;
     // Values of samples dropped because the ring was full, per sample type.
     std::array<std::atomic<int64_t>, kNumValues> dropped_values{};
-    // Collector-owned (registry lock held). Per provider: the newest stack
-    // drained for it and its canonical labels. What the provider measured
-    // after that sample (TakeTail) is credited there: a thread's last
-    // moments were spent near it.
-    std::array<std::vector<uint64_t>, kNumProviders> provider_last_stack;
-    std::array<std::vector<uint64_t>, kNumProviders> provider_last_labels;
-    // running_samples at each ticking provider's last visit (ticker).
-    std::array<uint32_t, kNumProviders> running_samples_at_visit{};
     R ring;
     // The ring its handler writes: `ring`, or in library mode one in the
     // agent's shared region (so that a process that dies loses nothing its

@@ -126,6 +126,12 @@ struct ProviderHolder {
     if (!first.Configure(options).ok()) return 0;
     return static_cast<int64_t>(first.Period());
   }
+
+  // Each provider's address, in order (internal/provider_table.h).
+  std::vector<void*> ProviderAddresses() {
+    return std::apply([](auto&... p) { return std::vector<void*>{static_cast<void*>(&p)...}; },
+                      providers_);
+  }
 };
 
 // CanonicalLabelWords: label_table.h.
