@@ -57,7 +57,7 @@ HEADERS = {
         "profiler", "inprof", "profiler_common", "profiler_base", "profiler_collector",
         "profiler_collector_windows", "profiler_layout", "profiler_layout_windows",
         "profiler_sampler_windows", "profiler_control", "provider_set", "provider_table",
-        "sample_handler",
+        "profiler_visits", "sample_handler",
         "wall_ticker", "wall_ticker_thread", "composition", "profiler_windows"],
     "gperftools": ["profiler_gperftools"],
 }

@@ -30,6 +30,7 @@ ProfilerBase::ProfilerBase(Options options, Shape shape)
   // free (base/fork_guard.h).
   RegisterForkLock(&registry_->mutex, kForkRankRegistry);
   pipeline_.RegisterForkLock(kForkRankAggregate);
+  for (const ProviderOps& ops : shape_.providers) value_counts_.push_back(ops.value_count);
   AttachEventProviders();
 }
 

@@ -48,6 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "inprof/profile_data.h"
+#include "inprof/spsc_ring.h"
 
 namespace inprof::internal {
 
@@ -259,6 +260,30 @@ struct AgentThreadRingLayout {
   std::vector<uint32_t> value_counts;   // per provider
   std::vector<uint32_t> value_offsets;  // per provider
 };
+// The layout of a Profiler whose ring is R and whose record layout is L
+// (internal/profiler_layout.h: kLeafWords, kNumProviders, kValueCounts,
+// kValueOffsets, kStateLabelProvider); null when R is not an
+// SpscRecordRing or it has more than kAgentMaxProviders providers.
+template <typename L, typename R>
+const AgentThreadRingLayout* ThreadRingLayoutOf() {
+  if constexpr (kIsSpscRecordRing<R>) {
+    static const AgentThreadRingLayout layout = [] {
+      AgentThreadRingLayout l;
+      l.ring_bytes = static_cast<uint32_t>(sizeof(R));
+      l.ring_words = static_cast<uint32_t>(R::capacity_words());
+      l.leaf_words = static_cast<uint32_t>(L::kLeafWords);
+      for (size_t i = 0; i < L::kNumProviders; ++i) {
+        l.value_counts.push_back(static_cast<uint32_t>(L::kValueCounts[i]));
+        l.value_offsets.push_back(static_cast<uint32_t>(L::kValueOffsets[i]));
+        if (L::kStateLabelProvider[i]) l.state_label_providers |= 1u << i;
+      }
+      return l;
+    }();
+    return L::kNumProviders <= kAgentMaxProviders ? &layout : nullptr;
+  } else {
+    return nullptr;
+  }
+}
 // A chunk's size for `layout`: the header's 64 bytes, then the ring, in pages.
 uint32_t AgentThreadChunkBytes(const AgentThreadRingLayout& layout);
 // Where the thread area starts in a region whose Welcome said `region_bytes`.

@@ -171,16 +171,26 @@ class ProfilerBase : public ProfilerCommon {
   // What the composition's types decide, once, at construction.
   struct Shape {
     ProfileShape profile;
-    // Profiler<>::kArmsOutsideLock, kDefersRetire, kHasTicker.
+    // When every provider ArmsConcurrently (sample_provider.h), a thread
+    // that registers or unregisters while the profiler runs arms or
+    // disarms them outside the registry lock; Start() and Stop() do it
+    // under the lock (all or none: a second perf-engine provider on the
+    // same thread takes the slot's overflow descriptor from the first,
+    // tests/profiler/sample_provider_test.cc).
     bool arms_outside_lock = false;
+    // When every provider UnregistersLate (its tail taken after the thread
+    // is gone), threads unregister themselves without the registry lock
+    // and the profiler finishes that later (ProcessRetiredLocked).
     bool defers_retire = false;
+    // A provider TicksThreads (wall time): the ticker thread runs.
     bool has_ticker = false;
-    // Profiler<>::kTwoStepArming: threads registering in a burst are armed
-    // by the ticker thread (PrepareProviders, ArmPreparedProviders).
+    // Arming outside the lock, a ticker and a provider that ArmsInTwoSteps:
+    // threads registering in a burst are armed by the ticker thread
+    // (PrepareProviders, ArmPreparedProviders).
     bool two_step_arming = false;
-    // The unwinder copies leaf stack words (CopiesLeafStack): drains
-    // refresh the leaf resolver first.
-    bool leaf_words = false;
+    // The leaf stack words the unwinder copies into each record
+    // (CopiesLeafStack; 0: none): drains refresh the leaf resolver first.
+    size_t leaf_words = 0;
     // Samples pushed by the composition's handlers (one profiler runs at a
     // time; a second of the same type only causes extra passes).
     std::atomic<uint64_t>* activity = nullptr;
@@ -291,6 +301,8 @@ class ProfilerBase : public ProfilerCommon {
     ResetProviderData(slot);
     shape_.slots.write_ring(slot, nullptr);
   }
+  // Provider i, as the composition gave it.
+  void* ProviderObject(size_t i) const { return shape_.provider_objects[i]; }
   // Provider i's per-thread data in `slot`.
   void* ProviderData(SlotBase* slot, size_t i) const {
     return shape_.providers[i].data(*slot);
@@ -317,8 +329,29 @@ class ProfilerBase : public ProfilerCommon {
   // Registry lock held: the leaf resolver's view of the modules, before a
   // drain (unwinders that copy leaf stack words).
   void RefreshLeafResolverLocked() {
-    if (shape_.leaf_words) leaf_resolver_.Refresh();
+    if (shape_.leaf_words != 0) leaf_resolver_.Refresh();
   }
+  // Registry and aggregate locks held (profiler_records.cc). One record as
+  // the handler writes it (from a ring, or built by the ticker:
+  // ProfilerCollector<>::ReadBlockedStack) into the aggregate and the
+  // slot's newest stacks; false for a malformed one. `repaired` has room
+  // for n + 1 words.
+  bool AddRecordLocked(SlotBase* slot, SampleAggregator& agg, const uint64_t* record,
+                       size_t n, uint64_t* repaired);
+  // Registry and aggregate locks held: the events providers left in the
+  // slot (sample_provider.h: DrainsThreadEvents), as the thread's samples.
+  void DrainThreadEventsLocked(SlotBase* slot, SampleAggregator& agg);
+  // Registry lock held. The thread ran throughout a visit's interval and a
+  // running sample was taken of it meanwhile: provider `provider`'s values
+  // added to that sample's stack, labelled running (its ring drained
+  // first, where the sample may be).
+  void CreditRunningLocked(SlotBase* slot, size_t provider, std::span<const int64_t> values);
+  // Canonical label words for the aggregate, with provider `provider`'s
+  // state label when it has one ("thread state"="running" for a signalled
+  // wall sample). `out` has room for kMaxLabelWords + 2.
+  size_t ProviderLabels(std::span<const uint64_t> words, size_t provider, uint64_t* out,
+                        bool blocked = false) const;
+  static constexpr size_t kMaxLabelWords = 2 * ThreadSlotHeader::kMaxLabels;
   // Registry lock held. When the leaf pc has no frame record of its own
   // (its CFA is sp-based), the frame-pointer walk skipped its caller: insert
   // the return address found on the stack. `out` must hold frames.size()+1.
@@ -415,11 +448,16 @@ class ProfilerBase : public ProfilerCommon {
   // At construction: the event providers' records joined to each window.
   class EventAttachment;
   void AttachEventProviders();
+  void FollowRunningSampleLocked(SlotBase* slot, SampleAggregator& agg,
+                                 std::span<const uint64_t> frames,
+                                 std::span<const uint64_t> label_words, int64_t cpu_ns);
 
   // Queued unregistrations that a registering thread finishes first.
   static constexpr uint32_t kRetiredForRegistration = 64;
 
   const Shape shape_;
+  // Each provider's value count, in order (RecordView::Read).
+  std::vector<size_t> value_counts_;
   // Stop() is waiting for arming outside the lock to end: no new one starts
   // (registry lock).
   bool stopping_ = false;

@@ -112,6 +112,15 @@ struct ProfilerLayout {
     R* active_ring = &ring;
   };
 
+  // The unwinder's walks before its tables were ready, process-wide (null:
+  // it has no tables).
+  static constexpr uint64_t (*WalksWithoutTables())() {
+    if constexpr (BuildsTablesLazily<U>) {
+      return [] { return static_cast<uint64_t>(U::WalksWithoutTables()); };
+    } else {
+      return nullptr;
+    }
+  }
   // Whether the unwinder's tables are complete (always, for unwinders
   // without tables).
   static bool UnwindTablesReady() {

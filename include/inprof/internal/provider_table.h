@@ -52,6 +52,8 @@ struct ProviderOps {
   // The frame its tail goes to when the thread has no sample of it.
   const char* tail_frame = kTailFrame;
   bool ticks_threads = false;        // TicksThreads
+  bool samples_running = false;      // SamplesRunningThreads
+  bool labels_state = false;         // LabelsThreadState
   bool arms_in_two_steps = false;    // ArmsInTwoSteps
   bool records_events = false;       // RecordsEvents
   size_t snapshot_types = 0;         // SnapshotTypeCount, when SnapshotsEvents
@@ -69,6 +71,12 @@ struct ProviderOps {
   bool (*prepare)(void* provider, ThreadContext& thread) = nullptr;
   bool (*take_tail)(void* provider, ThreadContext& thread, std::span<int64_t> values) = nullptr;
   absl::Duration (*tick_period)(const void* provider) = nullptr;
+  // FollowsRunningThreads: the wall time a running sample of `cpu_ns`
+  // carries for a followed thread.
+  bool (*follow_running)(ThreadContext& thread, int64_t cpu_ns,
+                         std::span<int64_t> values) = nullptr;
+  // DrainsThreadEvents: the events left in the thread's data.
+  void (*drain_thread_events)(ThreadContext& thread, ThreadEventVisitor visit) = nullptr;
   absl::Status (*start_events)(void* provider, const EventContext& context) = nullptr;
   void (*stop_events)(void* provider, bool forked_child) noexcept = nullptr;
   std::string (*flush_events)(void* provider, SampleAggregator& agg, uint32_t thread,
@@ -97,6 +105,8 @@ constexpr ProviderOps MakeProviderOps(size_t value_offset) {
   ops.period_index = P::kPeriodTypeIndex;
   if constexpr (NamesTailFrame<P>) ops.tail_frame = P::kTailFrame;
   ops.ticks_threads = TicksThreads<P>;
+  ops.samples_running = SamplesRunningThreads<P>;
+  ops.labels_state = LabelsThreadState<P>;
   ops.arms_in_two_steps = ArmsInTwoSteps<P>;
   ops.records_events = RecordsEvents<P>;
   ops.configure = [](void* p, const Options& o) { return static_cast<P*>(p)->Configure(o); };
@@ -129,6 +139,16 @@ constexpr ProviderOps MakeProviderOps(size_t value_offset) {
   if constexpr (TicksThreads<P>) {
     ops.tick_period = [](const void* p) {
       return absl::Duration(static_cast<const P*>(p)->TickPeriod());
+    };
+  }
+  if constexpr (FollowsRunningThreads<P>) {
+    ops.follow_running = [](ThreadContext& t, int64_t cpu_ns, std::span<int64_t> v) {
+      return static_cast<bool>(P::FollowRunningSample(SlotDataOf<Slot, I>(t), cpu_ns, v));
+    };
+  }
+  if constexpr (DrainsThreadEvents<P>) {
+    ops.drain_thread_events = [](ThreadContext& t, ThreadEventVisitor visit) {
+      P::DrainThreadEvents(SlotDataOf<Slot, I>(t), visit);
     };
   }
   if constexpr (RecordsEvents<P>) {

@@ -160,6 +160,35 @@ class SampleHandler {
     if (session == 0 || session != ActiveSession()) return;
     TakeOwedEach(*slot, session, std::make_index_sequence<L::kNumProviders>{});
   }
+  // EventContext::unwind: the calling thread's stack, walked by U from a
+  // context of this frame, when the thread is on its own stack with room
+  // for the walk (as the signal handler requires): a registered thread's
+  // bounds are its slot's, any other thread's those cached for it
+  // (internal::KnownCurrentThreadStack).
+  __attribute__((noinline)) static size_t UnwindHere(std::span<uintptr_t> out) noexcept {
+    internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
+    const uint64_t active = internal::ActiveSession();
+    StackBounds stack;
+    size_t room = L::kHandlerStackBytes;
+    if (slot != nullptr && active != 0 &&
+        slot->session.load(std::memory_order_relaxed) == active) {
+      stack = slot->stack;
+      room = slot->sample_stack_bytes;
+    } else if (!internal::KnownCurrentThreadStack(&stack)) {
+      // A thread that never registered: its bounds, once the provider
+      // found them where that is safe (thread_info.h).
+      return 0;
+    }
+    // Not on its own stack (a coroutine's, a signal's alternate stack) or
+    // without room for the walk: not walked (counted by the caller).
+    const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    if (!(sp >= stack.lo && sp < stack.hi && sp - stack.lo >= room)) return 0;
+    ucontext_t context;
+    if (getcontext(&context) != 0) return 0;
+    U unwinder;
+    return unwinder.Unwind(&context, stack, out).depth;
+  }
+
  private:
   // What both handler parts begin with: the provider the signal is for
   // (`tag`) and the values it measured; false when there is no sample.
