@@ -9,6 +9,8 @@ layer, or a peer of the same layer, and the components' graph must have no
 cycle. A file this script cannot place is an error too: a new header is
 given its component here.
 
+Besides, the core's files (CORE_FILES) name no attachment.
+
   python3 scripts/check_layers.py [REPO]      exit 0: clean; 1: each
                                               offending include on a line
 """
@@ -30,6 +32,16 @@ LAYERS = [
     ["run", "gperftools", "cli"],
 ]
 RANK = {c: i for i, layer in enumerate(LAYERS) for c in layer}
+
+# The core knows no attachment (issue 61, item 2): the agent, the live
+# endpoint and the uploaders attach to the pipeline through hooks it
+# declares (PipelineAttachment: Connect, the threads' ring memory, the
+# served address), and one place above the core wires them for a profiler
+# (internal/composition.h, ComposePipeline). These files name none of
+# them, in code or in comments.
+CORE_FILES = ["include/inprof/profiler.h", "include/inprof/internal/profiler_base.h",
+              "src/profiler/profiler_base.cc", "src/pipeline/"]
+ATTACHMENT_NAMES = re.compile(r"agent|composition|endpoint|upload", re.IGNORECASE)
 
 # Components of the headers in include/inprof/ (public) and
 # include/inprof/internal/; include/inprof/base/ is base.
@@ -135,6 +147,15 @@ def main():
                 if RANK[dst] > RANK[src]:
                     errors.append(f"{f}:{n}: {src} (layer {RANK[src]}) includes "
                                   f"{m.group(1)} of {dst} (layer {RANK[dst]}): upward")
+    for f in sorted(files):
+        if not any(f == c or (c.endswith("/") and f.startswith(c)) for c in CORE_FILES):
+            continue
+        with open(f, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                m = ATTACHMENT_NAMES.search(line)
+                if m:
+                    errors.append(f"{f}:{n}: names '{m.group(0)}': the core reaches its "
+                                  "attachments through PipelineAttachment only")
     # Peers may depend on each other one way only: no cycle.
     state = {}
 

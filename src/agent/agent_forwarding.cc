@@ -17,7 +17,7 @@ AgentForwarding::AgentForwarding(const Options& options) : options_(options) {}
 AgentForwarding::~AgentForwarding() = default;
 
 absl::Status AgentForwarding::Connect(Pipeline& pipeline,
-                                      const AgentThreadRingLayout* thread_rings) {
+                                      const ThreadRingLayout* thread_rings) {
   if (options_.agent_socket.empty() && options_.agent_spawn) {
     // ddprof's library mode: an agent of the process's own, and the
     // variable exported for the programs it exec's (they join it).
@@ -80,10 +80,11 @@ void* AgentForwarding::AcquireThreadRing(Pipeline& pipeline, pid_t tid,
   });
 }
 
-void AgentForwarding::ReleaseThreadRing(Pipeline& pipeline, void* ring) {
+bool AgentForwarding::ReleaseThreadRing(Pipeline& pipeline, void* ring) {
   pipeline.WithLock([&](Pipeline::Locked&) {
     if (link_ != nullptr) link_->ReleaseThreadRing(ring);
   });
+  return true;
 }
 
 void AgentForwarding::AfterDrain(Pipeline& pipeline) {

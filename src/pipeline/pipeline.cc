@@ -117,6 +117,33 @@ PipelineAttachment* Pipeline::Attach(std::unique_ptr<PipelineAttachment> attachm
   return attachments_.back().get();
 }
 
+absl::Status Pipeline::ConnectAttachments(const ThreadRingLayout* rings) {
+  for (const auto& a : attachments_) {
+    if (absl::Status s = a->Connect(*this, rings); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void* Pipeline::AcquireThreadRing(pid_t tid, absl::string_view name) {
+  for (const auto& a : attachments_) {
+    if (void* ring = a->AcquireThreadRing(*this, tid, name)) return ring;
+  }
+  return nullptr;
+}
+
+void Pipeline::ReleaseThreadRing(void* ring) {
+  for (const auto& a : attachments_) {
+    if (a->ReleaseThreadRing(*this, ring)) return;
+  }
+}
+
+std::string Pipeline::ServedAddress() const {
+  for (const auto& a : attachments_) {
+    if (std::string address = a->ServedAddress(); !address.empty()) return address;
+  }
+  return {};
+}
+
 void Pipeline::RegisterForkLock(ForkLockRank rank) {
   internal::RegisterForkLock(&mutex_, rank);
 }
@@ -147,8 +174,8 @@ void Pipeline::StartCollector(std::function<void()> drain,
     std::lock_guard<std::mutex> lock(mutex_);
     stats_ = std::move(stats);
   }
-  // While an attachment takes the samples (library mode: the agent has the
-  // sinks), the sinks are made only if the process goes on to export
+  // While an attachment takes the samples (library mode: another process
+  // has the sinks), the sinks are made only if the process goes on to export
   // itself (ExportHere).
   bool forwarding = false;
   for (const auto& a : attachments_) forwarding = a->TakesSamples() || forwarding;
@@ -285,8 +312,8 @@ void Pipeline::StopCollector() {
     threads_->stop = true;
   }
   threads_->cv.notify_all();
-  // A capture in progress has been woken (it answers 503); an endpoint's
-  // server waits for its connections' threads.
+  // A capture in progress has been woken (it answers 503); a server
+  // attached waits for its connections' threads.
   for (const auto& a : attachments_) a->Stopping();
   {
     // And a capture called directly (not through the server) is let go.
@@ -493,7 +520,7 @@ absl::Status Pipeline::ExportWindow(const ProfilerStats* stats,
   // Module files, debug files and the output file are opened and closed in
   // a descriptor table of inprof's (owned_fd.h): never a number of the
   // program's, whatever it closes or dup2()s meanwhile. One hop per window.
-  // A given symbolizer (`inprof agent`'s, in a process of inprof's own)
+  // A given symbolizer (another process's, in a process of inprof's own)
   // holds files it opened in its caller's table: it stays there.
   if (symbolizer_given_) return DeliverWindow(data, start, end, last);
   absl::Status status;
@@ -584,7 +611,7 @@ absl::Status Pipeline::Export(const ProfilerStats& stats) {
   const absl::Time deadline = absl::Now() + options_.stop_timeout;
   std::lock_guard<std::mutex> lock(export_mutex_);
   absl::Status status = ExportWindow(&stats, /*last=*/true);
-  // Each uploader has been delivering on its own thread since Consume(), so
+  // Each HTTP sink has been delivering on its own thread since Consume(), so
   // waiting for them one after the other shares one deadline fairly.
   std::string late;
   for (const auto& sink : sinks_) {

@@ -1,5 +1,5 @@
 // What pipeline.cc shares with the requests' side (pipeline_requests.cc:
-// Capture, Snapshot and their encoding for the live endpoint).
+// Capture, Snapshot and their encoding for a server attached).
 #ifndef INPROF_SRC_PIPELINE_PIPELINE_PARTS_H_
 #define INPROF_SRC_PIPELINE_PIPELINE_PARTS_H_
 
@@ -20,7 +20,7 @@ struct Pipeline::Threads {
   bool stop = false;
   ProfilerThread collector;
   ProfilerThread exporter;
-  std::function<void()> drain;  // for the endpoint's captures
+  std::function<void()> drain;  // for the captures
   std::function<void()> edge;   // StartCollector's; may be empty
   int captures = 0;  // Capture()s using this object (guarded by `mutex`)
   // The collector's passes begun and finished, and whether one is asked

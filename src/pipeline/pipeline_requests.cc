@@ -1,5 +1,4 @@
-// The pipeline's answers to requests (the live endpoint, the agent's
-// pages): a profile of the next N seconds (Capture), of the aggregate now
+// The pipeline's answers to requests (from the servers attached to it): a profile of the next N seconds (Capture), of the aggregate now
 // (Snapshot, SnapshotData), encoded as a request is answered.
 #include <algorithm>
 #include <chrono>
@@ -22,8 +21,8 @@
 namespace inprof::internal {
 
 absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
-  // The endpoint, the only caller, runs between StartCollector and
-  // StopCollector, which stops it (Stopping) before threads_ goes.
+  // Its callers, servers attached, run between StartCollector and
+  // StopCollector, which stops them (Stopping) before threads_ goes.
   Threads* t = threads_.get();
   if (t == nullptr) return absl::UnavailableError("the profiler is not running");
   {
@@ -105,13 +104,13 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
 absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) {
   absl::StatusOr<std::string> encoded;
   if (symbolizer_given_) {
-    // Another process's (`inprof agent`): its symbolizer holds its files
+    // Another process's (a session of inprof's own): its symbolizer holds its files
     // open, and it may have exited since; shared with the exporter. Only
     // in the descriptor table those files are in: from another one (a
     // server thread in a table of inprof's) a refresh would open the
     // process's files there and close the old numbers there, and the
     // exporter would later read and close the new numbers in its own
-    // table -- files of the agent's that are not the symbolizer's.
+    // table -- files of its own that are not the symbolizer's.
     if (CurrentDescriptorTable() != symbolizer_table_) {
       return absl::FailedPreconditionError(
           "this capture was asked for from a thread whose descriptor table "

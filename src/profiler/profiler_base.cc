@@ -70,16 +70,17 @@ absl::Status ProfilerBase::Start() {
                      " unwinding is not supported on this architecture; profiling stays off"));
     return absl::OkStatus();
   }
-  // Before the agent is told the sample types: which ones are left out
-  // (a provider that is off) is known once the providers are configured.
+  // Before the attachments are told the sample types: which ones are left
+  // out (a provider that is off) is known once the providers are
+  // configured.
   if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
   pipeline_.SetOmittedTypes(OmittedSampleTypes());
-  // Library mode: the agent gets the samples (a local socket round trip;
-  // without an agent, profiling stays here unless INPROF_AGENT_FALLBACK=off).
-  // The last session's shared rings (drained, no handler runs) go back
-  // before its link does.
+  // An attachment may take the samples from here on (library mode: a
+  // local socket round trip, or profiling stays here; Options). The last
+  // session's shared rings (drained, no handler runs) go back before it
+  // connects again.
   for (SlotBase* slot : active_) UseOwnRingLocked(slot);
-  if (absl::Status s = composition_.ConnectAgent(shape_.ring_layout); !s.ok()) return s;
+  if (absl::Status s = pipeline_.ConnectAttachments(shape_.ring_layout); !s.ok()) return s;
   for (SlotBase* slot : active_) UseSharedRingLocked(slot);
   // No unwind tables are built here: the collector thread builds them
   // first thing (Drain), so Start() returns in well under a millisecond.
@@ -306,8 +307,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   if (running_ && !stopping_ && getpid() == start_pid_ &&
       !ArmRegisteringLocked(slot, registering, lock, wake_armer)) {
     // The heap ran out while arming (a provider's system call failed and
-    // its message could not be made, the agent's ring area could not
-    // grow): the registration is undone, as one that never began.
+    // its message could not be made, a shared ring area could not grow): the registration is undone, as one that never began.
     lock.unlock();
     registry_->without_memory.fetch_add(1, std::memory_order_relaxed);
     return ThreadRegistration(no_memory);
@@ -457,8 +457,8 @@ bool ProfilerBase::DrainRings() {
             drained_activity_ = ~uint64_t{0};
           }
         } else if (session != 0) {
-          // Another profiler of this composition's (each takes the bits of
-          // both): left for it, and a pass of its own.
+          // Another profiler of the same template's types (each takes the
+          // bits of both): left for it, and a pass of its own.
           MarkPending(*slot);
           shape_.activity->fetch_add(1, std::memory_order_release);
         }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "inprof/base/log.h"
+#include "inprof/internal/composition.h"
 #include "inprof/internal/label_table.h"
 
 namespace inprof::internal {
@@ -18,6 +19,8 @@ ProfilerCommon::ProfilerCommon(Options options, ProfileShape shape)
       running_value_(LabelTable::Global().Intern(kThreadRunning)),
       blocked_value_(LabelTable::Global().Intern(kThreadBlocked)) {
   if (!config_status_.ok()) Log(config_status_.message());
+  // What options_ attaches to the pipeline: its sinks and the rest.
+  ComposePipeline(pipeline_);
 }
 
 ProfilerCommon::~ProfilerCommon() = default;

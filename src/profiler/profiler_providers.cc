@@ -222,14 +222,14 @@ void ProfilerBase::TakeTailsLocked(SlotBase* slot) {
 
 void ProfilerBase::UseSharedRingLocked(SlotBase* slot) {
   if (!shape_.slots.shares_rings || shape_.slots.shared_ring(slot) != nullptr) return;
-  void* memory = composition_.AcquireAgentThreadRing(slot->tid, slot->name);
+  void* memory = pipeline_.AcquireThreadRing(slot->tid, slot->name);
   if (memory != nullptr) shape_.slots.write_ring(slot, memory);
 }
 
 void ProfilerBase::UseOwnRingLocked(SlotBase* slot) {
   void* shared = shape_.slots.shared_ring(slot);
   if (shared == nullptr) return;
-  composition_.ReleaseAgentThreadRing(shared);
+  pipeline_.ReleaseThreadRing(shared);
   shape_.slots.write_ring(slot, nullptr);
 }
 

@@ -547,7 +547,7 @@ TEST(ExportTest, ForkedChildForgetsThreadsAndExitsCleanly) {
       options, std::vector<ValueType>{{"samples", "count"}},
       ValueType{"samples", "count"}, 1, "test");
   // The Pyroscope sink, as a profiler composes it.
-  internal::Composition composition(*core);
+  internal::ComposePipeline(*core);
   core->BeginWindow();
   core->StartCollector([] {});
   // Collector, exporter and upload threads are all up, waiting on their

@@ -29,7 +29,6 @@
 namespace inprof::internal {
 
 class AgentLink;
-struct AgentThreadRingLayout;
 
 class AgentForwarding final : public PipelineAttachment {
  public:
@@ -49,12 +48,13 @@ class AgentForwarding final : public PipelineAttachment {
   // pipeline's StartCollector; OK and nothing done without a socket.
   // `thread_rings`: the profiler's rings can live in the agent's shared
   // region (AcquireThreadRing); null when they cannot.
-  absl::Status Connect(Pipeline& pipeline, const AgentThreadRingLayout* thread_rings);
+  absl::Status Connect(Pipeline& pipeline, const ThreadRingLayout* thread_rings) override;
 
   // Shared memory for a thread's ring (AgentLink's AcquireThreadRing), or
-  // null (no agent, or none to spare).
-  void* AcquireThreadRing(Pipeline& pipeline, pid_t tid, absl::string_view name);
-  void ReleaseThreadRing(Pipeline& pipeline, void* ring);
+  // null (no agent, or none to spare); back (true: the agent's rings are
+  // the only ones an attachment hands out).
+  void* AcquireThreadRing(Pipeline& pipeline, pid_t tid, absl::string_view name) override;
+  bool ReleaseThreadRing(Pipeline& pipeline, void* ring) override;
 
   // PipelineAttachment.
   bool TakesSamples() override { return link_ != nullptr; }

@@ -48,7 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "inprof/profile_data.h"
-#include "inprof/spsc_ring.h"
+#include "inprof/internal/sample_record.h"
 
 namespace inprof::internal {
 
@@ -221,7 +221,7 @@ void EncodeAgentSample(uint32_t thread, uint32_t value_offset,
 // the memfd's size and reads nothing out of bounds.
 inline constexpr uint64_t kAgentThreadAreaMagic = 0x3152485452504e49;  // "INPRTHR1"
 inline constexpr size_t kAgentThreadAreaHeaderBytes = 4096;
-inline constexpr size_t kAgentMaxProviders = 16;
+inline constexpr size_t kAgentMaxProviders = kMaxRingProviders;
 // Where the process puts the ring in each chunk, and the bytes of an
 // SpscRecordRing before its words (its indices and drop count).
 inline constexpr uint32_t kAgentThreadRingOffset = 64;
@@ -251,39 +251,9 @@ struct AgentThreadChunkHeader {
   char name[56];  // NUL-terminated unless all 56 are used
 };
 
-// The shape of the process's records and rings (its Profiler type's).
-struct AgentThreadRingLayout {
-  uint32_t ring_bytes = 0;  // sizeof the ring object
-  uint32_t ring_words = 0;
-  uint32_t leaf_words = 0;
-  uint32_t state_label_providers = 0;
-  std::vector<uint32_t> value_counts;   // per provider
-  std::vector<uint32_t> value_offsets;  // per provider
-};
-// The layout of a Profiler whose ring is R and whose record layout is L
-// (internal/profiler_layout.h: kLeafWords, kNumProviders, kValueCounts,
-// kValueOffsets, kStateLabelProvider); null when R is not an
-// SpscRecordRing or it has more than kAgentMaxProviders providers.
-template <typename L, typename R>
-const AgentThreadRingLayout* ThreadRingLayoutOf() {
-  if constexpr (kIsSpscRecordRing<R>) {
-    static const AgentThreadRingLayout layout = [] {
-      AgentThreadRingLayout l;
-      l.ring_bytes = static_cast<uint32_t>(sizeof(R));
-      l.ring_words = static_cast<uint32_t>(R::capacity_words());
-      l.leaf_words = static_cast<uint32_t>(L::kLeafWords);
-      for (size_t i = 0; i < L::kNumProviders; ++i) {
-        l.value_counts.push_back(static_cast<uint32_t>(L::kValueCounts[i]));
-        l.value_offsets.push_back(static_cast<uint32_t>(L::kValueOffsets[i]));
-        if (L::kStateLabelProvider[i]) l.state_label_providers |= 1u << i;
-      }
-      return l;
-    }();
-    return L::kNumProviders <= kAgentMaxProviders ? &layout : nullptr;
-  } else {
-    return nullptr;
-  }
-}
+// The shape of the process's records and rings (its Profiler type's):
+// sample_record.h.
+using AgentThreadRingLayout = ThreadRingLayout;
 // A chunk's size for `layout`: the header's 64 bytes, then the ring, in pages.
 uint32_t AgentThreadChunkBytes(const AgentThreadRingLayout& layout);
 // Where the thread area starts in a region whose Welcome said `region_bytes`.

@@ -34,6 +34,7 @@ class EndpointAttachment final : public PipelineAttachment {
   // The address it listens on ("127.0.0.1:6060"), empty when it does not.
   // Any thread.
   std::string address() const;
+  std::string ServedAddress() const override { return address(); }
 
   // PipelineAttachment.
   void Started(Pipeline& pipeline) override;

@@ -33,6 +33,8 @@
 #ifndef INPROF_INTERNAL_PIPELINE_H_
 #define INPROF_INTERNAL_PIPELINE_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -50,6 +52,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "inprof/base/fork_guard.h"
+#include "inprof/internal/sample_record.h"
 #include "inprof/options.h"
 #include "inprof/profile_data.h"
 #include "inprof/sample_aggregator.h"
@@ -201,6 +204,22 @@ class PipelineAttachment {
   // those that changed since its previous call, or every row it has when
   // `all`. Must not call into the pipeline.
   virtual void LiveStateLocked(SampleAggregator& /*aggregator*/, bool /*all*/) {}
+  // The profiler's Start(), before StartCollector: connect to what the
+  // attachment reaches outside the process. `rings`: the shape of the
+  // threads' rings when they can live in memory it shares (null: they
+  // cannot). An error stops Start().
+  virtual absl::Status Connect(Pipeline& /*pipeline*/, const ThreadRingLayout* /*rings*/) {
+    return absl::OkStatus();
+  }
+  // Memory for a registered thread's ring (null: none), and back (false:
+  // it was not this attachment's). The profiler's registry lock held.
+  virtual void* AcquireThreadRing(Pipeline& /*pipeline*/, pid_t /*tid*/,
+                                  absl::string_view /*name*/) {
+    return nullptr;
+  }
+  virtual bool ReleaseThreadRing(Pipeline& /*pipeline*/, void* /*ring*/) { return false; }
+  // The address it serves on ("127.0.0.1:6060"), or empty.
+  virtual std::string ServedAddress() const { return {}; }
 };
 
 class Pipeline {
@@ -228,6 +247,14 @@ class Pipeline {
   // Attaches `attachment` for the pipeline's lifetime; the pointer stays
   // valid until the pipeline goes. Before StartCollector.
   PipelineAttachment* Attach(std::unique_ptr<PipelineAttachment> attachment);
+  // Each attachment's Connect, in order; the first error. Memory for a
+  // thread's ring from the first attachment that has some, and back. The
+  // first address an attachment serves on ("": none). Not from the
+  // collector's threads.
+  absl::Status ConnectAttachments(const ThreadRingLayout* rings);
+  void* AcquireThreadRing(pid_t tid, absl::string_view name);
+  void ReleaseThreadRing(void* ring);
+  std::string ServedAddress() const;
 
   // The pipeline's lock as a fork-guard lock (base/fork_guard.h), ranked
   // `rank`; Unregister before the pipeline goes.

@@ -37,14 +37,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "inprof/internal/agent_stream.h"
 #include "inprof/internal/leaf_frame_resolver.h"
 #include "inprof/internal/pending_slots.h"
 #include "inprof/internal/profiler_control.h"
-#include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_common.h"
 #include "inprof/internal/provider_table.h"
+#include "inprof/internal/sample_record.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/internal/wall_ticker_thread.h"
@@ -59,7 +58,7 @@ namespace inprof::internal {
 inline constexpr const char* kSmallStackFrame = "[inprof: on a small or foreign stack]";
 
 // A registered thread: the header the signal handler reads, and the state
-// the collector and the ticker keep for it whatever the composition.
+// the collector and the ticker keep for it whatever the template's types.
 // ProfilerLayout<>::Slot (profiler_layout.h) adds its providers' per-thread
 // data and its ring.
 // SlotRecordState (profiler_common.h) holds its name, its newest stack
@@ -168,7 +167,7 @@ class ProfilerBase : public ProfilerCommon {
   ProfilerStats stats() const;
 
  protected:
-  // What the composition's types decide, once, at construction.
+  // What the template's types decide, once, at construction.
   struct Shape {
     ProfileShape profile;
     // When every provider ArmsConcurrently (sample_provider.h), a thread
@@ -191,10 +190,10 @@ class ProfilerBase : public ProfilerCommon {
     // The leaf stack words the unwinder copies into each record
     // (CopiesLeafStack; 0: none): drains refresh the leaf resolver first.
     size_t leaf_words = 0;
-    // Samples pushed by the composition's handlers (one profiler runs at a
+    // Samples pushed by the template's handlers (one profiler runs at a
     // time; a second of the same type only causes extra passes).
     std::atomic<uint64_t>* activity = nullptr;
-    // The bits of the composition's slots that left something to drain
+    // The bits of the template's slots that left something to drain
     // (null: every pass reads every slot).
     PendingSlots* pending = nullptr;
     // The unwinder's walks before its tables were ready, process-wide
@@ -205,21 +204,22 @@ class ProfilerBase : public ProfilerCommon {
     const char* unwinder = "";
     bool unwinder_supported = true;
     size_t (*unwind_here)(std::span<uintptr_t> out) noexcept = nullptr;
-    // Library mode: the shape of the records and rings, for the agent to
-    // read the rings of a process that died; null when it cannot.
-    const AgentThreadRingLayout* ring_layout = nullptr;
+    // The shape of the records and rings, for a reader in another process
+    // (sample_record.h); null when the rings cannot live in shared memory.
+    const ThreadRingLayout* ring_layout = nullptr;
     // The providers (provider_table.h): what each does, and each, in order.
     std::span<const ProviderOps> providers;
     std::vector<void*> provider_objects;
     // Its slots (ProfilerLayout<>::Slot).
     struct SlotOps {
-      // One from the composition's pool, made when it is empty (never
+      // One from the template's pool, made when it is empty (never
       // freed); and one back to it, its providers' data reset.
       SlotBase* (*acquire)() = nullptr;
       void (*release)(SlotBase* slot) = nullptr;
-      // The ring its handler writes: the agent's shared memory it writes
+      // The ring its handler writes: the shared memory it writes
       // (null: its own ring), and a switch to `shared` (null: to its own).
-      // shares_rings: its ring type can live in the agent's memory.
+      // shares_rings: its ring type can live in shared memory
+      // (Pipeline::AcquireThreadRing).
       void* (*shared_ring)(const SlotBase* slot) = nullptr;
       void (*write_ring)(SlotBase* slot, void* shared) = nullptr;
       bool shares_rings = false;
@@ -227,14 +227,14 @@ class ProfilerBase : public ProfilerCommon {
     SlotOps slots;
   };
   ProfilerBase(Options options, Shape shape);
-  // Does nothing that needs the composition: Profiler<>'s destructor
+  // Does nothing that needs the template: Profiler<>'s destructor
   // calls Shutdown() first.
   ~ProfilerBase();
   // Stop(), then every registered slot retired. For the derived class's
   // destructor, while its hooks still work.
   void Shutdown();
 
-  // --- The composition's part (Profiler<U, R, Ps...>) ---------------------
+  // --- The template's part (Profiler<U, R, Ps...>) ------------------------
   // Registry and aggregate locks held: the slot's records into `agg`.
   // Cheap for an idle thread. False when it stopped at its budget with
   // records left.
@@ -249,7 +249,7 @@ class ProfilerBase : public ProfilerCommon {
   // --- The providers, through their table (profiler_providers.cc) --------
   absl::Status ConfigureProviders();
   // The sample types (bit i: the i-th) of event providers configured off,
-  // left out of the profile (Pipeline::SetOmittedTypes): a composition
+  // left out of the profile (Pipeline::SetOmittedTypes): a profiler
   // with an allocation provider writes CPU profiles without its columns
   // while INPROF_ALLOC_PERIOD is unset. After ConfigureProviders.
   uint64_t OmittedSampleTypes() const;
@@ -283,16 +283,16 @@ class ProfilerBase : public ProfilerCommon {
   absl::Status StartEventProviders();
   void StopEventProviders(bool forked_child) noexcept;
   bool AnyEventProviderOn() const;
-  // A slot from the composition's pool, and back to it.
+  // A slot from the template's pool, and back to it.
   SlotBase* AcquireSlot() { return shape_.slots.acquire(); }
   void ReleaseSlot(SlotBase* slot) {
     ResetProviderData(slot);
     shape_.slots.release(slot);
   }
   // Registry lock held; no handler can run for the slot (not armed yet, or
-  // disarmed and waited for). Its ring becomes one in the agent's region
-  // when there is an agent (its own ring is empty: drained or unused), and
-  // back once the shared one is drained.
+  // disarmed and waited for). Its ring becomes one in memory an attachment
+  // shares (Pipeline::AcquireThreadRing; its own ring is empty: drained or
+  // unused), and back once the shared one is drained.
   void UseSharedRingLocked(SlotBase* slot);
   void UseOwnRingLocked(SlotBase* slot);
   // In a forked child: the slot's provider data back to its initial value
@@ -301,14 +301,14 @@ class ProfilerBase : public ProfilerCommon {
     ResetProviderData(slot);
     shape_.slots.write_ring(slot, nullptr);
   }
-  // Provider i, as the composition gave it.
+  // Provider i, as the template gave it.
   void* ProviderObject(size_t i) const { return shape_.provider_objects[i]; }
   // Provider i's per-thread data in `slot`.
   void* ProviderData(SlotBase* slot, size_t i) const {
     return shape_.providers[i].data(*slot);
   }
 
-  // --- For the composition ----------------------------------------------
+  // --- For the template -------------------------------------------------
   // Registry lock held. Moves the slot's records into the aggregate.
   void DrainSlotLocked(SlotBase* slot);
   // The rings of every registered thread into the aggregate, when a

@@ -2,9 +2,9 @@
 //
 // What every platform's profiler holds and does the same way, compiled once
 // (src/profiler/profiler_common.cc): the options and their verdict, the
-// pipeline (internal/pipeline.h) and what Options attaches to it
-// (internal/composition.h), the registry a ThreadRegistration calls back
-// into, the session, whether it runs, the counters every platform keeps,
+// pipeline (internal/pipeline.h) with what Options attaches to it
+// (ComposePipeline, internal/composition.h), the registry a
+// ThreadRegistration calls back into, the session, whether it runs, the counters every platform keeps,
 // and the collector's common steps: a thread's entry in the aggregate, the
 // canonical label words with the thread-state label, a drained slot's
 // counters and its dropped samples. SlotPool<Slot> pools the slots.
@@ -36,7 +36,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "inprof/base/fork_guard.h"
-#include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_control.h"
 #include "inprof/options.h"
@@ -89,7 +88,7 @@ class ProfilerCommon : public ProfilerControl, protected Registry::Owner {
   // Where the live endpoint (options().http_addr) listens, e.g.
   // "127.0.0.1:43121" (the port bound when 0 was asked); empty when it is
   // off, not started or could not listen (logged), and on Windows.
-  std::string http_address() const { return composition_.http_address(); }
+  std::string http_address() const { return pipeline_.ServedAddress(); }
 
   // The heap now, as the live endpoint's /debug/pprof/heap serves it: a
   // gzip pprof of the allocation provider's alloc_* since Start() and
@@ -142,9 +141,6 @@ class ProfilerCommon : public ProfilerControl, protected Registry::Owner {
   Options options_;
   absl::Status config_status_;
   Pipeline pipeline_;
-  // What options_ attaches to the pipeline (its sinks, the agent link, the
-  // live endpoint); after pipeline_, which it refers to.
-  Composition composition_{pipeline_};
   uint64_t session_;  // registry lock; new per Start()
   std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
   std::atomic<bool> running_{false};  // written under the registry lock

@@ -34,6 +34,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
+
+#include "inprof/spsc_ring.h"
 
 namespace inprof::internal {
 
@@ -175,6 +178,44 @@ struct RecordView {
     return view;
   }
 };
+
+// The shape of a profiler's records and rings, for a reader in another
+// process (`inprof agent` reads the rings of a process that died: its
+// threads' rings can live in memory it shares).
+inline constexpr size_t kMaxRingProviders = 16;
+struct ThreadRingLayout {
+  uint32_t ring_bytes = 0;  // sizeof the ring object
+  uint32_t ring_words = 0;
+  uint32_t leaf_words = 0;
+  uint32_t state_label_providers = 0;
+  std::vector<uint32_t> value_counts;   // per provider
+  std::vector<uint32_t> value_offsets;  // per provider
+};
+
+// The layout of a Profiler whose ring is R and whose record layout is L
+// (internal/profiler_layout.h: kLeafWords, kNumProviders, kValueCounts,
+// kValueOffsets, kStateLabelProvider); null when R is not an
+// SpscRecordRing or it has more than kMaxRingProviders providers.
+template <typename L, typename R>
+const ThreadRingLayout* ThreadRingLayoutOf() {
+  if constexpr (kIsSpscRecordRing<R>) {
+    static const ThreadRingLayout layout = [] {
+      ThreadRingLayout l;
+      l.ring_bytes = static_cast<uint32_t>(sizeof(R));
+      l.ring_words = static_cast<uint32_t>(R::capacity_words());
+      l.leaf_words = static_cast<uint32_t>(L::kLeafWords);
+      for (size_t i = 0; i < L::kNumProviders; ++i) {
+        l.value_counts.push_back(static_cast<uint32_t>(L::kValueCounts[i]));
+        l.value_offsets.push_back(static_cast<uint32_t>(L::kValueOffsets[i]));
+        if (L::kStateLabelProvider[i]) l.state_label_providers |= 1u << i;
+      }
+      return l;
+    }();
+    return L::kNumProviders <= kMaxRingProviders ? &layout : nullptr;
+  } else {
+    return nullptr;
+  }
+}
 
 }  // namespace inprof::internal
 

@@ -54,7 +54,6 @@
 #include "inprof/base/platform.h"
 #include "inprof/internal/profiler_collector_windows.h"
 #include "inprof/internal/profiler_control.h"
-#include "inprof/internal/composition.h"
 #include "inprof/internal/pipeline.h"
 #include "inprof/internal/profiler_layout_windows.h"
 #include "inprof/internal/profiler_sampler_windows.h"
@@ -84,7 +83,7 @@ class Profiler final : public internal::ProfilerSampler<U, R, Ps...> {
   using Slot = typename Layout::Slot;
   // The state and services of the parts this one uses.
   using Base::options_, Base::config_status_, Base::providers_, Base::pipeline_,
-      Base::composition_, Base::session_, Base::registry_, Base::active_, Base::running_,
+      Base::session_, Base::registry_, Base::active_, Base::running_,
       Base::threads_registered_, Base::profiles_written_, Base::unsuspended_,
       Base::pending_, Base::snapshotter_,
       Base::StartSampler, Base::StopSampler, Base::DrainRings, Base::DrainSlotLocked,
@@ -130,7 +129,7 @@ class Profiler final : public internal::ProfilerSampler<U, R, Ps...> {
                                            "profiling stays off"));
       return absl::OkStatus();
     }
-    if (absl::Status s = composition_.ConnectAgent(); !s.ok()) return s;
+    if (absl::Status s = pipeline_.ConnectAttachments(nullptr); !s.ok()) return s;
     if (absl::Status s = ConfigureProviders(); !s.ok()) return s;
     if (!ClaimProcess(this)) {
       return absl::FailedPreconditionError(
