@@ -58,6 +58,8 @@ class ProfilerCollector : protected ProviderHolder<Ps...>, public ProfilerCommon
   using Slot = typename L::Slot;
 
   using ProviderHolder<Ps...>::providers_;
+  // The providers' addresses, in L::kOps's order.
+  const std::vector<void*> provider_objects_ = this->ProviderAddresses();
 
   // Validates `options` (ProfilerCommon).
   explicit ProfilerCollector(Options options)
@@ -71,35 +73,21 @@ class ProfilerCollector : protected ProviderHolder<Ps...>, public ProfilerCommon
   // to that sample's stack.
   void TakeTailsLocked(Slot* slot, int64_t now) {
     const ThreadTimes times = internal::ReadThreadTimes(slot->handle);
-    TakeTailsEach(slot, times, now, std::make_index_sequence<L::kNumProviders>{});
-  }
-  template <size_t... I>
-  void TakeTailsEach(Slot* slot, const ThreadTimes& times, int64_t now,
-                     std::index_sequence<I...>) {
-    (TakeTailOne<I>(slot, times, now), ...);
-  }
-  template <size_t I>
-  void TakeTailOne(Slot* slot, const ThreadTimes& times, int64_t now) {
-    using P = std::tuple_element_t<I, std::tuple<Ps...>>;
-    if constexpr (ReportsTail<P>) {
+    for (size_t i = 0; i < L::kNumProviders; ++i) {
+      const WindowsProviderOps& ops = L::kOps[i];
+      if (ops.take_tail == nullptr) continue;
       int64_t values[L::kMaxValuesPerProvider] = {};
-      std::span<int64_t> v(values, L::kValueCounts[I]);
-      if (!std::get<I>(providers_).TakeTail(*slot, std::get<I>(slot->data), times, now, v)) {
-        return;
-      }
+      const std::span<int64_t> v(values, ops.value_count);
+      if (!ops.take_tail(this->provider_objects_[i], *slot, times, now, v)) continue;
       Pipeline::Ingesting ingest = pipeline_.Ingest();
       SampleAggregator& agg = ingest.aggregator();
       EnsureAggregateThread(slot, agg);
-      const std::vector<uint64_t>& last = slot->provider_last_stack[I];
+      const std::vector<uint64_t>& last = slot->provider_last_stack[i];
       if (!last.empty()) {
-        agg.Add(slot->aggregate_thread, last, slot->provider_last_labels[I],
-                L::kValueOffsets[I], std::span<const int64_t>(values, L::kValueCounts[I]));
-        return;
+        agg.Add(slot->aggregate_thread, last, slot->provider_last_labels[i], ops.value_offset, v);
+        continue;
       }
-      const char* frame = kTailFrame;
-      if constexpr (NamesTailFrame<P>) frame = P::kTailFrame;
-      agg.AddSynthetic(slot->aggregate_thread, frame, L::kValueOffsets[I],
-                       std::span<const int64_t>(values, L::kValueCounts[I]));
+      agg.AddSynthetic(slot->aggregate_thread, ops.tail_frame, ops.value_offset, v);
     }
   }
 

@@ -27,9 +27,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 
 #include "inprof/internal/profiler_common.h"
 #include "inprof/internal/provider_set.h"
@@ -40,6 +45,46 @@
 #include "inprof/windows/sample_provider_windows.h"
 
 namespace inprof::internal {
+
+// What the Windows profiler does with one provider outside its sampler's
+// visit (which stays a template: it inlines the provider's Visit), as
+// function pointers made once per provider type (Linux's counterpart:
+// provider_table.h).
+struct WindowsProviderOps {
+  size_t value_offset = 0;
+  size_t value_count = 0;
+  const char* tail_frame = kTailFrame;  // its tail, when the thread has no stack
+  absl::Status (*arm)(void* provider, ThreadContext& thread, const ThreadTimes& times,
+                      int64_t now) = nullptr;
+  // Null unless ReportsTail.
+  bool (*take_tail)(void* provider, ThreadContext& thread, const ThreadTimes& times,
+                    int64_t now, std::span<int64_t> values) = nullptr;
+  absl::Duration (*tick_period)(const void* provider) = nullptr;
+  size_t (*threads_per_tick)(const void* provider) = nullptr;
+};
+
+template <typename Slot, size_t I, SampleProvider P>
+constexpr WindowsProviderOps MakeWindowsProviderOps(size_t value_offset) {
+  WindowsProviderOps ops;
+  ops.value_offset = value_offset;
+  ops.value_count = P::kSampleTypes.size();
+  if constexpr (NamesTailFrame<P>) ops.tail_frame = P::kTailFrame;
+  ops.arm = [](void* p, ThreadContext& t, const ThreadTimes& times, int64_t now) {
+    return static_cast<P*>(p)->ArmThread(t, std::get<I>(static_cast<Slot&>(t).data), times, now);
+  };
+  if constexpr (ReportsTail<P>) {
+    ops.take_tail = [](void* p, ThreadContext& t, const ThreadTimes& times, int64_t now,
+                       std::span<int64_t> v) {
+      return static_cast<P*>(p)->TakeTail(t, std::get<I>(static_cast<Slot&>(t).data), times,
+                                          now, v);
+    };
+  }
+  ops.tick_period = [](const void* p) { return static_cast<const P*>(p)->TickPeriod(); };
+  ops.threads_per_tick = [](const void* p) {
+    return static_cast<size_t>(static_cast<const P*>(p)->ThreadsPerTick());
+  };
+  return ops;
+}
 
 template <Unwinder U, SampleRing R, SampleProvider... Ps>
 struct ProfilerLayout {
@@ -95,6 +140,13 @@ struct ProfilerLayout {
     std::array<std::vector<uint64_t>, kNumProviders> provider_last_labels;
     uint64_t seen_unsuspended = 0;
   };
+
+  // Each provider's WindowsProviderOps, in order.
+  static constexpr std::array<WindowsProviderOps, kNumProviders> kOps =
+      []<size_t... I>(std::index_sequence<I...>) {
+        return std::array<WindowsProviderOps, kNumProviders>{
+            MakeWindowsProviderOps<Slot, I, Ps>(kValueOffsets[I])...};
+      }(std::index_sequence_for<Ps...>{});
 };
 
 }  // namespace inprof::internal

@@ -95,13 +95,10 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
     std::array<int64_t, L::kNumProviders> period{};
     std::array<int64_t, L::kNumProviders> due{};
     const int64_t start = internal::MonotonicNanos();
-    std::apply(
-        [&](const auto&... p) {
-          size_t i = 0;
-          ((period[i] = absl::ToInt64Nanoseconds(p.TickPeriod()), due[i] = start + period[i], ++i),
-           ...);
-        },
-        providers_);
+    for (size_t i = 0; i < L::kNumProviders; ++i) {
+      period[i] = absl::ToInt64Nanoseconds(L::kOps[i].tick_period(this->provider_objects_[i]));
+      due[i] = start + period[i];
+    }
     std::unique_lock<std::mutex> lock(sampler_->mutex);
     while (!sampler_->stop) {
       int64_t next = INT64_MAX;

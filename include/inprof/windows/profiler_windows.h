@@ -141,8 +141,9 @@ class Profiler final : public internal::ProfilerSampler<U, R, Ps...> {
     }
     snapshotter_ = std::make_unique<internal::ThreadSnapshotter>();
     size_t pending = 0;
-    std::apply([&](const auto&... p) { ((pending += p.ThreadsPerTick()), ...); },
-               providers_);
+    for (size_t i = 0; i < Layout::kNumProviders; ++i) {
+      pending += Layout::kOps[i].threads_per_tick(this->provider_objects_[i]);
+    }
     pending_.reserve(pending);
     running_ = true;
     pipeline_.BeginWindow();
@@ -289,19 +290,12 @@ class Profiler final : public internal::ProfilerSampler<U, R, Ps...> {
   void ArmLocked(Slot* slot, int64_t now) {
     slot->session.store(session_, std::memory_order_release);
     const ThreadTimes times = internal::ReadThreadTimes(slot->handle);
-    ArmEach(slot, times, now, std::make_index_sequence<Layout::kNumProviders>{});
-  }
-  template <size_t... I>
-  void ArmEach(Slot* slot, const ThreadTimes& times, int64_t now, std::index_sequence<I...>) {
-    (
-        [&] {
-          absl::Status s = std::get<I>(providers_).ArmThread(*slot, std::get<I>(slot->data),
-                                                             times, now);
-          if (!s.ok()) {
-            internal::Log(absl::StrCat("cannot sample thread '", slot->name, "': ", s.message()));
-          }
-        }(),
-        ...);
+    for (size_t i = 0; i < Layout::kNumProviders; ++i) {
+      const absl::Status s = Layout::kOps[i].arm(this->provider_objects_[i], *slot, times, now);
+      if (!s.ok()) {
+        internal::Log(absl::StrCat("cannot sample thread '", slot->name, "': ", s.message()));
+      }
+    }
   }
 
   // Registry::Owner. Registry lock held by the caller.
