@@ -303,10 +303,6 @@ class ProfilerBase : public ProfilerCommon {
   }
   // Provider i, as the template gave it.
   void* ProviderObject(size_t i) const { return shape_.provider_objects[i]; }
-  // Provider i's per-thread data in `slot`.
-  void* ProviderData(SlotBase* slot, size_t i) const {
-    return shape_.providers[i].data(*slot);
-  }
 
   // --- For the template -------------------------------------------------
   // Registry lock held. Moves the slot's records into the aggregate.
