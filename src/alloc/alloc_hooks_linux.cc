@@ -23,15 +23,15 @@
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/log.h"
 #include "inprof/base/sanitizers.h"
+#include "src/alloc/alloc_wrappers.h"
+#include "src/alloc/got_hooks.h"
 
 namespace inprof::internal {
-namespace {
 
 // What each wrapper calls: set once per symbol (null -> address), before
 // any slot points at the wrapper, and never changed afterwards, so a
 // wrapper that a thread entered before Uninstall still has its target.
-std::atomic<void*> g_real[kAllocSymbolCount];
-
+std::atomic<void*> g_hook_real[kAllocSymbolCount];
 std::atomic<AllocSampleCallback> g_callback{nullptr};
 std::atomic<void*> g_context{nullptr};
 std::atomic<LiveHeapTable*> g_live{nullptr};
@@ -50,14 +50,7 @@ std::atomic<uint64_t> g_slots_skipped{0};
 std::atomic<uint64_t> g_objects_failed{0};
 std::atomic<uint64_t> g_samples{0};
 
-template <typename Fn>
-Fn Real(AllocSymbol symbol) {
-  return reinterpret_cast<Fn>(g_real[symbol].load(std::memory_order_acquire));
-}
-
-// The sampled path: a guard first, so that the callback's and the table's
-// own allocations pass straight through.
-// `caller`: the wrapper's return address, in the code that allocated.
+// alloc_wrappers.h.
 __attribute__((noinline)) void RecordSample(void* address, size_t size, void* caller) {
   AllocGuard guard;
   g_samples.fetch_add(1, std::memory_order_relaxed);
@@ -74,58 +67,14 @@ __attribute__((noinline)) void RecordSample(void* address, size_t size, void* ca
   }
 }
 
-// An allocation of `size` bytes through `real(args...)`. The countdown
-// decides first, so that the unsampled case is a tail call to the original
-// (no frame of ours left around the allocator's).
-template <typename Fn, typename... Args>
-inline __attribute__((always_inline)) void* Allocate(AllocSymbol symbol, size_t size,
-                                                     Args... args) {
-  const Fn real = Real<Fn>(symbol);
-  if (__builtin_expect(!ShouldSampleAlloc(size), 1)) return real(args...);
-  void* address = real(args...);
-  if (address != nullptr) RecordSample(address, size, __builtin_return_address(0));
-  return address;
+namespace {
+
+
+template <typename Fn>
+Fn Real(AllocSymbol symbol) {
+  return HookReal<Fn>(symbol);
 }
 
-// operator new's original allocates through malloc, and libstdc++'s call
-// to it goes through a GOT slot that is patched too: counted there again,
-// every new would count twice against the countdown, and a sampled new
-// could be sampled twice. The original runs under a guard instead, so that
-// only the outer call counts (a few nanoseconds: the guard is two
-// thread-local writes and a restore).
-template <typename Fn, typename... Args>
-inline __attribute__((always_inline)) void* AllocateNew(AllocSymbol symbol, size_t size,
-                                                        Args... args) {
-  const Fn real = Real<Fn>(symbol);
-  const bool sampled = ShouldSampleAlloc(size);
-  void* address;
-  {
-    AllocGuard nested;
-    address = real(args...);
-  }
-  if (__builtin_expect(sampled, 0) && address != nullptr) {
-    RecordSample(address, size, __builtin_return_address(0));
-  }
-  return address;
-}
-
-// operator new's fast path (g_new_is_malloc): malloc once, sampled as
-// `size` bytes. Null when malloc failed: the caller then runs the original
-// operator, whose new_handler loop and bad_alloc are the program's.
-inline __attribute__((always_inline)) void* MallocForNew(size_t size) {
-  const auto real = Real<void* (*)(size_t)>(kSymMalloc);
-  if (__builtin_expect(!ShouldSampleAlloc(size), 1)) return real(size == 0 ? 1 : size);
-  void* address = real(size == 0 ? 1 : size);
-  if (address != nullptr) RecordSample(address, size, __builtin_return_address(0));
-  return address;
-}
-
-// Before the original frees `address`: once freed, another thread may get
-// the same address back and sample it.
-inline void BeforeFree(void* address) {
-  if (address == nullptr) return;
-  if (LiveHeapTable* live = g_live.load(std::memory_order_acquire)) live->Erase(address);
-}
 
 // realloc is a free of the old block and an allocation of `size` bytes, as
 // jemalloc, tcmalloc and Go account it: the old block leaves the live heap
@@ -236,128 +185,6 @@ void* inprof_dlmopen(Lmid_t lmid, const char* file, int mode) {
 }
 }  // extern "C"
 
-// operator new and delete: exceptions from the throwing forms' originals
-// pass through the wrapper unchanged (it has nothing to clean up).
-void* NewWrapper(size_t size) {
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
-  }
-  return AllocateNew<void* (*)(size_t)>(kSymNew, size, size);
-}
-void* NewArrayWrapper(size_t size) {
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
-  }
-  return AllocateNew<void* (*)(size_t)>(kSymNewArray, size, size);
-}
-void* NewNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
-  }
-  return AllocateNew<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewNothrow, size, size,
-                                                                     tag);
-}
-void* NewArrayNothrowWrapper(size_t size, const std::nothrow_t& tag) noexcept {
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    if (void* p = MallocForNew(size); __builtin_expect(p != nullptr, 1)) return p;
-  }
-  return AllocateNew<void* (*)(size_t, const std::nothrow_t&) noexcept>(kSymNewArrayNothrow, size,
-                                                                     size, tag);
-}
-void* NewAlignedWrapper(size_t size, std::align_val_t align) {
-  return AllocateNew<void* (*)(size_t, std::align_val_t)>(kSymNewAligned, size, size, align);
-}
-void* NewArrayAlignedWrapper(size_t size, std::align_val_t align) {
-  return AllocateNew<void* (*)(size_t, std::align_val_t)>(kSymNewArrayAligned, size, size, align);
-}
-void* NewAlignedNothrowWrapper(size_t size, std::align_val_t align,
-                               const std::nothrow_t& tag) noexcept {
-  return AllocateNew<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
-      kSymNewAlignedNothrow, size, size, align, tag);
-}
-void* NewArrayAlignedNothrowWrapper(size_t size, std::align_val_t align,
-                                    const std::nothrow_t& tag) noexcept {
-  return AllocateNew<void* (*)(size_t, std::align_val_t, const std::nothrow_t&) noexcept>(
-      kSymNewArrayAlignedNothrow, size, size, align, tag);
-}
-void DeleteWrapper(void* p) noexcept {
-  BeforeFree(p);
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    Real<void (*)(void*)>(kSymFree)(p);
-    return;
-  }
-  Real<void (*)(void*) noexcept>(kSymDelete)(p);
-}
-void DeleteArrayWrapper(void* p) noexcept {
-  BeforeFree(p);
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    Real<void (*)(void*)>(kSymFree)(p);
-    return;
-  }
-  Real<void (*)(void*) noexcept>(kSymDeleteArray)(p);
-}
-void DeleteSizedWrapper(void* p, size_t size) noexcept {
-  BeforeFree(p);
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    Real<void (*)(void*)>(kSymFree)(p);
-    return;
-  }
-  Real<void (*)(void*, size_t) noexcept>(kSymDeleteSized)(p, size);
-}
-void DeleteArraySizedWrapper(void* p, size_t size) noexcept {
-  BeforeFree(p);
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    Real<void (*)(void*)>(kSymFree)(p);
-    return;
-  }
-  Real<void (*)(void*, size_t) noexcept>(kSymDeleteArraySized)(p, size);
-}
-void DeleteAlignedWrapper(void* p, std::align_val_t align) noexcept {
-  BeforeFree(p);
-  Real<void (*)(void*, std::align_val_t) noexcept>(kSymDeleteAligned)(p, align);
-}
-void DeleteArrayAlignedWrapper(void* p, std::align_val_t align) noexcept {
-  BeforeFree(p);
-  Real<void (*)(void*, std::align_val_t) noexcept>(kSymDeleteArrayAligned)(p, align);
-}
-void DeleteSizedAlignedWrapper(void* p, size_t size, std::align_val_t align) noexcept {
-  BeforeFree(p);
-  Real<void (*)(void*, size_t, std::align_val_t) noexcept>(kSymDeleteSizedAligned)(p, size,
-                                                                                    align);
-}
-void DeleteArraySizedAlignedWrapper(void* p, size_t size, std::align_val_t align) noexcept {
-  BeforeFree(p);
-  Real<void (*)(void*, size_t, std::align_val_t) noexcept>(kSymDeleteArraySizedAligned)(
-      p, size, align);
-}
-void DeleteNothrowWrapper(void* p, const std::nothrow_t& tag) noexcept {
-  BeforeFree(p);
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    Real<void (*)(void*)>(kSymFree)(p);
-    return;
-  }
-  Real<void (*)(void*, const std::nothrow_t&) noexcept>(kSymDeleteNothrow)(p, tag);
-}
-void DeleteArrayNothrowWrapper(void* p, const std::nothrow_t& tag) noexcept {
-  BeforeFree(p);
-  if (__builtin_expect(g_new_is_malloc.load(std::memory_order_relaxed), 1)) {
-    Real<void (*)(void*)>(kSymFree)(p);
-    return;
-  }
-  Real<void (*)(void*, const std::nothrow_t&) noexcept>(kSymDeleteArrayNothrow)(p, tag);
-}
-void DeleteAlignedNothrowWrapper(void* p, std::align_val_t align,
-                                 const std::nothrow_t& tag) noexcept {
-  BeforeFree(p);
-  Real<void (*)(void*, std::align_val_t, const std::nothrow_t&) noexcept>(
-      kSymDeleteAlignedNothrow)(p, align, tag);
-}
-void DeleteArrayAlignedNothrowWrapper(void* p, std::align_val_t align,
-                                      const std::nothrow_t& tag) noexcept {
-  BeforeFree(p);
-  Real<void (*)(void*, std::align_val_t, const std::nothrow_t&) noexcept>(
-      kSymDeleteArrayAlignedNothrow)(p, align, tag);
-}
 
 template <typename Fn>
 uintptr_t Address(Fn* fn) {
@@ -372,24 +199,25 @@ struct WrapperTable {
   uintptr_t at[kAllocSymbolCount];
 };
 const WrapperTable& Wrappers() {
-  static const WrapperTable table = {{
+  static const WrapperTable table = [] {
+    WrapperTable t = {{
     Address(inprof_malloc), Address(inprof_free), Address(inprof_calloc),
     Address(inprof_realloc), Address(inprof_reallocarray), Address(inprof_posix_memalign),
     Address(inprof_aligned_alloc), Address(inprof_memalign), Address(inprof_valloc),
     Address(inprof_pvalloc),
     Address(inprof_free_sized), Address(inprof_free_aligned_sized),
-    Address(NewWrapper), Address(NewArrayWrapper), Address(NewNothrowWrapper),
-    Address(NewArrayNothrowWrapper), Address(NewAlignedWrapper),
-    Address(NewArrayAlignedWrapper), Address(NewAlignedNothrowWrapper),
-    Address(NewArrayAlignedNothrowWrapper),
-    Address(DeleteWrapper), Address(DeleteArrayWrapper), Address(DeleteSizedWrapper),
-    Address(DeleteArraySizedWrapper), Address(DeleteAlignedWrapper),
-    Address(DeleteArrayAlignedWrapper), Address(DeleteSizedAlignedWrapper),
-    Address(DeleteArraySizedAlignedWrapper), Address(DeleteNothrowWrapper),
-    Address(DeleteArrayNothrowWrapper), Address(DeleteAlignedNothrowWrapper),
-    Address(DeleteArrayAlignedNothrowWrapper),
+    0, 0, 0, 0, 0, 0, 0, 0,  // the operators: below
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     Address(inprof_dlopen), Address(inprof_dlmopen),
-  }};
+    }};
+    for (int i = kSymNew; i <= kSymDeleteArrayAlignedNothrow; ++i) {
+      t.at[i] = OperatorWrapperAddress(static_cast<AllocSymbol>(i));
+    }
+    for (int i = kSymMutexLock; i < kAllocSymbolCount; ++i) {
+      t.at[i] = LockWrapperAddress(static_cast<AllocSymbol>(i));
+    }
+    return t;
+  }();
   return table;
 }
 
@@ -409,8 +237,10 @@ std::mutex g_mu;
 [[maybe_unused]] const bool g_mu_registered =
     (RegisterForkLock(&g_mu, kForkRankLeaf), true);
 struct HookState {
-  bool installed = false;
+  bool installed = false;  // the allocation group
   pid_t installed_pid = 0;  // the process that installed (a forked child's parent)
+  bool locks_installed = false;  // the lock group (lock_hooks.h)
+  pid_t locks_pid = 0;
   AllocHooks::Options options;
   // Slot address -> the value it held before we wrote it.
   absl::flat_hash_map<uintptr_t, uintptr_t> saved;
@@ -463,6 +293,16 @@ bool WriteSlots(const std::vector<std::pair<GotSlot, uintptr_t>>& writes, std::s
 
 enum class Mode { kPatch, kRestore };
 
+// Whether `symbol`'s group is installed: its slots are patched by a walk
+// and written back by a restoring one when it is not.
+bool Active(const HookState& state, AllocSymbol symbol) {
+  if (symbol >= kSymMutexLock) return state.locks_installed;
+  if (symbol == kSymDlopen || symbol == kSymDlmopen) {
+    return state.installed || state.locks_installed;
+  }
+  return state.installed;
+}
+
 #if defined(INPROF_TSAN)
 // libc.so.6 (or libc.so), by the file's base name.
 bool IsLibc(const char* path) {
@@ -505,6 +345,7 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
   std::vector<std::pair<GotSlot, uintptr_t>> writes;
   for (const GotSlot& slot : slots) {
     const uintptr_t current = *reinterpret_cast<const uintptr_t*>(slot.address);
+    if (Active(state, slot.symbol) == (walk.mode == Mode::kRestore)) continue;
     if (walk.mode == Mode::kRestore) {
       auto it = state.saved.find(slot.address);
       if (it == state.saved.end()) continue;
@@ -526,7 +367,7 @@ void VisitObject(WalkContext& walk, const ObjectImage& image) {
         slot.own_definition != 0 && current == image.base + slot.own_definition;
     const bool lazy = ImageContains(image, current, 1) && !own_bound;
     const bool own_plt = slot.symbol_value != 0 && bound == image.base + slot.symbol_value;
-    if (bound == 0 || g_real[slot.symbol].load(std::memory_order_relaxed) == nullptr ||
+    if (bound == 0 || g_hook_real[slot.symbol].load(std::memory_order_relaxed) == nullptr ||
         own_plt || (!lazy && current != bound) || IsWrapper(bound)) {
       // No definition to call, the definition is this object's own PLT entry
       // (a non-PIE executable: calling it would loop), or the slot is bound
@@ -644,8 +485,8 @@ void ApplyResolution(HookState& state, const Resolution& r, bool replace) {
   for (int i = 0; i < kAllocSymbolCount; ++i) {
     if (replace || state.bound[i] == 0) state.bound[i] = r.bound[i];
     if (r.real[i] != nullptr &&
-        (replace || g_real[i].load(std::memory_order_relaxed) == nullptr)) {
-      g_real[i].store(r.real[i], std::memory_order_release);
+        (replace || g_hook_real[i].load(std::memory_order_relaxed) == nullptr)) {
+      g_hook_real[i].store(r.real[i], std::memory_order_release);
     }
   }
   g_new_is_malloc.store(r.new_is_malloc, std::memory_order_relaxed);
@@ -655,19 +496,65 @@ void PatchLoadedObjects() {
   void* (*resolve)(const char*);
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (!State().installed) return;
-    resolve = State().options.resolve;
+    if (!State().installed && !State().locks_installed) return;
+    resolve = State().installed ? State().options.resolve : nullptr;
   }
   // A symbol first defined by what was just loaded (libstdc++'s operators).
   const Resolution r = Resolve(resolve);
   std::lock_guard<std::mutex> lock(g_mu);
   HookState& state = State();
-  if (!state.installed) return;
+  if (!state.installed && !state.locks_installed) return;
   ApplyResolution(state, r, /*replace=*/false);
   Walk(state, Mode::kPatch);
 }
 
 }  // namespace
+
+absl::Status InstallLockGroup(bool* taken_over) {
+  *taken_over = false;
+  void* (*resolve)(const char*);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    HookState& state = State();
+    if (state.locks_installed && state.locks_pid == getpid()) {
+      return absl::FailedPreconditionError("the lock hooks are already installed");
+    }
+    if (state.locks_installed) {  // a forked child: as AllocHooks::Install
+      state.locks_pid = getpid();
+      *taken_over = true;
+      return absl::OkStatus();
+    }
+    resolve = state.installed ? state.options.resolve : nullptr;
+  }
+  const Resolution r = Resolve(resolve);
+  std::lock_guard<std::mutex> lock(g_mu);
+  HookState& state = State();
+  if (state.locks_installed) {
+    return absl::FailedPreconditionError("the lock hooks are already installed");
+  }
+  state.locks_installed = true;
+  state.locks_pid = getpid();
+  ApplyResolution(state, r, /*replace=*/false);
+  Walk(state, Mode::kPatch);
+  return absl::OkStatus();
+}
+
+void UninstallLockGroup() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  HookState& state = State();
+  if (!state.locks_installed) return;
+  state.locks_installed = false;
+  Walk(state, Mode::kRestore);
+  if (!state.installed) {
+    AllocGuard guard;
+    state.saved.clear();  // slots of objects unloaded meanwhile
+  }
+}
+
+bool LockGroupInstalled() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return State().locks_installed;
+}
 
 bool AllocHooks::Supported() { return true; }
 
@@ -725,13 +612,13 @@ void AllocHooks::Uninstall() {
   std::lock_guard<std::mutex> lock(g_mu);
   HookState& state = State();
   if (!state.installed) return;
+  state.installed = false;
   Walk(state, Mode::kRestore);
   // Slots of objects unloaded meanwhile went with them.
-  {
+  if (!state.locks_installed) {
     AllocGuard guard;
     state.saved.clear();
   }
-  state.installed = false;
   SetAllocSamplingMean(0);
   g_callback.store(nullptr, std::memory_order_release);
   g_live.store(nullptr, std::memory_order_release);

@@ -26,6 +26,9 @@ const char* const kAllocSymbolNames[kAllocSymbolCount] = {
     "_ZdlPvRKSt9nothrow_t", "_ZdaPvRKSt9nothrow_t",
     "_ZdlPvSt11align_val_tRKSt9nothrow_t", "_ZdaPvSt11align_val_tRKSt9nothrow_t",
     "dlopen", "dlmopen",
+    "pthread_mutex_lock", "pthread_mutex_timedlock", "pthread_mutex_clocklock",
+    "pthread_rwlock_rdlock", "pthread_rwlock_wrlock", "pthread_rwlock_timedrdlock",
+    "pthread_rwlock_timedwrlock", "pthread_rwlock_clockrdlock", "pthread_rwlock_clockwrlock",
 };
 
 namespace {

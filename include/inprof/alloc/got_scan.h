@@ -1,12 +1,13 @@
 // internal: not part of the public API.
 //
 // Finds the GOT slots through which one loaded ELF object calls the
-// allocation functions AllocHooks intercepts: its DT_JMPREL and DT_RELA
-// relocations of type JUMP_SLOT or GLOB_DAT (x86-64, aarch64) whose symbol
-// is one of kAllocSymbols. Every read of the object's memory (dynamic
-// section, relocation tables, symbols, names) and every slot found is
-// bounds-checked against the object's PT_LOAD segments, so a malformed
-// object yields an error, never a fault.
+// allocation functions AllocHooks intercepts (and the lock functions
+// LockHooks does, through the same slots and the same patching): its
+// DT_JMPREL and DT_RELA relocations of type JUMP_SLOT or GLOB_DAT
+// (x86-64, aarch64) whose symbol is one of kAllocSymbolNames. Every read
+// of the object's memory (dynamic section, relocation tables, symbols,
+// names) and every slot found is bounds-checked against the object's
+// PT_LOAD segments, so a malformed object yields an error, never a fault.
 //
 // Thread-safety: reads only. The object must stay mapped while it runs
 // (call it from a dl_iterate_phdr callback, which holds the loader's lock).
@@ -31,7 +32,8 @@
 
 namespace inprof::internal {
 
-// The intercepted symbols, by index (AllocSymbol). Mangled names for the
+// The intercepted symbols, by index (AllocSymbol): the allocation
+// functions, dlopen, and the lock functions. Mangled names for the
 // operators (x86-64 and aarch64 both have size_t = unsigned long, "m").
 enum AllocSymbol : int {
   kSymMalloc, kSymFree, kSymCalloc, kSymRealloc, kSymReallocarray,
@@ -44,6 +46,11 @@ enum AllocSymbol : int {
   kSymDeleteArraySizedAligned, kSymDeleteNothrow, kSymDeleteArrayNothrow,
   kSymDeleteAlignedNothrow, kSymDeleteArrayAlignedNothrow,
   kSymDlopen, kSymDlmopen,
+  // The lock functions (lock_hooks.h), patched only while lock waits are
+  // profiled; the entries from kSymMutexLock on.
+  kSymMutexLock, kSymMutexTimedlock, kSymMutexClocklock,
+  kSymRwlockRdlock, kSymRwlockWrlock, kSymRwlockTimedrdlock, kSymRwlockTimedwrlock,
+  kSymRwlockClockrdlock, kSymRwlockClockwrlock,
   kAllocSymbolCount
 };
 extern const char* const kAllocSymbolNames[kAllocSymbolCount];
