@@ -25,8 +25,9 @@ LAYERS = [
     # live-heap table); it may use base and, for the sampled path's stack
     # walk, unwind.
     ["sampling", "unwind", "symbolize", "export", "alloc"],
-    # heap: the allocation provider (alloc's hooks as a SampleProvider).
-    ["pipeline", "heap"],
+    # heap: the allocation provider (alloc's hooks as a SampleProvider);
+    # locks: the lock-wait provider (alloc's lock hooks, the same way).
+    ["pipeline", "heap", "locks"],
     ["upload", "serve", "agent"],
     ["profiler"],
     ["run", "gperftools", "cli"],
@@ -50,7 +51,7 @@ HEADERS = {
     "sampling": [
         "sample_provider", "spsc_ring", "cpu_time_provider", "wall_time_provider",
         "sample_aggregator", "labels", "signal_dispatch", "pending_slots", "thread_info", "label_table",
-        "sample_record", "cpu_lattice", "thread_slot_windows",
+        "sample_record", "cpu_lattice", "thread_slot_windows", "event_stack",
         "sample_provider_windows", "cpu_time_provider_windows",
         "wall_time_provider_windows"],
     "unwind": [
@@ -79,7 +80,7 @@ HEADER_COMPONENT = {name: c for c, names in HEADERS.items() for name in names}
 SRC_COMPONENT = {
     "base": "base", "sampling": "sampling", "unwind": "unwind",
     "symbolize": "symbolize", "export": "export", "report": "export", "alloc": "alloc",
-    "heap": "heap", "pipeline": "pipeline", "upload": "upload", "serve": "serve", "agent": "agent",
+    "heap": "heap", "locks": "locks", "pipeline": "pipeline", "upload": "upload", "serve": "serve", "agent": "agent",
     "profiler": "profiler", "run": "run", "gperftools": "gperftools", "cli": "cli",
     "pch": None,  # the precompiled header: standard and Abseil headers only
 }
@@ -108,6 +109,8 @@ def component_of(path):
             return "alloc"
         if parts[2] == "heap":
             return "heap"
+        if parts[2] == "locks":
+            return "locks"
         return HEADER_COMPONENT.get(base, "?")
     return "?"
 

@@ -48,6 +48,7 @@ using DwarfProfiler = DefaultProfiler;
 #include "inprof/frame_pointer_unwinder.h"
 #include "inprof/heap/allocation_provider.h"
 #include "inprof/labels.h"
+#include "inprof/locks/lock_wait_provider.h"
 #include "inprof/options.h"
 #include "inprof/profiler.h"
 #include "inprof/spsc_ring.h"
@@ -69,16 +70,17 @@ using DefaultUnwinder =
 // allocation and live-heap profiling (AllocationProvider), which is off
 // unless INPROF_ALLOC_PERIOD (Options::alloc_period) is set: off, it patches
 // nothing and costs nothing on an allocation (README, "Where memory goes",
-// says why it is not on by default).
+// says why it is not on by default), and lock waits (LockWaitProvider),
+// off unless INPROF_LOCK_PERIOD (Options::lock_period) is set.
 using DefaultProfiler = Profiler<DefaultUnwinder, DefaultSampleRing,
                                  CpuTimeProvider, WallTimeProvider,
-                                 AllocationProvider>;
+                                 AllocationProvider, LockWaitProvider>;
 
 // The same with CFI (.eh_frame) unwinding on every architecture it supports:
 // complete stacks through code built without frame pointers.
 using DwarfProfiler = Profiler<DwarfUnwinder, DefaultSampleRing,
                                CpuTimeProvider, WallTimeProvider,
-                               AllocationProvider>;
+                               AllocationProvider, LockWaitProvider>;
 
 // The same with frame-pointer unwinding: the cheapest walk (no tables, no
 // work at Start()), complete only through code built with
@@ -86,7 +88,7 @@ using DwarfProfiler = Profiler<DwarfUnwinder, DefaultSampleRing,
 // leaves without a frame record are put back from .eh_frame by the collector.
 using FramePointerProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,
                                       CpuTimeProvider, WallTimeProvider,
-                                      AllocationProvider>;
+                                      AllocationProvider, LockWaitProvider>;
 
 // Both compositions are compiled once, in the library
 // (src/profiler/profiler_instance_dwarf.cc and _frame_pointer.cc): a program's
@@ -94,10 +96,10 @@ using FramePointerProfiler = Profiler<FramePointerUnwinder, DefaultSampleRing,
 // source under ASan, docs/test_command.md). Other compositions are
 // instantiated where they are used, as templates are.
 extern template class Profiler<DwarfUnwinder, DefaultSampleRing, CpuTimeProvider,
-                               WallTimeProvider, AllocationProvider>;
+                               WallTimeProvider, AllocationProvider, LockWaitProvider>;
 extern template class Profiler<FramePointerUnwinder, DefaultSampleRing,
                                CpuTimeProvider, WallTimeProvider,
-                               AllocationProvider>;
+                               AllocationProvider, LockWaitProvider>;
 
 }  // namespace inprof
 

@@ -17,6 +17,8 @@
 // | INPROF_WALL_CPU_BUDGET | 1%     | 0 (none) or 0.1% to 100% of one core  |
 // | INPROF_ALLOC_PERIOD | 0 (off) | 0 or a byte size from 1 to 1GiB, e.g. |
 // |                     |         | 512KiB (a Profiler with AllocationProvider) |
+// | INPROF_LOCK_PERIOD | 0 (off) | 0 or a duration from 1us to 1h, e.g.  |
+// |                   |         | 1ms (a Profiler with LockWaitProvider)    |
 // | INPROF_EXPORT_PERIOD | 60s | 0 (one profile at Stop) or 100ms to 24h   |
 // | INPROF_STOP_TIMEOUT  | 5s  | 0 to 10m: how long Stop() waits for uploads |
 // | INPROF_DATADOG       | off | 1/0, ...; on when DD_TRACE_AGENT_URL or     |
@@ -174,6 +176,14 @@ struct Options {
   // that set it ("INPROF_ALLOC_PERIOD", "HEAPPROFILE"); empty: the program's
   // own Options.
   std::string alloc_period_source;
+  // Lock waits (a Profiler composed with LockWaitProvider,
+  // inprof/locks/lock_wait_provider.h; others ignore it): every wait at
+  // least this long is sampled, a shorter one with probability
+  // delay/lock_period (Go's SetBlockProfileRate). 0: off. 1us to 1h.
+  absl::Duration lock_period = absl::ZeroDuration();
+  // Where lock_period came from ("INPROF_LOCK_PERIOD"); empty: the
+  // program's own Options.
+  std::string lock_period_source;
   // The sample type viewers open a profile on (pprof's
   // default_sample_type), e.g. "peak_inuse_space"; empty: the CPU's
   // (cpu-time), or the first provider's period type. A name the

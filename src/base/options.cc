@@ -247,6 +247,16 @@ Options Options::FromLookup(const Lookup& lookup,
       report(bytes.status(), "0");
     }
   }
+  if (const char* v = lookup("INPROF_LOCK_PERIOD")) {
+    auto parsed = ParseDurationFlag("INPROF_LOCK_PERIOD", v, absl::Microseconds(1),
+                                    absl::Hours(1), /*allow_zero=*/true, "1ms");
+    if (parsed.ok()) {
+      options.lock_period = *parsed;
+      options.lock_period_source = "INPROF_LOCK_PERIOD";
+    } else {
+      report(parsed.status(), "0");
+    }
+  }
   if (const char* v = lookup("INPROF_DEFAULT_SAMPLE_TYPE")) {
     // A sample type's name: letters, digits, '_' and '-' (checked against
     // the composition's columns at Start, which Options does not know).
@@ -533,6 +543,12 @@ absl::Status Options::Validate() const {
   if (alloc_period > kMaxAllocPeriod) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Options.alloc_period=", alloc_period, ": expected 0 to 1GiB (1073741824)"));
+  }
+  if (lock_period != absl::ZeroDuration() &&
+      (lock_period < absl::Microseconds(1) || lock_period > absl::Hours(1))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Options.lock_period=", absl::FormatDuration(lock_period),
+        ": expected 0 (off) or a duration from 1us to 1h"));
   }
   if (max_frames < 1 || max_frames > 512) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -79,6 +79,10 @@ const char kRunHelp[] =
     "                          (512KiB; 0: off); the profile opens on the\n"
     "                          heap at its peak (peak_inuse_space)\n"
     "                                                          INPROF_ALLOC_PERIOD\n"
+    "      --locks[=DURATION]  profile lock waits too (contentions, delay):\n"
+    "                          every wait of DURATION or more, a shorter one\n"
+    "                          with probability delay/DURATION (1ms; 0: off)\n"
+    "                                                          INPROF_LOCK_PERIOD\n"
     "      --export-period=DURATION  one profile per window, 100ms to 24h\n"
     "                          (default here: 0, one profile per process)\n"
     "                                                          INPROF_EXPORT_PERIOD\n"
@@ -322,6 +326,7 @@ int RunMain(int argc, char** argv) {
       {"no-wall", no_argument, nullptr, 'w'},
       {"engine", required_argument, nullptr, 'E'},
       {"alloc", optional_argument, nullptr, 'M'},
+      {"locks", optional_argument, nullptr, 'L'},
       {"export-period", required_argument, nullptr, 'X'},
       {"no-symbolize", no_argument, nullptr, 'S'},
       {"http", required_argument, nullptr, 'H'},
@@ -380,6 +385,12 @@ int RunMain(int argc, char** argv) {
         if (bytes.ok() && *bytes > 0 && std::getenv("INPROF_DEFAULT_SAMPLE_TYPE") == nullptr) {
           s.env["INPROF_DEFAULT_SAMPLE_TYPE"] = "peak_inuse_space";
         }
+        break;
+      }
+      case 'L': {
+        const char* value = optarg != nullptr ? optarg : "1ms";
+        st = CheckDuration("--locks", value, absl::Microseconds(1), absl::Hours(1), true);
+        s.env["INPROF_LOCK_PERIOD"] = value;
         break;
       }
       case 'X':

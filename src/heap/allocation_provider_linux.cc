@@ -23,6 +23,7 @@
 #include "inprof/base/fork_guard.h"
 #include "inprof/base/growth_safe_table.h"
 #include "inprof/base/profiler_thread.h"
+#include "inprof/internal/event_stack.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
@@ -279,64 +280,30 @@ constexpr size_t kSampledPathStackBytes = 8 * 1024;
 
 // The sampled path's body: see OnAllocSample.
 __attribute__((noinline)) uint64_t OnAllocSampleBody(HeapState& h, const AllocSample& sample,
-                                                     internal::ThreadSlotHeader* slot,
-                                                     bool registered) {
+                                                     const internal::EventThread& thread) {
   h.alloc_bytes.fetch_add(static_cast<uint64_t>(std::min(sample.weight_bytes, 1.8e19) + 0.5),
                           std::memory_order_relaxed);
-  // The key: the thread's labels (written only by this thread), canonical,
-  // then the frames, walked into the key's own tail and cut there.
-  constexpr size_t kMaxLabelWords = 2 * internal::ThreadSlotHeader::kMaxLabels;
-  constexpr size_t kWalkExtra = 8;  // the unwinder's, this path's and the hook's frames
-  uint64_t key[1 + kMaxLabelWords + 2 + AllocationProvider::kMaxDepth + kWalkExtra];
-  size_t nlabel_words = 0;
-  if (!registered) {
-    // A thread that never registered has no labels of its own: it is named
-    // as such, so that its stacks stay apart from a registered thread's.
-    key[1] = h.unregistered_label[0];
-    key[2] = h.unregistered_label[1];
-    nlabel_words = 2;
-  } else {
-    std::atomic_signal_fence(std::memory_order_acquire);
-    uint32_t nlabels = slot->label_count;
-    if (nlabels > internal::ThreadSlotHeader::kMaxLabels) nlabels = 0;
-    nlabel_words = internal::CanonicalLabelWords(
-        std::span<const uint64_t>(slot->label_words, 2 * nlabels), /*with_state=*/false, 0, 0,
-        key + 1);
-  }
-  key[0] = nlabel_words;
-  uint64_t* const frames = key + 1 + nlabel_words;
+  internal::ThreadSlotHeader* const slot = thread.slot;
+  const bool registered = thread.registered;
+  // The key: the thread's labels, canonical, then the frames, walked into
+  // the key's own tail and cut at the code that called the allocator.
   // Every thread is walked where it allocates: a registered one within its
   // slot's bounds, any other within its own, found once (EventContext).
-  static_assert(sizeof(uint64_t) == sizeof(uintptr_t));
-  size_t depth = 0;
-  if (auto unwind = h.unwind.load(std::memory_order_acquire); unwind != nullptr) {
-    depth = unwind(std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(frames),
-                                        AllocationProvider::kMaxDepth + kWalkExtra));
-  }
-  // Cut at the code that called the allocator: the walk begins in the
-  // unwinder's own frame, then this path's, the hook's and the wrapper's.
-  // A walk that never reaches the caller keeps its frames.
-  size_t first = depth;
-  for (size_t i = 0; i < depth; ++i) {
-    if (frames[i] == sample.caller) {
-      first = i;
-      break;
-    }
-  }
-  if (depth > 0 && first == depth) {
-    h.samples_untrimmed.fetch_add(1, std::memory_order_relaxed);
-    first = 0;
-  }
-  const size_t n = std::min(depth - first, AllocationProvider::kMaxDepth);
-  if (first > 0) std::memmove(frames, frames + first, n * sizeof(uint64_t));
-  // The leaf is a return address, and the profile takes its leaf pc as
-  // exact (pprof_writer.cc): point it into the call instead.
-  if (n > 0 && first > 0) frames[0] -= 1;
+  uint64_t key[internal::EventKeyWords(AllocationProvider::kMaxDepth)];
+  internal::EventKeyInput input;
+  input.unwind = h.unwind.load(std::memory_order_acquire);
+  input.caller = sample.caller;
+  input.thread = thread;
+  input.unregistered_label = h.unregistered_label;
+  const internal::EventKey built =
+      internal::BuildEventKey(input, key, AllocationProvider::kMaxDepth);
+  if (built.untrimmed) h.samples_untrimmed.fetch_add(1, std::memory_order_relaxed);
+  const size_t n = built.depth;
   if (!registered) h.samples_unregistered.fetch_add(1, std::memory_order_relaxed);
   uint32_t id;
   std::lock_guard<std::mutex> lock(h.mutex);
   if (n > 0) {
-    id = InternLocked(h, absl::Span<const uint64_t>(key, 1 + nlabel_words + n));
+    id = InternLocked(h, absl::Span<const uint64_t>(key, built.length));
   } else {
     id = registered ? kNoStackId : kUnregisteredId;
   }
@@ -382,25 +349,14 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
     return internal::kAllocUntracked;
   }
   h.samples.fetch_add(1, std::memory_order_relaxed);
-  internal::ThreadSlotHeader* slot = internal::CurrentThreadSlot();
-  const uint64_t active = internal::ActiveSession();
-  const bool registered = slot != nullptr && active != 0 &&
-                          slot->session.load(std::memory_order_relaxed) == active;
-  StackBounds stack;
-  bool known = false;
-  if (slot != nullptr && slot->stack.hi > slot->stack.lo) {
-    stack = slot->stack;
-    known = true;
-  } else if (!(known = internal::KnownCurrentThreadStack(&stack)) &&
-             !(sample.caller >= h.libc_text_lo && sample.caller < h.libc_text_hi)) {
-    // Looked up once per thread, and only for an allocation made outside
-    // libc: pthread_getattr_np allocates while it holds the thread's own
-    // lock, and a lookup from inside it deadlocked (an ASan thread's
-    // start, a runtime reading its own stack size).
-    known = internal::CachedCurrentThreadStack(&stack);
-  }
-  const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
-  if (!known || sp < stack.lo || sp >= stack.hi || sp - stack.lo < kSampledPathStackBytes) {
+  // A thread that never registered has its bounds looked up once, and only
+  // for an allocation made outside libc: pthread_getattr_np allocates while
+  // it holds the thread's own lock, and a lookup from inside it deadlocked
+  // (an ASan thread's start, a runtime reading its own stack size).
+  const internal::EventThread thread =
+      internal::EventThreadOf(kSampledPathStackBytes, sample.caller, h.libc_text_lo,
+                              h.libc_text_hi);
+  if (!thread.room) {
     // Not on its own stack (a signal's alternate stack, a coroutine's: the
     // room is unknown) or near its end: counted, in the comments.
     h.samples_no_room.fetch_add(1, std::memory_order_relaxed);
@@ -412,7 +368,7 @@ uint64_t OnAllocSample(void* /*context*/, const AllocSample& sample) {
   // Inside the program's malloc: no exception may leave. With the heap
   // exhausted the sample is lost (counted); the tables are as they were.
   try {
-    return OnAllocSampleBody(h, sample, slot, registered);
+    return OnAllocSampleBody(h, sample, thread);
   } catch (const std::bad_alloc&) {
     h.samples_no_memory.fetch_add(1, std::memory_order_relaxed);
     return internal::kAllocUntracked;

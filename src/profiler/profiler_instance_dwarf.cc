@@ -7,6 +7,6 @@
 namespace inprof {
 
 template class Profiler<DwarfUnwinder, DefaultSampleRing, CpuTimeProvider,
-                        WallTimeProvider, AllocationProvider>;
+                        WallTimeProvider, AllocationProvider, LockWaitProvider>;
 
 }  // namespace inprof

@@ -5,6 +5,6 @@
 namespace inprof {
 
 template class Profiler<FramePointerUnwinder, DefaultSampleRing, CpuTimeProvider,
-                        WallTimeProvider, AllocationProvider>;
+                        WallTimeProvider, AllocationProvider, LockWaitProvider>;
 
 }  // namespace inprof

@@ -1,0 +1,367 @@
+#include "inprof/locks/lock_wait_provider.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "inprof/alloc/lock_hooks.h"
+#include "inprof/base/alloc_guard.h"
+#include "inprof/base/fork_guard.h"
+#include "inprof/base/growth_safe_table.h"
+#include "inprof/base/profiler_thread.h"
+#include "inprof/internal/event_stack.h"
+#include "inprof/internal/label_table.h"
+#include "inprof/internal/signal_dispatch.h"
+
+namespace inprof {
+namespace {
+
+using internal::AllocGuard;
+using internal::LockHooks;
+using internal::LockWait;
+
+constexpr size_t kValues = LockWaitProvider::kSampleTypes.size();
+static_assert(kValues == 2);
+
+// Key ids: the first three stand for waits without a stack.
+constexpr uint32_t kUnregisteredId = 0;
+constexpr uint32_t kNoStackId = 1;
+constexpr uint32_t kTableFullId = 2;
+constexpr uint32_t kFirstStackId = 3;
+
+// What the sampled path may use of the waiting thread's stack past
+// EventThreadOf: the key (~1.2 KiB), the walk, interning a new key
+// (malloc, absl's map) and the provider's lock.
+constexpr size_t kSampledPathStackBytes = 8 * 1024;
+
+struct KeyHash {
+  using is_transparent = void;
+  size_t operator()(absl::Span<const uint64_t> key) const { return absl::HashOf(key); }
+};
+struct KeyEq {
+  using is_transparent = void;
+  bool operator()(absl::Span<const uint64_t> a, absl::Span<const uint64_t> b) const {
+    return a == b;
+  }
+};
+
+// One interned (labels, stack): [label words n, n words, frames]. Waits of
+// threads without a slot of their own are summed here until the next flush.
+struct Entry {
+  std::vector<uint64_t> key;  // empty for the ids below kFirstStackId
+  double contentions = 0;
+  double delay = 0;
+  bool pending = false;
+
+  std::span<const uint64_t> labels() const {
+    if (key.empty()) return {};
+    return std::span<const uint64_t>(key).subspan(1, key[0]);
+  }
+  std::span<const uint64_t> frames() const {
+    if (key.empty()) return {};
+    return std::span<const uint64_t>(key).subspan(1 + key[0]);
+  }
+};
+
+// Created at the first Start and never destroyed: a wrapper a thread
+// entered before Stop may still call into it.
+struct LockState {
+  std::mutex mutex;  // entries, index, pending, rounding
+  std::vector<Entry> entries;
+  internal::GrowthSafeMap<std::vector<uint64_t>, uint32_t, KeyHash, KeyEq> index;
+  std::vector<uint32_t> pending;
+  uint64_t rounding = 0x2545f4914f6cdd1dULL;
+  std::atomic<size_t (*)(std::span<uintptr_t>) noexcept> unwind{nullptr};
+  std::atomic<void* (*)(ThreadContext&) noexcept> thread_data{nullptr};
+  std::atomic<std::atomic<uint64_t>*> activity{nullptr};
+  std::atomic<bool> running{false};
+  uint64_t unregistered_label[2] = {0, 0};
+  uint64_t lock_key = 0;  // kLockLabel's key word (numeric)
+
+  std::atomic<uint64_t> samples{0};
+  std::atomic<uint64_t> samples_unregistered{0};
+  std::atomic<uint64_t> samples_untrimmed{0};
+  std::atomic<uint64_t> samples_own{0};
+  std::atomic<uint64_t> samples_threadless{0};
+  std::atomic<uint64_t> samples_no_room{0};
+  std::atomic<uint64_t> samples_no_memory{0};
+
+  LockState() {
+    entries.resize(kFirstStackId);
+    internal::RegisterForkLock(&mutex, internal::kForkRankLeaf);
+  }
+};
+
+std::atomic<bool> g_state_made{false};
+
+LockState& State() {
+  static LockState* state = [] {
+    AllocGuard guard;
+    auto* made = new LockState;
+    g_state_made.store(true, std::memory_order_release);
+    return made;
+  }();
+  return *state;
+}
+
+uint32_t InternLocked(LockState& s, absl::Span<const uint64_t> key) {
+  if (auto it = s.index.find(key); it != s.index.end()) return it->second;
+  if (s.entries.size() >= kFirstStackId + LockWaitProvider::kMaxStacks) return kTableFullId;
+  const auto id = static_cast<uint32_t>(s.entries.size());
+  // Each allocation before the tables change (bad_alloc leaves them whole).
+  std::vector<uint64_t> stored(key.begin(), key.end());
+  std::vector<uint64_t> indexed(key.begin(), key.end());
+  internal::GrowthReserve reserve(s.index);
+  s.entries.emplace_back().key = std::move(stored);
+  s.index.emplace(std::move(indexed), id);
+  return id;
+}
+
+// `x` as a whole number, up with chance frac(x): unbiased. mutex held.
+int64_t RoundUnbiasedLocked(LockState& s, double x) {
+  const double whole = std::floor(x);
+  s.rounding = s.rounding * 6364136223846793005ULL + 1442695040888963407ULL;
+  const double u = static_cast<double>(s.rounding >> 11) * 0x1.0p-53;
+  return static_cast<int64_t>(whole) + (u < x - whole ? 1 : 0);
+}
+
+void AddPendingLocked(LockState& s, uint32_t id, double contentions, double delay) {
+  Entry& entry = s.entries[id];
+  if (!entry.pending) {
+    s.pending.push_back(id);  // may throw: nothing changed
+    entry.pending = true;
+  }
+  entry.contentions += contentions;
+  entry.delay += delay;
+}
+
+__attribute__((noinline)) void OnWaitBody(LockState& s, const LockWait& wait,
+                                          const internal::EventThread& thread) {
+  uint64_t key[internal::EventKeyWords(LockWaitProvider::kMaxDepth)];
+  internal::EventKeyInput input;
+  input.unwind = s.unwind.load(std::memory_order_acquire);
+  input.caller = wait.caller;
+  input.thread = thread;
+  input.unregistered_label = s.unregistered_label;
+  input.with_extra = true;
+  input.extra_key = s.lock_key;
+  input.extra_value = reinterpret_cast<uintptr_t>(wait.lock);
+  const internal::EventKey built =
+      internal::BuildEventKey(input, key, LockWaitProvider::kMaxDepth);
+  if (built.untrimmed) s.samples_untrimmed.fetch_add(1, std::memory_order_relaxed);
+  if (!thread.registered) s.samples_unregistered.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  uint32_t id;
+  if (built.depth > 0) {
+    id = InternLocked(s, absl::Span<const uint64_t>(key, built.length));
+  } else {
+    id = thread.registered ? kNoStackId : kUnregisteredId;
+  }
+  if (auto data_of = s.thread_data.load(std::memory_order_acquire);
+      thread.registered && id >= kFirstStackId && data_of != nullptr) {
+    auto& data = *static_cast<LockWaitProvider::ThreadData*>(data_of(*thread.slot));
+    LockWaitProvider::ThreadData::Event* event = nullptr;
+    for (auto it = data.events.rbegin(); it != data.events.rend(); ++it) {
+      if (it->key == id) {
+        event = &*it;
+        break;
+      }
+    }
+    if (event == nullptr && data.events.size() < data.kMaxEvents) {
+      if (data.events.capacity() == 0) data.events.reserve(data.kMaxEvents);  // may throw
+      event = &data.events.emplace_back(LockWaitProvider::ThreadData::Event{id, 0, 0});
+    }
+    if (event != nullptr) {
+      event->contentions += wait.weight_count;
+      event->delay_ns += wait.weight_delay;
+      data.count.store(static_cast<uint32_t>(data.events.size()), std::memory_order_release);
+      internal::MarkPending(*thread.slot);
+      if (auto* activity = s.activity.load(std::memory_order_relaxed)) {
+        activity->fetch_add(1, std::memory_order_release);
+      }
+      return;
+    }
+    s.samples_threadless.fetch_add(1, std::memory_order_relaxed);
+  }
+  AddPendingLocked(s, id, wait.weight_count, wait.weight_delay);
+}
+
+// LockHooks' callback: after a sampled wait, on the waiting thread, holding
+// the lock it waited for, with its own lock calls passed through and its
+// allocations unsampled (lock_hooks.h).
+void OnWait(void* /*context*/, const LockWait& wait) {
+  LockState& s = State();
+  if (internal::IsProfilerThread()) {
+    s.samples_own.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  s.samples.fetch_add(1, std::memory_order_relaxed);
+  const internal::EventThread thread =
+      internal::EventThreadOf(kSampledPathStackBytes, wait.caller, 0, 0);
+  if (!thread.room) {
+    s.samples_no_room.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  try {
+    OnWaitBody(s, wait, thread);
+  } catch (const std::bad_alloc&) {
+    s.samples_no_memory.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+const char* SyntheticFrame(uint32_t id) {
+  switch (id) {
+    case kUnregisteredId:
+      return LockWaitProvider::kUnregisteredFrame;
+    case kNoStackId:
+      return LockWaitProvider::kNoStackFrame;
+    default:
+      return LockWaitProvider::kTableFullFrame;
+  }
+}
+
+}  // namespace
+
+absl::Status LockWaitProvider::Configure(const Options& options) {
+  period_ = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options.lock_period));
+  period_source_ =
+      options.lock_period_source.empty() ? "Options::lock_period" : options.lock_period_source;
+  return absl::OkStatus();
+}
+
+std::string LockWaitProvider::Describe() const {
+  if (period_ == 0) return "";
+  return absl::StrCat("lock waits: sampled by delay, every wait of ",
+                      absl::FormatDuration(absl::Nanoseconds(period_)),
+                      " or more, a shorter one with probability delay/period (", period_source_,
+                      ")");
+}
+
+absl::Status LockWaitProvider::StartEvents(const EventContext& context) {
+  if (period_ == 0) return absl::OkStatus();
+  if (!LockHooks::Supported()) {
+    return absl::UnimplementedError(absl::StrCat(
+        period_source_, ": lock-wait profiling needs GOT patching (Linux x86-64, aarch64); "
+        "lock waits are not profiled"));
+  }
+  LockState& s = State();
+  AllocGuard guard;
+  if (s.running.exchange(true)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        period_source_, ": another profiler in this process profiles lock waits; this one "
+        "does not"));
+  }
+  if (s.lock_key == 0) {
+    internal::LabelTable& labels = internal::LabelTable::Global();
+    s.unregistered_label[1] = labels.Intern(kUnregisteredLabel[1]);
+    s.unregistered_label[0] = labels.Intern(kUnregisteredLabel[0]);
+    s.lock_key = labels.Intern(kLockLabel) | internal::kNumericLabel;
+  }
+  s.unwind.store(context.unwind, std::memory_order_release);
+  s.thread_data.store(context.thread_data, std::memory_order_release);
+  s.activity.store(context.activity, std::memory_order_release);
+  LockHooks::Options hooks;
+  hooks.period_ns = period_;
+  hooks.callback = &OnWait;
+  if (absl::Status st = LockHooks::Install(hooks); !st.ok()) {
+    s.running.store(false);
+    return absl::Status(st.code(), absl::StrCat(period_source_, ": cannot intercept lock "
+                                                "calls: ", st.message()));
+  }
+  started_ = true;
+  return absl::OkStatus();
+}
+
+void LockWaitProvider::StopEvents(bool forked_child) noexcept {
+  if (!started_) return;
+  started_ = false;
+  LockState& s = State();
+  s.unwind.store(nullptr, std::memory_order_release);
+  s.thread_data.store(nullptr, std::memory_order_release);
+  if (!forked_child) {
+    AllocGuard guard;
+    LockHooks::Uninstall();
+  }
+  s.running.store(false);
+}
+
+std::string LockWaitProvider::FlushEvents(SampleAggregator& aggregator, uint32_t thread,
+                                          size_t value_offset, bool /*window_end*/) {
+  if (!g_state_made.load(std::memory_order_acquire)) return "";
+  LockState& s = State();
+  AllocGuard guard;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (uint32_t id : s.pending) {
+    Entry& entry = s.entries[id];
+    entry.pending = false;
+    const int64_t values[kValues] = {RoundUnbiasedLocked(s, entry.contentions),
+                                     RoundUnbiasedLocked(s, entry.delay)};
+    entry.contentions = entry.delay = 0;
+    if (values[0] == 0 && values[1] == 0) continue;
+    if (id >= kFirstStackId) {
+      aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
+    } else {
+      aggregator.AddSynthetic(thread, SyntheticFrame(id), value_offset, values);
+    }
+  }
+  s.pending.clear();
+  const LockHooks::Stats hooks = LockHooks::stats();
+  return absl::StrCat(
+      "lock waits timed=", hooks.waits, " (calls that found the lock busy, since the first "
+      "Start), sampled=", s.samples.load(std::memory_order_relaxed),
+      ", of threads not registered=", s.samples_unregistered.load(std::memory_order_relaxed),
+      ", walks that did not reach the lock call=",
+      s.samples_untrimmed.load(std::memory_order_relaxed), ", of inprof's threads (left out)=",
+      s.samples_own.load(std::memory_order_relaxed),
+      ", on \"[events]\" for want of room in their thread's slot=",
+      s.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
+      s.entries.size() - kFirstStackId, " of ", kMaxStacks,
+      ", not recorded for want of stack room=", s.samples_no_room.load(std::memory_order_relaxed),
+      ", for want of memory=", s.samples_no_memory.load(std::memory_order_relaxed));
+}
+
+void LockWaitProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit) {
+  if (data.count.load(std::memory_order_acquire) == 0) return;
+  LockState& s = State();
+  AllocGuard guard;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (const ThreadData::Event& event : data.events) {
+    if (event.key >= s.entries.size()) continue;
+    const Entry& entry = s.entries[event.key];
+    const int64_t values[kValues] = {RoundUnbiasedLocked(s, event.contentions),
+                                     RoundUnbiasedLocked(s, event.delay_ns)};
+    visit(entry.frames(), entry.labels(), values);
+  }
+  data.events.clear();
+  data.count.store(0, std::memory_order_release);
+}
+
+LockWaitProvider::Stats LockWaitProvider::stats() {
+  Stats out;
+  out.waits = LockHooks::stats().waits;
+  if (!g_state_made.load(std::memory_order_acquire)) return out;
+  LockState& s = State();
+  out.samples = s.samples.load(std::memory_order_relaxed);
+  out.samples_unregistered = s.samples_unregistered.load(std::memory_order_relaxed);
+  out.samples_untrimmed = s.samples_untrimmed.load(std::memory_order_relaxed);
+  out.samples_own = s.samples_own.load(std::memory_order_relaxed);
+  out.samples_threadless = s.samples_threadless.load(std::memory_order_relaxed);
+  out.samples_no_room = s.samples_no_room.load(std::memory_order_relaxed);
+  out.samples_no_memory = s.samples_no_memory.load(std::memory_order_relaxed);
+  {
+    AllocGuard guard;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    out.stacks = s.entries.size() - kFirstStackId;
+  }
+  return out;
+}
+
+}  // namespace inprof

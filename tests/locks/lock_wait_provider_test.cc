@@ -1,0 +1,451 @@
+// Tests of the lock hooks (inprof/alloc/lock_hooks.h) and of
+// LockWaitProvider (inprof/locks/lock_wait_provider.h) composed into a
+// Profiler: the sampling draw's weights, the wrappers' answers and errno
+// for every kind of mutex, and each wait site's contentions and delay in
+// the profile against what the test made happen.
+#include "inprof/locks/lock_wait_provider.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "inprof/alloc/alloc_hooks.h"
+#include "inprof/alloc/lock_hooks.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using internal::LockHooks;
+using internal::LockWait;
+
+#if defined(INPROF_TSAN) || (defined(INPROF_ASAN) && !defined(INPROF_SANITIZER_RUNTIME_SHARED))
+// A sanitizer's runtime linked statically defines pthread_mutex_lock in the
+// test executable itself, whose calls to it are direct (no GOT slot): they
+// are not intercepted (lock_hooks.h).
+constexpr bool kIntercepted = false;
+#else
+constexpr bool kIntercepted = true;
+#endif
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// glibc's mutex word: 2 once a thread waits for it in the kernel. The
+// holders below wait for it, so that every round has exactly one wait that
+// found the lock busy, timed from before the holder's hold began.
+bool HasWaiter(pthread_mutex_t* m) {
+  return __atomic_load_n(&m->__data.__lock, __ATOMIC_ACQUIRE) == 2;
+}
+
+// The draw is unbiased: over a uniform grid of draws, the mean weights are
+// one wait and the delay, for delays below, at and above the period.
+TEST(LockWaitSamplingTest, WeightsAreUnbiasedAndLongWaitsAlwaysSampled) {
+  constexpr uint64_t kPeriod = 1000;
+  constexpr int kGrid = 100'000;
+  for (uint64_t delay : {1u, 7u, 333u, 999u, 1000u, 5000u}) {
+    double count_sum = 0;
+    double delay_sum = 0;
+    int sampled = 0;
+    for (int k = 0; k < kGrid; ++k) {
+      double count = 0;
+      double weight = 0;
+      if (internal::SampleLockWait(delay, kPeriod, (k + 0.5) / kGrid, &count, &weight)) {
+        ++sampled;
+        count_sum += count;
+        delay_sum += weight;
+      }
+    }
+    // The grid's share below delay/period is exact to 1/kGrid: the means
+    // are within period/(delay * kGrid) of 1 and of the delay (relative).
+    const double tolerance = static_cast<double>(kPeriod) / (delay * kGrid) + 1e-12;
+    EXPECT_NEAR(count_sum / kGrid, 1.0, tolerance) << delay;
+    EXPECT_NEAR(delay_sum / kGrid / delay, 1.0, tolerance) << delay;
+    if (delay >= kPeriod) {
+      EXPECT_EQ(sampled, kGrid) << delay;
+    }
+  }
+  double count = 0;
+  double weight = 0;
+  EXPECT_FALSE(internal::SampleLockWait(0, kPeriod, 0.0, &count, &weight));
+  EXPECT_FALSE(internal::SampleLockWait(5000, 0, 0.0, &count, &weight));
+}
+
+struct Seen {
+  std::atomic<int> calls{0};
+  std::atomic<const void*> lock{nullptr};
+  std::atomic<uint64_t> delay{0};
+  std::atomic<double> weight_count{0};
+};
+
+void Record(void* context, const LockWait& wait) {
+  auto* seen = static_cast<Seen*>(context);
+  seen->lock.store(wait.lock);
+  seen->delay.store(wait.delay_ns);
+  seen->weight_count.store(wait.weight_count);
+  seen->calls.fetch_add(1);
+}
+
+class LockHooksTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kIntercepted) GTEST_SKIP() << "the sanitizer's lock functions are not intercepted";
+    LockHooks::Options options;
+    options.period_ns = 1;  // every wait of 1 ns or more: all of them
+    options.callback = &Record;
+    options.context = &seen_;
+    ASSERT_TRUE(LockHooks::Install(options).ok());
+  }
+  void TearDown() override { LockHooks::Uninstall(); }
+  Seen seen_;
+};
+
+// A contended wait reaches the callback once, with its lock and a delay no
+// longer than the call the test timed; the wrapper returns 0.
+TEST_F(LockHooksTest, ContendedMutexWaitIsTimedAndUncontendedIsNot) {
+  pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+  ASSERT_EQ(pthread_mutex_lock(&m), 0);  // uncontended: no callback
+  ASSERT_EQ(pthread_mutex_unlock(&m), 0);
+  EXPECT_EQ(seen_.calls.load(), 0);
+  ASSERT_EQ(pthread_mutex_lock(&m), 0);
+  int64_t waited = 0;
+  std::thread waiter([&] {
+    const int64_t start = NowNs();
+    errno = 4321;
+    EXPECT_EQ(pthread_mutex_lock(&m), 0);
+    EXPECT_EQ(errno, 4321);
+    waited = NowNs() - start;
+    pthread_mutex_unlock(&m);
+  });
+  while (!HasWaiter(&m)) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(pthread_mutex_unlock(&m), 0);
+  waiter.join();
+  EXPECT_EQ(seen_.calls.load(), 1);
+  EXPECT_EQ(seen_.lock.load(), &m);
+  EXPECT_GE(seen_.delay.load(), 5'000'000u);  // the hold after the waiter waited
+  EXPECT_LE(static_cast<int64_t>(seen_.delay.load()), waited);
+  EXPECT_EQ(seen_.weight_count.load(), 1.0);
+  EXPECT_GE(LockHooks::stats().waits, 1u);
+}
+
+// The wrappers answer as the originals do, errno untouched, for
+// error-checking, recursive, robust and timed locks.
+TEST_F(LockHooksTest, AnswersAndErrnoAreTheOriginals) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK);
+  pthread_mutex_t check;
+  pthread_mutex_init(&check, &attr);
+  errno = 77;
+  ASSERT_EQ(pthread_mutex_lock(&check), 0);
+  EXPECT_EQ(pthread_mutex_lock(&check), EDEADLK);  // the owner again
+  EXPECT_EQ(errno, 77);
+  pthread_mutex_unlock(&check);
+  pthread_mutex_destroy(&check);
+
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_t recursive;
+  pthread_mutex_init(&recursive, &attr);
+  EXPECT_EQ(pthread_mutex_lock(&recursive), 0);
+  EXPECT_EQ(pthread_mutex_lock(&recursive), 0);
+  EXPECT_EQ(pthread_mutex_unlock(&recursive), 0);
+  EXPECT_EQ(pthread_mutex_unlock(&recursive), 0);
+  EXPECT_EQ(pthread_mutex_unlock(&recursive), EPERM);  // no longer held
+  pthread_mutex_destroy(&recursive);
+
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_DEFAULT);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutex_t robust;
+  pthread_mutex_init(&robust, &attr);
+  std::thread([&] { pthread_mutex_lock(&robust); }).join();  // dies holding it
+  EXPECT_EQ(pthread_mutex_lock(&robust), EOWNERDEAD);
+  EXPECT_EQ(errno, 77);
+  EXPECT_EQ(pthread_mutex_consistent(&robust), 0);
+  EXPECT_EQ(pthread_mutex_unlock(&robust), 0);
+  pthread_mutex_destroy(&robust);
+  pthread_mutexattr_destroy(&attr);
+
+  pthread_mutex_t timed = PTHREAD_MUTEX_INITIALIZER;
+  std::atomic<bool> held{false};
+  std::atomic<bool> done{false};
+  std::thread holder([&] {
+    pthread_mutex_lock(&timed);
+    held.store(true);
+    while (!done.load()) std::this_thread::yield();
+    pthread_mutex_unlock(&timed);
+  });
+  while (!held.load()) std::this_thread::yield();
+  timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_nsec += 2'000'000;  // 2 ms
+  if (deadline.tv_nsec >= 1'000'000'000) {
+    deadline.tv_sec += 1;
+    deadline.tv_nsec -= 1'000'000'000;
+  }
+  EXPECT_EQ(pthread_mutex_timedlock(&timed, &deadline), ETIMEDOUT);
+  EXPECT_EQ(errno, 77);
+  done.store(true);
+  holder.join();
+  // The timed-out wait was a wait: timed and sampled.
+  EXPECT_EQ(seen_.calls.load(), 1);
+  EXPECT_EQ(seen_.lock.load(), &timed);
+}
+
+// std::shared_mutex: a reader waiting for a writer is seen; readers
+// together are not.
+TEST_F(LockHooksTest, SharedMutexReaderWaitIsSeen) {
+  std::shared_mutex rw;
+  {
+    std::shared_lock a(rw);
+    std::shared_lock b(rw);  // uncontended between readers
+  }
+  EXPECT_EQ(seen_.calls.load(), 0);
+  rw.lock();
+  std::atomic<bool> started{false};
+  std::thread reader([&] {
+    started.store(true);
+    std::shared_lock lock(rw);
+  });
+  while (!started.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  rw.unlock();
+  reader.join();
+  // The reader found the lock busy unless it was not yet scheduled after
+  // 20 ms; either way at most one wait, on this lock.
+  EXPECT_LE(seen_.calls.load(), 1);
+  if (seen_.calls.load() == 1) {
+    EXPECT_EQ(seen_.lock.load(), static_cast<const void*>(&rw));
+  }
+}
+
+// After Uninstall no wait is timed and no slot points at a lock wrapper.
+TEST_F(LockHooksTest, UninstallStopsTiming) {
+  LockHooks::Uninstall();
+  EXPECT_FALSE(LockHooks::Installed());
+  pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&m);
+  std::thread waiter([&] {
+    pthread_mutex_lock(&m);
+    pthread_mutex_unlock(&m);
+  });
+  while (!HasWaiter(&m)) std::this_thread::yield();
+  pthread_mutex_unlock(&m);
+  waiter.join();
+  EXPECT_EQ(seen_.calls.load(), 0);
+  int lock_slots = 0;
+  internal::AllocHooks::ForEachPatchedSlot(
+      [](void* context, const char* symbol, uintptr_t, uintptr_t) {
+        if (absl::StartsWith(symbol, "pthread_")) ++*static_cast<int*>(context);
+      },
+      &lock_slots);
+  EXPECT_EQ(lock_slots, 0);
+}
+
+// values[index] summed over the samples with a frame whose function's name
+// contains `site` (the leaf is std::mutex::lock's inlined call).
+int64_t StackSum(const DecodedProfile& profile, int index, const std::string& site) {
+  int64_t sum = 0;
+  for (const auto& sample : profile.samples) {
+    for (const std::string& frame : sample.stack) {
+      if (absl::StrContains(frame, site)) {
+        sum += sample.values[index];
+        break;
+      }
+    }
+  }
+  return sum;
+}
+
+// The site a sample's stack passes through, or "".
+std::string SiteOf(const DecodedProfile::Sample& sample) {
+  for (const std::string& frame : sample.stack) {
+    for (const char* site : {"WaitSiteUnregistered", "WaitSiteA", "WaitSiteB"}) {
+      if (absl::StrContains(frame, site)) return site;
+    }
+  }
+  return "";
+}
+
+using LockProfiler =
+    Profiler<DefaultUnwinder, DefaultSampleRing, CpuTimeProvider, LockWaitProvider>;
+
+// The wait sites: noinline, each one lock call, so that their frames are
+// the stacks' leaves.
+__attribute__((noinline)) void WaitSiteA(std::mutex& m) {
+  m.lock();
+  asm volatile("" ::: "memory");
+}
+__attribute__((noinline)) void WaitSiteB(std::mutex& m) {
+  m.lock();
+  asm volatile("" ::: "memory");
+}
+__attribute__((noinline)) void WaitSiteUnregistered(std::mutex& m) {
+  m.lock();
+  asm volatile("" ::: "memory");
+}
+
+// One round: the holder takes `m`, the waiter calls `site`, and the holder
+// lets go `hold_ms` after the waiter is in the kernel, waiting. Returns the
+// waiter's lock call as the waiter timed it.
+int64_t Round(std::mutex& m, void (*site)(std::mutex&), int hold_ms,
+              const std::function<void(std::function<void()>)>& run_waiter) {
+  m.lock();
+  int64_t waited = 0;
+  std::atomic<bool> finished{false};
+  run_waiter([&] {
+    const int64_t start = NowNs();
+    site(m);
+    waited = NowNs() - start;
+    m.unlock();
+    finished.store(true);
+  });
+  while (!HasWaiter(m.native_handle())) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+  m.unlock();
+  while (!finished.load()) std::this_thread::yield();
+  return waited;
+}
+
+// Every round is one wait that found the lock busy and lasted at least the
+// hold (the waiter was in the kernel before the hold began), so at a period
+// of 1 us each is sampled with weight 1 and its delay: per site, exactly
+// the rounds' count, and a delay between the holds' sum and the sum of
+// the calls the waiter timed. Deterministic.
+TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
+  if (!kIntercepted) GTEST_SKIP() << "the sanitizer's lock functions are not intercepted";
+  Options options;
+  options.output = testing::FreshTestDir("lock_sites") + "/profile.pb.gz";
+  options.lock_period = absl::Microseconds(1);
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  LockProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  constexpr int kRoundsA = 8;
+  constexpr int kRoundsB = 4;
+  constexpr int kRoundsUnregistered = 3;
+  constexpr int kHoldA = 5;
+  constexpr int kHoldB = 15;
+  std::mutex a, b, c;
+  int64_t waited_a = 0, waited_b = 0, waited_c = 0;
+  {
+    // One registered waiter thread runs every registered round.
+    std::mutex queue_mu;
+    std::vector<std::function<void()>> queue;
+    std::atomic<bool> stop{false};
+    std::thread worker([&] {
+      auto self = profiler.RegisterThread("lock waiter");
+      while (!stop.load()) {
+        std::function<void()> job;
+        {
+          std::lock_guard<std::mutex> lock(queue_mu);
+          if (!queue.empty()) {
+            job = std::move(queue.back());
+            queue.pop_back();
+          }
+        }
+        if (job) job();
+        else std::this_thread::yield();
+      }
+    });
+    auto on_worker = [&](std::function<void()> job) {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      queue.push_back(std::move(job));
+    };
+    for (int i = 0; i < kRoundsA; ++i) waited_a += Round(a, WaitSiteA, kHoldA, on_worker);
+    for (int i = 0; i < kRoundsB; ++i) waited_b += Round(b, WaitSiteB, kHoldB, on_worker);
+    stop.store(true);
+    worker.join();
+    std::thread unregistered;
+    auto on_unregistered = [&](std::function<void()> job) {
+      unregistered = std::thread(std::move(job));
+    };
+    for (int i = 0; i < kRoundsUnregistered; ++i) {
+      waited_c += Round(c, WaitSiteUnregistered, kHoldA, on_unregistered);
+      unregistered.join();
+    }
+  }
+  ASSERT_TRUE(profiler.Stop().ok());
+  const LockWaitProvider::Stats stats = LockWaitProvider::stats();
+
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const int contentions = profile->ValueIndex("contentions");
+  const int delay = profile->ValueIndex("delay");
+  ASSERT_GE(contentions, 0);
+  ASSERT_EQ(delay, contentions + 1);
+  EXPECT_EQ(profile->sample_types[delay].unit, "nanoseconds");
+  EXPECT_EQ(StackSum(*profile, contentions, "WaitSiteA"), kRoundsA);
+  EXPECT_EQ(StackSum(*profile, contentions, "WaitSiteB"), kRoundsB);
+  EXPECT_EQ(StackSum(*profile, contentions, "WaitSiteUnregistered"),
+            kRoundsUnregistered)
+      << "unregistered waits: " << stats.samples_unregistered;
+  const int64_t delay_a = StackSum(*profile, delay, "WaitSiteA");
+  const int64_t delay_b = StackSum(*profile, delay, "WaitSiteB");
+  EXPECT_GE(delay_a, int64_t{kRoundsA} * kHoldA * 1'000'000);
+  EXPECT_LE(delay_a, waited_a);
+  EXPECT_GE(delay_b, int64_t{kRoundsB} * kHoldB * 1'000'000);
+  EXPECT_LE(delay_b, waited_b);
+  EXPECT_LE(StackSum(*profile, delay, "WaitSiteUnregistered"), waited_c);
+  // Each sample names its lock, its thread, and for the unregistered
+  // thread the label saying so.
+  for (const auto& sample : profile->samples) {
+    if (sample.values[contentions] == 0) continue;
+    const std::string leaf = SiteOf(sample);
+    const void* expected = leaf == "WaitSiteA"              ? &a
+                           : leaf == "WaitSiteB"            ? &b
+                           : leaf == "WaitSiteUnregistered" ? &c
+                                                            : nullptr;
+    if (expected == nullptr) continue;
+    auto it = sample.num_labels.find(LockWaitProvider::kLockLabel);
+    ASSERT_NE(it, sample.num_labels.end()) << leaf;
+    EXPECT_EQ(it->second, reinterpret_cast<int64_t>(expected)) << leaf;
+    if (expected == &c) {
+      auto label = sample.str_labels.find(LockWaitProvider::kUnregisteredLabel[0]);
+      ASSERT_NE(label, sample.str_labels.end());
+      EXPECT_EQ(label->second, LockWaitProvider::kUnregisteredLabel[1]);
+    } else {
+      auto name = sample.str_labels.find("thread name");
+      ASSERT_NE(name, sample.str_labels.end()) << leaf;
+      EXPECT_EQ(name->second, "lock waiter");
+    }
+  }
+  // go tool pprof reads the same delays under Go's type name.
+  INPROF_REQUIRE_TOOL("go");
+  auto raw = testing::ReadWithGoPprofRaw(options.output);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  int64_t go_delay_a = 0;
+  for (const auto& sample : *raw) {
+    for (const std::string& frame : sample.stack) {
+      if (absl::StrContains(frame, "WaitSiteA")) {
+        go_delay_a += sample.values[delay];
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(go_delay_a, delay_a);
+  auto top = testing::GoPprof("-sample_index=delay -top " + options.output);
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_TRUE(absl::StrContains(*top, "WaitSiteB")) << *top;
+}
+
+}  // namespace
+}  // namespace inprof
