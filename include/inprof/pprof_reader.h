@@ -109,11 +109,13 @@ absl::StatusOr<DecodedProfile> DecodePprof(std::string_view bytes,
 absl::StatusOr<DecodedProfile> ReadPprofFile(const std::string& path,
                                              const PprofReadLimits& limits = {});
 
-// `pprof` (gzip-compressed or not) with each entry of its string table that
-// equals a `renames` key replaced by the value (sample type names for a
-// service that names them its own way: Datadog's "alloc-space" for Go's
-// "alloc_space"); every other field is kept as it was. nullopt when no
-// entry matched (use `pprof` as it is); otherwise gzip-compressed.
+// `pprof` (gzip-compressed or not) with each sample type whose name equals
+// a `renames` key named by the value instead (for a service that names them
+// its own way: Datadog's "alloc-space" for Go's "alloc_space"), through a
+// string appended to the table: a function or label that shares the old
+// name keeps it. The default sample type follows. Every other field is
+// kept as it was. nullopt when no sample type matched (use `pprof` as it
+// is); otherwise gzip-compressed.
 absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
     std::string_view pprof,
     const std::vector<std::pair<std::string_view, std::string_view>>& renames);

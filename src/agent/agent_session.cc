@@ -33,7 +33,10 @@ class StateAttachment final : public internal::PipelineAttachment {
   std::string BeforeCutLocked(SampleAggregator& aggregator, bool window_end) override {
     return session_.AddStateLocked(aggregator, window_end);
   }
-  SnapshotShape SnapshotLocked(SampleAggregator& aggregator) override {
+  SnapshotShape SnapshotLocked(SampleAggregator& aggregator, absl::string_view type) override {
+    // The processes' heaps; their lock waits reach the agent's windows, not
+    // a snapshot of their own yet.
+    if (type == "contentions" || type == "delay") return {};
     return session_.HeapSnapshotLocked(aggregator);
   }
 

@@ -654,44 +654,50 @@ absl::flat_hash_map<std::string, int64_t> DecodedProfile::ByLabel(
 
 namespace internal {
 
-absl::StatusOr<std::string> PprofToLegacyHeapProfile(std::string_view pprof,
-                                                     std::string_view maps) {
-  constexpr absl::string_view kWho = "legacy heap profile";
+namespace {
+
+// A profile's samples merged by stack, as addresses (leaf first, the leaf
+// one past its exact pc: readers take every address for a return
+// address), with the `n` columns named `types` (negative values as 0).
+// Frames without an address are left out; their values stay.
+template <size_t N>
+using LegacyStacks =
+    absl::flat_hash_map<std::vector<uint64_t>, std::array<int64_t, N>,
+                        absl::Hash<std::vector<uint64_t>>>;
+
+template <size_t N>
+absl::Status LegacyStacksOf(std::string_view pprof, const std::string_view (&types)[N],
+                            absl::string_view who, LegacyStacks<N>* stacks,
+                            std::array<int64_t, N>* total) {
   std::string inflated;
-  absl::StatusOr<std::string_view> bytes = RawProfileBytes(pprof, inflated, kWho);
+  absl::StatusOr<std::string_view> bytes = RawProfileBytes(pprof, inflated, who);
   if (!bytes.ok()) return bytes.status();
   if (absl::Status s = CheckCounts(*bytes, PprofReadLimits()); !s.ok()) return s;
   RawProfile p;
   if (!ParseProfile(*bytes, p)) {
-    return absl::InvalidArgumentError(absl::StrCat(kWho, ": malformed profile"));
+    return absl::InvalidArgumentError(absl::StrCat(who, ": malformed profile"));
   }
   auto text = [&](int64_t index) -> std::string_view {
     return index >= 0 && static_cast<size_t>(index) < p.strings.size() ? p.strings[index]
                                                                         : std::string_view();
   };
-  // The columns in gperftools' order: in use, then allocated.
-  constexpr std::string_view kTypes[4] = {"inuse_objects", "inuse_space", "alloc_objects",
-                                          "alloc_space"};
-  size_t column[4];
-  for (int t = 0; t < 4; ++t) {
+  size_t column[N];
+  for (size_t t = 0; t < N; ++t) {
     size_t i = 0;
-    while (i < p.sample_types.size() && text(p.sample_types[i].type) != kTypes[t]) ++i;
+    while (i < p.sample_types.size() && text(p.sample_types[i].type) != types[t]) ++i;
     if (i == p.sample_types.size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(kWho, ": the profile has no ", std::string(kTypes[t]), " sample type"));
+          absl::StrCat(who, ": the profile has no ", std::string(types[t]), " sample type"));
     }
     column[t] = i;
   }
   absl::flat_hash_map<uint64_t, uint64_t> address_of;
   for (const RawLocation& l : p.locations) address_of[l.id] = l.address;
-  // Stacks as addresses, merged (labels and threads are not kept).
-  absl::flat_hash_map<std::vector<uint64_t>, std::array<int64_t, 4>, absl::Hash<std::vector<uint64_t>>>
-      stacks;
-  std::array<int64_t, 4> total = {};
+  total->fill(0);
   for (const RawSample& s : p.samples) {
-    std::array<int64_t, 4> v;
+    std::array<int64_t, N> v;
     bool any = false;
-    for (int t = 0; t < 4; ++t) {
+    for (size_t t = 0; t < N; ++t) {
       v[t] = column[t] < s.values.size() ? std::max<int64_t>(s.values[column[t]], 0) : 0;
       any |= v[t] != 0;
     }
@@ -702,29 +708,79 @@ absl::StatusOr<std::string> PprofToLegacyHeapProfile(std::string_view pprof,
       if (it == address_of.end() || it->second == 0) continue;
       addresses.push_back(k == 0 ? it->second + 1 : it->second);
     }
-    auto& sum = stacks[addresses];
-    for (int t = 0; t < 4; ++t) {
-      sum[t] = SaturatingAdd(sum[t], v[t]);
-      total[t] = SaturatingAdd(total[t], v[t]);
+    auto [it, fresh] = stacks->try_emplace(std::move(addresses));
+    if (fresh) it->second.fill(0);
+    for (size_t t = 0; t < N; ++t) {
+      it->second[t] = SaturatingAdd(it->second[t], v[t]);
+      (*total)[t] = SaturatingAdd((*total)[t], v[t]);
     }
   }
-  std::vector<const std::pair<const std::vector<uint64_t>, std::array<int64_t, 4>>*> order;
+  return absl::OkStatus();
+}
+
+// The stacks by column `by`, largest first (then by addresses).
+template <size_t N>
+std::vector<const typename LegacyStacks<N>::value_type*> LegacyOrder(
+    const LegacyStacks<N>& stacks, size_t by) {
+  std::vector<const typename LegacyStacks<N>::value_type*> order;
   order.reserve(stacks.size());
   for (const auto& entry : stacks) order.push_back(&entry);
-  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    if (a->second[1] != b->second[1]) return a->second[1] > b->second[1];
+  std::sort(order.begin(), order.end(), [by](const auto* a, const auto* b) {
+    if (a->second[by] != b->second[by]) return a->second[by] > b->second[by];
     return a->first < b->first;
   });
+  return order;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> PprofToLegacyHeapProfile(std::string_view pprof,
+                                                     std::string_view maps) {
+  // The columns in gperftools' order: in use, then allocated.
+  constexpr std::string_view kTypes[4] = {"inuse_objects", "inuse_space", "alloc_objects",
+                                          "alloc_space"};
+  LegacyStacks<4> stacks;
+  std::array<int64_t, 4> total;
+  if (absl::Status s = LegacyStacksOf(pprof, kTypes, "legacy heap profile", &stacks, &total);
+      !s.ok()) {
+    return s;
+  }
   auto bucket = [](const std::array<int64_t, 4>& v) {
     return absl::StrFormat("%6d: %8d [%6d: %8d] @", v[0], v[1], v[2], v[3]);
   };
   std::string out = absl::StrCat("heap profile: ", bucket(total), " heapprofile\n");
-  for (const auto* entry : order) {
+  for (const auto* entry : LegacyOrder<4>(stacks, 1)) {
     absl::StrAppend(&out, bucket(entry->second));
     for (uint64_t a : entry->first) absl::StrAppend(&out, absl::StrFormat(" 0x%016x", a));
     out.push_back('\n');
   }
   absl::StrAppend(&out, "\nMAPPED_LIBRARIES:\n");
+  out.append(maps);
+  return out;
+}
+
+absl::StatusOr<std::string> PprofToLegacyContention(std::string_view pprof,
+                                                    std::string_view maps,
+                                                    std::string_view header) {
+  constexpr std::string_view kTypes[2] = {"delay", "contentions"};
+  LegacyStacks<2> stacks;
+  std::array<int64_t, 2> total;
+  if (absl::Status s = LegacyStacksOf(pprof, kTypes, "legacy contention profile", &stacks,
+                                      &total);
+      !s.ok()) {
+    return s;
+  }
+  // Delays in nanoseconds: cycles at 1 GHz, period 1 (already weighted).
+  std::string out = absl::StrCat("--- ", absl::string_view(header.data(), header.size()),
+                                 ":\ncycles/second=1000000000\n"
+                                 "sampling period=1\n");
+  for (const auto* entry : LegacyOrder<2>(stacks, 0)) {
+    absl::StrAppend(&out, entry->second[0], " ", entry->second[1], " @");
+    for (uint64_t a : entry->first) absl::StrAppend(&out, absl::StrFormat(" 0x%x", a));
+    out.push_back('\n');
+  }
+  // The map after a "---" line: a contention profile's samples end there.
+  absl::StrAppend(&out, "--- Memory map: ---\n");
   out.append(maps);
   return out;
 }

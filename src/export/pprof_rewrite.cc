@@ -28,44 +28,78 @@ using internal::RawValueType;
 absl::StatusOr<std::optional<std::string>> RenamePprofStrings(
     std::string_view pprof,
     const std::vector<std::pair<std::string_view, std::string_view>>& renames) {
+  constexpr absl::string_view kWho = "RenamePprofStrings";
   std::string inflated;
-  absl::StatusOr<std::string_view> bytes_or =
-      RawProfileBytes(pprof, inflated, "RenamePprofStrings");
+  absl::StatusOr<std::string_view> bytes_or = RawProfileBytes(pprof, inflated, kWho);
   if (!bytes_or.ok()) return bytes_or.status();
   const std::string_view raw = *bytes_or;
-  // Profile.string_table is field 6; every other top-level field is copied
-  // as read (varints and length-delimited fields only, in profile.proto).
-  constexpr uint32_t kStringTable = 6;
+  // profile.proto's top-level fields that this reads or rewrites.
+  constexpr uint32_t kSampleType = 1, kStringTable = 6, kDefaultSampleType = 14;
+  auto malformed = [&](const internal::ProtoReader& r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWho, ": malformed profile at byte ", r.error_offset()));
+  };
+  // First pass: the string table. A sample type renamed points at a new
+  // string appended to it, so that a function or label that shares the old
+  // string (a function named "delay") keeps it.
+  std::vector<std::string_view> strings;
+  {
+    internal::ProtoReader reader(raw);
+    while (reader.Next()) {
+      if (reader.field() == kStringTable && reader.is_length_delimited()) {
+        strings.push_back(reader.bytes());
+      }
+    }
+    if (!reader.ok()) return malformed(reader);
+  }
+  // The new index of each string a sample type renames (-1: kept).
+  std::vector<int64_t> renamed_to(strings.size(), -1);
+  std::vector<std::string_view> appended;
+  auto rename = [&](int64_t index) -> int64_t {
+    if (index < 0 || static_cast<size_t>(index) >= strings.size()) return index;
+    if (renamed_to[index] >= 0) return renamed_to[index];
+    for (const auto& [from, to] : renames) {
+      if (strings[index] != from) continue;
+      renamed_to[index] = static_cast<int64_t>(strings.size() + appended.size());
+      appended.push_back(to);
+      return renamed_to[index];
+    }
+    return index;
+  };
   internal::ProtoReader reader(raw);
   internal::ProtoWriter writer;
-  bool renamed = false;
   while (reader.Next()) {
     if (reader.is_length_delimited()) {
       std::string_view bytes = reader.bytes();
-      if (reader.field() == kStringTable) {
-        for (const auto& [from, to] : renames) {
-          if (bytes == from) {
-            bytes = to;
-            renamed = true;
-            break;
-          }
-        }
+      if (reader.field() == kSampleType) {
+        RawValueType v;
+        if (!ParseValueType(bytes, v)) return malformed(reader);
+        internal::ProtoWriter type;
+        type.Varint(1, static_cast<uint64_t>(rename(v.type)));
+        type.Varint(2, static_cast<uint64_t>(v.unit));
+        writer.Message(kSampleType, type);
+        continue;
       }
       writer.Bytes(reader.field(), bytes);
     } else if (reader.is_varint()) {
+      uint64_t value = reader.varint();
+      if (reader.field() == kDefaultSampleType) {
+        const auto index = static_cast<int64_t>(value);
+        if (index >= 0 && static_cast<size_t>(index) < renamed_to.size() &&
+            renamed_to[index] >= 0) {
+          value = static_cast<uint64_t>(renamed_to[index]);
+        }
+      }
       // Written even when 0: an unpacked repeated field keeps its zeros.
-      writer.VarintAlways(reader.field(), reader.varint());
+      writer.VarintAlways(reader.field(), value);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "RenamePprofStrings: field ", reader.field(),
-          " has a wire type profile.proto does not use"));
+          kWho, ": field ", reader.field(), " has a wire type profile.proto does not use"));
     }
   }
-  if (!reader.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RenamePprofStrings: malformed profile at byte ", reader.error_offset()));
-  }
-  if (!renamed) return std::optional<std::string>();
+  if (!reader.ok()) return malformed(reader);
+  if (appended.empty()) return std::optional<std::string>();
+  for (std::string_view name : appended) writer.Bytes(kStringTable, name);
   absl::StatusOr<std::string> zipped = Gzip(writer.bytes());
   if (!zipped.ok()) return zipped.status();
   return std::optional<std::string>(std::move(*zipped));

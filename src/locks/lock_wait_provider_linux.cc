@@ -60,6 +60,9 @@ struct Entry {
   double contentions = 0;
   double delay = 0;
   bool pending = false;
+  // Everything flushed or drained for it since Start (SnapshotEvents).
+  double total_contentions = 0;
+  double total_delay = 0;
 
   std::span<const uint64_t> labels() const {
     if (key.empty()) return {};
@@ -259,6 +262,10 @@ absl::Status LockWaitProvider::StartEvents(const EventContext& context) {
         period_source_, ": another profiler in this process profiles lock waits; this one "
         "does not"));
   }
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (Entry& entry : s.entries) entry.total_contentions = entry.total_delay = 0;
+  }
   if (s.lock_key == 0) {
     internal::LabelTable& labels = internal::LabelTable::Global();
     s.unregistered_label[1] = labels.Intern(kUnregisteredLabel[1]);
@@ -304,6 +311,8 @@ std::string LockWaitProvider::FlushEvents(SampleAggregator& aggregator, uint32_t
     entry.pending = false;
     const int64_t values[kValues] = {RoundUnbiasedLocked(s, entry.contentions),
                                      RoundUnbiasedLocked(s, entry.delay)};
+    entry.total_contentions += entry.contentions;
+    entry.total_delay += entry.delay;
     entry.contentions = entry.delay = 0;
     if (values[0] == 0 && values[1] == 0) continue;
     if (id >= kFirstStackId) {
@@ -335,13 +344,40 @@ void LockWaitProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor vi
   std::lock_guard<std::mutex> lock(s.mutex);
   for (const ThreadData::Event& event : data.events) {
     if (event.key >= s.entries.size()) continue;
-    const Entry& entry = s.entries[event.key];
+    Entry& entry = s.entries[event.key];
+    entry.total_contentions += event.contentions;
+    entry.total_delay += event.delay_ns;
     const int64_t values[kValues] = {RoundUnbiasedLocked(s, event.contentions),
                                      RoundUnbiasedLocked(s, event.delay_ns)};
     visit(entry.frames(), entry.labels(), values);
   }
   data.events.clear();
   data.count.store(0, std::memory_order_release);
+}
+
+bool LockWaitProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t thread,
+                                      size_t value_offset) {
+  // Not started_: the endpoint's thread asks, while Start and Stop write it.
+  if (!g_state_made.load(std::memory_order_acquire)) return false;
+  LockState& s = State();
+  if (!s.running.load(std::memory_order_acquire)) return false;
+  AllocGuard guard;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (size_t id = 0; id < s.entries.size(); ++id) {
+    const Entry& entry = s.entries[id];
+    // What the next flush still gets is since Start too.
+    const int64_t values[kValues] = {
+        RoundUnbiasedLocked(s, entry.total_contentions + entry.contentions),
+        RoundUnbiasedLocked(s, entry.total_delay + entry.delay)};
+    if (values[0] == 0 && values[1] == 0) continue;
+    if (id >= kFirstStackId) {
+      aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
+    } else {
+      aggregator.AddSynthetic(thread, SyntheticFrame(static_cast<uint32_t>(id)), value_offset,
+                              values);
+    }
+  }
+  return true;
 }
 
 LockWaitProvider::Stats LockWaitProvider::stats() {

@@ -183,9 +183,13 @@ void SubtractProfile(ProfileData& later, const ProfileData& earlier) {
       later.samples.end());
 }
 
+// The lock-wait provider's types (Go's mutex and block profiles).
+bool IsLockType(absl::string_view type) { return type == "contentions" || type == "delay"; }
+
 }  // namespace
 
-absl::Status Pipeline::SnapshotData(ProfileData* out, uint64_t* types) {
+absl::Status Pipeline::SnapshotData(absl::string_view type, ProfileData* out,
+                                    uint64_t* types) {
   // Events still in the threads' slots (a registered thread's sampled
   // allocations wait there for the next drain, 50 ms) belong in it.
   if (Threads* t = threads_.get(); t != nullptr) {
@@ -210,11 +214,16 @@ absl::Status Pipeline::SnapshotData(ProfileData* out, uint64_t* types) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& a : attachments_) {
-      const PipelineAttachment::SnapshotShape s = a->SnapshotLocked(snapshot);
+      const PipelineAttachment::SnapshotShape s = a->SnapshotLocked(snapshot, type);
       if (s.types != 0 && shape.types == 0) shape = s;
     }
   }
   if (shape.types == 0) {
+    if (IsLockType(type)) {
+      return absl::NotFoundError(
+          "lock-wait profiling is off in this process: set INPROF_LOCK_PERIOD (e.g. 1ms) "
+          "before Start");
+    }
     return absl::NotFoundError(
         "allocation profiling is off in this process: set INPROF_ALLOC_PERIOD "
         "(e.g. 512KiB) before Start");
@@ -235,7 +244,7 @@ absl::StatusOr<std::string> Pipeline::Snapshot(absl::string_view default_type,
   AllocGuard guard;
   ProfileData data;
   uint64_t types = 0;
-  if (absl::Status s = SnapshotData(&data, &types); !s.ok()) return s;
+  if (absl::Status s = SnapshotData(default_type, &data, &types); !s.ok()) return s;
   int64_t start;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -258,7 +267,7 @@ absl::StatusOr<std::string> Pipeline::Snapshot(absl::string_view default_type,
     }
     start = absl::GetCurrentTimeNanos() - absl::ToInt64Nanoseconds(delta);
     ProfileData later;
-    if (absl::Status s = SnapshotData(&later, &types); !s.ok()) return s;
+    if (absl::Status s = SnapshotData(default_type, &later, &types); !s.ok()) return s;
     SubtractProfile(later, data);
     data = std::move(later);
   }
@@ -277,12 +286,20 @@ absl::StatusOr<std::string> Pipeline::Snapshot(absl::string_view default_type,
   data.duration_nanos = now - data.time_nanos;
   data.comments.push_back(absl::StrCat("inprof 0.1.0 ", engine_));
   if (!engine_detail.empty()) data.comments.push_back(engine_detail);
-  data.comments.push_back(
-      delta > absl::ZeroDuration()
-          ? absl::StrCat("heap delta (INPROF_HTTP_ADDR, seconds=",
-                         absl::ToInt64Seconds(delta),
-                         "): alloc_* made and inuse_* changed in those seconds")
-          : "heap snapshot (INPROF_HTTP_ADDR): alloc_* since the profiler started, inuse_* now");
+  if (IsLockType(default_type)) {
+    data.comments.push_back(
+        delta > absl::ZeroDuration()
+            ? absl::StrCat("lock waits (INPROF_HTTP_ADDR, seconds=", absl::ToInt64Seconds(delta),
+                           "): contentions and delay in those seconds")
+            : "lock waits (INPROF_HTTP_ADDR): contentions and delay since the profiler started");
+  } else {
+    data.comments.push_back(
+        delta > absl::ZeroDuration()
+            ? absl::StrCat("heap delta (INPROF_HTTP_ADDR, seconds=",
+                           absl::ToInt64Seconds(delta),
+                           "): alloc_* made and inuse_* changed in those seconds")
+            : "heap snapshot (INPROF_HTTP_ADDR): alloc_* since the profiler started, inuse_* now");
+  }
   return EncodeForRequest(data);
 }
 

@@ -50,12 +50,15 @@ class ProfilerBase::EventAttachment final : public PipelineAttachment {
     });
   }
 
-  // The first event provider's snapshot that has one.
-  SnapshotShape SnapshotLocked(SampleAggregator& agg) override {
+  // The snapshot of the first event provider that has one with `type`.
+  SnapshotShape SnapshotLocked(SampleAggregator& agg, absl::string_view type) override {
     SnapshotShape shape;
     std::optional<uint32_t> thread;
     ForEach([&](const ProviderOps& ops, void* p) {
       if (ops.snapshot == nullptr || shape.types != 0 || ops.period(p) <= 0) return;
+      bool has = false;
+      for (size_t t = 0; t < ops.snapshot_types; ++t) has |= ops.sample_types[t].type == type;
+      if (!has) return;
       if (!thread.has_value()) {
         thread = agg.AddThread(static_cast<int64_t>(getpid()), kEventsThreadName);
       }

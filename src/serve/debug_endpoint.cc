@@ -34,6 +34,8 @@ constexpr absl::string_view kFlamegraphPath = "/debug/pprof/flamegraph";
 constexpr absl::string_view kSymbolPath = "/debug/pprof/symbol";
 constexpr absl::string_view kHeapPath = "/debug/pprof/heap";
 constexpr absl::string_view kAllocsPath = "/debug/pprof/allocs";
+constexpr absl::string_view kMutexPath = "/debug/pprof/mutex";
+constexpr absl::string_view kBlockPath = "/debug/pprof/block";
 
 DebugResponse Text(int status, std::string body) {
   DebugResponse r;
@@ -156,6 +158,12 @@ DebugResponse DebugEndpoint::Index() const {
       "http://HOST:PORT/debug/pprof/heap</code></td></tr>\n"
       "<tr><td><a href=\"allocs\">allocs</a></td><td>the same, opening on "
       "the bytes allocated (<code>alloc_space</code>)</td></tr>\n"
+      "<tr><td><a href=\"mutex\">mutex</a></td><td>where threads waited for "
+      "locks since the profiler started (<code>contentions</code>, "
+      "<code>delay</code>; sampled, with <code>INPROF_LOCK_PERIOD</code>)"
+      "</td></tr>\n"
+      "<tr><td><a href=\"block\">block</a></td><td>the same (the waiting "
+      "threads' stacks)</td></tr>\n"
       "</table>\n<form action=\"flamegraph\">seconds: <input name=\"seconds\" "
       "type=\"number\" min=\"1\" max=\"", kMaxSeconds, "\" value=\"10\"> "
       "<button>flame graph</button></form>\n"
@@ -227,7 +235,8 @@ std::optional<DebugResponse> DebugEndpoint::ChooseProcess(int64_t* pid,
 }
 
 DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
-                                          absl::string_view query) {
+                                          absl::string_view query, absl::string_view name) {
+  const bool locks = default_type == "delay";
   int64_t pid = 0;  // several processes: 0 until pid= names one
   bool pid_seen = false;
   bool text = false;  // debug=1: the legacy text form, as Go serves it
@@ -275,9 +284,16 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
       continue;
     }
   }
+  if (locks && processes_) {
+    return Text(404, absl::StrCat("/debug/pprof/", name, " is not served for the agent's "
+                                  "processes yet: their lock waits are in the profiles it "
+                                  "writes and in /debug/pprof/profile?seconds=N&pid=P"));
+  }
   if (processes_ ? !process_snapshot_ : !snapshot_) {
-    return Text(404, "no heap profile here: allocations are profiled by a profiler "
-                     "that composes AllocationProvider, in its own process");
+    return Text(404, locks ? "no lock-wait profile here: lock waits are profiled by a "
+                             "profiler that composes LockWaitProvider, in its own process"
+                           : "no heap profile here: allocations are profiled by a profiler "
+                             "that composes AllocationProvider, in its own process");
   }
   if (processes_) {
     std::string title;
@@ -318,7 +334,10 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
         !read.ok()) {
       return Text(500, absl::StrCat("debug=1: ", read.status().message()));
     }
-    absl::StatusOr<std::string> legacy = internal::PprofToLegacyHeapProfile(*pprof, maps);
+    absl::StatusOr<std::string> legacy =
+        locks ? internal::PprofToLegacyContention(*pprof, maps,
+                                                  name == "mutex" ? "mutex" : "contention")
+              : internal::PprofToLegacyHeapProfile(*pprof, maps);
     if (!legacy.ok()) return Text(500, absl::StrCat("debug=1: ", legacy.status().message()));
     DebugResponse r = Text(200, "");
     r.body = std::move(*legacy);
@@ -327,11 +346,8 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
   }
   DebugResponse r;
   r.content_type = "application/octet-stream";
-  r.headers.emplace_back("Content-Disposition", absl::StrCat("attachment; filename=\"",
-                                                             default_type == "inuse_space"
-                                                                 ? "heap"
-                                                                 : "allocs",
-                                                             ".pb.gz\""));
+  r.headers.emplace_back("Content-Disposition",
+                         absl::StrCat("attachment; filename=\"", name, ".pb.gz\""));
   r.headers.emplace_back("X-Content-Type-Options", "nosniff");
   r.body = std::move(*pprof);
   return r;
@@ -365,7 +381,12 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
   if (path == kIndexPath || path == "/debug/pprof") return Index();
   if (path == kHeapPath || path == kAllocsPath) {
     if (head) return Text(200, "");
-    return HeapSnapshot(path == kHeapPath ? "inuse_space" : "alloc_space", query);
+    return HeapSnapshot(path == kHeapPath ? "inuse_space" : "alloc_space", query,
+                        path == kHeapPath ? "heap" : "allocs");
+  }
+  if (path == kMutexPath || path == kBlockPath) {
+    if (head) return Text(200, "");
+    return HeapSnapshot("delay", query, path == kMutexPath ? "mutex" : "block");
   }
   const bool profile = path == kProfilePath;
   const bool flamegraph = path == kFlamegraphPath;

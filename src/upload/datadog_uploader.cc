@@ -17,8 +17,8 @@
 namespace inprof {
 namespace {
 
-// The allocation provider's sample types under the names Datadog's intake
-// gives them for native profiles (ddprof's, libdatadog's): Go's names
+// The allocation and lock-wait providers' sample types under the names
+// Datadog's intake gives them (ddprof's, libdatadog's): Go's names
 // (alloc_objects, ...) are what pprof and Pyroscope read, and are kept in
 // the files and the other uploads. Empty: the profile has none of them (or
 // could not be read), and goes as it is.
@@ -28,6 +28,10 @@ std::string DatadogNamed(const std::string& pprof) {
       {"alloc_space", "alloc-space"},
       {"inuse_objects", "inuse-objects"},
       {"inuse_space", "inuse-space"},
+      // The lock-wait provider's (Go's mutex profile names), as Datadog's
+      // profilers for other languages name lock waits.
+      {"contentions", "lock-acquire"},
+      {"delay", "lock-acquire-wait"},
   };
   absl::StatusOr<std::optional<std::string>> named = RenamePprofStrings(pprof, kNames);
   if (!named.ok() || !named->has_value()) return {};

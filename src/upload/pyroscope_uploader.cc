@@ -37,10 +37,15 @@ constexpr std::string_view kAllocationTypes[] = {"alloc_objects",      "alloc_sp
                                                  "inuse_objects",      "inuse_space",
                                                  "peak_inuse_objects", "peak_inuse_space"};
 
-// What is queued: a window, or one of its two parts (below). Every profile
+// Go's names for the lock-wait types, which Pyroscope files under "mutex".
+constexpr std::string_view kLockTypes[] = {"contentions", "delay"};
+
+// What is queued: a window, or one of its parts (below). Every profile
 // this uploader queues is one of these, so the request builder may cast.
 struct IngestPart : ExportedProfile {
-  bool memory = false;  // the allocation types, as a form with their config
+  // The allocation or lock types, as a form with this sample_type_config;
+  // null: the rest, as a plain body.
+  const char* config = nullptr;
 };
 
 // Pyroscope's per-type settings for the allocation types. Its default
@@ -56,6 +61,13 @@ constexpr char kMemorySampleTypeConfig[] =
     R"("inuse_space":{"units":"bytes","aggregation":"average"},)"
     R"("peak_inuse_objects":{"units":"objects","aggregation":"average"},)"
     R"("peak_inuse_space":{"units":"bytes","aggregation":"average"}})";
+
+// And for the lock-wait types: Pyroscope's Go names and units. Its default
+// mapping takes them as cumulative (Go's mutex profile counts since the
+// start); inprof's windows hold the waits of the window.
+constexpr char kLockSampleTypeConfig[] =
+    R"({"contentions":{"units":"lock_samples","display-name":"mutex_count"},)"
+    R"("delay":{"units":"lock_nanoseconds","display-name":"mutex_duration"}})";
 
 }  // namespace
 
@@ -82,9 +94,9 @@ PyroscopeUploader::PyroscopeUploader(const PyroscopeOptions& pyroscope,
         const auto& profile = static_cast<const IngestPart&>(queued);
         internal::HttpRequest request;
         request.url =
-            IngestUrlFor(base, name, rate, profile.start, profile.end, profile.memory);
+            IngestUrlFor(base, name, rate, profile.start, profile.end, profile.config != nullptr);
         request.timeout = timeout;
-        if (profile.memory) {
+        if (profile.config != nullptr) {
           internal::HttpPart& part = request.parts.emplace_back();
           part.name = "profile";
           part.filename = "profile.pprof";
@@ -94,7 +106,7 @@ PyroscopeUploader::PyroscopeUploader(const PyroscopeOptions& pyroscope,
           config.name = "sample_type_config";
           config.filename = "sample_type_config.json";
           config.content_type = "application/json";
-          config.owned = kMemorySampleTypeConfig;
+          config.owned = profile.config;
         } else {
           request.body = profile.pprof;
           request.content_type = "application/octet-stream";
@@ -117,35 +129,42 @@ std::string PyroscopeUploader::IngestUrl(absl::Time start,
 
 absl::Status PyroscopeUploader::Consume(
     std::shared_ptr<const ExportedProfile> profile) {
-  auto part = [&profile](std::string pprof, bool memory) {
+  auto part = [&profile](std::string pprof, const char* config) {
     auto p = std::make_shared<IngestPart>();
     static_cast<ExportedProfile&>(*p) = *profile;
     p->pprof = std::move(pprof);
-    p->memory = memory;
+    p->config = config;
     return p;
   };
   auto is_alloc = [](std::string_view type) {
     return std::find(std::begin(kAllocationTypes), std::end(kAllocationTypes), type) !=
            std::end(kAllocationTypes);
   };
+  auto is_lock = [](std::string_view type) {
+    return std::find(std::begin(kLockTypes), std::end(kLockTypes), type) !=
+           std::end(kLockTypes);
+  };
   // Pyroscope files a whole upload under one name, "process_cpu" as soon as
-  // one type names CPU: a window with allocation types goes as two
-  // uploads, so that they land under "memory" as Go's heap profiles do
-  // (with Go's period type, space/bytes, and the sampling period).
+  // one type names CPU: a window with allocation or lock types goes as
+  // several uploads, so that they land under "memory" and "mutex" as Go's
+  // heap and mutex profiles do (with Go's period types and periods).
   absl::StatusOr<std::string> memory =
       SelectPprofSampleTypes(profile->pprof, is_alloc, ValueType{"space", "bytes"},
                              static_cast<int64_t>(alloc_period_));
-  if (!memory.ok()) {
-    // NotFound: no allocation types (CPU and wall only): sent as it is. A
-    // profile that cannot be read is sent as it is too: the server says
-    // what is wrong with it.
-    uploader_->Enqueue(part(profile->pprof, false));
+  absl::StatusOr<std::string> locks =
+      SelectPprofSampleTypes(profile->pprof, is_lock, ValueType{"contentions", "count"}, 1);
+  if (!memory.ok() && !locks.ok()) {
+    // NotFound: neither (CPU and wall only): sent as it is. A profile that
+    // cannot be read is sent as it is too: the server says what is wrong
+    // with it.
+    uploader_->Enqueue(part(profile->pprof, nullptr));
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> others = SelectPprofSampleTypes(
-      profile->pprof, [&](std::string_view type) { return !is_alloc(type); });
-  if (others.ok()) uploader_->Enqueue(part(std::move(*others), false));
-  uploader_->Enqueue(part(std::move(*memory), true));
+      profile->pprof, [&](std::string_view type) { return !is_alloc(type) && !is_lock(type); });
+  if (others.ok()) uploader_->Enqueue(part(std::move(*others), nullptr));
+  if (memory.ok()) uploader_->Enqueue(part(std::move(*memory), kMemorySampleTypeConfig));
+  if (locks.ok()) uploader_->Enqueue(part(std::move(*locks), kLockSampleTypeConfig));
   return absl::OkStatus();
 }
 

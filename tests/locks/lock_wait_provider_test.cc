@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <shared_mutex>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "inprof/alloc/alloc_hooks.h"
 #include "inprof/alloc/lock_hooks.h"
@@ -445,6 +447,71 @@ TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
   auto top = testing::GoPprof("-sample_index=delay -top " + options.output);
   ASSERT_TRUE(top.ok()) << top.status();
   EXPECT_TRUE(absl::StrContains(*top, "WaitSiteB")) << *top;
+}
+
+// /debug/pprof/mutex (and /block), as Go serves them: the lock waits since
+// Start, only contentions and delay, opening on delay; debug=1 is Go's
+// legacy contention text. Each round at WaitSiteA is one wait (as above):
+// its contentions are exactly the rounds.
+TEST(LockWaitProviderTest, TheLiveEndpointServesTheWaitsSinceStart) {
+  if (!kIntercepted) GTEST_SKIP() << "the sanitizer's lock functions are not intercepted";
+  Options options;
+  options.output = testing::FreshTestDir("lock_endpoint") + "/profile.pb.gz";
+  options.lock_period = absl::Microseconds(1);
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  options.http_addr = "127.0.0.1:0";
+  LockProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  constexpr int kRounds = 5;
+  std::mutex a;
+  std::thread waiter;
+  auto on_registered_thread = [&](std::function<void()> job) {
+    waiter = std::thread([&profiler, job = std::move(job)] {
+      auto self = profiler.RegisterThread("endpoint waiter");
+      job();
+    });
+  };
+  for (int i = 0; i < kRounds; ++i) {
+    Round(a, WaitSiteA, 2, on_registered_thread);
+    waiter.join();
+  }
+  const std::string address = profiler.http_address();
+  ASSERT_FALSE(address.empty());
+  testing::HttpReply mutex = testing::HttpFetch(address, "GET", "/debug/pprof/mutex");
+  testing::HttpReply block = testing::HttpFetch(address, "GET", "/debug/pprof/block");
+  testing::HttpReply text = testing::HttpFetch(address, "GET", "/debug/pprof/mutex?debug=1");
+  ASSERT_TRUE(profiler.Stop().ok());
+  ASSERT_EQ(mutex.error, "");
+  ASSERT_EQ(mutex.status, 200) << mutex.body;
+  ASSERT_EQ(block.status, 200) << block.body;
+  absl::StatusOr<DecodedProfile> p = DecodePprof(mutex.body);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->sample_types.size(), 2u);
+  EXPECT_EQ(p->sample_types[0].type, "contentions");
+  EXPECT_EQ(p->sample_types[1].type, "delay");
+  EXPECT_EQ(p->default_sample_type, "delay");
+  EXPECT_EQ(StackSum(*p, 0, "WaitSiteA"), kRounds);
+  EXPECT_GE(StackSum(*p, 1, "WaitSiteA"), int64_t{kRounds} * 2'000'000);
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_TRUE(absl::StartsWith(text.body, "--- mutex:\ncycles/second=1000000000\n"))
+      << text.body.substr(0, 200);
+  EXPECT_TRUE(absl::StrContains(text.body, "--- Memory map: ---")) << text.body.substr(0, 200);
+  // go tool pprof reads the legacy text as Go's own: contentions and delay,
+  // the same totals as the pprof form.
+  INPROF_REQUIRE_TOOL("go");
+  const std::string saved = testing::FreshTestDir("lock_endpoint_text") + "/mutex.txt";
+  {
+    std::ofstream out(saved);
+    out << text.body;
+  }
+  auto top = testing::GoPprof("-sample_index=contentions -top " + saved);
+  ASSERT_TRUE(top.ok()) << top.status();
+  int64_t total = 0;
+  for (const auto& sample : p->samples) total += sample.values[0];
+  EXPECT_TRUE(absl::StrContains(*top, absl::StrCat("of ", total, " total")) ||
+              absl::StrContains(*top, absl::StrCat(", ", total, " total")))
+      << *top;
 }
 
 }  // namespace

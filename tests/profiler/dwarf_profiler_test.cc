@@ -263,11 +263,11 @@ TEST(DwarfProfilerTest, FramePointerProfilerSurvivesTheSameProgram) {
 TEST(DwarfProfilerTest, DefaultProfilerUnwindsWithCfiWhereSupported) {
   if constexpr (DwarfUnwinder::Supported()) {
     EXPECT_TRUE((std::is_same_v<DefaultProfiler, DwarfProfiler>));
-    EXPECT_EQ(DefaultProfiler::Engine(), "unwinder=dwarf providers=cpu,wall,alloc");
+    EXPECT_EQ(DefaultProfiler::Engine(), "unwinder=dwarf providers=cpu,wall,alloc,locks");
   } else {
     EXPECT_TRUE((std::is_same_v<DefaultProfiler, FramePointerProfiler>));
     EXPECT_EQ(DefaultProfiler::Engine(),
-              "unwinder=frame-pointer providers=cpu,wall,alloc");
+              "unwinder=frame-pointer providers=cpu,wall,alloc,locks");
   }
 }
 

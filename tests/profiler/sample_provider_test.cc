@@ -314,9 +314,9 @@ TEST(SampleProviderTest, TickingProvidersCreditRunningSamplesWithoutASignal) {
   EXPECT_GT(in_b, 0);
 }
 
-TEST(SampleProviderTest, DefaultProfilerHasCpuWallAndAllocationTypesOnce) {
+TEST(SampleProviderTest, DefaultProfilerHasCpuWallAllocationAndLockTypesOnce) {
   auto types = DefaultProfiler::SampleTypes();
-  ASSERT_EQ(types.size(), 10u);
+  ASSERT_EQ(types.size(), 12u);
   EXPECT_EQ(types[0].type, "cpu-samples");
   EXPECT_EQ(types[1].type, "cpu-time");
   EXPECT_EQ(types[2].type, "wall-samples");
@@ -327,6 +327,9 @@ TEST(SampleProviderTest, DefaultProfilerHasCpuWallAndAllocationTypesOnce) {
   EXPECT_EQ(types[7].type, "inuse_space");
   EXPECT_EQ(types[8].type, "peak_inuse_objects");
   EXPECT_EQ(types[9].type, "peak_inuse_space");
+  EXPECT_EQ(types[10].type, "contentions");
+  EXPECT_EQ(types[11].type, "delay");
+  EXPECT_EQ(types[11].unit, "nanoseconds");
 }
 
 // With the allocation provider off (INPROF_ALLOC_PERIOD unset), the profile

@@ -266,6 +266,43 @@ TEST(DebugEndpointTest, HeapAndAllocsAreSnapshotsOpeningOnTheirType) {
   EXPECT_THAT(endpoint.Respond("GET", "/debug/pprof/").body, HasSubstr("href=\"heap\""));
 }
 
+// /debug/pprof/mutex and /block: the lock-wait snapshot, asked for by its
+// type (delay), each page's file named after it; without a snapshot, one
+// line naming the provider.
+TEST(DebugEndpointTest, MutexAndBlockAreLockWaitSnapshots) {
+  FakeCaptures captures;
+  std::string title;
+  DebugEndpoint endpoint(captures.capture(), FakeRender(&title), "demo");
+  DebugResponse none = endpoint.Respond("GET", "/debug/pprof/mutex");
+  EXPECT_EQ(none.status, 404);
+  EXPECT_THAT(none.body, HasSubstr("LockWaitProvider"));
+  std::vector<std::string> asked;
+  std::vector<absl::Duration> deltas;
+  endpoint.SetSnapshot([&](absl::string_view type,
+                           absl::Duration delta) -> absl::StatusOr<std::string> {
+    asked.emplace_back(type);
+    deltas.push_back(delta);
+    return std::string("LOCKS");
+  });
+  DebugResponse mutex = endpoint.Respond("GET", "/debug/pprof/mutex");
+  EXPECT_EQ(mutex.status, 200);
+  EXPECT_EQ(mutex.body, "LOCKS");
+  EXPECT_THAT(Header(mutex, "Content-Disposition"), HasSubstr("mutex.pb.gz"));
+  DebugResponse block = endpoint.Respond("GET", "/debug/pprof/block?seconds=3");
+  EXPECT_EQ(block.status, 200);
+  EXPECT_THAT(Header(block, "Content-Disposition"), HasSubstr("block.pb.gz"));
+  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/block?seconds=0").status, 400);
+  EXPECT_THAT(asked, ::testing::ElementsAre("delay", "delay"));
+  EXPECT_THAT(deltas, ::testing::ElementsAre(absl::ZeroDuration(), absl::Seconds(3)));
+  // debug=1 turns the snapshot into Go's legacy text: this one is no pprof.
+  DebugResponse text = endpoint.Respond("GET", "/debug/pprof/mutex?debug=1");
+  EXPECT_EQ(text.status, 500);
+  EXPECT_THAT(text.body, HasSubstr("legacy contention profile"));
+  const std::string index = endpoint.Respond("GET", "/debug/pprof/").body;
+  EXPECT_THAT(index, HasSubstr("href=\"mutex\""));
+  EXPECT_THAT(index, HasSubstr("href=\"block\""));
+}
+
 TEST(DebugEndpointTest, RejectsBadRequestsWithOneLine) {
   FakeCaptures captures;
   std::string title;

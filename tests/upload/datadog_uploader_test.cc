@@ -224,6 +224,36 @@ TEST_F(DatadogUploaderTest, AllocationTypesGoUnderDatadogsNames) {
   }
 }
 
+// Lock waits go under the names Datadog's profilers give them
+// (lock-acquire, lock-acquire-wait); a label that shares the string "delay"
+// (the thread's name here) keeps it.
+TEST_F(DatadogUploaderTest, LockTypesGoUnderDatadogsNamesAndSharedStringsStay) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  DatadogUploader uploader(Agent((*receiver)->url()), Fast());
+  auto profile = std::make_shared<ExportedProfile>();
+  profile->pprof = testing::MakeTestPprof(kStart, kEnd, /*with_heap=*/false,
+                                          /*with_locks=*/true);
+  profile->start = kStart;
+  profile->end = kEnd;
+  ASSERT_FALSE(profile->pprof.empty());
+  ASSERT_TRUE(uploader.Consume(profile).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const std::vector<ReceivedRequest> requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(1));
+  absl::StatusOr<DecodedProfile> sent = DecodePprof(ParseIntake(requests[0]).profile.body);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  std::vector<std::string> types;
+  for (const ValueType& t : sent->sample_types) types.push_back(t.type + "/" + t.unit);
+  EXPECT_THAT(types, ::testing::ElementsAre("cpu-samples/count", "cpu-time/nanoseconds",
+                                            "lock-acquire/count",
+                                            "lock-acquire-wait/nanoseconds"));
+  ASSERT_THAT(sent->samples, SizeIs(1));
+  EXPECT_EQ(sent->samples[0].values,
+            (std::vector<int64_t>{3, 30'000'000, 4, 8'000'000}));
+  EXPECT_EQ(sent->samples[0].str_labels.at("thread name"), "delay");
+}
+
 TEST_F(DatadogUploaderTest, ServiceDefaultsToProgramNameAndTagsAreOrdered) {
   DatadogOptions dd;
   dd.enabled = true;

@@ -385,7 +385,8 @@ __attribute__((noinline)) void TestProfileLeaf() {
   asm volatile("nop; nop; nop; nop; nop; nop; nop; nop");
 }
 
-std::string MakeTestPprof(absl::Time start, absl::Time end, bool with_heap) {
+std::string MakeTestPprof(absl::Time start, absl::Time end, bool with_heap,
+                          bool with_locks) {
   ProfileData data;
   data.sample_types = {{"cpu-samples", "count"}, {"cpu-time", "nanoseconds"}};
   if (with_heap) {
@@ -394,19 +395,24 @@ std::string MakeTestPprof(absl::Time start, absl::Time end, bool with_heap) {
                                                        {"inuse_objects", "count"},
                                                        {"inuse_space", "bytes"}});
   }
+  if (with_locks) {
+    data.sample_types.insert(data.sample_types.end(),
+                             {{"contentions", "count"}, {"delay", "nanoseconds"}});
+  }
   data.period_type = {"cpu-time", "nanoseconds"};
   data.period = 10'000'000;
   data.time_nanos = absl::ToUnixNanos(start);
   data.duration_nanos = absl::ToInt64Nanoseconds(end - start);
   ThreadIdentity thread;
   thread.tid = 42;
-  thread.name = "worker";
+  thread.name = with_locks ? "delay" : "worker";
   data.threads.push_back(thread);
   ProfileSample sample;
   sample.thread = 0;
   sample.frames = {reinterpret_cast<uint64_t>(&TestProfileLeaf) + 2};
   sample.values = {3, 30'000'000};
   if (with_heap) sample.values.insert(sample.values.end(), {5, 5'000, 2, 2'000});
+  if (with_locks) sample.values.insert(sample.values.end(), {4, 8'000'000});
   data.samples.push_back(std::move(sample));
   Symbolizer symbolizer;
   absl::StatusOr<std::string> encoded = EncodePprof(data, symbolizer);

@@ -107,8 +107,11 @@ class HttpReceiver {
 // A gzip-compressed pprof of one CPU sample in TestProfileLeaf() (a function
 // of the test binary, so pprof names it), covering [start, end). with_heap:
 // the allocation provider's four types too (Go's names), the sample
-// {3, 30 ms, 5 objects, 5,000 bytes, 2 objects, 2,000 bytes}.
-std::string MakeTestPprof(absl::Time start, absl::Time end, bool with_heap = false);
+// {3, 30 ms, 5 objects, 5,000 bytes, 2 objects, 2,000 bytes}. with_locks:
+// the lock-wait provider's two after them (contentions 4, delay 8 ms), and
+// the thread named "delay", a string the sample type shares.
+std::string MakeTestPprof(absl::Time start, absl::Time end, bool with_heap = false,
+                          bool with_locks = false);
 // The function MakeTestPprof's sample is in.
 void TestProfileLeaf();
 

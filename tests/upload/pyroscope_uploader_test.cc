@@ -128,6 +128,7 @@ std::string PyroscopeMetricName(const DecodedProfile& p) {
     if (absl::StrContains(t.type, "alloc_") || absl::StrContains(t.type, "inuse_")) {
       return "memory";
     }
+    if (t.type == "contentions" || t.type == "delay") return "mutex";
   }
   return "";
 }
@@ -229,6 +230,52 @@ TEST_F(PyroscopeUploaderTest, AllocationTypesGoAsAMemoryUploadWithTheirConfig) {
     ASSERT_TRUE(top.ok()) << top.status();
     EXPECT_THAT(*top, HasSubstr("TestProfileLeaf"));
   }
+}
+
+// Lock waits go as a third upload, a form with their configuration: Go's
+// mutex names and units, not cumulative (a window holds its own waits).
+TEST_F(PyroscopeUploaderTest, LockTypesGoAsAMutexUploadWithTheirConfig) {
+  auto receiver = HttpReceiver::StartTcp();
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  PyroscopeUploader uploader(Server((*receiver)->url()), Fast(),
+                             absl::Milliseconds(10), /*alloc_period=*/524288);
+  auto profile = std::make_shared<ExportedProfile>();
+  profile->pprof = testing::MakeTestPprof(kStart, kEnd, /*with_heap=*/true,
+                                          /*with_locks=*/true);
+  profile->start = kStart;
+  profile->end = kEnd;
+  ASSERT_TRUE(uploader.Consume(profile).ok());
+  ASSERT_TRUE(uploader.Flush(Later(absl::Seconds(30))).ok());
+  const std::vector<ReceivedRequest> requests = (*receiver)->requests();
+  ASSERT_THAT(requests, SizeIs(3));
+  std::vector<std::string> metrics;
+  for (const ReceivedRequest& r : requests) {
+    std::string body = r.body;
+    std::string config;
+    if (!r.query.contains("format")) {
+      auto parts = testing::ParseMultipart(r.headers.at("content-type"), r.body);
+      ASSERT_TRUE(parts.ok()) << parts.status();
+      for (const testing::FormPart& part : *parts) {
+        if (part.name == "profile") body = part.body;
+        if (part.name == "sample_type_config") config = part.body;
+      }
+    }
+    absl::StatusOr<DecodedProfile> p = DecodePprof(body);
+    ASSERT_TRUE(p.ok()) << p.status();
+    metrics.push_back(PyroscopeMetricName(*p));
+    if (metrics.back() != "mutex") continue;
+    EXPECT_THAT(TypeNames(*p), ::testing::ElementsAre("contentions/count", "delay/nanoseconds"));
+    ASSERT_THAT(p->samples, SizeIs(1));
+    EXPECT_EQ(p->samples[0].values, (std::vector<int64_t>{4, 8'000'000}));
+    EXPECT_EQ(p->period_type, (ValueType{"contentions", "count"}));
+    google::protobuf::Struct parsed;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(config, &parsed).ok()) << config;
+    ASSERT_TRUE(parsed.fields().contains("delay"));
+    const auto& delay = parsed.fields().at("delay").struct_value().fields();
+    EXPECT_EQ(delay.at("units").string_value(), "lock_nanoseconds");
+    EXPECT_FALSE(delay.contains("cumulative") && delay.at("cumulative").bool_value());
+  }
+  EXPECT_THAT(metrics, ::testing::ElementsAre("process_cpu", "memory", "mutex"));
 }
 
 TEST_F(PyroscopeUploaderTest, AWindowOfAllocationsAloneIsOneMemoryUpload) {

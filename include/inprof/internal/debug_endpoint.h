@@ -11,6 +11,10 @@
 //                                      since Start (alloc_*), as Go serves
 //                                      it: with INPROF_ALLOC_PERIOD set
 //   /debug/pprof/allocs                the same, opening on alloc_space
+//   /debug/pprof/mutex, /block         gzip pprof of the lock waits since
+//                                      Start (contentions, delay), with
+//                                      INPROF_LOCK_PERIOD set; debug=1: Go's
+//                                      legacy contention text
 // An endpoint for several processes (`inprof agent --http`) takes `pid=N`
 // with a capture (optional while one process is connected), and its index
 // lists the processes.
@@ -119,7 +123,9 @@ class DebugEndpoint {
   std::string Running() const;  // the index's line about a capture
   std::string ProcessTable() const;  // the index's processes (several)
 
-  DebugResponse HeapSnapshot(absl::string_view default_type, absl::string_view query);
+  // /debug/pprof/heap, /allocs, /mutex, /block: `name` is the page's.
+  DebugResponse HeapSnapshot(absl::string_view default_type, absl::string_view query,
+                             absl::string_view name);
   // Several processes: `pid=` of a query (0 when absent) as the process
   // it names (the only one connected when 0), with its title; or the
   // answer saying why not.

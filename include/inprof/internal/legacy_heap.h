@@ -38,6 +38,23 @@ namespace inprof::internal {
 absl::StatusOr<std::string> PprofToLegacyHeapProfile(std::string_view pprof,
                                                      std::string_view maps);
 
+// The legacy contention profile, as Go's /debug/pprof/mutex?debug=1 and
+// /block?debug=1 write it and `go tool pprof` reads it:
+//
+//   --- HEADER:                    ("mutex" or "contention")
+//   cycles/second=1000000000
+//   sampling period=1
+//   DELAY_NS CONTENTIONS @ 0xADDR 0xADDR ...
+//   --- Memory map: ---
+//   (the process's /proc/self/maps)
+//
+// from a pprof profile with the sample types delay and contentions (their
+// weighted values: the period is 1), one line per stack by delay, largest
+// first, addresses written as for the heap form.
+absl::StatusOr<std::string> PprofToLegacyContention(std::string_view pprof,
+                                                    std::string_view maps,
+                                                    std::string_view header);
+
 }  // namespace inprof::internal
 
 #endif  // INPROF_INTERNAL_LEGACY_HEAP_H_

@@ -188,15 +188,20 @@ class PipelineAttachment {
     return "";
   }
   // Snapshot(), with the pipeline's lock held: what the attachment adds to
-  // `aggregator` (a fresh one) is the snapshot's. Returns the sample types
-  // it filled (bit i: the i-th; 0: none, it has no snapshot) and their
-  // period. Must not call into the pipeline.
+  // `aggregator` (a fresh one) is the snapshot's, of the provider whose
+  // types include `type` (the type asked to open on: inuse_space,
+  // alloc_space, delay). Returns the sample types it filled (bit i: the
+  // i-th; 0: none, it has no such snapshot) and their period. Must not
+  // call into the pipeline.
   struct SnapshotShape {
     uint64_t types = 0;
     int64_t period = 0;
     size_t period_type = 0;  // index of the period's sample type
   };
-  virtual SnapshotShape SnapshotLocked(SampleAggregator& /*aggregator*/) { return {}; }
+  virtual SnapshotShape SnapshotLocked(SampleAggregator& /*aggregator*/,
+                                       absl::string_view /*type*/) {
+    return {};
+  }
   // Library mode, where the agent cuts the windows (Locked::
   // LiveStateAtAttachments), with the pipeline's lock held: what the
   // attachment reports as of a window's end (the live heap), alone, as rows
@@ -394,9 +399,11 @@ class Pipeline {
   absl::StatusOr<std::string> Capture(absl::Duration duration);
 
   // The gzip pprof of the attachments' snapshots now (SnapshotLocked: the
-  // allocation provider's alloc_* since Start and inuse_* now), only their
-  // sample types, viewers opening on `default_type`. NotFound when no
-  // attachment has one (allocation profiling off). Drains the threads'
+  // allocation provider's alloc_* since Start and inuse_* now, or the
+  // lock-wait provider's contentions and delay since Start, whichever has
+  // `default_type`), only their sample types, viewers opening on
+  // `default_type`. NotFound when no attachment has one (that profiling
+  // off). Drains the threads'
   // slots first, as a capture's end does. Any thread, between
   // StartCollector and StopCollector or outside them, not concurrently with
   // either. A `delta` > 0 (Go's ?seconds=N): the difference of two
@@ -411,7 +418,7 @@ class Pipeline {
   void EnsureSinks();
   // One snapshot of the attachments' state (Snapshot), with the sample
   // types it has; NotFound when none has any.
-  absl::Status SnapshotData(ProfileData* out, uint64_t* types);
+  absl::Status SnapshotData(absl::string_view type, ProfileData* out, uint64_t* types);
   // Fills a cut window's metadata and comments.
   void Describe(ProfileData& data, int64_t start, int64_t end,
                 const ProfilerStats& window_stats,

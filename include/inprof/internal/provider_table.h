@@ -57,6 +57,8 @@ struct ProviderOps {
   bool arms_in_two_steps = false;    // ArmsInTwoSteps
   bool records_events = false;       // RecordsEvents
   size_t snapshot_types = 0;         // SnapshotTypeCount, when SnapshotsEvents
+  // Its sample types' names and units (value_count of them).
+  const SampleTypeSpec* sample_types = nullptr;
 
   // Always set.
   absl::Status (*configure)(void* provider, const Options& options) = nullptr;
@@ -102,6 +104,7 @@ constexpr ProviderOps MakeProviderOps(size_t value_offset) {
   ProviderOps ops;
   ops.value_offset = value_offset;
   ops.value_count = P::kSampleTypes.size();
+  ops.sample_types = P::kSampleTypes.data();
   ops.period_index = P::kPeriodTypeIndex;
   if constexpr (NamesTailFrame<P>) ops.tail_frame = P::kTailFrame;
   ops.ticks_threads = TicksThreads<P>;

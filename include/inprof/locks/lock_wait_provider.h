@@ -132,6 +132,9 @@ class LockWaitProvider {
   std::string FlushEvents(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
                           bool window_end);
   static void DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit);
+  // sample_provider.h: SnapshotsEvents. Per stack: contentions and delay
+  // since Start (the live endpoint's /debug/pprof/mutex and /block).
+  bool SnapshotEvents(SampleAggregator& aggregator, uint32_t thread, size_t value_offset);
 
   static Stats stats();
 
@@ -144,6 +147,7 @@ class LockWaitProvider {
 static_assert(SampleProvider<LockWaitProvider>);
 static_assert(RecordsEvents<LockWaitProvider>);
 static_assert(DrainsThreadEvents<LockWaitProvider>);
+static_assert(SnapshotsEvents<LockWaitProvider>);
 
 }  // namespace inprof
 
