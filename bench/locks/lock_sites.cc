@@ -1,12 +1,13 @@
 // A whole program for checking lock-wait profiles against the truth: at
 // four call sites, threads take a mutex of their own site and hold it for a
 // site-specific time (a short spin, a longer spin, a sleep, and a
-// std::shared_mutex taken for writing against readers), for a few seconds.
+// std::shared_mutex taken for writing against readers), a fixed number of
+// times each (the same work profiled or not: the process's CPU compares).
 // The program counts its own truth per site: every lock call it makes
 // first tries the lock (try_lock); a try that fails counts one contention
 // and the lock call that follows is timed (its delay).
 //
-//   lock_sites none|inprof [seconds]
+//   lock_sites none|inprof [scale]   (scale: the iterations x, default 1)
 //
 // none: no profiler in the process. inprof: DefaultProfiler with
 // Options::FromEnv(), lock_period 1ms unless INPROF_LOCK_PERIOD is set,
@@ -15,8 +16,8 @@
 // profiled contentions and delay beside the truth.
 //
 // Output, one line per site, then one for the process:
-//   SITE site=SpinShort truth_contentions=... truth_delay_ms=... \
-//        profile_contentions=... profile_delay_ms=... (inprof only)
+//   SITE site=SiteSpinShort truth_contentions=... truth_delay_ms=...
+//        profile_contentions=... profile_delay_ms=... (inprof only, same line)
 //   RESULT mode=... wall_ms=... process_cpu_ms=...
 // The truth's waits include the try that found the lock busy; inprof's
 // wrapper tries again, and a lock freed between the two tries is no wait
@@ -25,6 +26,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -126,27 +128,27 @@ int64_t StackSum(const inprof::DecodedProfile& p, int index, const char* site) {
 
 int main(int argc, char** argv) {
   const bool profiled = argc > 1 && std::strcmp(argv[1], "inprof") == 0;
-  const int seconds = argc > 2 ? std::atoi(argv[2]) : 3;
+  const int scale = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
   inprof::Options options = inprof::Options::FromEnv();
   if (options.lock_period == absl::ZeroDuration()) options.lock_period = absl::Milliseconds(1);
   if (std::getenv("INPROF_OUTPUT") == nullptr) options.output = "lock_sites.pb.gz";
   inprof::DefaultProfiler profiler(options);
   if (profiled && !profiler.Start().ok()) return 1;
   const int64_t start = NowNs();
-  const int64_t end = start + int64_t{seconds} * 1'000'000'000;
   std::vector<std::thread> threads;
-  auto worker = [&](void (*site)()) {
-    threads.emplace_back([&, site] {
+  auto worker = [&](void (*site)(), int iterations) {
+    threads.emplace_back([&, site, iterations] {
       // Not started (none): an inactive registration, no work.
       auto self = profiler.RegisterThread("worker");
-      while (NowNs() < end) site();
+      for (int i = 0; i < iterations * scale; ++i) site();
     });
   };
-  for (int i = 0; i < 3; ++i) worker(SiteSpinShort);
-  for (int i = 0; i < 2; ++i) worker(SiteSpinLong);
-  for (int i = 0; i < 2; ++i) worker(SiteSleep);
-  worker(SiteWriter);
-  for (int i = 0; i < 2; ++i) worker(Reader);
+  // About a second of each site's hold times, serialized.
+  for (int i = 0; i < 3; ++i) worker(SiteSpinShort, 150'000);
+  for (int i = 0; i < 2; ++i) worker(SiteSpinLong, 2'500);
+  for (int i = 0; i < 2; ++i) worker(SiteSleep, 250);
+  worker(SiteWriter, 5'000);
+  for (int i = 0; i < 2; ++i) worker(Reader, 20'000);
   for (std::thread& t : threads) t.join();
   const int64_t wall_ms = (NowNs() - start) / 1'000'000;
   if (profiled && !profiler.Stop().ok()) return 1;

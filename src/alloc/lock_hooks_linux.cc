@@ -73,21 +73,12 @@ __attribute__((noinline)) void AfterWait(const void* lock, uint64_t start, uint6
   errno = saved_errno;
 }
 
-// Whether a wait is timed at all: profiling on, and not the callback's own.
-inline bool Timing() {
-  if (__builtin_expect(g_period.load(std::memory_order_relaxed) == 0, 0)) return false;
-  if (__builtin_expect(t_in_callback, 0)) {
-    g_own.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  return true;
-}
-
 // A lock through `real(lock, args...)` after `try_lock(lock)` found it
 // busy: the original, timed.
+// Out of line: the uncontended path (LockCall) saves no register for it.
 template <typename Lock, typename... Args>
-inline __attribute__((always_inline)) int TimedWait(AllocSymbol symbol, Lock* lock,
-                                                    void* caller, Args... args) {
+__attribute__((noinline)) int TimedWait(AllocSymbol symbol, Lock* lock, void* caller,
+                                        Args... args) {
   const uint64_t start = NowNs();
   const int rc = HookReal<int (*)(Lock*, Args...)>(symbol)(lock, args...);
   // EDEADLK: an error-checking mutex its owner locked again, which never
@@ -103,10 +94,15 @@ inline __attribute__((always_inline)) int TimedWait(AllocSymbol symbol, Lock* lo
 template <typename L, typename... Args>
 inline __attribute__((always_inline)) int LockCall(AllocSymbol symbol, int (*try_lock)(L*),
                                                    L* lock, void* caller, Args... args) {
-  if (__builtin_expect(try_lock != nullptr && Timing(), 1)) {
+  if (__builtin_expect(try_lock != nullptr && g_period.load(std::memory_order_relaxed) != 0,
+                       1)) {
     const int rc = try_lock(lock);
     if (__builtin_expect(rc != EBUSY, 1)) return rc;  // taken, or the original's error
-    return TimedWait(symbol, lock, caller, args...);
+    // Busy. The callback's own waits (its lock, the label table's) are not
+    // timed: the thread-local is read only here, off the uncontended path.
+    if (__builtin_expect(!t_in_callback, 1)) return TimedWait(symbol, lock, caller, args...);
+    g_own.fetch_add(1, std::memory_order_relaxed);
+    return HookReal<int (*)(L*, Args...)>(symbol)(lock, args...);
   }
   return HookReal<int (*)(L*, Args...)>(symbol)(lock, args...);
 }

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -429,6 +430,17 @@ TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
       ASSERT_NE(name, sample.str_labels.end()) << leaf;
       EXPECT_EQ(name->second, "lock waiter");
     }
+  }
+  // inprof top ranks by delay when asked (-t delay), the sites by name.
+  const char* cli = std::getenv("INPROF_CLI");
+  ASSERT_TRUE(cli != nullptr && *cli != '\0') << "INPROF_CLI: set by meson test";
+  {
+    auto top = testing::RunCommandSeparately(testing::ShellQuote(cli) + " top -t delay " +
+                                             testing::ShellQuote(options.output));
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_EQ(top->exit_code, 0) << top->err;
+    EXPECT_TRUE(absl::StrContains(top->out, "delay")) << top->out;
+    EXPECT_TRUE(absl::StrContains(top->out, "WaitSiteB")) << top->out;
   }
   // go tool pprof reads the same delays under Go's type name.
   INPROF_REQUIRE_TOOL("go");

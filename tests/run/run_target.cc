@@ -34,6 +34,10 @@
 //   run_target alloc N M        on a thread it creates: N mallocs of 64 KiB
 //                               at RunAllocFreedSite, freed, and M of 4 KiB
 //                               at RunAllocLiveSite, still allocated at exit
+//   run_target locks N          N rounds: main holds a mutex, a thread it
+//                               creates waits for it at RunLockWaitSite, and
+//                               main lets go 2 ms after that thread waits in
+//                               the kernel (N waits, each over 2 ms)
 //   run_target block-sigprof    blocks SIGPROF alone, spins 100 ms, unblocks
 //   run_target fill-fds         spins 100 ms, then opens /dev/null until
 //                               EMFILE and exits holding every descriptor;
@@ -41,6 +45,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/time.h>
@@ -466,6 +471,34 @@ int Alloc(int freed, int live) {
   return 0;
 }
 
+pthread_mutex_t g_run_lock = PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__((noinline)) void RunLockWaitSite() {
+  pthread_mutex_lock(&g_run_lock);
+  asm volatile("" ::: "memory");
+}
+
+void* LockWaiter(void*) {
+  RunLockWaitSite();
+  pthread_mutex_unlock(&g_run_lock);
+  return nullptr;
+}
+
+int Locks(int rounds) {
+  for (int i = 0; i < rounds; ++i) {
+    pthread_mutex_lock(&g_run_lock);
+    pthread_t thread;
+    if (pthread_create(&thread, nullptr, &LockWaiter, nullptr) != 0) return 13;
+    // glibc's mutex word is 2 once a thread waits for it in the kernel.
+    while (__atomic_load_n(&g_run_lock.__data.__lock, __ATOMIC_ACQUIRE) != 2) sched_yield();
+    timespec hold = {0, 2'000'000};
+    nanosleep(&hold, nullptr);
+    pthread_mutex_unlock(&g_run_lock);
+    pthread_join(thread, nullptr);
+  }
+  return 0;
+}
+
 int BlockSigprof() {
   sigset_t prof;
   sigemptyset(&prof);
@@ -510,6 +543,7 @@ int main(int argc, char** argv) {
   if (mode == "block-sigprof") return BlockSigprof();
   if (mode == "fill-fds") return FillFds();
   if (mode == "alloc" && argc == 4) return Alloc(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "locks" && argc == 3) return Locks(std::atoi(argv[2]));
   if (mode == "spin" && argc == 3) {
     SpinWork(std::atoi(argv[2]));
     return 0;

@@ -533,12 +533,55 @@ TEST(RunTest, AllocProfilesTheAllocationsOfAnUnmodifiedProgram) {
   EXPECT_THAT(bad.err, HasSubstr("--alloc='lots'"));
 }
 
+// --locks profiles an unmodified program's lock waits: each round is one
+// wait of more than 2 ms at RunLockWaitSite, on the thread that waited
+// (registered by the preload library), all recorded at a period of 1 us:
+// exactly the rounds' count, and at least their holds.
+// Run in the process, and with --agent (library mode: the agent writes the
+// profile).
+TEST(RunTest, LocksProfilesTheLockWaitsOfAnUnmodifiedProgram) {
+  for (const char* mode : {"", "--agent "}) {
+    SCOPED_TRACE(*mode == '\0' ? "in the process" : "through an agent");
+    const std::string dir = FreshDir(*mode == '\0' ? "locks" : "locks_agent");
+    constexpr int kRounds = 6;
+    CommandOutput r = RunInprof(absl::StrCat(mode, "--locks=1us --no-wall -o ",
+                                             ShellQuote(dir + "/p-%p.pb.gz"), " -- ",
+                                             ShellQuote(Target()), " locks ", kRounds));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<std::string> written = Profiles(dir);
+    ASSERT_EQ(written.size(), 1u) << r.err;
+    auto p = ReadPprofFile(written[0]);
+    ASSERT_TRUE(p.ok()) << p.status() << r.err;
+    const int contentions = p->ValueIndex("contentions");
+    const int delay = p->ValueIndex("delay");
+    ASSERT_GE(contentions, 0) << "no contentions in the profile; " << r.err;
+    int64_t count = 0;
+    int64_t waited = 0;
+    for (const auto& sample : p->samples) {
+      for (const std::string& frame : sample.stack) {
+        if (absl::StrContains(frame, "RunLockWaitSite")) {
+          count += sample.values[contentions];
+          waited += sample.values[delay];
+          break;
+        }
+      }
+    }
+    EXPECT_EQ(count, kRounds) << r.err;
+    EXPECT_GE(waited, int64_t{kRounds} * 2'000'000);
+  }
+  // A bad duration is one line naming the option.
+  CommandOutput bad =
+      RunInprof(absl::StrCat("--locks=soon -- ", ShellQuote(Target()), " locks 1"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--locks='soon'"));
+}
+
 TEST(RunTest, HelpNamesEveryOption) {
   auto r = RunCommandSeparately(ShellQuote(Cli()) + " run --help");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 0);
   for (const char* o : {"--output", "--period", "--wall-period", "--no-wall",
-                        "--engine", "--alloc", "--export-period", "--no-symbolize", "--http",
+                        "--engine", "--alloc", "--locks", "--export-period", "--no-symbolize", "--http",
                         "--no-children", "--quiet"}) {
     EXPECT_THAT(r->out, HasSubstr(o));
   }
