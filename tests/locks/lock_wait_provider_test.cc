@@ -2,7 +2,10 @@
 // LockWaitProvider (inprof/locks/lock_wait_provider.h) composed into a
 // Profiler: the sampling draw's weights, the wrappers' answers and errno
 // for every kind of mutex, and each wait site's contentions and delay in
-// the profile against what the test made happen.
+// the profile against what the test made happen. The lock calls observed
+// go through tests/locks/lock_test_lib.cc, a shared library, as a
+// program's libraries do: under TSan (its runtime linked statically) the
+// executable's own calls bind to the runtime without a GOT slot.
 #include "inprof/locks/lock_wait_provider.h"
 
 #include <errno.h>
@@ -28,6 +31,7 @@
 #include "inprof/alloc/lock_hooks.h"
 #include "inprof/inprof.h"
 #include "inprof/pprof_reader.h"
+#include "locks/lock_test_lib.h"
 #include "util/test_util.h"
 
 namespace inprof {
@@ -36,14 +40,6 @@ namespace {
 using internal::LockHooks;
 using internal::LockWait;
 
-#if defined(INPROF_TSAN) || (defined(INPROF_ASAN) && !defined(INPROF_SANITIZER_RUNTIME_SHARED))
-// A sanitizer's runtime linked statically defines pthread_mutex_lock in the
-// test executable itself, whose calls to it are direct (no GOT slot): they
-// are not intercepted (lock_hooks.h).
-constexpr bool kIntercepted = false;
-#else
-constexpr bool kIntercepted = true;
-#endif
 
 int64_t NowNs() {
   timespec ts;
@@ -109,7 +105,6 @@ void Record(void* context, const LockWait& wait) {
 class LockHooksTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!kIntercepted) GTEST_SKIP() << "the sanitizer's lock functions are not intercepted";
     LockHooks::Options options;
     options.period_ns = 1;  // every wait of 1 ns or more: all of them
     options.callback = &Record;
@@ -124,7 +119,7 @@ class LockHooksTest : public ::testing::Test {
 // longer than the call the test timed; the wrapper returns 0.
 TEST_F(LockHooksTest, ContendedMutexWaitIsTimedAndUncontendedIsNot) {
   pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
-  ASSERT_EQ(pthread_mutex_lock(&m), 0);  // uncontended: no callback
+  ASSERT_EQ(LockTestMutexLock(&m), 0);  // uncontended: no callback
   ASSERT_EQ(pthread_mutex_unlock(&m), 0);
   EXPECT_EQ(seen_.calls.load(), 0);
   ASSERT_EQ(pthread_mutex_lock(&m), 0);
@@ -132,7 +127,7 @@ TEST_F(LockHooksTest, ContendedMutexWaitIsTimedAndUncontendedIsNot) {
   std::thread waiter([&] {
     const int64_t start = NowNs();
     errno = 4321;
-    EXPECT_EQ(pthread_mutex_lock(&m), 0);
+    EXPECT_EQ(LockTestMutexLock(&m), 0);
     EXPECT_EQ(errno, 4321);
     waited = NowNs() - start;
     pthread_mutex_unlock(&m);
@@ -158,8 +153,8 @@ TEST_F(LockHooksTest, AnswersAndErrnoAreTheOriginals) {
   pthread_mutex_t check;
   pthread_mutex_init(&check, &attr);
   errno = 77;
-  ASSERT_EQ(pthread_mutex_lock(&check), 0);
-  EXPECT_EQ(pthread_mutex_lock(&check), EDEADLK);  // the owner again
+  ASSERT_EQ(LockTestMutexLock(&check), 0);
+  EXPECT_EQ(LockTestMutexLock(&check), EDEADLK);  // the owner again
   EXPECT_EQ(errno, 77);
   pthread_mutex_unlock(&check);
   pthread_mutex_destroy(&check);
@@ -167,8 +162,8 @@ TEST_F(LockHooksTest, AnswersAndErrnoAreTheOriginals) {
   pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
   pthread_mutex_t recursive;
   pthread_mutex_init(&recursive, &attr);
-  EXPECT_EQ(pthread_mutex_lock(&recursive), 0);
-  EXPECT_EQ(pthread_mutex_lock(&recursive), 0);
+  EXPECT_EQ(LockTestMutexLock(&recursive), 0);
+  EXPECT_EQ(LockTestMutexLock(&recursive), 0);
   EXPECT_EQ(pthread_mutex_unlock(&recursive), 0);
   EXPECT_EQ(pthread_mutex_unlock(&recursive), 0);
   EXPECT_EQ(pthread_mutex_unlock(&recursive), EPERM);  // no longer held
@@ -180,7 +175,7 @@ TEST_F(LockHooksTest, AnswersAndErrnoAreTheOriginals) {
   pthread_mutex_t robust;
   pthread_mutex_init(&robust, &attr);
   std::thread([&] { pthread_mutex_lock(&robust); }).join();  // dies holding it
-  EXPECT_EQ(pthread_mutex_lock(&robust), EOWNERDEAD);
+  EXPECT_EQ(LockTestMutexLock(&robust), EOWNERDEAD);
   EXPECT_EQ(errno, 77);
   EXPECT_EQ(pthread_mutex_consistent(&robust), 0);
   EXPECT_EQ(pthread_mutex_unlock(&robust), 0);
@@ -204,7 +199,7 @@ TEST_F(LockHooksTest, AnswersAndErrnoAreTheOriginals) {
     deadline.tv_sec += 1;
     deadline.tv_nsec -= 1'000'000'000;
   }
-  EXPECT_EQ(pthread_mutex_timedlock(&timed, &deadline), ETIMEDOUT);
+  EXPECT_EQ(LockTestMutexTimedlock(&timed, &deadline), ETIMEDOUT);
   EXPECT_EQ(errno, 77);
   done.store(true);
   holder.join();
@@ -213,20 +208,20 @@ TEST_F(LockHooksTest, AnswersAndErrnoAreTheOriginals) {
   EXPECT_EQ(seen_.lock.load(), &timed);
 }
 
-// std::shared_mutex: a reader waiting for a writer is seen; readers
-// together are not.
+// std::shared_mutex: a reader waiting for a writer is seen; an
+// uncontended read lock is not.
 TEST_F(LockHooksTest, SharedMutexReaderWaitIsSeen) {
   std::shared_mutex rw;
   {
-    std::shared_lock a(rw);
-    std::shared_lock b(rw);  // uncontended between readers
+    LockTestSharedLockUnlock(rw);
+    LockTestSharedLockUnlock(rw);  // uncontended between readers
   }
   EXPECT_EQ(seen_.calls.load(), 0);
   rw.lock();
   std::atomic<bool> started{false};
   std::thread reader([&] {
     started.store(true);
-    std::shared_lock lock(rw);
+    LockTestSharedLockUnlock(rw);
   });
   while (!started.load()) std::this_thread::yield();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -247,7 +242,7 @@ TEST_F(LockHooksTest, UninstallStopsTiming) {
   pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
   pthread_mutex_lock(&m);
   std::thread waiter([&] {
-    pthread_mutex_lock(&m);
+    LockTestMutexLock(&m);
     pthread_mutex_unlock(&m);
   });
   while (!HasWaiter(&m)) std::this_thread::yield();
@@ -291,18 +286,19 @@ std::string SiteOf(const DecodedProfile::Sample& sample) {
 using LockProfiler =
     Profiler<DefaultUnwinder, DefaultSampleRing, CpuTimeProvider, LockWaitProvider>;
 
-// The wait sites: noinline, each one lock call, so that their frames are
-// the stacks' leaves.
+// The wait sites: noinline, each one std::mutex::lock, in the test
+// library (its slots are patched under every sanitizer), called from the
+// site.
 __attribute__((noinline)) void WaitSiteA(std::mutex& m) {
-  m.lock();
+  LockTestStdLock(m);
   asm volatile("" ::: "memory");
 }
 __attribute__((noinline)) void WaitSiteB(std::mutex& m) {
-  m.lock();
+  LockTestStdLock(m);
   asm volatile("" ::: "memory");
 }
 __attribute__((noinline)) void WaitSiteUnregistered(std::mutex& m) {
-  m.lock();
+  LockTestStdLock(m);
   asm volatile("" ::: "memory");
 }
 
@@ -334,7 +330,6 @@ int64_t Round(std::mutex& m, void (*site)(std::mutex&), int hold_ms,
 // the rounds' count, and a delay between the holds' sum and the sum of
 // the calls the waiter timed. Deterministic.
 TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
-  if (!kIntercepted) GTEST_SKIP() << "the sanitizer's lock functions are not intercepted";
   Options options;
   options.output = testing::FreshTestDir("lock_sites") + "/profile.pb.gz";
   options.lock_period = absl::Microseconds(1);
@@ -466,7 +461,6 @@ TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
 // legacy contention text. Each round at WaitSiteA is one wait (as above):
 // its contentions are exactly the rounds.
 TEST(LockWaitProviderTest, TheLiveEndpointServesTheWaitsSinceStart) {
-  if (!kIntercepted) GTEST_SKIP() << "the sanitizer's lock functions are not intercepted";
   Options options;
   options.output = testing::FreshTestDir("lock_endpoint") + "/profile.pb.gz";
   options.lock_period = absl::Microseconds(1);

@@ -1,0 +1,25 @@
+// A shared library for lock_wait_provider_test: its lock calls go through
+// its own GOT slots, as any library's do. Under a sanitizer whose runtime
+// is linked statically (TSan), the test executable's own calls bind to the
+// runtime's interceptors directly, without a slot; this library's are
+// patched everywhere, so the tests lock through it.
+#include <pthread.h>
+#include <time.h>
+
+#include <mutex>
+#include <shared_mutex>
+
+#include "locks/lock_test_lib.h"
+
+extern "C" {
+int LockTestMutexLock(pthread_mutex_t* m) { return pthread_mutex_lock(m); }
+int LockTestMutexTimedlock(pthread_mutex_t* m, const timespec* deadline) {
+  return pthread_mutex_timedlock(m, deadline);
+}
+}  // extern "C"
+
+void LockTestStdLock(std::mutex& m) { m.lock(); }
+void LockTestSharedLockUnlock(std::shared_mutex& m) {
+  m.lock_shared();
+  m.unlock_shared();
+}
