@@ -24,6 +24,7 @@
 #include "inprof/base/growth_safe_table.h"
 #include "inprof/base/profiler_thread.h"
 #include "inprof/internal/event_stack.h"
+#include "inprof/internal/event_stack_table.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/signal_dispatch.h"
 #include "inprof/internal/thread_info.h"
@@ -55,28 +56,11 @@ constexpr uint32_t kNoStackId = 1;
 constexpr uint32_t kTableFullId = 2;
 constexpr uint32_t kFirstStackId = 3;
 
-struct FramesHash {
-  using is_transparent = void;
-  size_t operator()(absl::Span<const uint64_t> frames) const {
-    return absl::HashOf(frames);
-  }
-};
-struct FramesEq {
-  using is_transparent = void;
-  bool operator()(absl::Span<const uint64_t> a, absl::Span<const uint64_t> b) const {
-    return a == b;
-  }
-};
-
 // One interned (labels, stack): key = [number of label words, the
 // canonical label words, the frames]. Its allocations not yet flushed on
 // the "[events]" thread (unregistered threads, a thread slot without room) are
 // summed here.
-struct StackEntry {
-  std::vector<uint64_t> key;  // empty for the ids below kFirstStackId
-  double objects = 0;
-  double bytes = 0;
-  bool pending = false;  // in HeapState::pending
+struct StackEntry : internal::EventStackEntry {
   // Everything flushed or drained for it since Start (SnapshotEvents: the
   // live endpoint's alloc_* totals, as Go's heap profile has them).
   double total_objects = 0;
@@ -89,27 +73,16 @@ struct StackEntry {
   double peak_objects_sent = 0;
   double peak_bytes_sent = 0;
   bool live_reported = false;
-
-  std::span<const uint64_t> labels() const {
-    if (key.empty()) return {};
-    return std::span<const uint64_t>(key).subspan(1, key[0]);
-  }
-  std::span<const uint64_t> frames() const {
-    if (key.empty()) return {};
-    return std::span<const uint64_t>(key).subspan(1 + key[0]);
-  }
 };
 
 // The process's allocation-profiling state: created at the first Start and
 // never destroyed (a wrapper that a thread entered before Stop may still
 // call into it; allocation_provider.h).
 struct HeapState {
-  std::mutex mutex;  // stacks, index, pending: the sampled path and flushes
-  std::vector<StackEntry> stacks;
-  // Grows with the heap exhausted too (growth_safe_table.h).
-  internal::GrowthSafeMap<std::vector<uint64_t>, uint32_t, FramesHash, FramesEq> index;
-  std::vector<uint32_t> pending;  // ids with allocations since the last flush
-  uint64_t rounding = 0x853c49e6748fea9bULL;  // RoundUnbiasedLocked's state
+  // The interned stacks and what is pending on "[events]"; its mutex is
+  // taken by the sampled path and the flushes.
+  internal::EventStackTable<StackEntry> table{kFirstStackId, AllocationProvider::kMaxStacks,
+                                              kTableFullId, 0x853c49e6748fea9bULL};
   LiveHeapTable live{kLiveSlots, kMaxLiveSlots};
   // The live heap at its highest in the window (peak_inuse_*), told of
   // every entry the live table gains and loses; one cell per stack id.
@@ -136,11 +109,10 @@ struct HeapState {
   std::atomic<uint64_t> alloc_bytes{0};  // the samples' weight_bytes, rounded
 
   HeapState() {
-    stacks.resize(kFirstStackId);
     live.SetPeak(&peak);
     // A forked child may allocate while another thread of the parent held
     // the lock at the fork (base/fork_guard.h).
-    internal::RegisterForkLock(&mutex, internal::kForkRankLeaf);
+    internal::RegisterForkLock(&table.mutex, internal::kForkRankLeaf);
   }
 };
 
@@ -156,31 +128,6 @@ HeapState& State() {
     return made;
   }();
   return *state;
-}
-
-// The id of `key` (interned), or kTableFullId. mutex held.
-uint32_t InternLocked(HeapState& h, absl::Span<const uint64_t> key) {
-  if (auto it = h.index.find(key); it != h.index.end()) return it->second;
-  if (h.stacks.size() >= kFirstStackId + AllocationProvider::kMaxStacks) return kTableFullId;
-  const auto id = static_cast<uint32_t>(h.stacks.size());
-  // Each allocation before the tables change: with the heap exhausted this
-  // throws std::bad_alloc and they are as they were (OnAllocSample).
-  std::vector<uint64_t> stored(key.begin(), key.end());
-  std::vector<uint64_t> indexed(key.begin(), key.end());
-  internal::GrowthReserve reserve(h.index);
-  h.stacks.emplace_back().key = std::move(stored);
-  h.index.emplace(std::move(indexed), id);
-  return id;
-}
-
-// `x` as a whole number, up with chance frac(x): unbiased (a sample's
-// 1/p objects, 1.58 for p = 0.63, would otherwise always count 2).
-// mutex held (the generator is shared).
-int64_t RoundUnbiasedLocked(HeapState& h, double x) {
-  const double whole = std::floor(x);
-  h.rounding = h.rounding * 6364136223846793005ULL + 1442695040888963407ULL;
-  const double u = static_cast<double>(h.rounding >> 11) * 0x1.0p-53;
-  return static_cast<int64_t>(whole) + (u < x - whole ? 1 : 0);
 }
 
 // The live table's blocks summed per stack id: (objects, bytes) as
@@ -219,23 +166,12 @@ void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
 void AddPeakLocked(HeapState& h, SampleAggregator& aggregator, uint32_t thread,
                    size_t value_offset, const PeakSums& peak) {
   for (const PeakSum& p : peak) {
-    if (p.id >= h.stacks.size()) continue;  // not one of ours
-    const int64_t values[kValues] = {0, 0, 0, 0, RoundUnbiasedLocked(h, p.objects),
-                                     RoundUnbiasedLocked(h, p.bytes)};
+    if (p.id >= h.table.entries.size()) continue;  // not one of ours
+    const int64_t values[kValues] = {0, 0, 0, 0, h.table.RoundLocked(p.objects),
+                                     h.table.RoundLocked(p.bytes)};
     if (values[4] == 0 && values[5] == 0) continue;
-    AddTo(aggregator, thread, value_offset, h.stacks[p.id], static_cast<uint32_t>(p.id), values);
+    AddTo(aggregator, thread, value_offset, h.table.entries[p.id], static_cast<uint32_t>(p.id), values);
   }
-}
-
-// On the "[events]" thread at the next flush. mutex held.
-void AddPendingLocked(HeapState& h, uint32_t id, double objects, double bytes) {
-  StackEntry& entry = h.stacks[id];
-  if (!entry.pending) {
-    h.pending.push_back(id);  // may throw: nothing changed
-    entry.pending = true;
-  }
-  entry.objects += objects;
-  entry.bytes += bytes;
 }
 
 // The executable segment of the object that defines pthread_getattr_np
@@ -301,9 +237,9 @@ __attribute__((noinline)) uint64_t OnAllocSampleBody(HeapState& h, const AllocSa
   const size_t n = built.depth;
   if (!registered) h.samples_unregistered.fetch_add(1, std::memory_order_relaxed);
   uint32_t id;
-  std::lock_guard<std::mutex> lock(h.mutex);
+  std::lock_guard<std::mutex> lock(h.table.mutex);
   if (n > 0) {
-    id = InternLocked(h, absl::Span<const uint64_t>(key, built.length));
+    id = h.table.InternLocked(absl::Span<const uint64_t>(key, built.length));
   } else {
     id = registered ? kNoStackId : kUnregisteredId;
   }
@@ -311,30 +247,13 @@ __attribute__((noinline)) uint64_t OnAllocSampleBody(HeapState& h, const AllocSa
   if (auto data_of = h.thread_data.load(std::memory_order_acquire);
       registered && id >= kFirstStackId && data_of != nullptr) {
     auto& data = *static_cast<AllocationProvider::ThreadData*>(data_of(*slot));
-    AllocationProvider::ThreadData::Event* event = nullptr;
-    for (auto it = data.events.rbegin(); it != data.events.rend(); ++it) {
-      if (it->key == id) {
-        event = &*it;
-        break;
-      }
-    }
-    if (event == nullptr && data.events.size() < data.kMaxEvents) {
-      if (data.events.capacity() == 0) data.events.reserve(data.kMaxEvents);  // may throw
-      event = &data.events.emplace_back(AllocationProvider::ThreadData::Event{id, 0, 0});
-    }
-    if (event != nullptr) {
-      event->objects += sample.weight_objects;
-      event->bytes += sample.weight_bytes;
-      data.count.store(static_cast<uint32_t>(data.events.size()), std::memory_order_release);
-      internal::MarkPending(*slot);
-      if (auto* activity = h.activity.load(std::memory_order_relaxed)) {
-        activity->fetch_add(1, std::memory_order_release);
-      }
+    if (h.table.AddToThreadLocked(data, *slot, id, sample.weight_objects, sample.weight_bytes,
+                                  h.activity.load(std::memory_order_relaxed))) {
       return id;
     }
     h.samples_threadless.fetch_add(1, std::memory_order_relaxed);
   }
-  AddPendingLocked(h, id, sample.weight_objects, sample.weight_bytes);
+  h.table.AddPendingLocked(id, sample.weight_objects, sample.weight_bytes);
   return id;
 }
 
@@ -433,8 +352,8 @@ absl::Status AllocationProvider::StartEvents(const EventContext& context) {
   for (const void* address : stale) h.live.Erase(address);
   h.peak.StartWindow();
   {
-    std::lock_guard<std::mutex> lock(h.mutex);
-    for (StackEntry& entry : h.stacks) {
+    std::lock_guard<std::mutex> lock(h.table.mutex);
+    for (StackEntry& entry : h.table.entries) {
       entry.total_objects = entry.total_bytes = 0;
       entry.live_objects_sent = entry.live_bytes_sent = 0;
       entry.peak_objects_sent = entry.peak_bytes_sent = 0;
@@ -482,7 +401,7 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
                                             size_t value_offset, bool window_end) {
   if (!g_state_made.load(std::memory_order_acquire)) return "";
   HeapState& h = State();
-  AllocGuard guard;  // what this allocates is never sampled (nor deadlocks on h.mutex)
+  AllocGuard guard;  // what this allocates is never sampled (nor deadlocks on h.table.mutex)
   // The live table first, outside the lock: per stack, the blocks live now.
   const LiveSums live = window_end ? LiveSumsByStack(h) : LiveSums();
   // The window's peak, and the next window's starts from the heap now.
@@ -493,26 +412,26 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
     peak_stats = h.peak.stats();
     h.peak.StartWindow();
   }
-  std::lock_guard<std::mutex> lock(h.mutex);
-  for (uint32_t id : h.pending) {
-    StackEntry& entry = h.stacks[id];
+  std::lock_guard<std::mutex> lock(h.table.mutex);
+  for (uint32_t id : h.table.pending) {
+    StackEntry& entry = h.table.entries[id];
     entry.pending = false;
-    const int64_t values[kValues] = {RoundUnbiasedLocked(h, entry.objects),
-                               RoundUnbiasedLocked(h, entry.bytes), 0, 0};
-    entry.total_objects += entry.objects;
-    entry.total_bytes += entry.bytes;
-    entry.objects = 0;
-    entry.bytes = 0;
+    const int64_t values[kValues] = {h.table.RoundLocked(entry.sum[0]),
+                               h.table.RoundLocked(entry.sum[1]), 0, 0};
+    entry.total_objects += entry.sum[0];
+    entry.total_bytes += entry.sum[1];
+    entry.sum[0] = 0;
+    entry.sum[1] = 0;
     if (values[0] == 0 && values[1] == 0) continue;
     AddTo(aggregator, thread, value_offset, entry, id, values);
   }
-  h.pending.clear();
+  h.table.pending.clear();
   for (const auto& [tag, sums] : live) {
-    if (tag >= h.stacks.size()) continue;  // not one of ours
-    const int64_t values[kValues] = {0, 0, RoundUnbiasedLocked(h, sums.first),
-                               RoundUnbiasedLocked(h, sums.second)};
+    if (tag >= h.table.entries.size()) continue;  // not one of ours
+    const int64_t values[kValues] = {0, 0, h.table.RoundLocked(sums.first),
+                               h.table.RoundLocked(sums.second)};
     if (values[2] == 0 && values[3] == 0) continue;
-    AddTo(aggregator, thread, value_offset, h.stacks[tag], static_cast<uint32_t>(tag), values);
+    AddTo(aggregator, thread, value_offset, h.table.entries[tag], static_cast<uint32_t>(tag), values);
   }
   AddPeakLocked(h, aggregator, thread, value_offset, peak);
   const LiveHeapTable::Stats table = h.live.stats();
@@ -525,7 +444,7 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       h.samples_own.load(std::memory_order_relaxed),
       ", on \"[events]\" for want of room in their thread's slot=",
       h.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
-      h.stacks.size() - kFirstStackId, " of ", kMaxStacks,
+      h.table.stacks(), " of ", kMaxStacks,
       ", not recorded for want of stack room (a small or foreign stack)=",
       h.samples_no_room.load(std::memory_order_relaxed), " (~",
       h.no_room_bytes.load(std::memory_order_relaxed), " bytes)",
@@ -549,9 +468,9 @@ void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thr
   absl::flat_hash_map<uint64_t, std::pair<double, double>> peak;
   for (const PeakSum& p : PeakSumsByStack(h)) peak[p.id] = {p.objects, p.bytes};
   h.peak.StartWindow();
-  std::lock_guard<std::mutex> lock(h.mutex);
-  for (size_t id = 0; id < h.stacks.size(); ++id) {
-    StackEntry& entry = h.stacks[id];
+  std::lock_guard<std::mutex> lock(h.table.mutex);
+  for (size_t id = 0; id < h.table.entries.size(); ++id) {
+    StackEntry& entry = h.table.entries[id];
     double objects = 0, bytes = 0, peak_objects = 0, peak_bytes = 0;
     if (auto it = live.find(id); it != live.end()) {
       objects = it->second.first;
@@ -573,10 +492,10 @@ void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thr
         entry.live_reported || objects != 0 || bytes != 0 || peak_objects != 0 || peak_bytes != 0;
     const int64_t values[kValues] = {0,
                                      0,
-                                     RoundUnbiasedLocked(h, objects),
-                                     RoundUnbiasedLocked(h, bytes),
-                                     RoundUnbiasedLocked(h, peak_objects),
-                                     RoundUnbiasedLocked(h, peak_bytes)};
+                                     h.table.RoundLocked(objects),
+                                     h.table.RoundLocked(bytes),
+                                     h.table.RoundLocked(peak_objects),
+                                     h.table.RoundLocked(peak_bytes)};
     AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
   }
 }
@@ -589,20 +508,20 @@ bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t t
   if (!h.running.load(std::memory_order_acquire)) return false;
   AllocGuard guard;  // as in FlushEvents
   const LiveSums live = LiveSumsByStack(h);
-  std::lock_guard<std::mutex> lock(h.mutex);
-  for (size_t id = 0; id < h.stacks.size(); ++id) {
-    const StackEntry& entry = h.stacks[id];
-    // What the next flush still gets (entry.objects) is since Start too.
+  std::lock_guard<std::mutex> lock(h.table.mutex);
+  for (size_t id = 0; id < h.table.entries.size(); ++id) {
+    const StackEntry& entry = h.table.entries[id];
+    // What the next flush still gets (entry.sum[0]) is since Start too.
     double live_objects = 0;
     double live_bytes = 0;
     if (auto it = live.find(id); it != live.end()) {
       live_objects = it->second.first;
       live_bytes = it->second.second;
     }
-    const int64_t values[kValues] = {RoundUnbiasedLocked(h, entry.total_objects + entry.objects),
-                               RoundUnbiasedLocked(h, entry.total_bytes + entry.bytes),
-                               RoundUnbiasedLocked(h, live_objects),
-                               RoundUnbiasedLocked(h, live_bytes)};
+    const int64_t values[kValues] = {h.table.RoundLocked(entry.total_objects + entry.sum[0]),
+                               h.table.RoundLocked(entry.total_bytes + entry.sum[1]),
+                               h.table.RoundLocked(live_objects),
+                               h.table.RoundLocked(live_bytes)};
     if (values[0] == 0 && values[1] == 0 && values[2] == 0 && values[3] == 0) continue;
     AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
   }
@@ -613,14 +532,14 @@ void AllocationProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor 
   if (data.count.load(std::memory_order_acquire) == 0) return;  // the common case: no lock
   HeapState& h = State();
   AllocGuard guard;  // the aggregate's allocations (Stop() runs this on the host's thread)
-  std::lock_guard<std::mutex> lock(h.mutex);
+  std::lock_guard<std::mutex> lock(h.table.mutex);
   for (const ThreadData::Event& event : data.events) {
-    if (event.key >= h.stacks.size()) continue;
-    StackEntry& entry = h.stacks[event.key];
-    entry.total_objects += event.objects;
-    entry.total_bytes += event.bytes;
-    const int64_t values[kValues] = {RoundUnbiasedLocked(h, event.objects),
-                               RoundUnbiasedLocked(h, event.bytes), 0, 0};
+    if (event.key >= h.table.entries.size()) continue;
+    StackEntry& entry = h.table.entries[event.key];
+    entry.total_objects += event.values[0];
+    entry.total_bytes += event.values[1];
+    const int64_t values[kValues] = {h.table.RoundLocked(event.values[0]),
+                               h.table.RoundLocked(event.values[1]), 0, 0};
     visit(entry.frames(), entry.labels(), values);
   }
   data.events.clear();
@@ -644,8 +563,8 @@ AllocationProvider::Stats AllocationProvider::stats() {
   s.inuse_bytes = live.bytes_in >= live.bytes_out ? live.bytes_in - live.bytes_out : 0;
   {
     AllocGuard guard;
-    std::lock_guard<std::mutex> lock(h.mutex);
-    s.stacks = h.stacks.size() - kFirstStackId;
+    std::lock_guard<std::mutex> lock(h.table.mutex);
+    s.stacks = h.table.stacks();
   }
   return s;
 }

@@ -7,17 +7,15 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "inprof/alloc/lock_hooks.h"
 #include "inprof/base/alloc_guard.h"
 #include "inprof/base/fork_guard.h"
-#include "inprof/base/growth_safe_table.h"
 #include "inprof/base/profiler_thread.h"
 #include "inprof/internal/event_stack.h"
+#include "inprof/internal/event_stack_table.h"
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/signal_dispatch.h"
 
@@ -42,46 +40,18 @@ constexpr uint32_t kFirstStackId = 3;
 // (malloc, absl's map) and the provider's lock.
 constexpr size_t kSampledPathStackBytes = 8 * 1024;
 
-struct KeyHash {
-  using is_transparent = void;
-  size_t operator()(absl::Span<const uint64_t> key) const { return absl::HashOf(key); }
-};
-struct KeyEq {
-  using is_transparent = void;
-  bool operator()(absl::Span<const uint64_t> a, absl::Span<const uint64_t> b) const {
-    return a == b;
-  }
-};
-
-// One interned (labels, stack): [label words n, n words, frames]. Waits of
-// threads without a slot of their own are summed here until the next flush.
-struct Entry {
-  std::vector<uint64_t> key;  // empty for the ids below kFirstStackId
-  double contentions = 0;
-  double delay = 0;
-  bool pending = false;
-  // Everything flushed or drained for it since Start (SnapshotEvents).
+// One interned (labels, stack), with its values since Start (flushed or
+// drained: SnapshotEvents).
+struct Entry : internal::EventStackEntry {
   double total_contentions = 0;
   double total_delay = 0;
-
-  std::span<const uint64_t> labels() const {
-    if (key.empty()) return {};
-    return std::span<const uint64_t>(key).subspan(1, key[0]);
-  }
-  std::span<const uint64_t> frames() const {
-    if (key.empty()) return {};
-    return std::span<const uint64_t>(key).subspan(1 + key[0]);
-  }
 };
 
 // Created at the first Start and never destroyed: a wrapper a thread
 // entered before Stop may still call into it.
 struct LockState {
-  std::mutex mutex;  // entries, index, pending, rounding
-  std::vector<Entry> entries;
-  internal::GrowthSafeMap<std::vector<uint64_t>, uint32_t, KeyHash, KeyEq> index;
-  std::vector<uint32_t> pending;
-  uint64_t rounding = 0x2545f4914f6cdd1dULL;
+  internal::EventStackTable<Entry> table{kFirstStackId, LockWaitProvider::kMaxStacks,
+                                         kTableFullId, 0x2545f4914f6cdd1dULL};
   std::atomic<size_t (*)(std::span<uintptr_t>) noexcept> unwind{nullptr};
   std::atomic<void* (*)(ThreadContext&) noexcept> thread_data{nullptr};
   std::atomic<std::atomic<uint64_t>*> activity{nullptr};
@@ -97,10 +67,7 @@ struct LockState {
   std::atomic<uint64_t> samples_no_room{0};
   std::atomic<uint64_t> samples_no_memory{0};
 
-  LockState() {
-    entries.resize(kFirstStackId);
-    internal::RegisterForkLock(&mutex, internal::kForkRankLeaf);
-  }
+  LockState() { internal::RegisterForkLock(&table.mutex, internal::kForkRankLeaf); }
 };
 
 std::atomic<bool> g_state_made{false};
@@ -113,37 +80,6 @@ LockState& State() {
     return made;
   }();
   return *state;
-}
-
-uint32_t InternLocked(LockState& s, absl::Span<const uint64_t> key) {
-  if (auto it = s.index.find(key); it != s.index.end()) return it->second;
-  if (s.entries.size() >= kFirstStackId + LockWaitProvider::kMaxStacks) return kTableFullId;
-  const auto id = static_cast<uint32_t>(s.entries.size());
-  // Each allocation before the tables change (bad_alloc leaves them whole).
-  std::vector<uint64_t> stored(key.begin(), key.end());
-  std::vector<uint64_t> indexed(key.begin(), key.end());
-  internal::GrowthReserve reserve(s.index);
-  s.entries.emplace_back().key = std::move(stored);
-  s.index.emplace(std::move(indexed), id);
-  return id;
-}
-
-// `x` as a whole number, up with chance frac(x): unbiased. mutex held.
-int64_t RoundUnbiasedLocked(LockState& s, double x) {
-  const double whole = std::floor(x);
-  s.rounding = s.rounding * 6364136223846793005ULL + 1442695040888963407ULL;
-  const double u = static_cast<double>(s.rounding >> 11) * 0x1.0p-53;
-  return static_cast<int64_t>(whole) + (u < x - whole ? 1 : 0);
-}
-
-void AddPendingLocked(LockState& s, uint32_t id, double contentions, double delay) {
-  Entry& entry = s.entries[id];
-  if (!entry.pending) {
-    s.pending.push_back(id);  // may throw: nothing changed
-    entry.pending = true;
-  }
-  entry.contentions += contentions;
-  entry.delay += delay;
 }
 
 __attribute__((noinline)) void OnWaitBody(LockState& s, const LockWait& wait,
@@ -161,40 +97,25 @@ __attribute__((noinline)) void OnWaitBody(LockState& s, const LockWait& wait,
       internal::BuildEventKey(input, key, LockWaitProvider::kMaxDepth);
   if (built.untrimmed) s.samples_untrimmed.fetch_add(1, std::memory_order_relaxed);
   if (!thread.registered) s.samples_unregistered.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(s.mutex);
+  auto& table = s.table;
+  std::lock_guard<std::mutex> lock(table.mutex);
   uint32_t id;
   if (built.depth > 0) {
-    id = InternLocked(s, absl::Span<const uint64_t>(key, built.length));
+    id = table.InternLocked(absl::Span<const uint64_t>(key, built.length));
   } else {
     id = thread.registered ? kNoStackId : kUnregisteredId;
   }
+  // A registered thread's own waits stay in its slot, for its thread.
   if (auto data_of = s.thread_data.load(std::memory_order_acquire);
       thread.registered && id >= kFirstStackId && data_of != nullptr) {
     auto& data = *static_cast<LockWaitProvider::ThreadData*>(data_of(*thread.slot));
-    LockWaitProvider::ThreadData::Event* event = nullptr;
-    for (auto it = data.events.rbegin(); it != data.events.rend(); ++it) {
-      if (it->key == id) {
-        event = &*it;
-        break;
-      }
-    }
-    if (event == nullptr && data.events.size() < data.kMaxEvents) {
-      if (data.events.capacity() == 0) data.events.reserve(data.kMaxEvents);  // may throw
-      event = &data.events.emplace_back(LockWaitProvider::ThreadData::Event{id, 0, 0});
-    }
-    if (event != nullptr) {
-      event->contentions += wait.weight_count;
-      event->delay_ns += wait.weight_delay;
-      data.count.store(static_cast<uint32_t>(data.events.size()), std::memory_order_release);
-      internal::MarkPending(*thread.slot);
-      if (auto* activity = s.activity.load(std::memory_order_relaxed)) {
-        activity->fetch_add(1, std::memory_order_release);
-      }
+    if (table.AddToThreadLocked(data, *thread.slot, id, wait.weight_count, wait.weight_delay,
+                                s.activity.load(std::memory_order_relaxed))) {
       return;
     }
     s.samples_threadless.fetch_add(1, std::memory_order_relaxed);
   }
-  AddPendingLocked(s, id, wait.weight_count, wait.weight_delay);
+  table.AddPendingLocked(id, wait.weight_count, wait.weight_delay);
 }
 
 // LockHooks' callback: after a sampled wait, on the waiting thread, holding
@@ -231,6 +152,16 @@ const char* SyntheticFrame(uint32_t id) {
   }
 }
 
+// `values` to entry `id`: a real stack, or its synthetic frame.
+void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
+           const Entry& entry, uint32_t id, std::span<const int64_t> values) {
+  if (id >= kFirstStackId) {
+    aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
+  } else {
+    aggregator.AddSynthetic(thread, SyntheticFrame(id), value_offset, values);
+  }
+}
+
 }  // namespace
 
 absl::Status LockWaitProvider::Configure(const Options& options) {
@@ -263,8 +194,8 @@ absl::Status LockWaitProvider::StartEvents(const EventContext& context) {
         "does not"));
   }
   {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    for (Entry& entry : s.entries) entry.total_contentions = entry.total_delay = 0;
+    std::lock_guard<std::mutex> lock(s.table.mutex);
+    for (Entry& entry : s.table.entries) entry.total_contentions = entry.total_delay = 0;
   }
   if (s.lock_key == 0) {
     internal::LabelTable& labels = internal::LabelTable::Global();
@@ -305,23 +236,20 @@ std::string LockWaitProvider::FlushEvents(SampleAggregator& aggregator, uint32_t
   if (!g_state_made.load(std::memory_order_acquire)) return "";
   LockState& s = State();
   AllocGuard guard;
-  std::lock_guard<std::mutex> lock(s.mutex);
-  for (uint32_t id : s.pending) {
-    Entry& entry = s.entries[id];
+  auto& table = s.table;
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (uint32_t id : table.pending) {
+    Entry& entry = table.entries[id];
     entry.pending = false;
-    const int64_t values[kValues] = {RoundUnbiasedLocked(s, entry.contentions),
-                                     RoundUnbiasedLocked(s, entry.delay)};
-    entry.total_contentions += entry.contentions;
-    entry.total_delay += entry.delay;
-    entry.contentions = entry.delay = 0;
+    const int64_t values[kValues] = {table.RoundLocked(entry.sum[0]),
+                                     table.RoundLocked(entry.sum[1])};
+    entry.total_contentions += entry.sum[0];
+    entry.total_delay += entry.sum[1];
+    entry.sum[0] = entry.sum[1] = 0;
     if (values[0] == 0 && values[1] == 0) continue;
-    if (id >= kFirstStackId) {
-      aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
-    } else {
-      aggregator.AddSynthetic(thread, SyntheticFrame(id), value_offset, values);
-    }
+    AddTo(aggregator, thread, value_offset, entry, id, values);
   }
-  s.pending.clear();
+  table.pending.clear();
   const LockHooks::Stats hooks = LockHooks::stats();
   return absl::StrCat(
       "lock waits timed=", hooks.waits, " (calls that found the lock busy, since the first "
@@ -332,23 +260,23 @@ std::string LockWaitProvider::FlushEvents(SampleAggregator& aggregator, uint32_t
       s.samples_own.load(std::memory_order_relaxed),
       ", on \"[events]\" for want of room in their thread's slot=",
       s.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
-      s.entries.size() - kFirstStackId, " of ", kMaxStacks,
+      table.stacks(), " of ", kMaxStacks,
       ", not recorded for want of stack room=", s.samples_no_room.load(std::memory_order_relaxed),
       ", for want of memory=", s.samples_no_memory.load(std::memory_order_relaxed));
 }
 
 void LockWaitProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor visit) {
-  if (data.count.load(std::memory_order_acquire) == 0) return;
-  LockState& s = State();
+  if (data.count.load(std::memory_order_acquire) == 0) return;  // the common case: no lock
+  auto& table = State().table;
   AllocGuard guard;
-  std::lock_guard<std::mutex> lock(s.mutex);
+  std::lock_guard<std::mutex> lock(table.mutex);
   for (const ThreadData::Event& event : data.events) {
-    if (event.key >= s.entries.size()) continue;
-    Entry& entry = s.entries[event.key];
-    entry.total_contentions += event.contentions;
-    entry.total_delay += event.delay_ns;
-    const int64_t values[kValues] = {RoundUnbiasedLocked(s, event.contentions),
-                                     RoundUnbiasedLocked(s, event.delay_ns)};
+    if (event.key >= table.entries.size()) continue;
+    Entry& entry = table.entries[event.key];
+    entry.total_contentions += event.values[0];
+    entry.total_delay += event.values[1];
+    const int64_t values[kValues] = {table.RoundLocked(event.values[0]),
+                                     table.RoundLocked(event.values[1])};
     visit(entry.frames(), entry.labels(), values);
   }
   data.events.clear();
@@ -362,20 +290,15 @@ bool LockWaitProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t thr
   LockState& s = State();
   if (!s.running.load(std::memory_order_acquire)) return false;
   AllocGuard guard;
-  std::lock_guard<std::mutex> lock(s.mutex);
-  for (size_t id = 0; id < s.entries.size(); ++id) {
-    const Entry& entry = s.entries[id];
+  auto& table = s.table;
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (size_t id = 0; id < table.entries.size(); ++id) {
+    const Entry& entry = table.entries[id];
     // What the next flush still gets is since Start too.
-    const int64_t values[kValues] = {
-        RoundUnbiasedLocked(s, entry.total_contentions + entry.contentions),
-        RoundUnbiasedLocked(s, entry.total_delay + entry.delay)};
+    const int64_t values[kValues] = {table.RoundLocked(entry.total_contentions + entry.sum[0]),
+                                     table.RoundLocked(entry.total_delay + entry.sum[1])};
     if (values[0] == 0 && values[1] == 0) continue;
-    if (id >= kFirstStackId) {
-      aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
-    } else {
-      aggregator.AddSynthetic(thread, SyntheticFrame(static_cast<uint32_t>(id)), value_offset,
-                              values);
-    }
+    AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
   }
   return true;
 }
@@ -394,8 +317,8 @@ LockWaitProvider::Stats LockWaitProvider::stats() {
   out.samples_no_memory = s.samples_no_memory.load(std::memory_order_relaxed);
   {
     AllocGuard guard;
-    std::lock_guard<std::mutex> lock(s.mutex);
-    out.stacks = s.entries.size() - kFirstStackId;
+    std::lock_guard<std::mutex> lock(s.table.mutex);
+    out.stacks = s.table.stacks();
   }
   return out;
 }

@@ -72,6 +72,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "inprof/internal/event_stack_table.h"
 #include "inprof/options.h"
 #include "inprof/sample_aggregator.h"
 #include "inprof/sample_provider.h"
@@ -111,22 +112,11 @@ class AllocationProvider {
   static constexpr const char* kTableFullFrame =
       "[inprof: allocation stacks beyond the table's limit]";
 
-  // A registered thread's sampled allocations not yet drained, one entry
-  // per (labels, stack), written by the thread (in its allocations) and
-  // read by the collector (DrainThreadEvents), both under the provider's
-  // lock. Past kMaxEvents distinct ones between two drains (50 ms), an
-  // event goes to the "[events]" thread instead (counted). Up to 6 KiB a
-  // thread that allocates at that many stacks at once.
-  struct ThreadData {
-    static constexpr size_t kMaxEvents = 256;
-    struct Event {
-      uint32_t key;  // the interned labels and stack
-      double objects;
-      double bytes;
-    };
-    std::vector<Event> events;
-    std::atomic<uint32_t> count{0};  // events.size(), read without the lock
-  };
+  // A registered thread's sampled allocations not yet drained (values:
+  // objects, bytes), in its slot (internal/event_stack_table.h): written by
+  // the thread and read by the collector (DrainThreadEvents), both under
+  // the provider's lock.
+  using ThreadData = internal::EventThreadData;
 
   // Process-wide counters since the first Start.
   struct Stats {

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "inprof/internal/event_stack_table.h"
 #include "inprof/options.h"
 #include "inprof/sample_aggregator.h"
 #include "inprof/sample_provider.h"
@@ -87,20 +88,9 @@ class LockWaitProvider {
   static constexpr const char* kTableFullFrame =
       "[inprof: lock-wait stacks beyond the table's limit]";
 
-  // A registered thread's sampled waits not yet drained, one entry per
-  // (labels, stack), written by the thread and read by the collector
-  // (DrainThreadEvents), both under the provider's lock. Past kMaxEvents
-  // distinct ones between two drains, a wait goes to "[events]" (counted).
-  struct ThreadData {
-    static constexpr size_t kMaxEvents = 64;
-    struct Event {
-      uint32_t key;
-      double contentions;
-      double delay_ns;
-    };
-    std::vector<Event> events;
-    std::atomic<uint32_t> count{0};
-  };
+  // A registered thread's sampled waits not yet drained (values:
+  // contentions, delay), in its slot (internal/event_stack_table.h).
+  using ThreadData = internal::EventThreadData;
 
   // Process-wide counters since the first Start.
   struct Stats {
