@@ -340,11 +340,12 @@ TEST(PprofReaderTest, SumsOfHostileValuesSaturate) {
   EXPECT_EQ(d->Total(0), std::numeric_limits<int64_t>::min());
 }
 
-// RenamePprofStrings (the Datadog upload's type names): only matching
-// string-table entries change, other fields (an unpacked repeated comment
+// RenamePprofStrings (the Datadog upload's type names): only a matching
+// sample type is renamed, through a string of its own (the old one stays
+// for whatever else shares it), other fields (an unpacked repeated comment
 // with a zero among them) are kept, libprotobuf parses the result, and
 // malformed input is one error.
-TEST(PprofReaderTest, RenameChangesOnlyMatchingStrings) {
+TEST(PprofReaderTest, RenameNamesOnlyTheMatchingSampleTypes) {
   perftools::profiles::Profile p;
   for (const char* s : {"", "alloc_space", "bytes", "f", "alloc_space_not"}) p.add_string_table(s);
   auto* st = p.add_sample_type();
@@ -372,8 +373,12 @@ TEST(PprofReaderTest, RenameChangesOnlyMatchingStrings) {
   EXPECT_EQ(d->sample_types[0].unit, "bytes");
   perftools::profiles::Profile back;
   ASSERT_TRUE(back.ParseFromString(Gunzip(**renamed)));
+  // The old string stays (a function or label may share it); the sample
+  // type points at the new one, appended.
   EXPECT_THAT(back.string_table(),
-              ElementsAre("", "alloc-space", "bytes", "f", "alloc_space_not"));
+              ElementsAre("", "alloc_space", "bytes", "f", "alloc_space_not", "alloc-space"));
+  ASSERT_EQ(back.sample_type_size(), 1);
+  EXPECT_EQ(back.sample_type(0).type(), 5);
   EXPECT_EQ(back.period(), 524288);
   EXPECT_THAT(back.comment(), ElementsAre(0, 3, 0, 3));
   absl::StatusOr<std::optional<std::string>> bad =
