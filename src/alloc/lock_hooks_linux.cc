@@ -220,9 +220,13 @@ absl::Status LockHooks::Install(const Options& options) {
   return absl::OkStatus();
 }
 
-void LockHooks::Uninstall() {
+void LockHooks::Pause() noexcept {
   g_period.store(0, std::memory_order_release);
   g_callback.store(nullptr, std::memory_order_release);
+}
+
+void LockHooks::Uninstall() {
+  Pause();
   UninstallLockGroup();
 }
 

@@ -222,6 +222,8 @@ void LockWaitProvider::StopEvents(bool forked_child) noexcept {
   if (!started_) return;
   started_ = false;
   LockState& s = State();
+  // No wait is timed from now on, in a forked child too (atomics only).
+  LockHooks::Pause();
   s.unwind.store(nullptr, std::memory_order_release);
   s.thread_data.store(nullptr, std::memory_order_release);
   if (!forked_child) {

@@ -10,7 +10,10 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -454,6 +457,61 @@ TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
   auto top = testing::GoPprof("-sample_index=delay -top " + options.output);
   ASSERT_TRUE(top.ok()) << top.status();
   EXPECT_TRUE(absl::StrContains(*top, "WaitSiteB")) << *top;
+}
+
+// fork() while threads wait and a profiler runs: the child's lock calls
+// answer as they should, a busy one included (its own lock, timed out),
+// and the child exits (the provider's lock, taken around fork, is free in
+// it).
+TEST(LockWaitProviderTest, AForkedChildLocksAndExits) {
+  Options options;
+  options.output = testing::FreshTestDir("lock_fork") + "/profile.pb.gz";
+  options.lock_period = absl::Microseconds(1);
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  LockProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  std::mutex busy;
+  std::atomic<bool> stop{false};
+  // Two threads contend all along, so the fork may come mid-wait or
+  // mid-sample.
+  std::vector<std::thread> contenders;
+  for (int i = 0; i < 2; ++i) {
+    contenders.emplace_back([&] {
+      auto self = profiler.RegisterThread("contender");
+      while (!stop.load()) {
+        LockTestStdLock(busy);
+        busy.unlock();
+      }
+    });
+  }
+  for (int round = 0; round < 5; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // No thread of its own (TSan ends a child that starts one after a
+      // multi-threaded fork): a busy lock is its own, timed out.
+      pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+      const int first = LockTestMutexLock(&m);
+      timespec deadline;
+      clock_gettime(CLOCK_REALTIME, &deadline);
+      deadline.tv_nsec += 2'000'000;
+      if (deadline.tv_nsec >= 1'000'000'000) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1'000'000'000;
+      }
+      const int busy_answer = LockTestMutexTimedlock(&m, &deadline);
+      pthread_mutex_unlock(&m);
+      _exit(first == 0 && busy_answer == ETIMEDOUT ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  stop.store(true);
+  for (std::thread& t : contenders) t.join();
+  EXPECT_TRUE(profiler.Stop().ok());
 }
 
 // /debug/pprof/mutex (and /block), as Go serves them: the lock waits since

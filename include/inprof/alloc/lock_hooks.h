@@ -96,6 +96,10 @@ class LockHooks {
   // Sets the period to 0 (no wait is timed after it returns), forgets the
   // callback and writes the lock slots back. No-op when not installed.
   static void Uninstall();
+  // Sets the period to 0 and forgets the callback (atomics only, so a
+  // forked child may call it): the wrappers only forward, the slots stay
+  // patched until Uninstall or the next Install takes them over.
+  static void Pause() noexcept;
 
   static bool Installed();
   static Stats stats();
