@@ -74,7 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int snapshots = 0;
   endpoint.SetSnapshot([&](absl::string_view type,
                            absl::Duration delta) -> absl::StatusOr<std::string> {
-    Check(type == "inuse_space" || type == "alloc_space");
+    // /heap, /allocs, and /mutex and /block (the lock waits, opening on delay).
+    Check(type == "inuse_space" || type == "alloc_space" || type == "delay");
     // seconds=N: a delta of 1 to kMaxSeconds seconds, or the heap now.
     Check(delta == absl::ZeroDuration() ||
           (delta >= absl::Seconds(1) && delta <= absl::Seconds(inprof::internal::DebugEndpoint::kMaxSeconds)));

@@ -48,6 +48,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The legacy text: an error or a text that starts as gperftools' does.
   auto legacy = inprof::internal::PprofToLegacyHeapProfile(bytes, "maps\n");
   if (legacy.ok() && legacy->rfind("heap profile: ", 0) != 0) std::abort();
+  // And the contention text (/debug/pprof/mutex?debug=1): Go's header.
+  auto contention = inprof::internal::PprofToLegacyContention(bytes, "maps\n", "mutex");
+  if (contention.ok() && contention->rfind("--- mutex:\n", 0) != 0) std::abort();
   if (!profile.ok()) return 0;
   const int n = static_cast<int>(profile->sample_types.size());
   for (int i = -1; i <= n; ++i) {

@@ -152,14 +152,32 @@ const char* SyntheticFrame(uint32_t id) {
   }
 }
 
-// `values` to entry `id`: a real stack, or its synthetic frame.
-void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
-           const Entry& entry, uint32_t id, std::span<const int64_t> values) {
-  if (id >= kFirstStackId) {
-    aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
-  } else {
-    aggregator.AddSynthetic(thread, SyntheticFrame(id), value_offset, values);
+// What a flush, drain or snapshot takes from the table under its lock and
+// hands to the aggregator after it: the aggregator takes the label table's
+// lock, which a thread may hold when it records a wait of its own (the
+// callback runs under whatever the waiting thread holds), so the table's
+// lock is never held around it. A key's frames and labels stay where they
+// are: entries are never removed, and a moved entry keeps its key's memory.
+struct Row {
+  std::span<const uint64_t> frames;
+  std::span<const uint64_t> labels;
+  uint32_t id;
+  int64_t values[kValues];
+};
+
+void AddRows(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
+             const std::vector<Row>& rows) {
+  for (const Row& row : rows) {
+    if (row.id >= kFirstStackId) {
+      aggregator.Add(thread, row.frames, row.labels, value_offset, row.values);
+    } else {
+      aggregator.AddSynthetic(thread, SyntheticFrame(row.id), value_offset, row.values);
+    }
   }
+}
+
+Row RowOf(const Entry& entry, uint32_t id, int64_t a, int64_t b) {
+  return Row{entry.frames(), entry.labels(), id, {a, b}};
 }
 
 }  // namespace
@@ -239,19 +257,26 @@ std::string LockWaitProvider::FlushEvents(SampleAggregator& aggregator, uint32_t
   LockState& s = State();
   AllocGuard guard;
   auto& table = s.table;
-  std::lock_guard<std::mutex> lock(table.mutex);
-  for (uint32_t id : table.pending) {
-    Entry& entry = table.entries[id];
-    entry.pending = false;
-    const int64_t values[kValues] = {table.RoundLocked(entry.sum[0]),
-                                     table.RoundLocked(entry.sum[1])};
-    entry.total_contentions += entry.sum[0];
-    entry.total_delay += entry.sum[1];
-    entry.sum[0] = entry.sum[1] = 0;
-    if (values[0] == 0 && values[1] == 0) continue;
-    AddTo(aggregator, thread, value_offset, entry, id, values);
+  std::vector<Row> rows;
+  size_t stacks = 0;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    rows.reserve(table.pending.size());
+    for (uint32_t id : table.pending) {
+      Entry& entry = table.entries[id];
+      entry.pending = false;
+      const int64_t contentions = table.RoundLocked(entry.sum[0]);
+      const int64_t delay = table.RoundLocked(entry.sum[1]);
+      entry.total_contentions += entry.sum[0];
+      entry.total_delay += entry.sum[1];
+      entry.sum[0] = entry.sum[1] = 0;
+      if (contentions == 0 && delay == 0) continue;
+      rows.push_back(RowOf(entry, id, contentions, delay));
+    }
+    table.pending.clear();
+    stacks = table.stacks();
   }
-  table.pending.clear();
+  AddRows(aggregator, thread, value_offset, rows);
   const LockHooks::Stats hooks = LockHooks::stats();
   return absl::StrCat(
       "lock waits timed=", hooks.waits, " (calls that found the lock busy, since the first "
@@ -262,7 +287,7 @@ std::string LockWaitProvider::FlushEvents(SampleAggregator& aggregator, uint32_t
       s.samples_own.load(std::memory_order_relaxed),
       ", on \"[events]\" for want of room in their thread's slot=",
       s.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
-      table.stacks(), " of ", kMaxStacks,
+      stacks, " of ", kMaxStacks,
       ", not recorded for want of stack room=", s.samples_no_room.load(std::memory_order_relaxed),
       ", for want of memory=", s.samples_no_memory.load(std::memory_order_relaxed));
 }
@@ -271,18 +296,23 @@ void LockWaitProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor vi
   if (data.count.load(std::memory_order_acquire) == 0) return;  // the common case: no lock
   auto& table = State().table;
   AllocGuard guard;
-  std::lock_guard<std::mutex> lock(table.mutex);
-  for (const ThreadData::Event& event : data.events) {
-    if (event.key >= table.entries.size()) continue;
-    Entry& entry = table.entries[event.key];
-    entry.total_contentions += event.values[0];
-    entry.total_delay += event.values[1];
-    const int64_t values[kValues] = {table.RoundLocked(event.values[0]),
-                                     table.RoundLocked(event.values[1])};
-    visit(entry.frames(), entry.labels(), values);
+  std::vector<Row> rows;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    rows.reserve(data.events.size());
+    for (const ThreadData::Event& event : data.events) {
+      if (event.key >= table.entries.size()) continue;
+      Entry& entry = table.entries[event.key];
+      entry.total_contentions += event.values[0];
+      entry.total_delay += event.values[1];
+      rows.push_back(RowOf(entry, event.key, table.RoundLocked(event.values[0]),
+                           table.RoundLocked(event.values[1])));
+    }
+    data.events.clear();
+    data.count.store(0, std::memory_order_release);
   }
-  data.events.clear();
-  data.count.store(0, std::memory_order_release);
+  // The visit aggregates (the label table's lock): after the table's.
+  for (const Row& row : rows) visit(row.frames, row.labels, row.values);
 }
 
 bool LockWaitProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t thread,
@@ -293,15 +323,19 @@ bool LockWaitProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t thr
   if (!s.running.load(std::memory_order_acquire)) return false;
   AllocGuard guard;
   auto& table = s.table;
-  std::lock_guard<std::mutex> lock(table.mutex);
-  for (size_t id = 0; id < table.entries.size(); ++id) {
-    const Entry& entry = table.entries[id];
-    // What the next flush still gets is since Start too.
-    const int64_t values[kValues] = {table.RoundLocked(entry.total_contentions + entry.sum[0]),
-                                     table.RoundLocked(entry.total_delay + entry.sum[1])};
-    if (values[0] == 0 && values[1] == 0) continue;
-    AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
+  std::vector<Row> rows;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    for (size_t id = 0; id < table.entries.size(); ++id) {
+      const Entry& entry = table.entries[id];
+      // What the next flush still gets is since Start too.
+      const int64_t contentions = table.RoundLocked(entry.total_contentions + entry.sum[0]);
+      const int64_t delay = table.RoundLocked(entry.total_delay + entry.sum[1]);
+      if (contentions == 0 && delay == 0) continue;
+      rows.push_back(RowOf(entry, static_cast<uint32_t>(id), contentions, delay));
+    }
   }
+  AddRows(aggregator, thread, value_offset, rows);
   return true;
 }
 

@@ -18,8 +18,13 @@ int LockTestMutexTimedlock(pthread_mutex_t* m, const timespec* deadline) {
 }
 }  // extern "C"
 
-void LockTestStdLock(std::mutex& m) { m.lock(); }
+// std::mutex::lock and shared_mutex::lock_shared are one call each to the
+// pthread function; made here directly, since an unoptimized build (the
+// sanitizers') keeps them out of line as weak functions that bind to the
+// executable's copies, whose calls are the executable's.
+void LockTestStdLock(std::mutex& m) { pthread_mutex_lock(m.native_handle()); }
 void LockTestSharedLockUnlock(std::shared_mutex& m) {
-  m.lock_shared();
-  m.unlock_shared();
+  auto* rw = static_cast<pthread_rwlock_t*>(m.native_handle());
+  pthread_rwlock_rdlock(rw);
+  pthread_rwlock_unlock(rw);
 }
