@@ -159,18 +159,24 @@ PeakSums PeakSumsByStack(HeapState& h) {
   return peak;
 }
 
-void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
-           const StackEntry& entry, uint32_t id, std::span<const int64_t> values);
+// What a flush, drain or snapshot hands to the aggregator after the
+// table's lock (event_stack_table.h, EventRow: the lock is a leaf).
+using Row = internal::EventRow<kValues>;
 
-// The peak_inuse_* columns of `peak`. mutex held.
-void AddPeakLocked(HeapState& h, SampleAggregator& aggregator, uint32_t thread,
-                   size_t value_offset, const PeakSums& peak) {
+Row RowOf(const StackEntry& entry, uint64_t id, const int64_t (&values)[kValues]) {
+  Row row{entry.frames(), entry.labels(), static_cast<uint32_t>(id), {}};
+  std::copy(values, values + kValues, row.values);
+  return row;
+}
+
+// The peak_inuse_* columns of `peak`, into `rows`. mutex held.
+void AddPeakRowsLocked(HeapState& h, const PeakSums& peak, std::vector<Row>& rows) {
   for (const PeakSum& p : peak) {
     if (p.id >= h.table.entries.size()) continue;  // not one of ours
     const int64_t values[kValues] = {0, 0, 0, 0, h.table.RoundLocked(p.objects),
                                      h.table.RoundLocked(p.bytes)};
     if (values[4] == 0 && values[5] == 0) continue;
-    AddTo(aggregator, thread, value_offset, h.table.entries[p.id], static_cast<uint32_t>(p.id), values);
+    rows.push_back(RowOf(h.table.entries[p.id], p.id, values));
   }
 }
 
@@ -305,14 +311,9 @@ const char* SyntheticFrame(uint32_t id) {
   }
 }
 
-// `values` (kValues) to stack `id`: a real stack, or its synthetic frame.
-void AddTo(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
-           const StackEntry& entry, uint32_t id, std::span<const int64_t> values) {
-  if (id >= kFirstStackId) {
-    aggregator.Add(thread, entry.frames(), entry.labels(), value_offset, values);
-  } else {
-    aggregator.AddSynthetic(thread, SyntheticFrame(id), value_offset, values);
-  }
+void AddRows(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
+             const std::vector<Row>& rows) {
+  internal::AddEventRows(aggregator, thread, value_offset, kFirstStackId, &SyntheticFrame, rows);
 }
 
 }  // namespace
@@ -412,28 +413,35 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
     peak_stats = h.peak.stats();
     h.peak.StartWindow();
   }
-  std::lock_guard<std::mutex> lock(h.table.mutex);
-  for (uint32_t id : h.table.pending) {
-    StackEntry& entry = h.table.entries[id];
-    entry.pending = false;
-    const int64_t values[kValues] = {h.table.RoundLocked(entry.sum[0]),
-                               h.table.RoundLocked(entry.sum[1]), 0, 0};
-    entry.total_objects += entry.sum[0];
-    entry.total_bytes += entry.sum[1];
-    entry.sum[0] = 0;
-    entry.sum[1] = 0;
-    if (values[0] == 0 && values[1] == 0) continue;
-    AddTo(aggregator, thread, value_offset, entry, id, values);
+  std::vector<Row> rows;
+  size_t stacks = 0;
+  {
+    std::lock_guard<std::mutex> lock(h.table.mutex);
+    rows.reserve(h.table.pending.size() + live.size() + peak.size());
+    for (uint32_t id : h.table.pending) {
+      StackEntry& entry = h.table.entries[id];
+      entry.pending = false;
+      const int64_t values[kValues] = {h.table.RoundLocked(entry.sum[0]),
+                                       h.table.RoundLocked(entry.sum[1]), 0, 0};
+      entry.total_objects += entry.sum[0];
+      entry.total_bytes += entry.sum[1];
+      entry.sum[0] = 0;
+      entry.sum[1] = 0;
+      if (values[0] == 0 && values[1] == 0) continue;
+      rows.push_back(RowOf(entry, id, values));
+    }
+    h.table.pending.clear();
+    for (const auto& [tag, sums] : live) {
+      if (tag >= h.table.entries.size()) continue;  // not one of ours
+      const int64_t values[kValues] = {0, 0, h.table.RoundLocked(sums.first),
+                                       h.table.RoundLocked(sums.second)};
+      if (values[2] == 0 && values[3] == 0) continue;
+      rows.push_back(RowOf(h.table.entries[tag], tag, values));
+    }
+    AddPeakRowsLocked(h, peak, rows);
+    stacks = h.table.stacks();
   }
-  h.table.pending.clear();
-  for (const auto& [tag, sums] : live) {
-    if (tag >= h.table.entries.size()) continue;  // not one of ours
-    const int64_t values[kValues] = {0, 0, h.table.RoundLocked(sums.first),
-                               h.table.RoundLocked(sums.second)};
-    if (values[2] == 0 && values[3] == 0) continue;
-    AddTo(aggregator, thread, value_offset, h.table.entries[tag], static_cast<uint32_t>(tag), values);
-  }
-  AddPeakLocked(h, aggregator, thread, value_offset, peak);
+  AddRows(aggregator, thread, value_offset, rows);
   const LiveHeapTable::Stats table = h.live.stats();
   return absl::StrCat(
       "allocations sampled=", h.samples.load(std::memory_order_relaxed),
@@ -444,7 +452,7 @@ std::string AllocationProvider::FlushEvents(SampleAggregator& aggregator, uint32
       h.samples_own.load(std::memory_order_relaxed),
       ", on \"[events]\" for want of room in their thread's slot=",
       h.samples_threadless.load(std::memory_order_relaxed), ", distinct stacks=",
-      h.table.stacks(), " of ", kMaxStacks,
+      stacks, " of ", kMaxStacks,
       ", not recorded for want of stack room (a small or foreign stack)=",
       h.samples_no_room.load(std::memory_order_relaxed), " (~",
       h.no_room_bytes.load(std::memory_order_relaxed), " bytes)",
@@ -468,7 +476,9 @@ void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thr
   absl::flat_hash_map<uint64_t, std::pair<double, double>> peak;
   for (const PeakSum& p : PeakSumsByStack(h)) peak[p.id] = {p.objects, p.bytes};
   h.peak.StartWindow();
-  std::lock_guard<std::mutex> lock(h.table.mutex);
+  std::vector<Row> rows;
+  std::unique_lock<std::mutex> lock(h.table.mutex);
+  rows.reserve(h.table.entries.size());  // the one allocation, before anything changes
   for (size_t id = 0; id < h.table.entries.size(); ++id) {
     StackEntry& entry = h.table.entries[id];
     double objects = 0, bytes = 0, peak_objects = 0, peak_bytes = 0;
@@ -496,8 +506,10 @@ void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thr
                                      h.table.RoundLocked(bytes),
                                      h.table.RoundLocked(peak_objects),
                                      h.table.RoundLocked(peak_bytes)};
-    AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
+    rows.push_back(RowOf(entry, id, values));
   }
+  lock.unlock();
+  AddRows(aggregator, thread, value_offset, rows);
 }
 
 bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t thread,
@@ -508,7 +520,9 @@ bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t t
   if (!h.running.load(std::memory_order_acquire)) return false;
   AllocGuard guard;  // as in FlushEvents
   const LiveSums live = LiveSumsByStack(h);
-  std::lock_guard<std::mutex> lock(h.table.mutex);
+  std::vector<Row> rows;
+  std::unique_lock<std::mutex> lock(h.table.mutex);
+  rows.reserve(h.table.entries.size());  // the one allocation, before anything changes
   for (size_t id = 0; id < h.table.entries.size(); ++id) {
     const StackEntry& entry = h.table.entries[id];
     // What the next flush still gets (entry.sum[0]) is since Start too.
@@ -523,8 +537,10 @@ bool AllocationProvider::SnapshotEvents(SampleAggregator& aggregator, uint32_t t
                                h.table.RoundLocked(live_objects),
                                h.table.RoundLocked(live_bytes)};
     if (values[0] == 0 && values[1] == 0 && values[2] == 0 && values[3] == 0) continue;
-    AddTo(aggregator, thread, value_offset, entry, static_cast<uint32_t>(id), values);
+    rows.push_back(RowOf(entry, id, values));
   }
+  lock.unlock();
+  AddRows(aggregator, thread, value_offset, rows);
   return true;
 }
 
@@ -532,18 +548,24 @@ void AllocationProvider::DrainThreadEvents(ThreadData& data, ThreadEventVisitor 
   if (data.count.load(std::memory_order_acquire) == 0) return;  // the common case: no lock
   HeapState& h = State();
   AllocGuard guard;  // the aggregate's allocations (Stop() runs this on the host's thread)
-  std::lock_guard<std::mutex> lock(h.table.mutex);
-  for (const ThreadData::Event& event : data.events) {
-    if (event.key >= h.table.entries.size()) continue;
-    StackEntry& entry = h.table.entries[event.key];
-    entry.total_objects += event.values[0];
-    entry.total_bytes += event.values[1];
-    const int64_t values[kValues] = {h.table.RoundLocked(event.values[0]),
-                               h.table.RoundLocked(event.values[1]), 0, 0};
-    visit(entry.frames(), entry.labels(), values);
+  std::vector<Row> rows;
+  {
+    std::lock_guard<std::mutex> lock(h.table.mutex);
+    rows.reserve(data.events.size());
+    for (const ThreadData::Event& event : data.events) {
+      if (event.key >= h.table.entries.size()) continue;
+      StackEntry& entry = h.table.entries[event.key];
+      entry.total_objects += event.values[0];
+      entry.total_bytes += event.values[1];
+      const int64_t values[kValues] = {h.table.RoundLocked(event.values[0]),
+                                       h.table.RoundLocked(event.values[1]), 0, 0};
+      rows.push_back(RowOf(entry, event.key, values));
+    }
+    data.events.clear();
+    data.count.store(0, std::memory_order_release);
   }
-  data.events.clear();
-  data.count.store(0, std::memory_order_release);
+  // The visit aggregates (the label table's lock): after the table's.
+  for (const Row& row : rows) visit(row.frames, row.labels, row.values);
 }
 
 AllocationProvider::Stats AllocationProvider::stats() {

@@ -152,28 +152,11 @@ const char* SyntheticFrame(uint32_t id) {
   }
 }
 
-// What a flush, drain or snapshot takes from the table under its lock and
-// hands to the aggregator after it: the aggregator takes the label table's
-// lock, which a thread may hold when it records a wait of its own (the
-// callback runs under whatever the waiting thread holds), so the table's
-// lock is never held around it. A key's frames and labels stay where they
-// are: entries are never removed, and a moved entry keeps its key's memory.
-struct Row {
-  std::span<const uint64_t> frames;
-  std::span<const uint64_t> labels;
-  uint32_t id;
-  int64_t values[kValues];
-};
+using Row = internal::EventRow<kValues>;
 
 void AddRows(SampleAggregator& aggregator, uint32_t thread, size_t value_offset,
              const std::vector<Row>& rows) {
-  for (const Row& row : rows) {
-    if (row.id >= kFirstStackId) {
-      aggregator.Add(thread, row.frames, row.labels, value_offset, row.values);
-    } else {
-      aggregator.AddSynthetic(thread, SyntheticFrame(row.id), value_offset, row.values);
-    }
-  }
+  internal::AddEventRows(aggregator, thread, value_offset, kFirstStackId, &SyntheticFrame, rows);
 }
 
 Row RowOf(const Entry& entry, uint32_t id, int64_t a, int64_t b) {

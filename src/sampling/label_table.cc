@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "inprof/base/alloc_guard.h"
 #include "inprof/base/fork_guard.h"
 
 namespace inprof::internal {
@@ -31,6 +32,10 @@ LabelTable::LabelTable(size_t max_entries, size_t max_bytes, std::string overflo
 }
 
 uint32_t LabelTable::Intern(absl::string_view s) {
+  // Its allocations are never sampled: a sampled one would take the
+  // allocation provider's table lock under this one, and the collector
+  // takes them the other way round when it aggregates.
+  AllocGuard guard;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = ids_.find(s);
   if (it != ids_.end()) return it->second;
@@ -57,6 +62,7 @@ uint32_t LabelTable::Intern(absl::string_view s) {
 }
 
 std::string LabelTable::Lookup(uint32_t id) const {
+  AllocGuard guard;  // the copy, under the lock: as in Intern
   std::lock_guard<std::mutex> lock(mutex_);
   return id < strings_.size() ? strings_[id] : std::string();
 }

@@ -71,6 +71,37 @@ struct EventStackEntry {
   }
 };
 
+// What a flush, drain or snapshot takes from the table under its lock and
+// hands to the aggregator after it (AddEventRows): the aggregator takes
+// the label table's lock, and a thread may hold that lock, or any lock of
+// the program, when its own event takes the table's (an allocation inside
+// LabelTable::Intern, a wait inside a callback), so the table's lock is a
+// leaf and never held around the aggregator. A key's frames and labels
+// stay where they are: entries are never removed, and a moved entry keeps
+// its key's memory. N: the provider's columns.
+template <size_t N>
+struct EventRow {
+  std::span<const uint64_t> frames;
+  std::span<const uint64_t> labels;
+  uint32_t id;
+  int64_t values[N];
+};
+
+// `rows` into `aggregator` (a SampleAggregator): a real stack from
+// `first_id` on, below it the synthetic frame `synthetic(id)`.
+template <size_t N, typename Aggregator>
+void AddEventRows(Aggregator& aggregator, uint32_t thread, size_t value_offset,
+                  uint32_t first_id, const char* (*synthetic)(uint32_t),
+                  const std::vector<EventRow<N>>& rows) {
+  for (const EventRow<N>& row : rows) {
+    if (row.id >= first_id) {
+      aggregator.Add(thread, row.frames, row.labels, value_offset, row.values);
+    } else {
+      aggregator.AddSynthetic(thread, synthetic(row.id), value_offset, row.values);
+    }
+  }
+}
+
 // Entry: EventStackEntry or a type derived from it. Ids below `first_id`
 // stand for events without a stack (the provider's synthetic frames);
 // `full_id` is the one an interning beyond `max_stacks` keys gets.
