@@ -25,9 +25,9 @@ void Check(bool ok) {
   if (!ok) std::abort();
 }
 
-// Every answer: a known status, a plain-text one is one line, and a capture
-// ran (at most once) only for a 200.
-void CheckResponse(const inprof::internal::DebugResponse& r, int captures) {
+// Every answer: a known status, a plain-text one is one line (but a thread
+// dump's text, `dump`), and a capture ran (at most once) only for a 200.
+void CheckResponse(const inprof::internal::DebugResponse& r, int captures, bool dump = false) {
   switch (r.status) {
     case 200: case 400: case 404: case 405: case 414: case 429: case 500:
     case 503:
@@ -35,7 +35,7 @@ void CheckResponse(const inprof::internal::DebugResponse& r, int captures) {
     default:
       std::abort();
   }
-  if (absl::StartsWith(r.content_type, "text/plain")) {
+  if (absl::StartsWith(r.content_type, "text/plain") && !dump) {
     Check(!r.body.empty() && r.body.back() == '\n' &&
           r.body.find('\n') == r.body.size() - 1);
   }
@@ -83,6 +83,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (snapshots > 1) std::abort();
     return std::string("\x1f\x8b", 2);
   });
+  // /threads and /goroutine: a dump of one sample type, pprof or text.
+  int dumps = 0;
+  bool dump_text = false;
+  endpoint.SetThreadDump([&](absl::string_view type,
+                             bool text) -> absl::StatusOr<std::string> {
+    Check(type == "threads" || type == "goroutine");
+    ++dumps;
+    if (dumps > 1) std::abort();
+    dump_text = text;
+    return text ? std::string("thread 1 \"a\" [running]:\nf\n\t?\n\n")
+                : std::string("\x1f\x8b", 2);
+  });
   const size_t space = input.find(' ');
   const absl::string_view method =
       space == std::string::npos ? absl::string_view("GET")
@@ -91,7 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       space == std::string::npos ? absl::string_view(input)
                                  : absl::string_view(input).substr(space + 1);
   const inprof::internal::DebugResponse answer = endpoint.Respond(method, target);
-  CheckResponse(answer, captures + snapshots);
+  CheckResponse(answer, captures + snapshots + dumps, dump_text);
 
   // The same request to an endpoint for several processes (`inprof agent
   // --http`: pid=N picks one of two): a capture only of a listed pid.

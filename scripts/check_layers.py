@@ -61,10 +61,10 @@ HEADERS = {
     "symbolize": ["symbolizer", "line_table", "process_maps"],
     "export": ["pprof_writer", "pprof_reader", "sink", "profile_data", "proto_wire",
                "legacy_heap"],
-    "pipeline": ["pipeline"],
+    "pipeline": ["pipeline", "thread_dump_text"],
     "upload": ["datadog_uploader", "pyroscope_uploader", "uploader", "http_client",
                "upload_util", "sinks_from_options"],
-    "serve": ["debug_endpoint", "endpoint_attachment"],
+    "serve": ["debug_endpoint", "endpoint_attachment", "dump_signal"],
     "agent": ["agent_link", "agent_protocol", "agent_stream", "agent_forwarding"],
     "profiler": [
         "profiler", "inprof", "profiler_common", "profiler_base", "profiler_collector",

@@ -209,6 +209,13 @@ struct Options {
   // "HOST:PORT", "[IPV6]:PORT"; port 0 picks a free one (logged). Empty:
   // off. Loads libmicrohttpd at Start() when set.
   std::string http_addr;
+  // INPROF_DUMP_SIGNAL: the signal the program hands over for a thread
+  // dump (every registered thread's stack, as /debug/pprof/threads?debug=2
+  // prints it) on its stderr, from Start() to Stop(): SIGQUIT, SIGUSR1,
+  // SIGUSR2, SIGHUP, SIGWINCH or a real-time signal, by name ("QUIT",
+  // "SIGUSR2") or number. 0: off (the default: inprof never takes a signal
+  // it was not given). A signal the program handles itself is left to it.
+  int dump_signal = 0;
   // Library mode (INPROF_AGENT_SOCKET): "@NAME" (abstract) or a path where
   // `inprof agent` listens. Set: Start() connects and the process forwards
   // its samples there; aggregation, symbolization, encoding and upload

@@ -116,6 +116,8 @@ class Profiler final : private internal::ProviderHolder<Ps...>,
                      .unwinder = U::kName,
                      .unwinder_supported = U::Supported(),
                      .unwind_here = &Handler::UnwindHere,
+                     .unwind_copy = Visits::kDumpReadsCopies ? &Visits::UnwindCopyOf
+                                                             : nullptr,
                      .ring_layout = internal::ThreadRingLayoutOf<Layout, R>(),
                      .providers = kOps,
                      .provider_objects = this->ProviderAddresses(),

@@ -1,6 +1,7 @@
 #include "inprof/options.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <optional>
 
@@ -168,6 +169,57 @@ const char* CpuEngineName(CpuEngine engine) {
   }
   return "auto";
 }
+
+namespace {
+
+// Whether `signal` may be handed over for thread dumps (Options::
+// dump_signal): none that reports a fault, stops or ends the process
+// unasked, SIGPROF (inprof's) or SIGCHLD/SIGPIPE/SIGALRM (the program's
+// machinery).
+bool DumpSignalAllowed(int signal) {
+#if defined(_WIN32)
+  return signal == 0;
+#else
+  if (signal == 0) return true;
+  if (signal >= SIGRTMIN && signal <= SIGRTMAX) return true;
+  return signal == SIGQUIT || signal == SIGUSR1 || signal == SIGUSR2 || signal == SIGHUP ||
+         signal == SIGWINCH;
+#endif
+}
+
+absl::StatusOr<int> ParseDumpSignal(absl::string_view text) {
+  std::string v = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text));
+  int signal = -1;
+  if (v.empty() || v == "0" || v == "OFF") return 0;
+#if !defined(_WIN32)
+  absl::string_view name = v;
+  absl::ConsumePrefix(&name, "SIG");
+  static constexpr struct {
+    const char* name;
+    int signal;
+  } kNames[] = {{"QUIT", SIGQUIT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP},
+                {"WINCH", SIGWINCH}};
+  for (const auto& n : kNames) {
+    if (name == n.name) signal = n.signal;
+  }
+  if (signal < 0 && !absl::SimpleAtoi(v, &signal)) signal = -1;
+#endif
+  if (signal <= 0 || !DumpSignalAllowed(signal)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "INPROF_DUMP_SIGNAL='", absl::CHexEscape(text), "': expected QUIT, USR1, USR2, HUP, "
+        "WINCH or a real-time signal's number (a signal the program hands over for thread "
+        "dumps), or 0 for none",
+#if defined(_WIN32)
+        " (Windows has no signals: /debug/pprof/threads serves the dump)",
+#else
+        "",
+#endif
+        ""));
+  }
+  return signal;
+}
+
+}  // namespace
 
 Options Options::FromLookup(const Lookup& lookup,
                             std::vector<std::string>* errors) {
@@ -442,6 +494,13 @@ Options Options::FromLookup(const Lookup& lookup,
   text("INPROF_PYROSCOPE_AUTH_TOKEN", &py.auth_token);
   text("INPROF_PYROSCOPE_TENANT_ID", &py.tenant_id);
 
+  if (const char* v = lookup("INPROF_DUMP_SIGNAL")) {
+    if (absl::StatusOr<int> parsed = ParseDumpSignal(v); parsed.ok()) {
+      options.dump_signal = *parsed;
+    } else {
+      report(parsed.status(), "no thread dump on a signal");
+    }
+  }
   if (const char* v = lookup("INPROF_HTTP_ADDR")) {
     if (absl::StripAsciiWhitespace(v).empty()) {
       options.http_addr.clear();  // set but empty: off
@@ -575,6 +634,11 @@ absl::Status Options::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat(
           "Options.agent_socket: ", parsed.status().message()));
     }
+  }
+  if (!DumpSignalAllowed(dump_signal)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Options.dump_signal=", dump_signal, ": expected SIGQUIT, SIGUSR1, SIGUSR2, SIGHUP, "
+        "SIGWINCH, a real-time signal, or 0 (none)"));
   }
   if (!http_addr.empty()) {
     if (auto parsed = internal::ParseListenAddress(http_addr); !parsed.ok()) {

@@ -39,6 +39,8 @@ int DiffMain(int argc, char** argv);
 extern const char kDiffHelp[];
 int AgentMain(int argc, char** argv);  // agent_command.cc
 extern const char kAgentHelp[];
+int StacksMain(int argc, char** argv);  // stacks_command.cc
+extern const char kStacksHelp[];
 
 // Prints "inprof COMMAND: MESSAGE" on stderr (one line).
 void PrintError(const char* command, const std::string& message);

@@ -29,6 +29,8 @@ std::span<const Command> Commands() {
        kDiffHelp, &DiffMain},
       {"agent", "the out-of-process agent: profiles processes that forward to it",
        kAgentHelp, &AgentMain},
+      {"stacks", "every thread's stack of a running process now: inprof stacks PID",
+       kStacksHelp, &StacksMain},
   };
   return kCommands;
 }

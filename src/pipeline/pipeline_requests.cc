@@ -1,5 +1,7 @@
-// The pipeline's answers to requests (from the servers attached to it): a profile of the next N seconds (Capture), of the aggregate now
-// (Snapshot, SnapshotData), encoded as a request is answered.
+// The pipeline's answers to requests (from the servers attached to it): a
+// profile of the next N seconds (Capture), of the aggregate now (Snapshot,
+// SnapshotData), the threads' stacks now (ThreadDump), encoded as a
+// request is answered.
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -14,6 +16,7 @@
 #include "inprof/base/log.h"
 #include "inprof/base/owned_fd.h"
 #include "inprof/internal/pipeline.h"
+#include "inprof/internal/thread_dump_text.h"
 #include "inprof/pprof_writer.h"
 #include "inprof/symbolizer.h"
 #include "src/pipeline/pipeline_parts.h"
@@ -101,7 +104,22 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
   return EncodeForRequest(data);
 }
 
-absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) {
+absl::StatusOr<std::string> Pipeline::ThreadDump(absl::string_view type, bool text) {
+  if (!thread_dumper_) {
+    return absl::NotFoundError("no thread dump here: the profiler has no registry of threads");
+  }
+  absl::StatusOr<ProfileData> data = thread_dumper_();
+  if (!data.ok()) return data.status();
+  data->sample_types = {{std::string(type), "count"}};
+  data->period_type = data->sample_types[0];
+  return EncodeForRequest(*data, text);
+}
+
+absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data, bool text) {
+  auto encode = [&](Symbolizer& symbolizer) -> absl::StatusOr<std::string> {
+    if (text) return ThreadDumpText(data, symbolizer);
+    return EncodePprof(data, symbolizer);
+  };
   absl::StatusOr<std::string> encoded;
   if (symbolizer_given_) {
     // Another process's (a session of inprof's own): its symbolizer holds its files
@@ -117,7 +135,7 @@ absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) 
           "does not hold the process's symbol files; nothing was symbolized");
     }
     std::lock_guard<std::mutex> lock(export_mutex_);
-    encoded = EncodePprof(data, *symbolizer_);
+    encoded = encode(*symbolizer_);
   } else if (!RunWithOwnDescriptors([&] {
                // The request's own symbolizer: the exporter's is not shared
                // (no lock held across symbolization), and this one's caches
@@ -126,11 +144,11 @@ absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data) 
                Symbolizer symbolizer(options_.symbolize);
                symbolizer.set_system_debug_info(options_.system_debug_info);
                symbolizer.Refresh();
-               encoded = EncodePprof(data, symbolizer);
+               encoded = encode(symbolizer);
              })) {
     encoded = absl::ResourceExhaustedError("the profile could not be symbolized (out of memory)");
   }
-  if (encoded.ok()) encoded = GzipCompress(*encoded);
+  if (encoded.ok() && !text) encoded = GzipCompress(*encoded);
   return encoded;
 }
 

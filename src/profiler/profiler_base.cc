@@ -32,6 +32,7 @@ ProfilerBase::ProfilerBase(Options options, Shape shape)
   pipeline_.RegisterForkLock(kForkRankAggregate);
   for (const ProviderOps& ops : shape_.providers) value_counts_.push_back(ops.value_count);
   AttachEventProviders();
+  pipeline_.SetThreadDumper([this] { return DumpThreads(); });
 }
 
 ProfilerBase::~ProfilerBase() = default;

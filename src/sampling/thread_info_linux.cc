@@ -213,4 +213,130 @@ int64_t ThreadCpuNanos(clockid_t clock) noexcept {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+std::string SyscallName(int64_t nr) {
+  // The calls a thread waits in, by the numbers of this architecture.
+  static constexpr struct {
+    long nr;
+    const char* name;
+  } kNames[] = {
+#define INPROF_SYSCALL(name) {SYS_##name, #name},
+#ifdef SYS_futex
+      INPROF_SYSCALL(futex)
+#endif
+#ifdef SYS_read
+      INPROF_SYSCALL(read)
+#endif
+#ifdef SYS_write
+      INPROF_SYSCALL(write)
+#endif
+#ifdef SYS_readv
+      INPROF_SYSCALL(readv)
+#endif
+#ifdef SYS_writev
+      INPROF_SYSCALL(writev)
+#endif
+#ifdef SYS_pread64
+      INPROF_SYSCALL(pread64)
+#endif
+#ifdef SYS_poll
+      INPROF_SYSCALL(poll)
+#endif
+#ifdef SYS_ppoll
+      INPROF_SYSCALL(ppoll)
+#endif
+#ifdef SYS_select
+      INPROF_SYSCALL(select)
+#endif
+#ifdef SYS_pselect6
+      INPROF_SYSCALL(pselect6)
+#endif
+#ifdef SYS_epoll_wait
+      INPROF_SYSCALL(epoll_wait)
+#endif
+#ifdef SYS_epoll_pwait
+      INPROF_SYSCALL(epoll_pwait)
+#endif
+#ifdef SYS_epoll_pwait2
+      INPROF_SYSCALL(epoll_pwait2)
+#endif
+#ifdef SYS_nanosleep
+      INPROF_SYSCALL(nanosleep)
+#endif
+#ifdef SYS_clock_nanosleep
+      INPROF_SYSCALL(clock_nanosleep)
+#endif
+#ifdef SYS_accept
+      INPROF_SYSCALL(accept)
+#endif
+#ifdef SYS_accept4
+      INPROF_SYSCALL(accept4)
+#endif
+#ifdef SYS_connect
+      INPROF_SYSCALL(connect)
+#endif
+#ifdef SYS_recvfrom
+      INPROF_SYSCALL(recvfrom)
+#endif
+#ifdef SYS_recvmsg
+      INPROF_SYSCALL(recvmsg)
+#endif
+#ifdef SYS_recvmmsg
+      INPROF_SYSCALL(recvmmsg)
+#endif
+#ifdef SYS_sendto
+      INPROF_SYSCALL(sendto)
+#endif
+#ifdef SYS_sendmsg
+      INPROF_SYSCALL(sendmsg)
+#endif
+#ifdef SYS_wait4
+      INPROF_SYSCALL(wait4)
+#endif
+#ifdef SYS_waitid
+      INPROF_SYSCALL(waitid)
+#endif
+#ifdef SYS_pause
+      INPROF_SYSCALL(pause)
+#endif
+#ifdef SYS_rt_sigsuspend
+      INPROF_SYSCALL(rt_sigsuspend)
+#endif
+#ifdef SYS_rt_sigtimedwait
+      INPROF_SYSCALL(rt_sigtimedwait)
+#endif
+#ifdef SYS_io_getevents
+      INPROF_SYSCALL(io_getevents)
+#endif
+#ifdef SYS_io_uring_enter
+      INPROF_SYSCALL(io_uring_enter)
+#endif
+#ifdef SYS_flock
+      INPROF_SYSCALL(flock)
+#endif
+#ifdef SYS_fcntl
+      INPROF_SYSCALL(fcntl)
+#endif
+#ifdef SYS_fsync
+      INPROF_SYSCALL(fsync)
+#endif
+#ifdef SYS_fdatasync
+      INPROF_SYSCALL(fdatasync)
+#endif
+#ifdef SYS_msgrcv
+      INPROF_SYSCALL(msgrcv)
+#endif
+#ifdef SYS_semop
+      INPROF_SYSCALL(semop)
+#endif
+#ifdef SYS_sched_yield
+      INPROF_SYSCALL(sched_yield)
+#endif
+#undef INPROF_SYSCALL
+  };
+  for (const auto& entry : kNames) {
+    if (entry.nr == nr) return entry.name;
+  }
+  return "syscall " + std::to_string(nr);
+}
+
 }  // namespace inprof::internal

@@ -36,6 +36,8 @@ constexpr absl::string_view kHeapPath = "/debug/pprof/heap";
 constexpr absl::string_view kAllocsPath = "/debug/pprof/allocs";
 constexpr absl::string_view kMutexPath = "/debug/pprof/mutex";
 constexpr absl::string_view kBlockPath = "/debug/pprof/block";
+constexpr absl::string_view kThreadsPath = "/debug/pprof/threads";
+constexpr absl::string_view kGoroutinePath = "/debug/pprof/goroutine";
 
 DebugResponse Text(int status, std::string body) {
   DebugResponse r;
@@ -164,6 +166,10 @@ DebugResponse DebugEndpoint::Index() const {
       "</td></tr>\n"
       "<tr><td><a href=\"block\">block</a></td><td>the same (the waiting "
       "threads' stacks)</td></tr>\n"
+      "<tr><td><a href=\"threads?debug=2\">threads</a></td><td>every registered "
+      "thread's stack now, read without stopping the program: text "
+      "(<code>debug=2</code>) or pprof (<code>debug=0</code>; also as "
+      "<a href=\"goroutine\">goroutine</a>)</td></tr>\n"
       "</table>\n<form action=\"flamegraph\">seconds: <input name=\"seconds\" "
       "type=\"number\" min=\"1\" max=\"", kMaxSeconds, "\" value=\"10\"> "
       "<button>flame graph</button></form>\n"
@@ -353,6 +359,46 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
   return r;
 }
 
+DebugResponse DebugEndpoint::Threads(absl::string_view query, absl::string_view name) {
+  bool text = false;  // debug=1 or 2: text, as Go prints its goroutines
+  for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) != "debug") continue;
+    const absl::string_view value = eq == absl::string_view::npos ? "" : pair.substr(eq + 1);
+    if (value != "0" && value != "1" && value != "2") {
+      return Text(400, absl::StrCat("debug=", Quote(value),
+                                    ": expected 0 (pprof), 1 or 2 (text, a block per thread)"));
+    }
+    text = value != "0";
+  }
+  if (processes_ || !thread_dump_) {
+    return Text(404, absl::StrCat("/debug/pprof/", name, " is served by the endpoint of the "
+                                  "profiled process itself (INPROF_HTTP_ADDR): it reads the "
+                                  "threads registered with its profiler"));
+  }
+  absl::StatusOr<std::string> dump = thread_dump_(name, text);
+  if (!dump.ok()) {
+    const absl::StatusCode code = dump.status().code();
+    return Text(code == absl::StatusCode::kNotFound                 ? 404
+                : code == absl::StatusCode::kFailedPrecondition ? 503
+                                                                    : 500,
+                std::string(dump.status().message()));
+  }
+  captures_.fetch_add(1);
+  if (text) {
+    DebugResponse r = Text(200, "");
+    r.body = std::move(*dump);
+    return r;
+  }
+  DebugResponse r;
+  r.content_type = "application/octet-stream";
+  r.headers.emplace_back("Content-Disposition",
+                         absl::StrCat("attachment; filename=\"", name, ".pb.gz\""));
+  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  r.body = std::move(*dump);
+  return r;
+}
+
 DebugResponse DebugEndpoint::Respond(absl::string_view method,
                                      absl::string_view target) {
   if (target.size() > kMaxTargetLength) {
@@ -387,6 +433,10 @@ DebugResponse DebugEndpoint::Respond(absl::string_view method,
   if (path == kMutexPath || path == kBlockPath) {
     if (head) return Text(200, "");
     return HeapSnapshot("delay", query, path == kMutexPath ? "mutex" : "block");
+  }
+  if (path == kThreadsPath || path == kGoroutinePath) {
+    if (head) return Text(200, "");
+    return Threads(query, path == kThreadsPath ? "threads" : "goroutine");
   }
   const bool profile = path == kProfilePath;
   const bool flamegraph = path == kFlamegraphPath;

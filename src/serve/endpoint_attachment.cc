@@ -43,6 +43,9 @@ void EndpointAttachment::Started(Pipeline& pipeline) {
         [&pipeline](absl::string_view type, absl::Duration delta) {
           return pipeline.Snapshot(type, delta);
         });
+    endpoint_->SetThreadDump([&pipeline](absl::string_view type, bool text) {
+      return pipeline.ThreadDump(type, text);
+    });
   }
   absl::StatusOr<std::unique_ptr<DebugServer>> server =
       DebugServer::Start(*address, endpoint_.get());

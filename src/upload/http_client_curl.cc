@@ -18,6 +18,9 @@
 namespace inprof::internal {
 namespace {
 
+// The request's method, as its errors name it.
+const char* Verb(const HttpRequest& request) { return request.get ? "GET " : "POST "; }
+
 #define INPROF_CURL_FUNCTIONS(X) \
   X(curl_global_init) \
   X(curl_multi_init) \
@@ -85,12 +88,17 @@ const CurlApi& Curl() {
   return *api;
 }
 
+// Where a response's body goes, and how much of it is kept.
+struct BodySink {
+  std::string* body;
+  size_t max;
+};
+
 size_t KeepBody(char* data, size_t size, size_t n, void* user) {
-  auto* body = static_cast<std::string*>(user);
+  auto* sink = static_cast<BodySink*>(user);
   const size_t bytes = size * n;
-  if (body->size() < HttpClient::kMaxResponseBody) {
-    body->append(data, std::min(bytes, HttpClient::kMaxResponseBody -
-                                           body->size()));
+  if (sink->body->size() < sink->max) {
+    sink->body->append(data, std::min(bytes, sink->max - sink->body->size()));
   }
   return bytes;
 }
@@ -134,7 +142,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   const CurlApi& curl = Curl();
   if (!curl.error.empty()) {  // permanent: the uploader does not retry it
     return absl::FailedPreconditionError(
-        absl::StrCat("POST ", request.url, ": ", curl.error));
+        absl::StrCat(Verb(request), request.url, ": ", curl.error));
   }
   if (easy == nullptr) {
     return absl::InternalError("libcurl could not be initialized");
@@ -162,7 +170,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   } end_multi{this, multi};
   // After multi_ is set: an Abort() from now on wakes this request.
   if (aborted_.load(std::memory_order_acquire)) {
-    return absl::CancelledError(absl::StrCat("POST ", request.url, ": aborted"));
+    return absl::CancelledError(absl::StrCat(Verb(request), request.url, ": aborted"));
   }
   curl.curl_easy_reset(easy);
   HttpResponse response;
@@ -181,7 +189,8 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   curl.curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
   curl.curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
   curl.curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &KeepBody);
-  curl.curl_easy_setopt(easy, CURLOPT_WRITEDATA, &response.body);
+  BodySink sink{&response.body, request.max_response_body};
+  curl.curl_easy_setopt(easy, CURLOPT_WRITEDATA, &sink);
   curl.curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
   if (!request.basic_auth_user.empty()) {
     curl.curl_easy_setopt(easy, CURLOPT_HTTPAUTH, CURLAUTH_BASIC);
@@ -199,7 +208,9 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   // No "Expect: 100-continue" round trip (a receiver that ignores it costs
   // curl a 1 s wait).
   res.headers = curl.curl_slist_append(res.headers, "Expect:");
-  if (request.parts.empty()) {
+  if (request.get) {
+    curl.curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+  } else if (request.parts.empty()) {
     res.headers = curl.curl_slist_append(
         res.headers, absl::StrCat("Content-Type: ", request.content_type).c_str());
     curl.curl_easy_setopt(easy, CURLOPT_POST, 1L);
@@ -253,12 +264,12 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   }
   curl.curl_multi_remove_handle(multi, easy);
   if (aborted) {
-    return absl::CancelledError(absl::StrCat("POST ", request.url, ": aborted"));
+    return absl::CancelledError(absl::StrCat(Verb(request), request.url, ": aborted"));
   }
   if (result != CURLE_OK) {
     const std::string reason =
         error[0] != '\0' ? std::string(error) : curl.curl_easy_strerror(result);
-    const std::string message = absl::StrCat("POST ", request.url, ": ", reason);
+    const std::string message = absl::StrCat(Verb(request), request.url, ": ", reason);
     if (result == CURLE_OPERATION_TIMEDOUT) {
       return absl::DeadlineExceededError(message);
     }

@@ -48,6 +48,9 @@
 namespace inprof::internal {
 namespace {
 
+// The request's method, as its errors name it.
+const char* Verb(const HttpRequest& request) { return request.get ? "GET " : "POST "; }
+
 #define INPROF_WINHTTP_FUNCTIONS(X) \
   X(WinHttpOpen)                    \
   X(WinHttpConnect)                 \
@@ -443,7 +446,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
   const WinHttpApi& api = WinHttp();
   auto* s = static_cast<State*>(multi_);
   const auto prefixed = [&](absl::string_view what) {
-    return absl::StrCat("POST ", request.url, ": ", what);
+    return absl::StrCat(Verb(request), request.url, ": ", what);
   };
   if (!api.error.empty()) return absl::UnavailableError(prefixed(api.error));
   if (s == nullptr || s->abort_event == nullptr) {
@@ -552,7 +555,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
       }
     }
     s->request = api.WinHttpOpenRequest(
-        s->connect, L"POST", Wide(url->target).c_str(), nullptr,
+        s->connect, request.get ? L"GET" : L"POST", Wide(url->target).c_str(), nullptr,
         WINHTTP_NO_REFERER, WINHTTP_DEFAULT_ACCEPT_TYPES,
         url->secure ? WINHTTP_FLAG_SECURE : 0);
     if (s->request == nullptr) {
@@ -742,9 +745,9 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const HttpRequest& request) {
     DWORD n = 0;
     if (absl::Status st = run_step(Step::kRead, &n); !st.ok()) return st;
     if (n == 0) break;
-    if (response.body.size() < kMaxResponseBody) {
+    if (response.body.size() < request.max_response_body) {
       response.body.append(ctx->buffer.data(),
-                           std::min<size_t>(n, kMaxResponseBody - response.body.size()));
+                           std::min<size_t>(n, request.max_response_body - response.body.size()));
     }
   }
   finish();

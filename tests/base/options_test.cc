@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <csignal>
 #include <map>
 #include <string>
 #include <vector>
@@ -779,6 +780,37 @@ TEST(OptionsEngineTest, PerfFdShareIsAPercentage) {
   EXPECT_THAT(std::string(bad.Validate().message()),
               ::testing::HasSubstr("Options.perf_fd_share=-1"));
 }
+
+#if !defined(_WIN32)
+// INPROF_DUMP_SIGNAL: a signal handed over by name or number; none that
+// reports a fault, stops or ends the process unasked, nor inprof's SIGPROF.
+TEST(OptionsTest, DumpSignalIsASignalHandedOver) {
+  std::vector<std::string> errors;
+  EXPECT_EQ(FromMap({}, &errors).dump_signal, 0);
+  EXPECT_EQ(FromMap({{"INPROF_DUMP_SIGNAL", "QUIT"}}, &errors).dump_signal, SIGQUIT);
+  EXPECT_EQ(FromMap({{"INPROF_DUMP_SIGNAL", " sigusr2 "}}, &errors).dump_signal, SIGUSR2);
+  EXPECT_EQ(FromMap({{"INPROF_DUMP_SIGNAL", absl::StrCat(SIGUSR1)}}, &errors).dump_signal,
+            SIGUSR1);
+  EXPECT_EQ(FromMap({{"INPROF_DUMP_SIGNAL", absl::StrCat(SIGRTMIN + 2)}}, &errors).dump_signal,
+            SIGRTMIN + 2);
+  EXPECT_EQ(FromMap({{"INPROF_DUMP_SIGNAL", "0"}}, &errors).dump_signal, 0);
+  EXPECT_THAT(errors, IsEmpty());
+  for (const char* bad : {"KILL", "SIGPROF", "SEGV", "27", "9", "-3", "QUITT", "usr3"}) {
+    errors.clear();
+    EXPECT_EQ(FromMap({{"INPROF_DUMP_SIGNAL", bad}}, &errors).dump_signal, 0) << bad;
+    ASSERT_EQ(errors.size(), 1u) << bad;
+    EXPECT_THAT(errors[0], AllOf(HasSubstr(absl::StrCat("INPROF_DUMP_SIGNAL='", bad, "'")),
+                                 HasSubstr("expected QUIT, USR1"),
+                                 HasSubstr("using no thread dump on a signal")));
+  }
+  Options options;
+  options.dump_signal = SIGKILL;
+  EXPECT_THAT(std::string(options.Validate().message()),
+              HasSubstr(absl::StrCat("Options.dump_signal=", SIGKILL)));
+  options.dump_signal = SIGUSR2;
+  EXPECT_TRUE(options.Validate().ok());
+}
+#endif
 
 TEST(OptionsTest, WallCpuBudgetIsAPercentageOfOneCore) {
   std::vector<std::string> errors;

@@ -316,7 +316,10 @@ TEST(DebugEndpointTest, RejectsBadRequestsWithOneLine) {
   const std::vector<Case> cases = {
       {"GET", "/", 404, "no page '/': see /debug/pprof/"},
       {"GET", "/debug/pprof/heap", 404, "no heap profile here"},  // no snapshot given
-      {"GET", "/debug/pprof/goroutine", 404, "no page '/debug/pprof/goroutine'"},
+      {"GET", "/debug/pprof/cmdline", 404, "no page '/debug/pprof/cmdline'"},
+      // Without a thread dump (an endpoint for several processes, or none set).
+      {"GET", "/debug/pprof/goroutine", 404, "/debug/pprof/goroutine is served by"},
+      {"GET", "/debug/pprof/threads?debug=3", 400, "debug='3'"},
       {"GET", "/debug/pprof/profile/", 404, "no page"},
       {"POST", "/debug/pprof/profile", 405, "method 'POST' not allowed"},
       {"HEAD", "/debug/pprof/profile", 405, "needs GET"},

@@ -15,6 +15,10 @@
 //                                      Start (contentions, delay), with
 //                                      INPROF_LOCK_PERIOD set; debug=1: Go's
 //                                      legacy contention text
+//   /debug/pprof/threads, /goroutine   every registered thread's stack now:
+//                                      gzip pprof, a sample per thread
+//                                      (its name, state, system call and
+//                                      wait); debug=1 or 2: as text
 // An endpoint for several processes (`inprof agent --http`) takes `pid=N`
 // with a capture (optional while one process is connected), and its index
 // lists the processes.
@@ -109,6 +113,13 @@ class DebugEndpoint {
     process_snapshot_ = std::move(snapshot);
   }
 
+  // The thread dump (/debug/pprof/threads, /goroutine): gzip pprof with
+  // one sample type, `type` ("threads", "goroutine"), or text. Unset: those
+  // pages answer 404. Before the first request.
+  using ThreadDump =
+      std::function<absl::StatusOr<std::string>(absl::string_view type, bool text)>;
+  void SetThreadDump(ThreadDump dump) { thread_dump_ = std::move(dump); }
+
   // One request: `method` ("GET"), `target` as on the request line
   // ("/debug/pprof/profile?seconds=5"). Any thread; a capture blocks the
   // calling thread for its duration.
@@ -126,6 +137,8 @@ class DebugEndpoint {
   // /debug/pprof/heap, /allocs, /mutex, /block: `name` is the page's.
   DebugResponse HeapSnapshot(absl::string_view default_type, absl::string_view query,
                              absl::string_view name);
+  // /debug/pprof/threads and /goroutine (`name`).
+  DebugResponse Threads(absl::string_view query, absl::string_view name);
   // Several processes: `pid=` of a query (0 when absent) as the process
   // it names (the only one connected when 0), with its title; or the
   // answer saying why not.
@@ -134,6 +147,7 @@ class DebugEndpoint {
 
   Capture capture_;
   Snapshot snapshot_;
+  ThreadDump thread_dump_;
   ProcessSnapshot process_snapshot_;
   ProcessCapture process_capture_;  // set for several processes
   ProcessList processes_;

@@ -48,16 +48,19 @@ struct HttpRequest {
   std::string basic_auth_password;
   std::string bearer_token;  // non-empty: "Authorization: Bearer ..."
   absl::Duration timeout = absl::Seconds(10);
+  bool get = false;  // a GET instead (`body` and `parts` unused): `inprof stacks`
+  size_t max_response_body = 4096;  // bytes of the response kept (HttpResponse::body)
 };
 
 struct HttpResponse {
   long status = 0;   // HTTP status code
-  std::string body;  // at most kMaxResponseBody bytes kept
+  std::string body;  // at most the request's max_response_body bytes kept
 };
 
 class HttpClient {
  public:
-  // Response bytes kept (error pages can be large; one line is logged).
+  // Response bytes kept by default (error pages can be large; one line is
+  // logged): HttpRequest::max_response_body.
   static constexpr size_t kMaxResponseBody = 4096;
 
   // OK when libcurl (loaded on first use, see http_client_curl.cc; on

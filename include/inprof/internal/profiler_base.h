@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "inprof/internal/leaf_frame_resolver.h"
@@ -108,6 +109,9 @@ struct SlotBase : ThreadSlotHeader, SlotRecordState {
   int64_t wall_last_visit_ns = kNeverVisited;
   bool wall_due = false;
   uint64_t seen_small_stack = 0;
+  // Its CPU clock at the wall ticker's latest look, and the first look that
+  // read it: how long a waiting thread waited, to a round (DumpThreads).
+  int64_t still_clock = -1, still_since_ns = 0;
   // Per provider (collector-owned, registry lock): the newest stack drained
   // for it and its canonical labels. What the provider measured after that
   // sample (TakeTail) is credited there: a thread's last moments were
@@ -166,6 +170,9 @@ class ProfilerBase : public ProfilerCommon {
   // Counters so far. Any thread.
   ProfilerStats stats() const;
 
+  // Every registered thread's stack now, a sample each (profiler_dump.cc).
+  absl::StatusOr<ProfileData> DumpThreads(absl::Duration wait = absl::Seconds(1));
+
  protected:
   // What the template's types decide, once, at construction.
   struct Shape {
@@ -204,6 +211,9 @@ class ProfilerBase : public ProfilerCommon {
     const char* unwinder = "";
     bool unwinder_supported = true;
     size_t (*unwind_here)(std::span<uintptr_t> out) noexcept = nullptr;
+    // A copy of a waiting thread's stack walked from (pc, sp) (null: none).
+    UnwindResult (*unwind_copy)(uintptr_t pc, uintptr_t sp, std::span<const uint64_t> copy,
+                                std::span<uintptr_t> out) noexcept = nullptr;
     // The shape of the records and rings, for a reader in another process
     // (sample_record.h); null when the rings cannot live in shared memory.
     const ThreadRingLayout* ring_layout = nullptr;

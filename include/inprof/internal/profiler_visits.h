@@ -131,6 +131,20 @@ class ProfilerVisits : public ProfilerCollector<U, R, Ps...> {
   template <typename P>
   static constexpr bool kReadsBlockedStacks =
       !kUnderTsan && Layout::kLeafWords == 0 && ReadsBlockedStacks<P> && WalksStackCopies<U>;
+  // A thread dump's walk of a waiting thread's stack copy (ProfilerBase::
+  // Shape::unwind_copy), where the unwinder walks copies. Under TSan too:
+  // the dump reads no slot field the thread writes but its labels
+  // (atomics), and TSan defers a signal to a thread blocked in read()
+  // until the call returns.
+  static constexpr bool kDumpReadsCopies = Layout::kLeafWords == 0 && WalksStackCopies<U>;
+  static UnwindResult UnwindCopyOf(uintptr_t pc, uintptr_t sp, std::span<const uint64_t> copy,
+                                   std::span<uintptr_t> out) noexcept {
+    if constexpr (WalksStackCopies<U>) {
+      return U().UnwindCopy(pc, sp, copy, out);
+    } else {
+      return {};
+    }
+  }
   // The most of a blocked thread's stack it copies (from its sp up): a
   // deeper stack is sampled by the signal.
   static constexpr size_t kStackReadBytes = 64 * 1024;

@@ -48,6 +48,19 @@ class SampleHandler {
   static void SampleThread(ThreadSlotHeader* header,
                            siginfo_t* info, void* ucontext, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
+    if (TakeDumpRequest(*slot)) {
+      U dumper;
+      slot->dump_depth = static_cast<uint32_t>(
+          dumper.Unwind(ucontext, slot->stack,
+                        std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(slot->dump_frames),
+                                             slot->dump_capacity))
+              .depth);
+      slot->dump_state.store(ThreadSlotHeader::kDumpDone, std::memory_order_release);
+      if ((tag & 0xff) == kDumpSignalProvider) {
+        slot->handler_exit_clock.store(ThreadCpuNanos(slot->cpu_clock),
+                                       std::memory_order_relaxed);
+      }
+    }
     size_t provider;
     int64_t values[L::kMaxValuesPerProvider];
     if (!TakeValues(*slot, *info, tag, provider, values)) return;
@@ -140,6 +153,10 @@ class SampleHandler {
   static void SampleStackless(ThreadSlotHeader* header,
                               siginfo_t* info, void*, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
+    if (TakeDumpRequest(*slot)) {
+      slot->dump_depth = 0;
+      slot->dump_state.store(ThreadSlotHeader::kDumpNoStack, std::memory_order_release);
+    }
     size_t provider;
     int64_t values[L::kMaxValuesPerProvider];
     if (!TakeValues(*slot, *info, tag, provider, values)) return;
@@ -198,6 +215,15 @@ class SampleHandler {
     return provider < L::kNumProviders &&
            OnSignalAt(provider, slot, info,
                       std::make_index_sequence<L::kNumProviders>{}, values);
+  }
+  // A thread dump's request in the slot, taken (ThreadSlotHeader::
+  // dump_state): any of inprof's signals answers it, the dump's own or one
+  // pending before it (a second SIGPROF is not queued beside the first).
+  static bool TakeDumpRequest(Slot& slot) noexcept {
+    uint32_t asked = ThreadSlotHeader::kDumpAsked;
+    return slot.dump_state.load(std::memory_order_relaxed) == asked &&
+           slot.dump_state.compare_exchange_strong(asked, ThreadSlotHeader::kDumpWriting,
+                                                   std::memory_order_acquire);
   }
   // ... and end with, after the records' push.
   static void HandlerDone(Slot& slot) noexcept {

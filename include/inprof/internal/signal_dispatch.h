@@ -48,6 +48,8 @@ inline constexpr bool kUnoptimized = true;
 // previous run of the same profiler is ignored instead of racing the
 // re-arming of its thread; the low byte names the provider.
 inline constexpr int kSignalTagMagic = 0x1f0f0000;
+// The low byte of a thread dump's signal (no provider's: at most 255).
+inline constexpr int kDumpSignalProvider = 0xff;
 inline constexpr int kSignalTagMagicMask = static_cast<int>(0xffff0000u);
 uint64_t ActiveSession() noexcept;
 inline int MakeSignalTag(int provider, uint64_t session = ActiveSession()) {
@@ -136,6 +138,19 @@ struct ThreadSlotHeader {
   std::atomic<int64_t> exit_cpu_ns{-1};   // -1: the thread is registered
   std::atomic<int64_t> exit_wall_ns{-1};  // CLOCK_MONOTONIC
   ThreadSlotHeader* next_retired = nullptr;
+  // A thread dump's request (ProfilerBase::DumpThreads): the dumping
+  // thread points dump_frames at room for dump_capacity frames, sets
+  // dump_state to kDumpAsked and signals; the handler, whatever signal it
+  // runs for, takes the request (kDumpWriting), walks the stack there and
+  // sets dump_depth, then kDumpDone (kDumpNoStack on a small stack). A
+  // dumper that stops waiting takes kDumpAsked back to kDumpIdle, or waits
+  // out kDumpWriting: the room is never written after it gave up.
+  static constexpr uint32_t kDumpIdle = 0, kDumpAsked = 1, kDumpWriting = 2, kDumpDone = 3,
+                            kDumpNoStack = 4;
+  std::atomic<uint32_t> dump_state{kDumpIdle};
+  uint32_t dump_capacity = 0;
+  uint32_t dump_depth = 0;
+  uint64_t* dump_frames = nullptr;
   // The slot's bit in its profiler type's PendingSlots (pending_slots.h:
   // MarkPending), set once when the slot is created; null: none.
   std::atomic<uint64_t>* pending_word = nullptr;

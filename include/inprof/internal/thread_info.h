@@ -89,6 +89,10 @@ ThreadLook LookAtThread(pid_t tid, OwnedFd* kept, bool keep) noexcept;
 // (EPERM or ENOSYS where a sandbox forbids the call). `pid` is getpid().
 int CopyOwnMemory(pid_t pid, uintptr_t address, size_t bytes, void* out) noexcept;
 
+// The name of system call `nr` on this machine's architecture for the
+// calls threads wait in ("futex", "epoll_wait", "read"), else "syscall N".
+std::string SyscallName(int64_t nr);
+
 // Thread CPU time of `clock` in nanoseconds, or -1 if the thread is gone.
 // Async-signal-safe.
 int64_t ThreadCpuNanos(clockid_t clock) noexcept;

@@ -284,6 +284,13 @@ class WallTicker {
         steady_visits = 0;
       }
     }
+    if constexpr (ReadsBlockedStacks<P>) {
+      // Since when the thread has not run (a thread dump's "waited").
+      if (const int64_t clock = P::LookClock(host.Data(slot)); clock != slot.still_clock) {
+        slot.still_clock = clock;
+        slot.still_since_ns = when.now_ns;
+      }
+    }
     RoundWeight took = RoundWeight::kTaken;
     if constexpr (ReportsRoundWeight<P>) took = P::RoundWeightUse(host.Data(slot));
     // Last: the thread may unregister (and its data change) from here.

@@ -1,0 +1,266 @@
+// The live thread dump (ProfilerBase::DumpThreads): every registered
+// thread's stack now, one sample each, while the program runs on.
+//
+// How each thread is read, under the registry lock (no visit of the wall
+// ticker, no registration meanwhile; a thread that unregisters itself
+// waits for its slot's `visiting` to clear, as for a wall visit):
+//   - a thread that waits in the kernel: its stack copied from where it
+//     waits (/proc/self/task/TID/syscall: its sp and pc; process_vm_readv)
+//     and walked from the copy, kept when its CPU clock did not move
+//     meanwhile -- no signal, so its wait is not interrupted. Where the
+//     unwinder walks no copies (frame pointers with leaf repair), or
+//     the copy does not walk to the stack's end, it is signalled as a
+//     running one (as the wall sampler signals it then);
+//   - a running thread: the profiling signal, whose handler walks its stack
+//     into room this call gave it (ThreadSlotHeader::dump_state). All of
+//     them are signalled first and waited for together, `wait` at most; a
+//     thread that does not answer in time (SIGPROF blocked, stopped by a
+//     debugger) is dumped without a stack, on a frame that says so.
+// The calling thread, when registered, walks its own stack.
+//
+// Each sample carries the thread's id and name, its labels, "thread
+// state" (running or blocked), and for a blocked thread "syscall" (the
+// call it waits in) and "waited ns": how long its CPU clock has not moved,
+// as the wall ticker's looks saw it (at least that long, to a round of
+// visits; absent before a look found it still).
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "inprof/base/alloc_guard.h"
+#include "inprof/internal/label_table.h"
+#include "inprof/internal/profiler_base.h"
+#include "inprof/internal/thread_info.h"
+
+namespace inprof::internal {
+
+namespace {
+
+// The frames one thread's dump holds at most, and the most of a waiting
+// thread's stack copied (from its sp up: a thread's stack is mostly much
+// less; a deeper one, whose walk stops at the copy's end, is signalled).
+constexpr size_t kDumpFrames = 256;
+constexpr size_t kStackReadBytes = 256 * 1024;
+
+int64_t MonotonicNanos() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec * 1'000'000'000LL + now.tv_nsec;
+}
+
+// One thread of the dump: its slot (visiting set), its sample, the room
+// its frames go to, and whether its handler was asked for them.
+struct Dumped {
+  SlotBase* slot;
+  size_t sample;
+  uint64_t* room;
+  bool signalled = false;
+  bool answered = false;
+};
+
+void AddLabel(ProfileSample& sample, std::string key, std::string value) {
+  SampleLabel label;
+  label.key = std::move(key);
+  label.str = std::move(value);
+  sample.labels.push_back(std::move(label));
+}
+
+// The thread's own labels (ScopedLabels), read as the wall ticker reads a
+// waiting thread's (relaxed loads: a running thread may change them).
+void AddThreadLabels(const SlotBase& slot, ProfileSample& sample) {
+  uint32_t n = __atomic_load_n(&slot.label_count, __ATOMIC_RELAXED);
+  if (n > ThreadSlotHeader::kMaxLabels) n = 0;
+  const LabelTable& table = LabelTable::Global();
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t key = __atomic_load_n(&slot.label_words[2 * i], __ATOMIC_RELAXED);
+    const uint64_t value = __atomic_load_n(&slot.label_words[2 * i + 1], __ATOMIC_RELAXED);
+    SampleLabel label;
+    label.key = table.Lookup(static_cast<uint32_t>(key));
+    label.numeric = (key & kNumericLabel) != 0;
+    if (label.numeric) {
+      label.num = static_cast<int64_t>(value);
+    } else {
+      label.str = table.Lookup(static_cast<uint32_t>(value));
+    }
+    sample.labels.push_back(std::move(label));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
+  AllocGuard guard;  // inprof's allocations, not the host's
+  ProfileData data;
+  data.sample_types = {{"threads", "count"}};
+  data.period_type = {"threads", "count"};
+  data.period = 1;
+  data.time_nanos = absl::GetCurrentTimeNanos();
+  std::unique_lock<std::mutex> lock(registry_->mutex);
+  if (!running_) {
+    return absl::FailedPreconditionError(
+        "the profiler is not running: a thread dump reads the threads registered with a "
+        "started profiler");
+  }
+  if (getpid() != start_pid_) {
+    return absl::FailedPreconditionError("a forked child has no registered threads to dump");
+  }
+  const size_t n = active_.size();
+  // The handlers' room: never freed before each handler asked is done.
+  std::unique_ptr<uint64_t[]> room = std::make_unique_for_overwrite<uint64_t[]>(
+      std::max<size_t>(n, 1) * kDumpFrames);
+  std::unique_ptr<uint64_t[]> copy;
+  std::vector<Dumped> dumped;
+  dumped.reserve(n);
+  data.threads.reserve(n);
+  data.samples.reserve(n);
+  const pid_t self = CurrentTid();
+  const int64_t start_ns = MonotonicNanos();
+  const int64_t start_cpu_ns = ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID);
+  uint64_t read = 0, signalled = 0, unanswered = 0, small = 0;
+  for (size_t i = 0; i < n; ++i) {
+    SlotBase* slot = active_[i];
+    slot->visiting.store(true, std::memory_order_seq_cst);
+    if (slot->retiring.load(std::memory_order_seq_cst)) {
+      slot->visiting.store(false, std::memory_order_release);
+      continue;  // gone or going: its id may be reused
+    }
+    Dumped d{slot, data.samples.size(), room.get() + i * kDumpFrames};
+    data.threads.push_back(ThreadIdentity{slot->tid, slot->name});
+    ProfileSample& sample = data.samples.emplace_back();
+    sample.thread = static_cast<uint32_t>(data.threads.size() - 1);
+    sample.values = {1};
+    AddThreadLabels(*slot, sample);
+    std::span<uintptr_t> out(reinterpret_cast<uintptr_t*>(d.room), kDumpFrames);
+    if (slot->tid == self) {
+      AddLabel(sample, kThreadState, kThreadRunning);
+      const size_t depth = shape_.unwind_here(out);
+      sample.frames.assign(d.room, d.room + depth);
+      dumped.push_back(d);
+      continue;
+    }
+    const int64_t clock = ThreadCpuNanos(slot->cpu_clock);
+    const ThreadLook look = LookAtThread(slot->tid);
+    if (look.state == 0 || clock < 0) {
+      AddLabel(sample, kThreadState, "ended");
+      sample.synthetic_frame = "[inprof: the thread ended without unregistering]";
+      dumped.push_back(d);
+      continue;
+    }
+    const bool blocked = look.state != 'R';
+    AddLabel(sample, kThreadState, blocked ? kThreadBlocked : kThreadRunning);
+    if (blocked && look.site.known() && look.site.nr >= 0) {
+      AddLabel(sample, "syscall", SyscallName(look.site.nr));
+    }
+    if (blocked && slot->still_clock == clock && slot->still_since_ns > 0) {
+      SampleLabel waited;
+      waited.key = "waited ns";
+      waited.num = start_ns - slot->still_since_ns;
+      waited.numeric = true;
+      sample.labels.push_back(std::move(waited));
+    }
+    const SyscallSite site = look.site;
+    if (blocked && shape_.unwind_copy != nullptr && site.known() && site.nr >= 0 &&
+        (site.sp & 7) == 0 && site.sp >= slot->stack.lo && site.sp < slot->stack.hi) {
+      const size_t bytes =
+          std::min<size_t>(slot->stack.hi - site.sp, kStackReadBytes) & ~size_t{7};
+      if (copy == nullptr) copy = std::make_unique_for_overwrite<uint64_t[]>(kStackReadBytes / 8);
+      if (bytes > 0 && CopyOwnMemory(start_pid_, site.sp, bytes, copy.get()) == 0) {
+        const UnwindResult walked = shape_.unwind_copy(
+            site.pc, site.sp, std::span<const uint64_t>(copy.get(), bytes / 8), out);
+        // Kept when the thread did not run meanwhile (the copy is its
+        // stack) and the walk reached its end (else: signalled, as the
+        // wall sampler does).
+        if (walked.depth > 0 && (!walked.truncated || walked.depth == kDumpFrames) &&
+            ThreadCpuNanos(slot->cpu_clock) == clock) {
+          sample.frames.assign(d.room, d.room + walked.depth);
+          ++read;
+          dumped.push_back(d);
+          continue;
+        }
+      }
+    }
+    // Its handler walks it: the request first, then the signal.
+    slot->dump_frames = d.room;
+    slot->dump_capacity = kDumpFrames;
+    slot->dump_depth = 0;
+    slot->dump_state.store(ThreadSlotHeader::kDumpAsked, std::memory_order_release);
+    SendProfilingSignal(*slot, MakeSignalTag(kDumpSignalProvider, session_));
+    d.signalled = true;
+    ++signalled;
+    dumped.push_back(d);
+  }
+  // The signalled threads' answers, together.
+  const int64_t deadline = start_ns + absl::ToInt64Nanoseconds(wait);
+  for (bool waiting = signalled > 0; waiting;) {
+    waiting = false;
+    for (Dumped& d : dumped) {
+      if (!d.signalled || d.answered) continue;
+      const uint32_t state = d.slot->dump_state.load(std::memory_order_acquire);
+      if (state == ThreadSlotHeader::kDumpDone || state == ThreadSlotHeader::kDumpNoStack) {
+        d.answered = true;
+      } else {
+        waiting = true;
+      }
+    }
+    if (!waiting || MonotonicNanos() >= deadline) break;
+    timespec pause{0, 50'000};
+    nanosleep(&pause, nullptr);
+  }
+  for (Dumped& d : dumped) {
+    ProfileSample& sample = data.samples[d.sample];
+    if (d.signalled) {
+      uint32_t asked = ThreadSlotHeader::kDumpAsked;
+      if (!d.answered &&
+          !d.slot->dump_state.compare_exchange_strong(asked, ThreadSlotHeader::kDumpIdle,
+                                                      std::memory_order_acq_rel)) {
+        // Its handler took the request meanwhile: it writes the room now.
+        while (d.slot->dump_state.load(std::memory_order_acquire) ==
+               ThreadSlotHeader::kDumpWriting) {
+          sched_yield();
+        }
+        d.answered = true;
+      }
+      const uint32_t state = d.slot->dump_state.load(std::memory_order_acquire);
+      if (!d.answered) {
+        ++unanswered;
+        sample.synthetic_frame = "[inprof: the thread did not answer the dump's signal]";
+      } else if (state == ThreadSlotHeader::kDumpNoStack) {
+        ++small;
+        sample.synthetic_frame = kSmallStackFrame;
+      } else {
+        const size_t depth = std::min<size_t>(d.slot->dump_depth, kDumpFrames);
+        sample.frames.assign(d.room, d.room + depth);
+      }
+      d.slot->dump_state.store(ThreadSlotHeader::kDumpIdle, std::memory_order_relaxed);
+      d.slot->dump_frames = nullptr;
+      d.slot->dump_capacity = 0;
+    }
+    if (sample.frames.empty() && sample.synthetic_frame.empty()) {
+      sample.synthetic_frame = "[inprof: no frame could be walked]";
+    }
+    d.slot->visiting.store(false, std::memory_order_release);
+  }
+  const int64_t took_ns = MonotonicNanos() - start_ns;
+  const int64_t cpu_ns = ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID) - start_cpu_ns;
+  lock.unlock();
+  data.duration_nanos = took_ns;
+  data.comments.push_back(absl::StrCat(
+      "thread dump: ", data.samples.size(), " registered threads in ",
+      absl::FormatDuration(absl::Nanoseconds(took_ns)), " (",
+      absl::FormatDuration(absl::Nanoseconds(cpu_ns)),
+      " of the dumping thread's CPU); waiting threads read from a copy "
+      "of their stack (not signalled)=", read, ", threads signalled=", signalled,
+      ", of them not answering within ", absl::FormatDuration(wait), "=", unanswered,
+      ", on a small or foreign stack=", small));
+  return data;
+}
+
+}  // namespace inprof::internal

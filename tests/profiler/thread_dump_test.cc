@@ -1,0 +1,422 @@
+// Tests of the live thread dump (ProfilerBase::DumpThreads, served as
+// /debug/pprof/threads and /goroutine): each registered thread once, where
+// the test put it -- blocked in read() or on a condition variable, or
+// running -- with its name, state, system call and labels; waiting threads
+// read without a signal; a thread that cannot answer does not hold the
+// dump up. Every assertion is on where the test itself put its threads:
+// deterministic.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "inprof/inprof.h"
+#include "inprof/pprof_reader.h"
+#include "util/test_util.h"
+
+namespace inprof {
+namespace {
+
+using DumpProfiler = Profiler<DefaultUnwinder, DefaultSampleRing, CpuTimeProvider,
+                              WallTimeProvider>;
+
+// Where the threads are. noinline, and each keeps a frame of its own.
+__attribute__((noinline)) ssize_t BlockedInRead(int fd) {
+  char c;
+  const ssize_t n = read(fd, &c, 1);
+  asm volatile("" ::: "memory");
+  return n;
+}
+__attribute__((noinline)) void WaitOnCondition(std::mutex& m, std::condition_variable& cv,
+                                               const bool& go) {
+  std::unique_lock<std::mutex> lock(m);
+  cv.wait(lock, [&] { return go; });
+  asm volatile("" ::: "memory");
+}
+__attribute__((noinline)) void SpinUntilStopped(const std::atomic<bool>& stop) {
+  while (!stop.load(std::memory_order_relaxed)) {
+#if defined(INPROF_TSAN)
+    // TSan delivers a signal at the thread's next call it intercepts.
+    usleep(1);
+#endif
+    asm volatile("" ::: "memory");
+  }
+  asm volatile("" ::: "memory");
+}
+
+Options TestOptions(const std::string& name) {
+  Options options;
+  options.output = testing::FreshTestDir(name) + "/profile.pb.gz";
+  options.http_addr = "127.0.0.1:0";
+  options.export_period = absl::ZeroDuration();
+  return options;
+}
+
+bool StackHas(const DecodedProfile::Sample& s, const std::string& function) {
+  for (const std::string& f : s.stack) {
+    if (absl::StrContains(f, function)) return true;
+  }
+  return false;
+}
+
+std::string Label(const DecodedProfile::Sample& s, const std::string& key) {
+  auto it = s.str_labels.find(key);
+  return it == s.str_labels.end() ? "" : it->second;
+}
+
+// Three threads blocked in read() on a pipe, one on a condition variable,
+// two running, and the calling thread: each once, at its function, in its
+// state; the blocked ones read from a copy of their stack (not signalled)
+// and, once the wall sampler looked at them, with how long they waited.
+TEST(ThreadDumpTest, EveryThreadOnceWhereItIs) {
+  DumpProfiler profiler(TestOptions("thread_dump"));
+  ASSERT_TRUE(profiler.Start().ok());
+  auto self = profiler.RegisterThread("dumper");
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> ready{0};
+  std::mutex m;
+  std::condition_variable cv;
+  bool go = false;
+  std::vector<std::thread> threads;
+  const int64_t blocked_from_ns = absl::GetCurrentTimeNanos();
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      auto registration = profiler.RegisterThread(absl::StrCat("sleeper-", i));
+      ScopedLabels labels({{"role", "sleeper"}});
+      ready.fetch_add(1);
+      EXPECT_EQ(BlockedInRead(pipe_fds[0]), 1);
+    });
+  }
+  threads.emplace_back([&] {
+    auto registration = profiler.RegisterThread("waiter");
+    ready.fetch_add(1);
+    WaitOnCondition(m, cv, go);
+  });
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto registration = profiler.RegisterThread(absl::StrCat("spinner-", i));
+      ready.fetch_add(1);
+      SpinUntilStopped(stop);
+    });
+  }
+  while (ready.load() < 6) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::string address = profiler.http_address();
+  ASSERT_FALSE(address.empty());
+  // Dumped until the wall sampler has looked at every blocked thread (its
+  // "waited ns"), 20 s at most: the ticker visits each thread every round.
+  DecodedProfile dump;
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    testing::HttpReply reply = testing::HttpFetch(address, "GET", "/debug/pprof/threads");
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    absl::StatusOr<DecodedProfile> p = DecodePprof(reply.body);
+    ASSERT_TRUE(p.ok()) << p.status();
+    int waited = 0;
+    for (const auto& s : p->samples) waited += s.num_labels.contains("waited ns");
+    dump = *std::move(p);
+    if (waited >= 4 || std::chrono::steady_clock::now() > deadline) break;
+  }
+  const int64_t dumped_by_ns = absl::GetCurrentTimeNanos();
+  testing::HttpReply text_reply =
+      testing::HttpFetch(address, "GET", "/debug/pprof/threads?debug=2");
+  testing::HttpReply goroutine = testing::HttpFetch(address, "GET", "/debug/pprof/goroutine");
+  stop.store(true);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    go = true;
+  }
+  cv.notify_all();
+  ASSERT_EQ(write(pipe_fds[1], "xyz", 3), 3);
+  for (std::thread& t : threads) t.join();
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  self = ThreadRegistration();
+  ASSERT_TRUE(profiler.Stop().ok());
+
+  ASSERT_EQ(dump.sample_types.size(), 1u);
+  EXPECT_EQ(dump.sample_types[0].type, "threads");
+  ASSERT_EQ(dump.samples.size(), 7u);
+  std::vector<std::string> names;
+  for (const auto& s : dump.samples) {
+    SCOPED_TRACE(Label(s, "thread name"));
+    names.push_back(Label(s, "thread name"));
+    EXPECT_EQ(s.values, std::vector<int64_t>{1});
+    EXPECT_GT(s.num_labels.at("thread id"), 0);
+    const std::string name = Label(s, "thread name");
+    if (absl::StartsWith(name, "sleeper-")) {
+      EXPECT_TRUE(StackHas(s, "BlockedInRead")) << absl::StrJoin(s.stack, " <- ");
+      EXPECT_EQ(Label(s, "thread state"), "blocked");
+      EXPECT_EQ(Label(s, "syscall"), "read");
+      EXPECT_EQ(Label(s, "role"), "sleeper");
+    } else if (name == "waiter") {
+      EXPECT_TRUE(StackHas(s, "WaitOnCondition")) << absl::StrJoin(s.stack, " <- ");
+      EXPECT_EQ(Label(s, "thread state"), "blocked");
+      EXPECT_EQ(Label(s, "syscall"), "futex");
+    } else if (absl::StartsWith(name, "spinner-")) {
+      EXPECT_TRUE(StackHas(s, "SpinUntilStopped")) << absl::StrJoin(s.stack, " <- ");
+#if !defined(INPROF_TSAN)  // there it sleeps a microsecond a round
+      EXPECT_EQ(Label(s, "thread state"), "running");
+      EXPECT_FALSE(s.num_labels.contains("waited ns"));
+#endif
+    } else {
+      // The endpoint's thread dumps; this one waits for its answer.
+      EXPECT_EQ(name, "dumper");
+      EXPECT_TRUE(StackHas(s, "HttpFetch")) << absl::StrJoin(s.stack, " <- ");
+      EXPECT_TRUE(StackHas(s, "EveryThreadOnceWhereItIs")) << absl::StrJoin(s.stack, " <- ");
+      EXPECT_EQ(Label(s, "thread state"), "blocked");
+    }
+    if (auto it = s.num_labels.find("waited ns"); it != s.num_labels.end()) {
+      // Since the first look that found it still: after it blocked.
+      EXPECT_GE(it->second, 0);
+      EXPECT_LE(it->second, dumped_by_ns - blocked_from_ns);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"dumper", "sleeper-0", "sleeper-1", "sleeper-2",
+                                             "spinner-0", "spinner-1", "waiter"}));
+  int waited = 0;
+  for (const auto& s : dump.samples) waited += s.num_labels.contains("waited ns");
+  EXPECT_GE(waited, 4) << "the wall sampler looked at each blocked thread within 20 s";
+  std::string comments = absl::StrJoin(dump.comments, "\n");
+#if !defined(INPROF_TSAN)
+  // The five waiting threads (this one too: in recv) read from copies of
+  // their stacks; only the two running ones signalled.
+  EXPECT_TRUE(absl::StrContains(comments, "(not signalled)=5, threads signalled=2,"))
+      << comments;
+#endif
+  EXPECT_TRUE(absl::StrContains(comments, "within 1s=0,")) << comments;
+
+  ASSERT_EQ(text_reply.status, 200) << text_reply.body;
+  text = text_reply.body;
+  EXPECT_TRUE(absl::StrContains(text, "\"sleeper-1\" [blocked in read")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "\"waiter\" [blocked in futex")) << text;
+#if !defined(INPROF_TSAN)  // there it sleeps a microsecond a round
+  EXPECT_TRUE(absl::StrContains(text, "\"spinner-0\" [running]:")) << text;
+#endif
+  EXPECT_TRUE(absl::StrContains(text, "labels: {role=sleeper}")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "BlockedInRead(int)\n\t")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "thread_dump_test.cc:")) << text;
+
+  ASSERT_EQ(goroutine.status, 200) << goroutine.body;
+  absl::StatusOr<DecodedProfile> g = DecodePprof(goroutine.body);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(g->sample_types.size(), 1u);
+  EXPECT_EQ(g->sample_types[0].type, "goroutine");
+  EXPECT_EQ(g->samples.size(), 7u);
+}
+
+// A thread that blocks SIGPROF after registering cannot answer the dump's
+// signal: it is dumped without a stack, on a frame that says so, after the
+// dump's wait and no later; the other threads are dumped as usual.
+TEST(ThreadDumpTest, AThreadThatCannotAnswerDoesNotHoldTheDumpUp) {
+  DumpProfiler profiler(TestOptions("thread_dump_masked"));
+  ASSERT_TRUE(profiler.Start().ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> ready{0};
+  std::thread masked([&] {
+    auto registration = profiler.RegisterThread("masked");
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPROF);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    ready.fetch_add(1);
+    SpinUntilStopped(stop);
+    // Its pending signals are taken as it unregisters (unblocked first).
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  });
+  std::thread spinner([&] {
+    auto registration = profiler.RegisterThread("spinner");
+    ready.fetch_add(1);
+    SpinUntilStopped(stop);
+  });
+  while (ready.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto before = std::chrono::steady_clock::now();
+  absl::StatusOr<ProfileData> dump = profiler.DumpThreads(absl::Milliseconds(100));
+  const auto took = std::chrono::steady_clock::now() - before;
+  stop.store(true);
+  masked.join();
+  spinner.join();
+  ASSERT_TRUE(profiler.Stop().ok());
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  ASSERT_EQ(dump->samples.size(), 2u);
+  for (const ProfileSample& s : dump->samples) {
+    const std::string& name = dump->threads[s.thread].name;
+    if (name == "masked") {
+      EXPECT_EQ(s.synthetic_frame, "[inprof: the thread did not answer the dump's signal]");
+      EXPECT_TRUE(s.frames.empty());
+    } else {
+      EXPECT_EQ(name, "spinner");
+      EXPECT_TRUE(s.synthetic_frame.empty()) << s.synthetic_frame;
+      EXPECT_FALSE(s.frames.empty());
+    }
+  }
+  // The wait (100 ms), and not much more: 10 s is the time a machine
+  // stalled for seconds still passes in; a dump that waits forever fails.
+  EXPECT_LT(took, std::chrono::seconds(10));
+  EXPECT_TRUE(absl::StrContains(dump->comments.back(), "within 100ms=1,"))
+      << dump->comments.back();
+}
+
+// The stderr of this process redirected to a file while it lives, and
+// what was written there.
+class CapturedStderr {
+ public:
+  explicit CapturedStderr(const std::string& path) : path_(path) {
+    std::fflush(stderr);
+    saved_ = dup(STDERR_FILENO);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  ~CapturedStderr() {
+    std::fflush(stderr);
+    dup2(saved_, STDERR_FILENO);
+    close(saved_);
+  }
+  std::string Text() const {
+    std::ifstream in(path_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  std::string path_;
+  int saved_ = -1;
+};
+
+std::atomic<int> g_program_handler_calls{0};
+void ProgramsOwnHandler(int) { g_program_handler_calls.fetch_add(1); }
+
+// INPROF_DUMP_SIGNAL: the signal handed over writes the dump's text to
+// stderr, and the program runs on; after Stop() the signal's disposition
+// is the program's again. A signal the program handles itself stays its
+// own: one line, no dump.
+TEST(ThreadDumpTest, TheSignalHandedOverDumpsToStderr) {
+  const std::string dir = testing::FreshTestDir("thread_dump_signal");
+  Options options = TestOptions("thread_dump_signal");
+  options.http_addr.clear();
+  options.dump_signal = SIGUSR2;
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  std::string text;
+  {
+    CapturedStderr captured(dir + "/stderr.txt");
+    DumpProfiler profiler(options);
+    ASSERT_TRUE(profiler.Start().ok());
+    std::atomic<bool> ready{false};
+    std::thread sleeper([&] {
+      auto registration = profiler.RegisterThread("sleeper");
+      ready.store(true);
+      EXPECT_EQ(BlockedInRead(pipe_fds[0]), 1);
+    });
+    while (!ready.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(kill(getpid(), SIGUSR2), 0);
+    // Written by inprof's thread: 20 s at most.
+    for (int i = 0; i < 2000 && !absl::StrContains(captured.Text(), "\n\nthread "); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(write(pipe_fds[1], "x", 1), 1);
+    sleeper.join();
+    ASSERT_TRUE(profiler.Stop().ok());
+    text = captured.Text();
+  }
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  EXPECT_TRUE(absl::StrContains(text, absl::StrCat("thread dumps on ", strsignal(SIGUSR2))))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "inprof: thread dump on ")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "\"sleeper\" [blocked in read")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "BlockedInRead(int)")) << text;
+  // Stopped: SIGUSR2 is the program's again (default: it would end it).
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGUSR2, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
+
+  // The program's own handler: left alone, and it gets the signal.
+  struct sigaction own {};
+  own.sa_handler = &ProgramsOwnHandler;
+  sigemptyset(&own.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR2, &own, nullptr), 0);
+  {
+    CapturedStderr captured(dir + "/stderr_own.txt");
+    DumpProfiler profiler(options);
+    ASSERT_TRUE(profiler.Start().ok());
+    ASSERT_EQ(kill(getpid(), SIGUSR2), 0);
+    ASSERT_TRUE(profiler.Stop().ok());
+    text = captured.Text();
+  }
+  EXPECT_EQ(g_program_handler_calls.load(), 1);
+  EXPECT_TRUE(absl::StrContains(text, "the program handles")) << text;
+  EXPECT_FALSE(absl::StrContains(text, "inprof: thread dump on ")) << text;
+  signal(SIGUSR2, SIG_DFL);
+}
+
+// `inprof stacks PID`: the endpoint found among the process's listening
+// sockets (this process's, served from a table of inprof's), and its text.
+TEST(ThreadDumpTest, InprofStacksFindsTheEndpointOfAPid) {
+  const char* cli = std::getenv("INPROF_CLI");
+  if (cli == nullptr) GTEST_SKIP() << "INPROF_CLI is not set (run through meson test)";
+  DumpProfiler profiler(TestOptions("thread_dump_cli"));
+  ASSERT_TRUE(profiler.Start().ok());
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  std::atomic<bool> ready{false};
+  std::thread sleeper([&] {
+    auto registration = profiler.RegisterThread("cli-sleeper");
+    ready.store(true);
+    EXPECT_EQ(BlockedInRead(pipe_fds[0]), 1);
+  });
+  while (!ready.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  absl::StatusOr<testing::CommandOutput> out =
+      testing::RunCommandSeparately(absl::StrCat(cli, " stacks ", getpid()));
+  absl::StatusOr<testing::CommandOutput> none =
+      testing::RunCommandSeparately(absl::StrCat(cli, " stacks 1"));
+  ASSERT_EQ(write(pipe_fds[1], "x", 1), 1);
+  sleeper.join();
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  ASSERT_TRUE(profiler.Stop().ok());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->exit_code, 0) << out->err;
+  EXPECT_TRUE(absl::StrContains(out->out, "\"cli-sleeper\" [blocked in read")) << out->out;
+  EXPECT_TRUE(absl::StrContains(out->out, "BlockedInRead(int)")) << out->out;
+  // Process 1 (init) serves no endpoint, or is another user's: one line.
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->exit_code, 1);
+  EXPECT_TRUE(absl::StartsWith(none->err, "inprof stacks: ")) << none->err;
+  EXPECT_EQ(std::count(none->err.begin(), none->err.end(), '\n'), 1) << none->err;
+}
+
+// Before Start() there is no thread to read: one clear error.
+TEST(ThreadDumpTest, BeforeStartIsAnError) {
+  DumpProfiler profiler(TestOptions("thread_dump_stopped"));
+  absl::StatusOr<ProfileData> dump = profiler.DumpThreads();
+  ASSERT_FALSE(dump.ok());
+  EXPECT_EQ(dump.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(dump.status().message(), "not running"));
+}
+
+}  // namespace
+}  // namespace inprof
