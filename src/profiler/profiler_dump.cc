@@ -16,27 +16,38 @@
 //     them are signalled first and waited for together, `wait` at most; a
 //     thread that does not answer in time (SIGPROF blocked, stopped by a
 //     debugger) is dumped without a stack, on a frame that says so.
-// The calling thread, when registered, walks its own stack.
+// The calling thread, when registered, walks its own stack. Threads that
+// never registered are listed too (labelled registered=no): a waiting one
+// with its stack read from a copy up to the end of the mapping that holds
+// its sp; a running one without a stack. inprof's own (named inprof-*,
+// and libmicrohttpd's MHD-* of the endpoint) are left out.
 //
 // Each sample carries the thread's id and name, its labels, "thread
 // state" (running or blocked), and for a blocked thread "syscall" (the
 // call it waits in) and "waited ns": how long its CPU clock has not moved,
 // as the wall ticker's looks saw it (at least that long, to a round of
 // visits; absent before a look found it still).
+#include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/base/alloc_guard.h"
 #include "inprof/internal/label_table.h"
+#include "inprof/internal/process_maps.h"
 #include "inprof/internal/profiler_base.h"
 #include "inprof/internal/thread_info.h"
 
@@ -49,6 +60,9 @@ namespace {
 // less; a deeper one, whose walk stops at the copy's end, is signalled).
 constexpr size_t kDumpFrames = 256;
 constexpr size_t kStackReadBytes = 256 * 1024;
+// Threads that never registered listed at most (a process of 100,000
+// threads dumps the first ones /proc lists).
+constexpr size_t kMaxUnregisteredThreads = 100'000;
 
 int64_t MonotonicNanos() {
   timespec now{};
@@ -92,6 +106,35 @@ void AddThreadLabels(const SlotBase& slot, ProfileSample& sample) {
     }
     sample.labels.push_back(std::move(label));
   }
+}
+
+// The name of thread `tid` of this process (its comm), "" when gone.
+std::string TaskName(pid_t tid) {
+  char buf[64];
+  const std::string path = absl::StrCat("/proc/self/task/", tid, "/comm");
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return "";
+  std::string name(buf, static_cast<size_t>(n));
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  return name;
+}
+
+// This process's thread ids ("/proc/self/task"), at most `limit`.
+std::vector<pid_t> TaskIds(size_t limit) {
+  std::vector<pid_t> tids;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return tids;
+  while (dirent* e = readdir(dir)) {
+    pid_t tid = 0;
+    if (tids.size() < limit && absl::SimpleAtoi(e->d_name, &tid) && tid > 0) {
+      tids.push_back(tid);
+    }
+  }
+  closedir(dir);
+  return tids;
 }
 
 }  // namespace
@@ -197,6 +240,69 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     ++signalled;
     dumped.push_back(d);
   }
+  // Threads that never registered (inprof's own left out): a waiting one
+  // read from a copy of its stack up to the end of the mapping that holds
+  // its sp (its bounds are not known), kept when a second look finds it
+  // waiting at the same place; a running one named, without a stack (its
+  // handler has no slot to serve a request from).
+  absl::flat_hash_set<pid_t> registered;
+  for (const Dumped& d : dumped) registered.insert(d.slot->tid);
+  std::optional<std::vector<MapsEntry>> maps;
+  std::vector<uint64_t> unregistered_room(kDumpFrames);
+  uint64_t unregistered = 0, unregistered_read = 0, own = 0;
+  for (const pid_t tid : TaskIds(kMaxUnregisteredThreads)) {
+    if (registered.contains(tid) || tid == self) continue;
+    std::string name = TaskName(tid);
+    // inprof's own: its threads, and libmicrohttpd's (the endpoint's).
+    if (absl::StartsWith(name, "inprof") || absl::StartsWith(name, "MHD-")) {
+      ++own;
+      continue;
+    }
+    const ThreadLook look = LookAtThread(tid);
+    if (look.state == 0) continue;  // gone meanwhile
+    ++unregistered;
+    data.threads.push_back(ThreadIdentity{tid, std::move(name)});
+    ProfileSample& sample = data.samples.emplace_back();
+    sample.thread = static_cast<uint32_t>(data.threads.size() - 1);
+    sample.values = {1};
+    const bool blocked = look.state != 'R';
+    AddLabel(sample, kThreadState, blocked ? kThreadBlocked : kThreadRunning);
+    AddLabel(sample, "registered", "no");
+    const SyscallSite site = look.site;
+    if (blocked && site.known() && site.nr >= 0) AddLabel(sample, "syscall", SyscallName(site.nr));
+    if (blocked && shape_.unwind_copy != nullptr && site.known() && site.nr >= 0 &&
+        (site.sp & 7) == 0) {
+      if (!maps) {
+        absl::StatusOr<std::vector<MapsEntry>> read_maps = ReadProcessMaps(getpid());
+        maps = read_maps.ok() ? *std::move(read_maps) : std::vector<MapsEntry>();
+      }
+      for (const MapsEntry& m : *maps) {
+        if (site.sp < m.start || site.sp >= m.limit || !m.readable) continue;
+        const size_t bytes = std::min<size_t>(m.limit - site.sp, kStackReadBytes) & ~size_t{7};
+        if (copy == nullptr) {
+          copy = std::make_unique_for_overwrite<uint64_t[]>(kStackReadBytes / 8);
+        }
+        if (bytes == 0 || CopyOwnMemory(start_pid_, site.sp, bytes, copy.get()) != 0) break;
+        const UnwindResult walked = shape_.unwind_copy(
+            site.pc, site.sp, std::span<const uint64_t>(copy.get(), bytes / 8),
+            std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(unregistered_room.data()),
+                                 kDumpFrames));
+        const ThreadLook again = LookAtThread(tid);
+        if (walked.depth > 0 && again.state != 'R' && again.site == site) {
+          sample.frames.assign(unregistered_room.begin(),
+                               unregistered_room.begin() + walked.depth);
+          ++unregistered_read;
+        }
+        break;
+      }
+    }
+    if (sample.frames.empty()) {
+      sample.synthetic_frame = blocked
+                                   ? "[inprof: a thread that never registered: stack not read]"
+                                   : "[inprof: a thread that never registered, running: no "
+                                     "stack without a registration]";
+    }
+  }
   // The signalled threads' answers, together.
   const int64_t deadline = start_ns + absl::ToInt64Nanoseconds(wait);
   for (bool waiting = signalled > 0; waiting;) {
@@ -253,13 +359,15 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
   lock.unlock();
   data.duration_nanos = took_ns;
   data.comments.push_back(absl::StrCat(
-      "thread dump: ", data.samples.size(), " registered threads in ",
+      "thread dump: ", data.samples.size() - unregistered, " registered threads in ",
       absl::FormatDuration(absl::Nanoseconds(took_ns)), " (",
       absl::FormatDuration(absl::Nanoseconds(cpu_ns)),
       " of the dumping thread's CPU); waiting threads read from a copy "
       "of their stack (not signalled)=", read, ", threads signalled=", signalled,
       ", of them not answering within ", absl::FormatDuration(wait), "=", unanswered,
-      ", on a small or foreign stack=", small));
+      ", on a small or foreign stack=", small, "; threads that never registered=",
+      unregistered, " (stacks read of those waiting=", unregistered_read,
+      "), inprof's own threads (left out)=", own));
   return data;
 }
 
