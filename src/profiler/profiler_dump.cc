@@ -148,12 +148,12 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
   data.time_nanos = absl::GetCurrentTimeNanos();
   std::unique_lock<std::mutex> lock(registry_->mutex);
   if (!running_) {
-    return absl::FailedPreconditionError(
+    return absl::UnavailableError(
         "the profiler is not running: a thread dump reads the threads registered with a "
         "started profiler");
   }
   if (getpid() != start_pid_) {
-    return absl::FailedPreconditionError("a forked child has no registered threads to dump");
+    return absl::UnavailableError("a forked child has no registered threads to dump");
   }
   const size_t n = active_.size();
   // The handlers' room: never freed before each handler asked is done.

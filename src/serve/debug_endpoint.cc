@@ -47,6 +47,27 @@ DebugResponse Text(int status, std::string body) {
   return r;
 }
 
+// A request's failure as its answer: NotFound 404 (that profiling is
+// off), Unavailable 503 (the profiler stopped or is not running), else 500.
+DebugResponse FailureAnswer(const absl::Status& status) {
+  const absl::StatusCode code = status.code();
+  return Text(code == absl::StatusCode::kNotFound      ? 404
+              : code == absl::StatusCode::kUnavailable ? 503
+                                                       : 500,
+              std::string(status.message()));
+}
+
+// A gzip pprof as a download named `name`.pb.gz.
+DebugResponse PprofAnswer(std::string pprof, absl::string_view name) {
+  DebugResponse r;
+  r.content_type = "application/octet-stream";
+  r.headers.emplace_back("Content-Disposition",
+                         absl::StrCat("attachment; filename=\"", name, ".pb.gz\""));
+  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  r.body = std::move(pprof);
+  return r;
+}
+
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -318,13 +339,7 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
       processes_ ? process_snapshot_(default_type, pid)
                  : snapshot_(default_type, absl::Seconds(seconds));
   if (seconds > 0) busy_.store(false);
-  if (!pprof.ok()) {
-    const absl::StatusCode code = pprof.status().code();
-    return Text(code == absl::StatusCode::kNotFound      ? 404
-                : code == absl::StatusCode::kUnavailable ? 503
-                                                         : 500,
-                std::string(pprof.status().message()));
-  }
+  if (!pprof.ok()) return FailureAnswer(pprof.status());
   captures_.fetch_add(1);
   if (text) {
     // The legacy heap profile text (gperftools' and Go's debug=1 form:
@@ -350,13 +365,7 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
     return r;
 #endif
   }
-  DebugResponse r;
-  r.content_type = "application/octet-stream";
-  r.headers.emplace_back("Content-Disposition",
-                         absl::StrCat("attachment; filename=\"", name, ".pb.gz\""));
-  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
-  r.body = std::move(*pprof);
-  return r;
+  return PprofAnswer(*std::move(pprof), name);
 }
 
 DebugResponse DebugEndpoint::Threads(absl::string_view query, absl::string_view name) {
@@ -377,26 +386,14 @@ DebugResponse DebugEndpoint::Threads(absl::string_view query, absl::string_view 
                                   "threads registered with its profiler"));
   }
   absl::StatusOr<std::string> dump = thread_dump_(name, text);
-  if (!dump.ok()) {
-    const absl::StatusCode code = dump.status().code();
-    return Text(code == absl::StatusCode::kNotFound                 ? 404
-                : code == absl::StatusCode::kFailedPrecondition ? 503
-                                                                    : 500,
-                std::string(dump.status().message()));
-  }
+  if (!dump.ok()) return FailureAnswer(dump.status());
   captures_.fetch_add(1);
   if (text) {
     DebugResponse r = Text(200, "");
     r.body = std::move(*dump);
     return r;
   }
-  DebugResponse r;
-  r.content_type = "application/octet-stream";
-  r.headers.emplace_back("Content-Disposition",
-                         absl::StrCat("attachment; filename=\"", name, ".pb.gz\""));
-  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
-  r.body = std::move(*dump);
-  return r;
+  return PprofAnswer(*std::move(dump), name);
 }
 
 DebugResponse DebugEndpoint::Respond(absl::string_view method,
