@@ -159,7 +159,6 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
   // The handlers' room: never freed before each handler asked is done.
   std::unique_ptr<uint64_t[]> room = std::make_unique_for_overwrite<uint64_t[]>(
       std::max<size_t>(n, 1) * kDumpFrames);
-  std::unique_ptr<uint64_t[]> copy;
   std::vector<Dumped> dumped;
   dumped.reserve(n);
   data.threads.reserve(n);
@@ -168,6 +167,21 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
   const int64_t start_ns = MonotonicNanos();
   const int64_t start_cpu_ns = ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID);
   uint64_t read = 0, signalled = 0, unanswered = 0, small = 0;
+  // A waiting thread's stack from `site.sp` up to `hi` (at most
+  // kStackReadBytes) copied and walked into `out`; depth 0 when it cannot be.
+  std::unique_ptr<uint64_t[]> copy;
+  auto walk_copy = [&](const SyscallSite& site, uintptr_t hi,
+                       std::span<uintptr_t> out) -> UnwindResult {
+    if (shape_.unwind_copy == nullptr || !site.known() || site.nr < 0 || (site.sp & 7) != 0 ||
+        site.sp >= hi) {
+      return {};
+    }
+    const size_t bytes = std::min<size_t>(hi - site.sp, kStackReadBytes) & ~size_t{7};
+    if (copy == nullptr) copy = std::make_unique_for_overwrite<uint64_t[]>(kStackReadBytes / 8);
+    if (bytes == 0 || CopyOwnMemory(start_pid_, site.sp, bytes, copy.get()) != 0) return {};
+    return shape_.unwind_copy(site.pc, site.sp,
+                              std::span<const uint64_t>(copy.get(), bytes / 8), out);
+  };
   for (size_t i = 0; i < n; ++i) {
     SlotBase* slot = active_[i];
     slot->visiting.store(true, std::memory_order_seq_cst);
@@ -209,25 +223,17 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
       waited.numeric = true;
       sample.labels.push_back(std::move(waited));
     }
-    const SyscallSite site = look.site;
-    if (blocked && shape_.unwind_copy != nullptr && site.known() && site.nr >= 0 &&
-        (site.sp & 7) == 0 && site.sp >= slot->stack.lo && site.sp < slot->stack.hi) {
-      const size_t bytes =
-          std::min<size_t>(slot->stack.hi - site.sp, kStackReadBytes) & ~size_t{7};
-      if (copy == nullptr) copy = std::make_unique_for_overwrite<uint64_t[]>(kStackReadBytes / 8);
-      if (bytes > 0 && CopyOwnMemory(start_pid_, site.sp, bytes, copy.get()) == 0) {
-        const UnwindResult walked = shape_.unwind_copy(
-            site.pc, site.sp, std::span<const uint64_t>(copy.get(), bytes / 8), out);
-        // Kept when the thread did not run meanwhile (the copy is its
-        // stack) and the walk reached its end (else: signalled, as the
-        // wall sampler does).
-        if (walked.depth > 0 && (!walked.truncated || walked.depth == kDumpFrames) &&
-            ThreadCpuNanos(slot->cpu_clock) == clock) {
-          sample.frames.assign(d.room, d.room + walked.depth);
-          ++read;
-          dumped.push_back(d);
-          continue;
-        }
+    if (blocked && look.site.sp >= slot->stack.lo) {
+      const UnwindResult walked = walk_copy(look.site, slot->stack.hi, out);
+      // Kept when the thread did not run meanwhile (the copy is its stack)
+      // and the walk reached its end (else: signalled, as the wall sampler
+      // does).
+      if (walked.depth > 0 && (!walked.truncated || walked.depth == kDumpFrames) &&
+          ThreadCpuNanos(slot->cpu_clock) == clock) {
+        sample.frames.assign(d.room, d.room + walked.depth);
+        ++read;
+        dumped.push_back(d);
+        continue;
       }
     }
     // Its handler walks it: the request first, then the signal.
@@ -270,21 +276,15 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     AddLabel(sample, "registered", "no");
     const SyscallSite site = look.site;
     if (blocked && site.known() && site.nr >= 0) AddLabel(sample, "syscall", SyscallName(site.nr));
-    if (blocked && shape_.unwind_copy != nullptr && site.known() && site.nr >= 0 &&
-        (site.sp & 7) == 0) {
+    if (blocked && shape_.unwind_copy != nullptr && site.known()) {
       if (!maps) {
         absl::StatusOr<std::vector<MapsEntry>> read_maps = ReadProcessMaps(getpid());
         maps = read_maps.ok() ? *std::move(read_maps) : std::vector<MapsEntry>();
       }
       for (const MapsEntry& m : *maps) {
         if (site.sp < m.start || site.sp >= m.limit || !m.readable) continue;
-        const size_t bytes = std::min<size_t>(m.limit - site.sp, kStackReadBytes) & ~size_t{7};
-        if (copy == nullptr) {
-          copy = std::make_unique_for_overwrite<uint64_t[]>(kStackReadBytes / 8);
-        }
-        if (bytes == 0 || CopyOwnMemory(start_pid_, site.sp, bytes, copy.get()) != 0) break;
-        const UnwindResult walked = shape_.unwind_copy(
-            site.pc, site.sp, std::span<const uint64_t>(copy.get(), bytes / 8),
+        const UnwindResult walked = walk_copy(
+            site, m.limit,
             std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(unregistered_room.data()),
                                  kDumpFrames));
         const ThreadLook again = LookAtThread(tid);

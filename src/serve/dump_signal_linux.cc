@@ -27,17 +27,6 @@ void OnDumpSignal(int) {
   errno = saved_errno;
 }
 
-// `text` to the program's stderr, all of it (a pipe may take it in parts).
-void WriteAll(const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(STDERR_FILENO, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // stderr closed or full: the dump is lost, the program runs on
-    done += static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 void DumpSignalAttachment::Started(Pipeline& pipeline) {
@@ -67,10 +56,12 @@ void DumpSignalAttachment::Started(Pipeline& pipeline) {
       absl::StatusOr<std::string> text;
       // The dump opens /proc files: in a descriptor table of inprof's.
       RunWithOwnDescriptors([&] { text = pipeline.ThreadDump("threads", /*text=*/true); });
-      WriteAll(text.ok() ? absl::StrCat("inprof: thread dump on ", name, " (INPROF_DUMP_SIGNAL)\n",
-                                        *text)
-                         : absl::StrCat("inprof: thread dump on ", name, ": ",
-                                        text.status().message(), "\n"));
+      // As inprof's log lines go: one write to the program's stderr.
+      WriteLineToStderr(
+          text.ok() ? absl::StrCat("inprof: thread dump on ", name, " (INPROF_DUMP_SIGNAL)\n",
+                                   *text)
+                    : absl::StrCat("inprof: thread dump on ", name, ": ",
+                                   text.status().message(), "\n"));
       dumps_.fetch_add(1);
     }
   });
