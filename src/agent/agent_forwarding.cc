@@ -119,7 +119,8 @@ void AgentForwarding::SendLiveStateLocked(Pipeline::Locked& l, const std::string
   // A state row the full ring refused leaves the agent's row behind: the
   // next state is sent in full.
   // The note first: the period it carries is there before any row.
-  link_->EventsNote(events, static_cast<int64_t>(options_.alloc_period));
+  link_->EventsNote(events, static_cast<int64_t>(options_.alloc_period),
+                    absl::ToInt64Nanoseconds(options_.lock_period));
   const uint64_t dropped = link_->state_rows_dropped();
   link_->SetStateRows(true);
   l.LiveStateAtAttachments(/*all=*/resend_live_state_);

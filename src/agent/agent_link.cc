@@ -435,11 +435,16 @@ void AgentLink::ForwardSynthetic(uint32_t thread, absl::string_view frame,
   }
 }
 
-void AgentLink::EventsNote(const std::string& line, int64_t period) {
-  if (gone_ || !Usable() || (line == last_events_note_ && period == last_events_period_)) return;
-  if (Push(EncodeAgentOp(AgentEventsNote{line, period}))) {
+void AgentLink::EventsNote(const std::string& line, int64_t period, int64_t lock_period) {
+  if (gone_ || !Usable() ||
+      (line == last_events_note_ && period == last_events_period_ &&
+       lock_period == last_lock_period_)) {
+    return;
+  }
+  if (Push(EncodeAgentOp(AgentEventsNote{line, period, lock_period}))) {
     last_events_note_ = line;
     last_events_period_ = period;
+    last_lock_period_ = lock_period;
   }
 }
 

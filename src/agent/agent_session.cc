@@ -34,9 +34,8 @@ class StateAttachment final : public internal::PipelineAttachment {
     return session_.AddStateLocked(aggregator, window_end);
   }
   SnapshotShape SnapshotLocked(SampleAggregator& aggregator, absl::string_view type) override {
-    // The processes' heaps; their lock waits reach the agent's windows, not
-    // a snapshot of their own yet.
-    if (type == "contentions" || type == "delay") return {};
+    // The process's lock waits (/debug/pprof/mutex, /block) or its heap.
+    if (type == "contentions" || type == "delay") return session_.LockSnapshotLocked(aggregator);
     return session_.HeapSnapshotLocked(aggregator);
   }
 
@@ -235,6 +234,14 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
       break;
     }
   }
+  // The lock-wait provider's two (its snapshots: LockSnapshot).
+  for (size_t i = 0; i + 2 <= d.sample_types.size() && i + 2 <= 64; ++i) {
+    if (d.sample_types[i].type == "contentions" && d.sample_types[i + 1].type == "delay" &&
+        (d.omitted_types >> i & 3) == 0) {
+      lock_offset_ = static_cast<int>(i);
+      break;
+    }
+  }
   pipeline_ = std::make_unique<internal::Pipeline>(
       options_, d.sample_types, d.period_type, d.period, d.engine);
   pipeline_->SetOmittedTypes(d.omitted_types);
@@ -311,9 +318,9 @@ void AgentSession::Apply(const internal::AgentOp& op) {
     } else {
       agg.Add(Thread(agg, s->thread), s->frames, labels_, s->value_offset, s->values);
       if (agg.stacks_refused() != 0) stacks_over_.store(true, std::memory_order_relaxed);
-      if (alloc_offset_ >= 0 && s->value_offset == static_cast<uint32_t>(alloc_offset_)) {
-        KeepStateLocked(alloc_totals_, s->thread, Thread(agg, s->thread), s->value_offset,
-                        s->frames, "", s->values, /*add=*/true);
+      if (Rows* totals = TotalsAt(s->value_offset)) {
+        KeepStateLocked(*totals, s->thread, Thread(agg, s->thread), s->value_offset, s->frames,
+                        "", s->values, /*add=*/true);
       }
     }
   } else if (const auto* y = std::get_if<AgentSynthetic>(&op)) {
@@ -323,8 +330,8 @@ void AgentSession::Apply(const internal::AgentOp& op) {
                       y->values, /*add=*/false);
     } else {
       agg.AddSynthetic(Thread(agg, y->thread), y->frame, y->value_offset, y->values);
-      if (alloc_offset_ >= 0 && y->value_offset == static_cast<uint32_t>(alloc_offset_)) {
-        KeepStateLocked(alloc_totals_, y->thread, Thread(agg, y->thread), y->value_offset, {},
+      if (Rows* totals = TotalsAt(y->value_offset)) {
+        KeepStateLocked(*totals, y->thread, Thread(agg, y->thread), y->value_offset, {},
                         y->frame, y->values, /*add=*/true);
       }
     }
@@ -333,6 +340,7 @@ void AgentSession::Apply(const internal::AgentOp& op) {
     TakePeakLocked();
     events_note_ = n->line;
     events_period_ = n->period;
+    lock_period_ = n->lock_period;
   } else if (const auto* t = std::get_if<AgentThreadAdd>(&op)) {
     if (auto it = threads_.find(t->index); it != threads_.end()) {
       agg.RemoveThread(it->second);
@@ -484,6 +492,31 @@ internal::PipelineAttachment::SnapshotShape AgentSession::HeapSnapshotLocked(
   shape.period = events_period_;
   shape.period_type = first + 1;  // alloc_space, as the process's own snapshot
   return shape;
+}
+
+internal::PipelineAttachment::SnapshotShape AgentSession::LockSnapshotLocked(
+    SampleAggregator& aggregator) {
+  internal::PipelineAttachment::SnapshotShape shape;
+  if (lock_offset_ < 0) return shape;  // the process profiles no lock waits
+  // contentions and delay since the process connected (what it forwarded),
+  // as the process's own snapshot holds them since its Start.
+  ThreadsByName threads;
+  AddRowsLocked(lock_totals_, aggregator, &threads);
+  const auto first = static_cast<size_t>(lock_offset_);
+  shape.types = uint64_t{0x3} << first;
+  shape.period = lock_period_;
+  shape.period_type = first + 1;  // delay
+  return shape;
+}
+
+AgentSession::Rows* AgentSession::TotalsAt(uint32_t value_offset) {
+  if (alloc_offset_ >= 0 && value_offset == static_cast<uint32_t>(alloc_offset_)) {
+    return &alloc_totals_;
+  }
+  if (lock_offset_ >= 0 && value_offset == static_cast<uint32_t>(lock_offset_)) {
+    return &lock_totals_;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<std::string> AgentSession::HeapSnapshot(absl::string_view default_type) {

@@ -112,6 +112,9 @@ class AgentSession {
   absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type);
   // The pipeline's lock held (Pipeline::Snapshot): the rows of HeapSnapshot.
   internal::PipelineAttachment::SnapshotShape HeapSnapshotLocked(SampleAggregator& aggregator);
+  // Likewise for HeapSnapshot("delay"): the lock waits it forwarded since
+  // it connected (contentions, delay), empty when it profiles none.
+  internal::PipelineAttachment::SnapshotShape LockSnapshotLocked(SampleAggregator& aggregator);
 
   // The pipeline's lock held (its StateAttachment, before each cut): the
   // process's newest state rows (its live heap) into `aggregator` at a
@@ -182,6 +185,9 @@ class AgentSession {
   // rows' peak_inuse_space) is above the window's, its peak columns become
   // the window's (peak_rows_).
   void TakePeakLocked();
+  // The rows that sum what the process forwards at `value_offset` (its
+  // allocations' or its lock waits'), or nullptr.
+  Rows* TotalsAt(uint32_t value_offset);
 
   Options options_;
   internal::AgentHello hello_;
@@ -213,7 +219,7 @@ class AgentSession {
   std::atomic<uint64_t> threads_refused_{0};
   std::atomic<bool> stacks_over_{false};
   uint32_t overflow_thread_ = UINT32_MAX;  // ours, made at the first refusal
-  size_t state_frame_words_ = 0;  // in state_ and alloc_totals_
+  size_t state_frame_words_ = 0;  // in state_, alloc_totals_ and lock_totals_
   bool said_strings_ = false, said_threads_ = false, said_stacks_ = false;  // mu_
   std::vector<uint64_t> labels_;   // scratch
   // Every sample's labels pid (numeric) and program (label-table ids).
@@ -224,10 +230,13 @@ class AgentSession {
   // event providers' newest line and period.
   Rows state_;
   Rows alloc_totals_;
+  Rows lock_totals_;  // likewise at the lock-wait columns
   uint64_t state_rows_refused_ = 0;
   std::string events_note_;
   int64_t events_period_ = 0;
+  int64_t lock_period_ = 0;  // nanoseconds (0: none)
   int alloc_offset_ = -1;  // of alloc_objects in its sample types (-1: none; mu_)
+  int lock_offset_ = -1;   // of contentions (-1: none; mu_)
   // Whether peak_inuse_objects and peak_inuse_space follow its four (mu_).
   bool peak_columns_ = false;
   // The pipeline's lock: the window's peak (the state rows' peak columns

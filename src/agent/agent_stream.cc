@@ -254,6 +254,7 @@ struct Encoder {
   void operator()(const AgentEventsNote& n) {
     out.push_back(kEventsNote);
     out.push_back(static_cast<uint64_t>(n.period));
+    out.push_back(static_cast<uint64_t>(n.lock_period));
     PutString(out, n.line);
   }
 };
@@ -411,6 +412,7 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
       Reader r(record, "events note");
       AgentEventsNote n;
       n.period = static_cast<int64_t>(r.Word("period"));
+      n.lock_period = static_cast<int64_t>(r.Word("lock period"));
       n.line = r.String("line");
       if (absl::Status st = r.Finish(); !st.ok()) return st;
       return n;

@@ -311,11 +311,6 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
       continue;
     }
   }
-  if (locks && processes_) {
-    return Text(404, absl::StrCat("/debug/pprof/", name, " is not served for the agent's "
-                                  "processes yet: their lock waits are in the profiles it "
-                                  "writes and in /debug/pprof/profile?seconds=N&pid=P"));
-  }
   if (processes_ ? !process_snapshot_ : !snapshot_) {
     return Text(404, locks ? "no lock-wait profile here: lock waits are profiled by a "
                              "profiler that composes LockWaitProvider, in its own process"
@@ -369,26 +364,27 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
 }
 
 DebugResponse DebugEndpoint::Threads(absl::string_view query, absl::string_view name) {
-  bool text = false;  // debug=1 or 2: text, as Go prints its goroutines
+  int debug = 0;  // 1: text grouped by stack, 2: a block per thread, as Go's goroutines
   for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     const size_t eq = pair.find('=');
     if (pair.substr(0, eq) != "debug") continue;
     const absl::string_view value = eq == absl::string_view::npos ? "" : pair.substr(eq + 1);
     if (value != "0" && value != "1" && value != "2") {
       return Text(400, absl::StrCat("debug=", Quote(value),
-                                    ": expected 0 (pprof), 1 or 2 (text, a block per thread)"));
+                                    ": expected 0 (pprof), 1 (text, threads grouped by "
+                                    "stack) or 2 (text, a block per thread)"));
     }
-    text = value != "0";
+    debug = value[0] - '0';
   }
   if (processes_ || !thread_dump_) {
     return Text(404, absl::StrCat("/debug/pprof/", name, " is served by the endpoint of the "
                                   "profiled process itself (INPROF_HTTP_ADDR): it reads the "
                                   "threads registered with its profiler"));
   }
-  absl::StatusOr<std::string> dump = thread_dump_(name, text);
+  absl::StatusOr<std::string> dump = thread_dump_(name, debug);
   if (!dump.ok()) return FailureAnswer(dump.status());
   captures_.fetch_add(1);
-  if (text) {
+  if (debug != 0) {
     DebugResponse r = Text(200, "");
     r.body = std::move(*dump);
     return r;

@@ -592,6 +592,11 @@ TEST_F(AgentLibraryTest, TheAgentServesALiveCaptureOfAProcess) {
       testing::HttpFetch(http, "GET", absl::StrCat("/debug/pprof/heap?pid=", pid));
   EXPECT_EQ(no_heap.status, 404);
   EXPECT_THAT(no_heap.body, HasSubstr("allocation profiling is off in this process"));
+  // Nor its lock waits.
+  testing::HttpReply no_locks =
+      testing::HttpFetch(http, "GET", absl::StrCat("/debug/pprof/mutex?pid=", pid));
+  EXPECT_EQ(no_locks.status, 404);
+  EXPECT_THAT(no_locks.body, HasSubstr("lock-wait profiling is off in this process"));
 
   // The workload's CPU around the capture: the capture lies within it.
   clockid_t workload_clock;
@@ -810,6 +815,100 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
   EXPECT_EQ(sites.back()["AgentHeapLate"].inuse, kLate);
   // And the allocation counters' line, as the process's own windows have it.
   EXPECT_THAT(comments, HasSubstr("allocations sampled="));
+}
+
+// The agent's /debug/pprof/mutex and /block of a process: the lock waits it
+// forwarded since it connected, as the process's own endpoint serves its
+// waits since Start. Each of the workload's 8 waits found the lock busy and
+// lasted at least its 5 ms hold, so at INPROF_LOCK_PERIOD=1us each is
+// sampled with weight 1 and its delay: exactly 8 contentions at
+// AgentLockWait, a delay between the holds' sum and the waiter's own
+// timing of its calls. Deterministic.
+TEST_F(AgentLibraryTest, TheAgentServesTheLockWaitsOfAProcess) {
+  if (!kAllocationsIntercepted) {
+    GTEST_SKIP() << "the sanitizer's runtime defines pthread_mutex_lock in the workload "
+                    "itself, whose calls to it are direct (no GOT slot to patch)";
+  }
+  AgentServerOptions options = ServerOptions();
+  options.profile_options.http_addr = "127.0.0.1:0";
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  RunningWorkload workload(
+      "INPROF_LOCK_PERIOD=1us " +
+          Workload(options.address.ToString(), "locks " + testing::ShellQuote(dir_)),
+      dir_ + "/workload.err");
+  ASSERT_TRUE(workload.started());
+  int64_t waited = -1;
+  {
+    std::ifstream in(dir_ + "/waited");
+    std::string word;
+    in >> word >> waited;
+  }
+  ASSERT_GT(waited, 0);
+  pid_t pid = 0;
+  ASSERT_TRUE(Eventually([&] {
+    for (const AgentProcess& p : server.Processes()) pid = p.hello.pid;
+    return pid != 0;
+  })) << Log();
+  // Until the waits are in (the process forwards its events after each
+  // collector pass, every 50 ms).
+  int64_t contentions = -1, delay = -1, period = -1;
+  std::string error, default_type;
+  const auto give_up = absl::Now() + absl::Seconds(20);
+  while (contentions != 8 && absl::Now() < give_up) {
+    testing::HttpReply page = testing::HttpFetch(server.http_address(), "GET",
+                                                 absl::StrCat("/debug/pprof/mutex?pid=", pid));
+    if (page.status == 503) {  // connected, its profile not described yet
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
+    }
+    if (page.status != 200) {
+      error = absl::StrCat(page.status, " ", page.error, page.body);
+      break;
+    }
+    auto p = DecodePprof(page.body);
+    if (!p.ok()) {
+      error = std::string(p.status().message());
+      break;
+    }
+    const int c = p->ValueIndex("contentions"), d = p->ValueIndex("delay");
+    if (c < 0 || d < 0) {
+      error = "no contentions or delay in the page's profile";
+      break;
+    }
+    period = p->period;
+    default_type = p->default_sample_type;
+    contentions = delay = 0;
+    for (const DecodedProfile::Sample& s : p->samples) {
+      if (std::any_of(s.stack.begin(), s.stack.end(), [](const std::string& f) {
+            return absl::StrContains(f, "AgentLockWait");
+          })) {
+        contentions += s.values[c];
+        delay += s.values[d];
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(contentions, 8);
+  EXPECT_GE(delay, 8 * 5'000'000);
+  EXPECT_LE(delay, waited);
+  EXPECT_EQ(period, 1000);  // the process's INPROF_LOCK_PERIOD, in nanoseconds
+  EXPECT_EQ(default_type, "delay");
+  // /block is the same profile; the legacy text names the waits too.
+  testing::HttpReply block = testing::HttpFetch(server.http_address(), "GET",
+                                                absl::StrCat("/debug/pprof/block?pid=", pid));
+  EXPECT_EQ(block.status, 200) << block.body;
+  testing::HttpReply text = testing::HttpFetch(
+      server.http_address(), "GET", absl::StrCat("/debug/pprof/mutex?debug=1&pid=", pid));
+  EXPECT_EQ(text.status, 200) << text.body;
+  EXPECT_THAT(text.body, HasSubstr("--- mutex:"));
+  std::ofstream(dir_ + "/done") << "";
+  std::string err;
+  const int status = workload.Wait(&err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
+  server.Stop();
 }
 
 TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServes) {

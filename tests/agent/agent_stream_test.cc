@@ -36,7 +36,7 @@ TEST(AgentStreamTest, EveryRecordRoundTrips) {
       AgentEnd{},
       AgentSample{2, 3, {0, 0, 4, 4096}, {}, {0x401000}, /*state=*/true},
       AgentSynthetic{2, 3, {0, 0, 1, 64}, "[inprof: unregistered]", /*state=*/true},
-      AgentEventsNote{"allocations sampled=3", 524288},
+      AgentEventsNote{"allocations sampled=3", 524288, 1'000'000},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);
@@ -76,7 +76,7 @@ TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
       AgentSynthetic{2, 0, {1}, "frame"},
       AgentSample{2, 0, {5}, {1, 2}, {0x401000}, /*state=*/true},
       AgentSynthetic{2, 0, {1}, "frame", /*state=*/true},
-      AgentEventsNote{"line", 1},
+      AgentEventsNote{"line", 1, 2},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);

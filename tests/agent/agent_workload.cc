@@ -35,6 +35,12 @@
 //                                kept ones and keeps 10 of 16 KiB from
 //                                AgentHeapLate until Stop(); prints
 //                                "started" after the first allocations
+//   agent_workload locks DIR     8 waits in AgentLockWait on a mutex the main
+//                                thread holds for 5 ms after the waiter is in
+//                                the kernel; writes "waited NS" (the waiter's
+//                                lock calls, as it timed them) to DIR/waited,
+//                                prints "started", and waits until DIR/done
+//                                exists (60 s at most)
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -47,6 +53,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,6 +112,13 @@ extern "C" {
 INPROF_ALLOC_FUNCTION(AgentHeapKept)
 INPROF_ALLOC_FUNCTION(AgentHeapFreed)
 INPROF_ALLOC_FUNCTION(AgentHeapLate)
+
+// A wait of its own: the lock call stays in it (the store after it keeps
+// it from being a tail call).
+__attribute__((noinline)) void AgentLockWait(std::mutex& m) {
+  m.lock();
+  g_sink.store(1, std::memory_order_relaxed);
+}
 
 INPROF_SPIN_FUNCTION(AgentSpinLight, 1)
 INPROF_SPIN_FUNCTION(AgentSpinHeavy, 3)
@@ -214,6 +228,42 @@ int main(int argc, char** argv) {
     // held by a global, so LeakSanitizer sees them reachable).
     static void* late[10];
     for (void*& p : late) p = AgentHeapLate(16 * 1024);
+    return 0;
+  }
+  if (mode == "locks" && argc == 3) {
+    // Each round's wait found the lock busy (the waiter is in the kernel,
+    // glibc's lock word 2, before the hold begins) and lasts at least 5 ms.
+    std::mutex m;
+    int64_t waited = 0;
+    for (int round = 0; round < 8; ++round) {
+      m.lock();
+      std::atomic<bool> finished{false};
+      std::thread waiter([&] {
+        auto registered = profiler.RegisterThread("lock waiter");
+        const auto start = std::chrono::steady_clock::now();
+        AgentLockWait(m);
+        waited += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+        m.unlock();
+        finished.store(true);
+      });
+      while (__atomic_load_n(&m.native_handle()->__data.__lock, __ATOMIC_ACQUIRE) != 2) {
+        std::this_thread::yield();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      m.unlock();
+      waiter.join();
+    }
+    const std::string dir = argv[2];
+    std::ofstream(dir + "/waited") << "waited " << waited << "\n";
+    std::printf("started\n");
+    std::fflush(stdout);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (access((dir + "/done").c_str(), F_OK) != 0 &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     return 0;
   }
   std::fprintf(stderr, "agent_workload: unknown mode %s\n", mode.c_str());

@@ -81,9 +81,10 @@ class AgentLink final : public SampleForwarder {
   void SetStateRows(bool on) { state_rows_ = on; }
   // State rows the full ring refused (the rows are sent again in full).
   uint64_t state_rows_dropped() const { return state_rows_dropped_; }
-  // The event providers' comment line and sampling period, when they
-  // changed since the last ones the ring took.
-  void EventsNote(const std::string& line, int64_t period);
+  // The event providers' comment line and sampling periods (allocations,
+  // bytes; lock waits, nanoseconds), when they changed since the last ones
+  // the ring took.
+  void EventsNote(const std::string& line, int64_t period, int64_t lock_period);
   // The process stops profiling: the last counters and an end record, then
   // the connection is closed (the agent exports the process's last window).
   void End(const std::vector<uint64_t>& counters);
@@ -153,6 +154,7 @@ class AgentLink final : public SampleForwarder {
   std::string last_engine_detail_;
   std::string last_events_note_;
   int64_t last_events_period_ = -1;
+  int64_t last_lock_period_ = -1;
   bool state_rows_ = false;
   uint64_t state_rows_dropped_ = 0;
   std::vector<uint64_t> scratch_;

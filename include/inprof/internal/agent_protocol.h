@@ -44,7 +44,8 @@ namespace inprof::internal {
 
 // 2: the describe record's omitted types, state rows and the events note
 // (agent_stream.h); an agent of version 1 could not read them.
-inline constexpr uint16_t kAgentProtocolVersion = 2;
+// 3: the events note's lock-wait period (the agent's /debug/pprof/mutex).
+inline constexpr uint16_t kAgentProtocolVersion = 3;
 inline constexpr uint32_t kAgentMagic = 0x41504e49;  // "INPA", little-endian
 inline constexpr size_t kAgentHeaderBytes = 16;
 // Largest message either side sends or accepts.

@@ -170,10 +170,12 @@ struct AgentEnd {};
 // The comment line of the process's event providers (the allocation
 // counters), when it changed: the agent's windows carry the newest. And
 // their sampling period (the allocations' mean, in bytes; 0: none), the
-// period of the agent's heap snapshots (/debug/pprof/heap).
+// period of the agent's heap snapshots (/debug/pprof/heap); and the lock
+// waits' (nanoseconds; 0: none), of its /debug/pprof/mutex and /block.
 struct AgentEventsNote {
   std::string line;
   int64_t period = 0;
+  int64_t lock_period = 0;
 };
 
 using AgentOp = std::variant<AgentDescribe, AgentEngine, AgentString,
