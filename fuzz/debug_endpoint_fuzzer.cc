@@ -87,12 +87,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int dumps = 0;
   bool dump_text = false;
   endpoint.SetThreadDump([&](absl::string_view type,
-                             bool text) -> absl::StatusOr<std::string> {
+                             int debug) -> absl::StatusOr<std::string> {
     Check(type == "threads" || type == "goroutine");
     ++dumps;
     if (dumps > 1) std::abort();
-    dump_text = text;
-    return text ? std::string("thread 1 \"a\" [running]:\nf\n\t?\n\n")
+    Check(debug >= 0 && debug <= 2);
+    dump_text = debug != 0;
+    return dump_text ? std::string("thread 1 \"a\" [running]:\nf\n\t?\n\n")
                 : std::string("\x1f\x8b", 2);
   });
   const size_t space = input.find(' ');

@@ -104,7 +104,7 @@ absl::StatusOr<std::string> Pipeline::Capture(absl::Duration duration) {
   return EncodeForRequest(data);
 }
 
-absl::StatusOr<std::string> Pipeline::ThreadDump(absl::string_view type, bool text) {
+absl::StatusOr<std::string> Pipeline::ThreadDump(absl::string_view type, int debug) {
   if (!thread_dumper_) {
     return absl::NotFoundError("no thread dump here: the profiler has no registry of threads");
   }
@@ -112,12 +112,12 @@ absl::StatusOr<std::string> Pipeline::ThreadDump(absl::string_view type, bool te
   if (!data.ok()) return data.status();
   data->sample_types = {{std::string(type), "count"}};
   data->period_type = data->sample_types[0];
-  return EncodeForRequest(*data, text);
+  return EncodeForRequest(*data, debug);
 }
 
-absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data, bool text) {
+absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data, int debug) {
   auto encode = [&](Symbolizer& symbolizer) -> absl::StatusOr<std::string> {
-    if (text) return ThreadDumpText(data, symbolizer);
+    if (debug != 0) return ThreadDumpText(data, symbolizer, /*grouped=*/debug == 1);
     return EncodePprof(data, symbolizer);
   };
   absl::StatusOr<std::string> encoded;
@@ -148,7 +148,7 @@ absl::StatusOr<std::string> Pipeline::EncodeForRequest(const ProfileData& data, 
              })) {
     encoded = absl::ResourceExhaustedError("the profile could not be symbolized (out of memory)");
   }
-  if (encoded.ok() && !text) encoded = GzipCompress(*encoded);
+  if (encoded.ok() && debug == 0) encoded = GzipCompress(*encoded);
   return encoded;
 }
 

@@ -55,7 +55,7 @@ void DumpSignalAttachment::Started(Pipeline& pipeline) {
       if (g_stop.load()) return;
       absl::StatusOr<std::string> text;
       // The dump opens /proc files: in a descriptor table of inprof's.
-      RunWithOwnDescriptors([&] { text = pipeline.ThreadDump("threads", /*text=*/true); });
+      RunWithOwnDescriptors([&] { text = pipeline.ThreadDump("threads", /*debug=*/2); });
       // As inprof's log lines go: one write to the program's stderr.
       WriteLineToStderr(
           text.ok() ? absl::StrCat("inprof: thread dump on ", name, " (INPROF_DUMP_SIGNAL)\n",

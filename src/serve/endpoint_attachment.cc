@@ -43,8 +43,8 @@ void EndpointAttachment::Started(Pipeline& pipeline) {
         [&pipeline](absl::string_view type, absl::Duration delta) {
           return pipeline.Snapshot(type, delta);
         });
-    endpoint_->SetThreadDump([&pipeline](absl::string_view type, bool text) {
-      return pipeline.ThreadDump(type, text);
+    endpoint_->SetThreadDump([&pipeline](absl::string_view type, int debug) {
+      return pipeline.ThreadDump(type, debug);
     });
   }
   absl::StatusOr<std::unique_ptr<DebugServer>> server =

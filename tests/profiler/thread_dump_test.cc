@@ -188,6 +188,8 @@ TEST(ThreadDumpTest, EveryThreadOnceWhereItIs) {
   testing::HttpReply text_reply =
       testing::HttpFetch(address, "GET", "/debug/pprof/threads?debug=2");
   testing::HttpReply goroutine = testing::HttpFetch(address, "GET", "/debug/pprof/goroutine");
+  testing::HttpReply grouped =
+      testing::HttpFetch(address, "GET", "/debug/pprof/goroutine?debug=1");
   stop.store(true);
   {
     std::lock_guard<std::mutex> lock(m);
@@ -282,6 +284,19 @@ TEST(ThreadDumpTest, EveryThreadOnceWhereItIs) {
   EXPECT_TRUE(absl::StrContains(text, "labels: {role=sleeper}")) << text;
   EXPECT_TRUE(absl::StrContains(text, "BlockedInRead(int)\n\t")) << text;
   EXPECT_TRUE(absl::StrContains(text, "thread_dump_test.cc:")) << text;
+
+  // debug=1, as Go groups its goroutines: the three sleepers, one stack
+  // and one label set, are one group of 3, the largest, named by their ids.
+  ASSERT_EQ(grouped.status, 200) << grouped.body;
+  const size_t head = grouped.body.find("goroutine profile: total ");
+  ASSERT_NE(head, std::string::npos) << grouped.body;
+  const size_t first_group = grouped.body.find('\n', head) + 1;
+  EXPECT_EQ(grouped.body.substr(first_group, 6), "3 @ 0x") << grouped.body;
+  EXPECT_TRUE(absl::StrContains(grouped.body, "# labels: {role=sleeper}\n# threads: "))
+      << grouped.body;
+  EXPECT_TRUE(absl::StrContains(grouped.body, "# state: blocked in read (3)\n")) << grouped.body;
+  EXPECT_TRUE(absl::StrContains(grouped.body, "BlockedInRead(int)\t")) << grouped.body;
+  EXPECT_FALSE(absl::StrContains(grouped.body, "\n4 @ ")) << grouped.body;
 
   ASSERT_EQ(goroutine.status, 200) << goroutine.body;
   absl::StatusOr<DecodedProfile> g = DecodePprof(goroutine.body);

@@ -114,10 +114,11 @@ class DebugEndpoint {
   }
 
   // The thread dump (/debug/pprof/threads, /goroutine): gzip pprof with
-  // one sample type, `type` ("threads", "goroutine"), or text. Unset: those
-  // pages answer 404. Before the first request.
+  // one sample type, `type` ("threads", "goroutine"), or text (`debug` 1:
+  // grouped by stack; 2: a block per thread). Unset: those pages answer
+  // 404. Before the first request.
   using ThreadDump =
-      std::function<absl::StatusOr<std::string>(absl::string_view type, bool text)>;
+      std::function<absl::StatusOr<std::string>(absl::string_view type, int debug)>;
   void SetThreadDump(ThreadDump dump) { thread_dump_ = std::move(dump); }
 
   // One request: `method` ("GET"), `target` as on the request line

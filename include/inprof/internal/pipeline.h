@@ -412,11 +412,11 @@ class Pipeline {
   // does (StopCollector lets it go).
   absl::StatusOr<std::string> Snapshot(absl::string_view default_type,
                                        absl::Duration delta = absl::ZeroDuration());
-  // The thread dump (ProfilerBase::DumpThreads, set before StartCollector) symbolized:
-  // gzip pprof of one type, `type` ("threads", "goroutine"), or text (thread_dump_text.h).
+  // The thread dump (ProfilerBase::DumpThreads, set before StartCollector) symbolized: `debug`
+  // 0, gzip pprof of one type, `type` ("threads", "goroutine"); 1, 2: text (thread_dump_text.h).
   using ThreadDumper = std::function<absl::StatusOr<ProfileData>()>;
   void SetThreadDumper(ThreadDumper dumper) { thread_dumper_ = std::move(dumper); }
-  absl::StatusOr<std::string> ThreadDump(absl::string_view type, bool text);
+  absl::StatusOr<std::string> ThreadDump(absl::string_view type, int debug);
 
  private:
   struct Threads;
@@ -445,7 +445,7 @@ class Pipeline {
   void StartExporter(Threads* threads, const std::function<void()>& drain);
   std::string NotesLocked() const;  // mutex_ held
   // A live request's profile (Capture, Snapshot), symbolized, gzipped (`text`: a dump's).
-  absl::StatusOr<std::string> EncodeForRequest(const ProfileData& data, bool text = false);
+  absl::StatusOr<std::string> EncodeForRequest(const ProfileData& data, int debug = 0);
   ThreadDumper thread_dumper_;
 
   Options options_;

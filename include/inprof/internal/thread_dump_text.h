@@ -15,6 +15,16 @@
 //   Worker::Run() (inlined)
 //           /src/worker.cc:80
 //
+// `grouped`: Go's debug=1 form instead, the threads grouped by stack and
+// labels, the largest group first:
+//   threads profile: total 9
+//   3 @ 0x401a2c 0x401b10
+//   # labels: {role=sleeper}
+//   # threads: 4243 4244 4245
+//   # state: blocked in read (3)
+//   #	0x401a2c	BlockedInRead(int)	/src/worker.cc:42
+//   #	0x401b10	main	/src/worker.cc:90
+//
 // Thread-safety: reentrant; the symbolizer is the caller's.
 #ifndef INPROF_INTERNAL_THREAD_DUMP_TEXT_H_
 #define INPROF_INTERNAL_THREAD_DUMP_TEXT_H_
@@ -26,7 +36,8 @@
 
 namespace inprof::internal {
 
-std::string ThreadDumpText(const ProfileData& dump, Symbolizer& symbolizer);
+std::string ThreadDumpText(const ProfileData& dump, Symbolizer& symbolizer,
+                           bool grouped = false);
 
 }  // namespace inprof::internal
 
