@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -28,7 +29,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "inprof/alloc/alloc_hooks.h"
 #include "inprof/alloc/lock_hooks.h"
@@ -445,6 +449,50 @@ TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
     EXPECT_EQ(top->exit_code, 0) << top->err;
     EXPECT_TRUE(absl::StrContains(top->out, "delay")) << top->out;
     EXPECT_TRUE(absl::StrContains(top->out, "WaitSiteB")) << top->out;
+  }
+  // The other report tools offer the lock types too: collapsed stacks at
+  // -t delay sum to each site's delay exactly; speedscope's file is in
+  // nanoseconds; the flame graph and diff pages carry both types.
+  {
+    auto collapsed = testing::RunCommandSeparately(
+        testing::ShellQuote(cli) + " collapsed -t delay " + testing::ShellQuote(options.output));
+    ASSERT_TRUE(collapsed.ok()) << collapsed.status();
+    ASSERT_EQ(collapsed->exit_code, 0) << collapsed->err;
+    int64_t collapsed_a = 0, collapsed_b = 0;
+    for (absl::string_view line : absl::StrSplit(collapsed->out, '\n', absl::SkipEmpty())) {
+      const size_t space = line.rfind(' ');
+      int64_t value = 0;
+      ASSERT_NE(space, absl::string_view::npos) << line;
+      ASSERT_TRUE(absl::SimpleAtoi(line.substr(space + 1), &value)) << line;
+      if (absl::StrContains(line, "WaitSiteA")) collapsed_a += value;
+      if (absl::StrContains(line, "WaitSiteB")) collapsed_b += value;
+    }
+    EXPECT_EQ(collapsed_a, delay_a);
+    EXPECT_EQ(collapsed_b, delay_b);
+    const std::string dir = options.output.substr(0, options.output.rfind('/'));
+    for (const std::string& command :
+         {absl::StrCat(" speedscope -t delay -o ", dir, "/locks.speedscope.json "),
+          absl::StrCat(" flamegraph -o ", dir, "/locks.html "),
+          absl::StrCat(" diff -o ", dir, "/locks.diff.html ", options.output, " ")}) {
+      auto run = testing::RunCommandSeparately(testing::ShellQuote(cli) + command +
+                                               testing::ShellQuote(options.output));
+      ASSERT_TRUE(run.ok()) << run.status();
+      EXPECT_EQ(run->exit_code, 0) << command << ": " << run->err;
+    }
+    auto read_file = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    };
+    const std::string speedscope = read_file(dir + "/locks.speedscope.json");
+    EXPECT_TRUE(absl::StrContains(speedscope, "\"unit\":\"nanoseconds\"")) << speedscope;
+    EXPECT_TRUE(absl::StrContains(speedscope, "WaitSiteB")) << speedscope;
+    for (const char* page : {"/locks.html", "/locks.diff.html"}) {
+      const std::string html = read_file(dir + page);
+      EXPECT_TRUE(absl::StrContains(html, "{\"type\":\"contentions\",\"unit\":\"count\"},"
+                                          "{\"type\":\"delay\",\"unit\":\"nanoseconds\"}"))
+          << page;
+      EXPECT_TRUE(absl::StrContains(html, "WaitSiteB")) << page;
+    }
   }
   // go tool pprof reads the same delays under Go's type name.
   INPROF_REQUIRE_TOOL("go");
