@@ -19,6 +19,7 @@
 // |                     |         | 512KiB (a Profiler with AllocationProvider) |
 // | INPROF_LOCK_PERIOD | 0 (off) | 0 or a duration from 1us to 1h, e.g.  |
 // |                   |         | 1ms (a Profiler with LockWaitProvider)    |
+// | INPROF_LOCK_ABSL  | 0       | 1/0, ...: absl::Mutex waits too (tracer)  |
 // | INPROF_EXPORT_PERIOD | 60s | 0 (one profile at Stop) or 100ms to 24h   |
 // | INPROF_STOP_TIMEOUT  | 5s  | 0 to 10m: how long Stop() waits for uploads |
 // | INPROF_DATADOG       | off | 1/0, ...; on when DD_TRACE_AGENT_URL or     |
@@ -184,6 +185,11 @@ struct Options {
   // Where lock_period came from ("INPROF_LOCK_PERIOD"); empty: the
   // program's own Options.
   std::string lock_period_source;
+  // With lock_period: absl::Mutex's contended unlocks too, through
+  // absl::RegisterMutexTracer (INPROF_LOCK_ABSL). Off by default: Abseil
+  // keeps one tracer for the process's life, so the program's own would
+  // be refused (and inprof's stays after Stop, doing nothing).
+  bool lock_absl = false;
   // The sample type viewers open a profile on (pprof's
   // default_sample_type), e.g. "peak_inuse_space"; empty: the CPU's
   // (cpu-time), or the first provider's period type. A name the

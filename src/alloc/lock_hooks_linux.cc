@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -72,6 +73,21 @@ __attribute__((noinline)) void AfterWait(const void* lock, uint64_t start, uint6
   t_in_callback = false;
   errno = saved_errno;
 }
+
+}  // namespace
+
+void LockHooks::ReportWait(const void* lock, uint64_t delay_ns, void* caller) noexcept {
+  if (t_in_callback) {
+    g_own.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const int saved_errno = errno;
+  const uint64_t now = NowNs();
+  AfterWait(lock, now - std::min(now, delay_ns), now, caller);
+  errno = saved_errno;
+}
+
+namespace {
 
 // A lock through `real(lock, args...)` after `try_lock(lock)` found it
 // busy: the original, timed.

@@ -309,6 +309,14 @@ Options Options::FromLookup(const Lookup& lookup,
       report(parsed.status(), "0");
     }
   }
+  if (const char* v = lookup("INPROF_LOCK_ABSL")) {
+    auto parsed = ParseBoolFlag("INPROF_LOCK_ABSL", v);
+    if (parsed.ok()) {
+      options.lock_absl = *parsed;
+    } else {
+      report(parsed.status(), "0");
+    }
+  }
   if (const char* v = lookup("INPROF_DEFAULT_SAMPLE_TYPE")) {
     // A sample type's name: letters, digits, '_' and '-' (checked against
     // the composition's columns at Start, which Options does not know).

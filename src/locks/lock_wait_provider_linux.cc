@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/internal/cycleclock.h"  // Frequency: the unit of the tracer's waits
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "inprof/alloc/lock_hooks.h"
@@ -141,6 +143,23 @@ void OnWait(void* /*context*/, const LockWait& wait) {
   }
 }
 
+// Nanoseconds per CycleClock cycle, the unit of absl::Mutex's tracer (set
+// before the tracer is registered; 0: none).
+std::atomic<double> g_absl_ns_per_cycle{0};
+
+// absl::Mutex's tracer: on the thread that unlocked a contended mutex, after
+// the unlock, with how long the waiter it wakes waited, in CycleClock
+// cycles. Drawn and recorded as a wait of the lock hooks' (the callback
+// above, on this thread: the holder's stack, cut at the unlock).
+__attribute__((noinline)) void AbslMutexTracer(const char* /*event*/, const void* mutex,
+                                               int64_t wait_cycles) {
+  const double ns_per_cycle = g_absl_ns_per_cycle.load(std::memory_order_relaxed);
+  if (wait_cycles <= 0 || ns_per_cycle <= 0) return;
+  LockHooks::ReportWait(mutex, static_cast<uint64_t>(static_cast<double>(wait_cycles) *
+                                                     ns_per_cycle),
+                        __builtin_return_address(0));
+}
+
 const char* SyntheticFrame(uint32_t id) {
   switch (id) {
     case kUnregisteredId:
@@ -169,6 +188,7 @@ absl::Status LockWaitProvider::Configure(const Options& options) {
   period_ = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options.lock_period));
   period_source_ =
       options.lock_period_source.empty() ? "Options::lock_period" : options.lock_period_source;
+  absl_ = options.lock_absl;
   return absl::OkStatus();
 }
 
@@ -177,7 +197,10 @@ std::string LockWaitProvider::Describe() const {
   return absl::StrCat("lock waits: sampled by delay, every wait of ",
                       absl::FormatDuration(absl::Nanoseconds(period_)),
                       " or more, a shorter one with probability delay/period (", period_source_,
-                      ")");
+                      ")",
+                      absl_ ? "; absl::Mutex waits at the unlock that ended them, on the "
+                              "unlocking thread's stack (INPROF_LOCK_ABSL)"
+                            : "");
 }
 
 absl::Status LockWaitProvider::StartEvents(const EventContext& context) {
@@ -214,6 +237,13 @@ absl::Status LockWaitProvider::StartEvents(const EventContext& context) {
     s.running.store(false);
     return absl::Status(st.code(), absl::StrCat(period_source_, ": cannot intercept lock "
                                                 "calls: ", st.message()));
+  }
+  if (absl_) {
+    // Abseil keeps the first tracer for good (a second, other one aborts a
+    // build with assertions): registering this same one again is allowed.
+    g_absl_ns_per_cycle.store(1e9 / absl::base_internal::CycleClock::Frequency(),
+                              std::memory_order_relaxed);
+    absl::RegisterMutexTracer(&AbslMutexTracer);
   }
   started_ = true;
   return absl::OkStatus();

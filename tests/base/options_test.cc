@@ -108,6 +108,19 @@ TEST(OptionsTest, SystemDebugInfoIsOffUnlessAsked) {
   EXPECT_THAT(errors[0], HasSubstr("using 0"));
 }
 
+// absl::Mutex's tracer is the program's to give (Abseil keeps one): off
+// unless asked; a bad value says so and keeps off.
+TEST(OptionsTest, LockAbslIsOffUnlessAsked) {
+  std::vector<std::string> errors;
+  EXPECT_FALSE(FromMap({}, &errors).lock_absl);
+  EXPECT_TRUE(FromMap({{"INPROF_LOCK_ABSL", "1"}}, &errors).lock_absl);
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_FALSE(FromMap({{"INPROF_LOCK_ABSL", "absl"}}, &errors).lock_absl);
+  ASSERT_THAT(errors, ::testing::SizeIs(1));
+  EXPECT_THAT(errors[0], StartsWith("INPROF_LOCK_ABSL='absl'"));
+  EXPECT_THAT(errors[0], HasSubstr("using 0"));
+}
+
 TEST(OptionsTest, OutputTakesAnyPath) {
   for (const char* path : {"/tmp/service.pb.gz", "relative/dir/p.pb.gz",
                            "with space.pb.gz", "x"}) {

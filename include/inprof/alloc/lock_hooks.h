@@ -103,6 +103,12 @@ class LockHooks {
 
   static bool Installed();
   static Stats stats();
+
+  // A wait timed elsewhere (absl::Mutex's tracer: lock_wait_provider.h),
+  // `delay_ns` on `lock`, reported from a frame whose return address is
+  // `caller`: drawn and passed to the callback as a wrapper's own wait is.
+  // Inside the callback (a lock of inprof's own) it is counted as `own`.
+  static void ReportWait(const void* lock, uint64_t delay_ns, void* caller) noexcept;
 };
 
 }  // namespace inprof::internal

@@ -23,10 +23,21 @@
 // walked too and carry "waiting thread"="unregistered" on the "[events]"
 // thread. inprof's own threads are left out.
 //
+// absl::Mutex waits in its own futex code, which no slot reaches; with
+// Options::lock_absl (INPROF_LOCK_ABSL=1) inprof registers Abseil's mutex
+// tracer, which Abseil calls on the thread that unlocks a contended Mutex
+// with how long the waiter it wakes waited: sampled the same way, on the
+// unlocking thread's stack (Go's mutex profile's view: who held it), not
+// the waiter's. Opt-in: Abseil keeps one tracer for the process's life and
+// aborts (in a build with assertions, as Debian's) when a second, other
+// one is registered, so a program with a tracer of its own must leave it
+// off. Only the Abseil inprof links is traced.
+//
 // What it does not see: spin locks and hand-written futex calls (no library
 // call to intercept), condition-variable waits (pthread_cond_wait takes its
-// mutex back inside libc), absl::Mutex (its own futex code), calls bound
-// without a GOT slot (static linking, -Bsymbolic).
+// mutex back inside libc), absl::Mutex waits for a Condition (Await,
+// LockWhen: Abseil reports none), calls bound without a GOT slot (static
+// linking, -Bsymbolic).
 //
 // Memory: at most kMaxStacks distinct (labels, stack) keys of at most
 // kMaxDepth frames (~18 MiB at the limit; past it waits are counted on
@@ -131,6 +142,7 @@ class LockWaitProvider {
  private:
   uint64_t period_ = 0;
   std::string period_source_;
+  bool absl_ = false;  // Options::lock_absl
   bool started_ = false;
 };
 
