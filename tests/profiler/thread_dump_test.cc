@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "inprof/inprof.h"
+#include "inprof/internal/label_table.h"
 #include "inprof/pprof_reader.h"
 #include "util/test_util.h"
 
@@ -362,6 +365,58 @@ TEST(ThreadDumpTest, AThreadThatCannotAnswerDoesNotHoldTheDumpUp) {
   EXPECT_LT(took, std::chrono::seconds(10));
   EXPECT_TRUE(absl::StrContains(dump->comments.back(), "within 100ms=1,"))
       << dump->comments.back();
+}
+
+// A registered thread that ended while its registration lived on (it is
+// destroyed elsewhere, later): dumped once, without a stack, on the frame
+// that says so and in state "ended"; a thread still there beside it as
+// usual. Deterministic: the dump begins after the ended thread's entry in
+// /proc is gone.
+TEST(ThreadDumpTest, AThreadThatEndedWithoutUnregisteringIsSaidSo) {
+  DumpProfiler profiler(TestOptions("thread_dump_ended"));
+  ASSERT_TRUE(profiler.Start().ok());
+  ThreadRegistration outlived;
+  std::atomic<pid_t> tid{0};
+  std::thread gone([&] {
+    outlived = profiler.RegisterThread("gone");
+    tid.store(static_cast<pid_t>(syscall(SYS_gettid)));
+  });
+  gone.join();
+  ASSERT_TRUE(outlived.active());
+  const std::string task = absl::StrCat("/proc/self/task/", tid.load());
+  for (int i = 0; i < 5000 && access(task.c_str(), F_OK) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NE(access(task.c_str(), F_OK), 0) << task << " still there after 5 s";
+  std::optional<Sleeper> sleeper;
+  sleeper.emplace(profiler, "still here");
+  absl::StatusOr<ProfileData> dump = profiler.DumpThreads();
+  sleeper.reset();
+  outlived = ThreadRegistration();  // unregistered here, on another thread
+  ASSERT_TRUE(profiler.Stop().ok());
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  int seen_gone = 0, seen_sleeper = 0;
+  for (const ProfileSample& s : dump->samples) {
+    const std::string& name = dump->threads[s.thread].name;
+    std::string state;
+    for (const SampleLabel& l : s.labels) {
+      if (l.key == internal::kThreadState) state = l.str;
+    }
+    if (name == "gone") {
+      ++seen_gone;
+      EXPECT_EQ(dump->threads[s.thread].tid, tid.load());
+      EXPECT_EQ(s.synthetic_frame, "[inprof: the thread ended without unregistering]");
+      EXPECT_TRUE(s.frames.empty());
+      EXPECT_EQ(state, "ended");
+    } else if (name == "still here") {
+      ++seen_sleeper;
+      EXPECT_TRUE(s.synthetic_frame.empty()) << s.synthetic_frame;
+      EXPECT_FALSE(s.frames.empty());
+      EXPECT_EQ(state, internal::kThreadBlocked);
+    }
+  }
+  EXPECT_EQ(seen_gone, 1);
+  EXPECT_EQ(seen_sleeper, 1);
 }
 
 // The stderr of this process redirected to a file while it lives, and
