@@ -30,7 +30,7 @@ void Check(bool ok) {
 void CheckResponse(const inprof::internal::DebugResponse& r, int captures, bool dump = false) {
   switch (r.status) {
     case 200: case 400: case 404: case 405: case 414: case 429: case 500:
-    case 503:
+    case 503: case 504:
       break;
     default:
       std::abort();

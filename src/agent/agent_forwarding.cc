@@ -90,6 +90,7 @@ bool AgentForwarding::ReleaseThreadRing(Pipeline& pipeline, void* ring) {
 void AgentForwarding::AfterDrain(Pipeline& pipeline) {
   if (link_ == nullptr) return;
   std::string line;
+  uint32_t dump_request = 0;
   const bool lost_now = pipeline.WithLock([&](Pipeline::Locked& l) {
     if (link_->lost()) return false;
     // The agent cuts the windows: what the event providers recorded goes on
@@ -101,11 +102,26 @@ void AgentForwarding::AfterDrain(Pipeline& pipeline) {
       last_live_state_ns_ = now;
       SendLiveStateLocked(l, events);
     }
-    if (link_->Flush(StatsToCounters(l.stats()), l.engine_detail())) return false;
+    if (link_->Flush(StatsToCounters(l.stats()), l.engine_detail())) {
+      dump_request = link_->TakeDumpRequest();
+      return false;
+    }
     OnLostLocked(l, absl::GetCurrentTimeNanos());
     line = l.attachment_note();
     return true;
   });
+  if (dump_request != 0) {
+    // The agent's /debug/pprof/threads of this process: the dump is taken
+    // here, on the collector's thread, without the pipeline's lock (it
+    // signals threads and waits for them, 1 s at most); the agent
+    // symbolizes it.
+    const absl::StatusOr<ProfileData> dump =
+        pipeline.thread_dumper() ? pipeline.thread_dumper()()
+                                 : absl::NotFoundError("this profiler has no registry of threads");
+    pipeline.WithLock([&](Pipeline::Locked&) {
+      if (!link_->lost()) link_->SendDump(dump_request, dump);
+    });
+  }
   if (!lost_now) return;
   const bool local = options_.agent_fallback == AgentFallback::kLocal;
   Log(absl::StrCat(line, local ? "; profiling in this process from now on "

@@ -484,15 +484,60 @@ bool AgentLink::Flush(const std::vector<uint64_t>& counters,
     MarkGone();
     return false;
   }
-  // The agent says nothing after its Welcome: a readable socket is its
-  // end (end-of-file) or a peer that is not an agent any more.
-  pollfd p{socket_, POLLIN | POLLRDHUP, 0};
-  const int ready = poll(&p, 1, 0);
-  if (ready > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0) {
-    MarkGone();
-    return false;
+  // After its Welcome the agent sends only thread-dump requests: anything
+  // else readable is its end (end-of-file) or a peer that is not an agent
+  // any more.
+  for (int i = 0; i < 8; ++i) {
+    pollfd p{socket_, POLLIN | POLLRDHUP, 0};
+    const int ready = poll(&p, 1, 0);
+    if (ready <= 0 || (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) == 0) break;
+    absl::StatusOr<AgentMessage> message = ReceiveAgentMessage(socket_, 0);
+    if (absl::IsDeadlineExceeded(message.status())) break;  // nothing after all
+    const auto* request = message.ok() ? std::get_if<AgentDumpRequest>(&*message) : nullptr;
+    if (request == nullptr || request->id == 0) {
+      MarkGone();
+      return false;
+    }
+    dump_request_ = request->id;
   }
   return true;
+}
+
+void AgentLink::SendDump(uint32_t id, const absl::StatusOr<ProfileData>& dump) {
+  if (gone_ || !Usable()) return;
+  AgentDumpEnd end{id, {}, {}};
+  if (!dump.ok()) {
+    end.error = std::string(dump.status().message());
+    Push(EncodeAgentOp(end));
+    return;
+  }
+  size_t refused = 0;
+  for (const ProfileSample& s : dump->samples) {
+    AgentDumpThread t;
+    t.request = id;
+    if (s.thread < dump->threads.size()) {
+      t.tid = dump->threads[s.thread].tid;
+      t.name = dump->threads[s.thread].name.substr(0, kAgentOpMaxStringBytes);
+    }
+    for (const SampleLabel& l : s.labels) {
+      if (t.labels.size() == kAgentOpMaxDumpLabels) break;
+      t.labels.push_back({l.key.substr(0, kAgentOpMaxStringBytes),
+                          l.str.substr(0, kAgentOpMaxStringBytes), l.num, l.numeric});
+    }
+    t.frames.assign(s.frames.begin(),
+                    s.frames.begin() + static_cast<ptrdiff_t>(
+                                           std::min(s.frames.size(), kAgentOpMaxFrames)));
+    t.synthetic = s.synthetic_frame.substr(0, kAgentOpMaxStringBytes);
+    if (!Push(EncodeAgentOp(t))) ++refused;
+  }
+  for (const std::string& c : dump->comments) {
+    if (end.comments.size() < 63) end.comments.push_back(c.substr(0, kAgentOpMaxStringBytes));
+  }
+  if (refused > 0) {
+    end.comments.push_back(absl::StrCat("threads not sent to the agent (its ring was full)=",
+                                        refused));
+  }
+  Push(EncodeAgentOp(end));
 }
 
 void AgentLink::End(const std::vector<uint64_t>& counters) {

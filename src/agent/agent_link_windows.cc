@@ -36,7 +36,8 @@ void AgentLink::ForwardSynthetic(uint32_t, absl::string_view, size_t,
                                  std::span<const int64_t>) {}
 bool AgentLink::Flush(const std::vector<uint64_t>&, const std::string&) { return false; }
 void AgentLink::End(const std::vector<uint64_t>&) {}
-void AgentLink::EventsNote(const std::string&, int64_t) {}
+void AgentLink::EventsNote(const std::string&, int64_t, int64_t) {}
+void AgentLink::SendDump(uint32_t, const absl::StatusOr<ProfileData>&) {}
 void AgentLink::EnableThreadRings(const AgentThreadRingLayout&) {}
 void* AgentLink::AcquireThreadRing(pid_t, absl::string_view) { return nullptr; }
 void AgentLink::ReleaseThreadRing(void*) {}

@@ -131,6 +131,9 @@ std::string EncodeAgentMessage(const AgentMessage& message) {
     type = AgentMessageType::kWelcome;
     payload.I32(welcome->agent_pid);
     payload.U64(welcome->region_bytes);
+  } else if (const auto* dump = std::get_if<AgentDumpRequest>(&message)) {
+    type = AgentMessageType::kDumpRequest;
+    payload.U32(dump->id);
   } else {
     type = AgentMessageType::kReject;
     payload.Str(std::get<AgentReject>(message).reason);
@@ -240,6 +243,12 @@ absl::StatusOr<AgentMessage> DecodeAgentMessage(absl::string_view bytes) {
       INPROF_RETURN_IF_ERROR(in.Str("reject.reason", reject.reason));
       INPROF_RETURN_IF_ERROR(in.End("reject"));
       return reject;
+    }
+    case AgentMessageType::kDumpRequest: {
+      AgentDumpRequest dump;
+      INPROF_RETURN_IF_ERROR(in.U32("dump_request.id", dump.id));
+      INPROF_RETURN_IF_ERROR(in.End("dump_request"));
+      return dump;
     }
   }
   return absl::InvalidArgumentError(

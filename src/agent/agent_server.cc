@@ -132,6 +132,9 @@ void AgentServer::StartEndpoint() {
   endpoint_->SetProcessSnapshot([this](absl::string_view default_type, int64_t pid) {
     return HeapSnapshot(default_type, pid);
   });
+  endpoint_->SetProcessThreadDump([this](absl::string_view type, int debug, int64_t pid) {
+    return ThreadDump(type, debug, pid);
+  });
   absl::StatusOr<std::unique_ptr<internal::DebugServer>> server =
       internal::DebugServer::Start(
           *address, endpoint_.get(), internal::DebugServer::kRequestDeadline,
@@ -180,6 +183,28 @@ absl::StatusOr<std::string> AgentServer::HeapSnapshot(absl::string_view default_
     return absl::NotFoundError(absl::StrCat("no process ", pid, " is connected"));
   }
   return session->HeapSnapshot(default_type);
+}
+
+absl::StatusOr<std::string> AgentServer::ThreadDump(absl::string_view type, int debug,
+                                                    int64_t pid) {
+  std::shared_ptr<AgentSession> session = ConnectedSession(pid);
+  if (session == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no process ", pid, " is connected"));
+  }
+  // The request goes over the process's socket, while it is still the
+  // one the session was made for (under mutex_: the serving thread closes
+  // it under that lock).
+  const std::function<absl::Status(uint32_t)> ask = [&](uint32_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& c : clients_) {
+      if (c->session == session && c->fd >= 0) {
+        return internal::SendAgentMessage(c->fd, internal::AgentDumpRequest{id}, -1,
+                                          /*timeout_ms=*/0);
+      }
+    }
+    return absl::UnavailableError("its connection ended");
+  };
+  return session->ThreadDump(type, debug, ask);
 }
 
 void AgentServer::Stop() {

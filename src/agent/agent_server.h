@@ -165,6 +165,9 @@ class AgentServer {
   // (NotFound when it is not connected).
   absl::StatusOr<std::string> Capture(absl::Duration duration, int64_t pid);
   absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type, int64_t pid);
+  // Its /debug/pprof/threads and /goroutine of process `pid` (asked of the
+  // process over its socket: AgentSession::ThreadDump).
+  absl::StatusOr<std::string> ThreadDump(absl::string_view type, int debug, int64_t pid);
   std::shared_ptr<AgentSession> ConnectedSession(int64_t pid);
   void Log(const std::string& line) const;
   void LogEvent(const std::string& line) const;  // unless !log_connections

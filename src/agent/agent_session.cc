@@ -245,6 +245,7 @@ void AgentSession::StartCore(const internal::AgentDescribe& d) {
   pipeline_ = std::make_unique<internal::Pipeline>(
       options_, d.sample_types, d.period_type, d.period, d.engine);
   pipeline_->SetOmittedTypes(d.omitted_types);
+  pipeline_->SetThreadDumper([this] { return DumpOfProcess(); });
   pipeline_->SetLabelTable(labels_table_.get());
   pipeline_->SetStackLimits(kMaxStacks, kMaxFrameWords, kOverStackQuota);
   pipeline_->SetSinkFactory([options = options_] { return internal::MakeSinks(options); });
@@ -304,6 +305,11 @@ void AgentSession::Apply(const internal::AgentOp& op) {
   }
   if (std::holds_alternative<AgentEnd>(op)) {
     ended_ = true;
+    dump_cv_.notify_all();
+    return;
+  }
+  if (std::holds_alternative<AgentDumpThread>(op) || std::holds_alternative<AgentDumpEnd>(op)) {
+    ApplyDumpOp(op);
     return;
   }
   internal::Pipeline::Ingesting ingest = pipeline_->Ingest();
@@ -699,6 +705,7 @@ absl::Status AgentSession::Finish() {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return absl::OkStatus();
     finished_ = true;  // Drain() does nothing from now on
+    dump_cv_.notify_all();  // a dump waited for will not come
     // A process that ended without its end record died (or exec'd): its
     // collector never drained what its handlers wrote last.
     if (!ended_ && error_.empty()) ReadThreadRings();

@@ -35,6 +35,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
 #include "inprof/internal/label_table.h"
@@ -116,6 +118,17 @@ class AgentSession {
   // it connected (contentions, delay), empty when it profiles none.
   internal::PipelineAttachment::SnapshotShape LockSnapshotLocked(SampleAggregator& aggregator);
 
+  // `inprof agent --http`'s /debug/pprof/threads and /goroutine of the
+  // process (Pipeline::ThreadDump's answer: `debug` 0, gzip pprof of type
+  // `type`; 1, 2: text), symbolized with the process's symbolizer. `ask`
+  // sends the process an AgentDumpRequest with the id it is given; the
+  // process answers through its ring (Drain), within kDumpWait. One at a
+  // time; Unavailable when the process is not live, DeadlineExceeded when
+  // it did not answer.
+  absl::StatusOr<std::string> ThreadDump(absl::string_view type, int debug,
+                                         const std::function<absl::Status(uint32_t)>& ask);
+  static constexpr absl::Duration kDumpWait = absl::Seconds(10);
+
   // The pipeline's lock held (its StateAttachment, before each cut): the
   // process's newest state rows (its live heap) into `aggregator` at a
   // window's end; returns the process's event-providers line for the
@@ -148,6 +161,10 @@ class AgentSession {
   void TranslateLabels(std::span<const uint64_t> words, bool state_label,
                        bool blocked);
   void ReadThreadRings();  // mu_ held; the process is gone
+  // mu_ held: an op of a dump's answer (AgentDumpThread, AgentDumpEnd).
+  void ApplyDumpOp(const internal::AgentOp& op);
+  // The pipeline's thread dumper: asks the process (ask_dump_) and waits.
+  absl::StatusOr<ProfileData> DumpOfProcess();
   // mu_ held: one line for each quota the process went over, once.
   void SayRefusals();
   // What the process had refused, for its windows' comments (empty: none).
@@ -244,6 +261,15 @@ class AgentSession {
   Rows peak_rows_;
   int64_t peak_total_ = -1;
   std::unique_ptr<internal::Pipeline> pipeline_;
+  // A thread dump's request (one at a time: dump_one_) and answer (mu_).
+  std::mutex dump_one_;
+  const std::function<absl::Status(uint32_t)>* ask_dump_ = nullptr;  // dump_one_
+  std::condition_variable dump_cv_;
+  uint32_t dump_ids_ = 0;
+  uint32_t dump_id_ = 0;  // the request waited for (0: none)
+  bool dump_done_ = false;
+  ProfileData dump_;
+  std::string dump_error_;
 };
 
 // `pattern` with each %p replaced by `pid` (other % sequences are kept for

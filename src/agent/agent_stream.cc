@@ -106,6 +106,8 @@ enum OpType : uint64_t {
   kStateSample = 11,     // an AgentSample with `state`
   kStateSynthetic = 12,  // an AgentSynthetic with `state`
   kEventsNote = 13,
+  kDumpThread = 14,
+  kDumpEnd = 15,
 };
 
 void PutString(std::vector<uint64_t>& out, const std::string& s) {
@@ -251,6 +253,29 @@ struct Encoder {
     out.insert(out.end(), s.counters.begin(), s.counters.end());
   }
   void operator()(const AgentEnd&) { out.push_back(kEnd); }
+  void operator()(const AgentDumpThread& t) {
+    out.push_back(kDumpThread);
+    out.push_back(t.request);
+    out.push_back(static_cast<uint64_t>(t.tid));
+    out.push_back(t.frames.size());
+    out.insert(out.end(), t.frames.begin(), t.frames.end());
+    PutString(out, t.name);
+    PutString(out, t.synthetic);
+    out.push_back(t.labels.size());
+    for (const AgentDumpLabel& l : t.labels) {
+      out.push_back(l.numeric ? 1 : 0);
+      out.push_back(static_cast<uint64_t>(l.num));
+      PutString(out, l.key);
+      PutString(out, l.str);
+    }
+  }
+  void operator()(const AgentDumpEnd& e) {
+    out.push_back(kDumpEnd);
+    out.push_back(e.request);
+    PutString(out, e.error);
+    out.push_back(e.comments.size());
+    for (const std::string& c : e.comments) PutString(out, c);
+  }
   void operator()(const AgentEventsNote& n) {
     out.push_back(kEventsNote);
     out.push_back(static_cast<uint64_t>(n.period));
@@ -407,6 +432,41 @@ absl::StatusOr<AgentOp> DecodeAgentOp(std::span<const uint64_t> record) {
       Reader r(record, "end");
       if (absl::Status st = r.Finish(); !st.ok()) return st;
       return AgentEnd{};
+    }
+    case kDumpThread: {
+      Reader r(record, "dump thread");
+      AgentDumpThread t;
+      t.request = r.U32("request");
+      t.tid = static_cast<int64_t>(r.Word("tid"));
+      const size_t nframes = r.Count("frame count", kAgentOpMaxFrames);
+      if (r.ok()) r.Words(t.frames, nframes);
+      t.name = r.String("name");
+      t.synthetic = r.String("synthetic frame");
+      const size_t nlabels = r.Count("label count", kAgentOpMaxDumpLabels);
+      for (size_t i = 0; r.ok() && i < nlabels; ++i) {
+        AgentDumpLabel& l = t.labels.emplace_back();
+        const uint64_t numeric = r.Word("label kind");
+        if (r.ok() && numeric > 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "agent stream: dump thread record: label kind ", numeric, " is not 0 or 1"));
+        }
+        l.numeric = numeric == 1;
+        l.num = static_cast<int64_t>(r.Word("label number"));
+        l.key = r.String("label key");
+        l.str = r.String("label text");
+      }
+      if (absl::Status st = r.Finish(); !st.ok()) return st;
+      return t;
+    }
+    case kDumpEnd: {
+      Reader r(record, "dump end");
+      AgentDumpEnd e;
+      e.request = r.U32("request");
+      e.error = r.String("error");
+      const size_t n = r.Count("comment count", 64);
+      for (size_t i = 0; r.ok() && i < n; ++i) e.comments.push_back(r.String("comment"));
+      if (absl::Status st = r.Finish(); !st.ok()) return st;
+      return e;
     }
     case kEventsNote: {
       Reader r(record, "events note");

@@ -28,6 +28,7 @@ namespace inprof::cli {
 
 extern const char kStacksHelp[] =
     "usage: inprof stacks [-o FILE] PID|HOST:PORT\n"
+    "       inprof stacks [-o FILE] --pid PID HOST:PORT\n"
     "\n"
     "Prints the stack of every thread registered with the profiler of a running\n"
     "process, read while the process runs on (blocked threads are read without\n"
@@ -37,6 +38,12 @@ extern const char kStacksHelp[] =
     "ports the process listens on (needs the right to read /proc/PID/fd: the\n"
     "same user, or root).\n"
     "\n"
+    "A process that profiles through `inprof agent` (INPROF_AGENT_SOCKET) is\n"
+    "dumped by way of the agent's endpoint (`inprof agent --http=ADDR`): give\n"
+    "its HOST:PORT and --pid PID (the agent asks the process for its threads\n"
+    "and symbolizes them).\n"
+    "\n"
+    "  --pid PID the process, at an agent's endpoint\n"
     "  -o FILE   write the dump as pprof (one sample per thread) to FILE instead\n"
     "            (`go tool pprof -traces FILE` reads it)\n";
 
@@ -136,6 +143,7 @@ bool LooksLikePid(const std::string& s) {
 }  // namespace
 
 int StacksMain(int argc, char** argv) {
+  std::string pid_at;  // --pid: the process at an agent's endpoint
   std::string output;
   std::string target;
   for (int i = 1; i < argc; ++i) {
@@ -146,6 +154,8 @@ int StacksMain(int argc, char** argv) {
     }
     if (arg == "-o" && i + 1 < argc) {
       output = argv[++i];
+    } else if (arg == "--pid" && i + 1 < argc && LooksLikePid(argv[i + 1]) && pid_at.empty()) {
+      pid_at = argv[++i];
     } else if (absl::StartsWith(arg, "-o") && arg.size() > 2) {
       output = arg.substr(2);
     } else if (target.empty() && !absl::StartsWith(arg, "-")) {
@@ -165,6 +175,10 @@ int StacksMain(int argc, char** argv) {
     return 1;
   }
   std::vector<std::string> candidates;
+  if (!pid_at.empty() && LooksLikePid(target)) {
+    PrintError("stacks", "--pid names the process at an agent's HOST:PORT, not at a PID");
+    return 2;
+  }
   if (LooksLikePid(target)) {
     const int pid = std::stoi(target);
     std::string error;
@@ -178,7 +192,9 @@ int StacksMain(int argc, char** argv) {
     if (candidates.empty()) {
       PrintError("stacks", absl::StrCat("process ", pid, " listens on no TCP port: start it "
                                         "with INPROF_HTTP_ADDR=127.0.0.1:0 (or under inprof run "
-                                        "--http=127.0.0.1:0) for its live endpoint"));
+                                        "--http=127.0.0.1:0) for its live endpoint; or, if it "
+                                        "profiles through an agent with --http, ask the agent: "
+                                        "inprof stacks --pid ", pid, " HOST:PORT"));
       return 1;
     }
   } else {
@@ -190,7 +206,8 @@ int StacksMain(int argc, char** argv) {
     internal::HttpRequest request;
     request.get = true;
     request.url = absl::StrCat("http://", address, "/debug/pprof/threads",
-                               output.empty() ? "?debug=2" : "");
+                               output.empty() ? "?debug=2" : "?debug=0",
+                               pid_at.empty() ? "" : absl::StrCat("&pid=", pid_at));
     request.timeout = absl::Seconds(30);
     request.max_response_body = kMaxDumpBytes;
     absl::StatusOr<internal::HttpResponse> reply = client.Send(request);

@@ -48,12 +48,14 @@ DebugResponse Text(int status, std::string body) {
 }
 
 // A request's failure as its answer: NotFound 404 (that profiling is
-// off), Unavailable 503 (the profiler stopped or is not running), else 500.
+// off), Unavailable 503 (the profiler stopped or is not running),
+// DeadlineExceeded 504 (an agent's process did not answer), else 500.
 DebugResponse FailureAnswer(const absl::Status& status) {
   const absl::StatusCode code = status.code();
-  return Text(code == absl::StatusCode::kNotFound      ? 404
-              : code == absl::StatusCode::kUnavailable ? 503
-                                                       : 500,
+  return Text(code == absl::StatusCode::kNotFound           ? 404
+              : code == absl::StatusCode::kUnavailable      ? 503
+              : code == absl::StatusCode::kDeadlineExceeded ? 504
+                                                            : 500,
               std::string(status.message()));
 }
 
@@ -365,8 +367,19 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
 
 DebugResponse DebugEndpoint::Threads(absl::string_view query, absl::string_view name) {
   int debug = 0;  // 1: text grouped by stack, 2: a block per thread, as Go's goroutines
+  int64_t pid = 0;
+  bool pid_seen = false;
   for (absl::string_view pair : absl::StrSplit(query, '&', absl::SkipEmpty())) {
     const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == "pid" && !pid_seen && processes_) {
+      pid_seen = true;
+      std::string value;
+      if (eq == absl::string_view::npos || !FormDecode(pair.substr(eq + 1), &value)) {
+        return Text(400, absl::StrCat("pid: expected pid=N (see ", kIndexPath, ")"));
+      }
+      if (std::optional<DebugResponse> bad = ParsePid(value, &pid)) return *bad;
+      continue;
+    }
     if (pair.substr(0, eq) != "debug") continue;
     const absl::string_view value = eq == absl::string_view::npos ? "" : pair.substr(eq + 1);
     if (value != "0" && value != "1" && value != "2") {
@@ -376,12 +389,17 @@ DebugResponse DebugEndpoint::Threads(absl::string_view query, absl::string_view 
     }
     debug = value[0] - '0';
   }
-  if (processes_ || !thread_dump_) {
+  if (processes_ ? !process_thread_dump_ : !thread_dump_) {
     return Text(404, absl::StrCat("/debug/pprof/", name, " is served by the endpoint of the "
                                   "profiled process itself (INPROF_HTTP_ADDR): it reads the "
                                   "threads registered with its profiler"));
   }
-  absl::StatusOr<std::string> dump = thread_dump_(name, debug);
+  if (processes_) {
+    std::string title;
+    if (std::optional<DebugResponse> none = ChooseProcess(&pid, &title)) return *none;
+  }
+  absl::StatusOr<std::string> dump =
+      processes_ ? process_thread_dump_(name, debug, pid) : thread_dump_(name, debug);
   if (!dump.ok()) return FailureAnswer(dump.status());
   captures_.fetch_add(1);
   if (debug != 0) {

@@ -911,6 +911,82 @@ TEST_F(AgentLibraryTest, TheAgentServesTheLockWaitsOfAProcess) {
   server.Stop();
 }
 
+// The agent's /debug/pprof/threads of a process: asked of the process over
+// its socket, taken there, answered through its ring, symbolized by the
+// agent. Its thread blocked in read() is there, at its function, in its
+// state, in each form (pprof, debug=2 text, goroutine debug=1 grouped);
+// deterministic: the thread blocks before "started" and stays until done.
+TEST_F(AgentLibraryTest, TheAgentServesAThreadDumpOfAProcess) {
+  AgentServerOptions options = ServerOptions();
+  options.profile_options.http_addr = "127.0.0.1:0";
+  AgentServer server(options);
+  ASSERT_TRUE(server.Start().ok());
+  RunningWorkload workload(
+      Workload(options.address.ToString(), "sleeper " + testing::ShellQuote(dir_)),
+      dir_ + "/workload.err");
+  ASSERT_TRUE(workload.started());
+  pid_t pid = 0;
+  ASSERT_TRUE(Eventually([&] {
+    for (const AgentProcess& p : server.Processes()) pid = p.hello.pid;
+    return pid != 0;
+  })) << Log();
+  const std::string http = server.http_address();
+  testing::HttpReply dump;
+  const auto give_up = absl::Now() + absl::Seconds(20);
+  do {  // 503 until the process described its profile
+    dump = testing::HttpFetch(http, "GET", absl::StrCat("/debug/pprof/threads?pid=", pid));
+    if (dump.status == 503) absl::SleepFor(absl::Milliseconds(20));
+  } while (dump.status == 503 && absl::Now() < give_up);
+  testing::HttpReply text =
+      testing::HttpFetch(http, "GET", absl::StrCat("/debug/pprof/threads?debug=2&pid=", pid));
+  testing::HttpReply grouped =
+      testing::HttpFetch(http, "GET", absl::StrCat("/debug/pprof/goroutine?pid=", pid,
+                                                   "&debug=1"));
+  testing::HttpReply missing =
+      testing::HttpFetch(http, "GET", "/debug/pprof/threads?pid=1&debug=2");
+  // inprof stacks --pid P HOST:PORT: the same text, by way of the agent.
+  const char* cli = std::getenv("INPROF_CLI");
+  ASSERT_TRUE(cli != nullptr && *cli != '\0') << "INPROF_CLI: set by meson test";
+  auto stacks = testing::RunCommandSeparately(
+      absl::StrCat(testing::ShellQuote(cli), " stacks --pid ", pid, " ", http));
+  std::ofstream(dir_ + "/done") << "";
+  std::string err;
+  const int status = workload.Wait(&err);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
+  ASSERT_TRUE(Eventually([&] { return AllFinished(server, 1); })) << Log();
+  server.Stop();
+
+  ASSERT_EQ(dump.status, 200) << dump.error << dump.body;
+  absl::StatusOr<DecodedProfile> p = DecodePprof(dump.body);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->sample_types.size(), 1u);
+  EXPECT_EQ(p->sample_types[0].type, "threads");
+  int sleepers = 0;
+  for (const DecodedProfile::Sample& s : p->samples) {
+    auto name = s.str_labels.find("thread name");
+    if (name == s.str_labels.end() || name->second != "sleeper") continue;
+    ++sleepers;
+    EXPECT_TRUE(std::any_of(s.stack.begin(), s.stack.end(), [](const std::string& f) {
+      return absl::StrContains(f, "AgentBlockedInRead");
+    })) << absl::StrJoin(s.stack, " <- ");
+    EXPECT_EQ(s.str_labels.at("thread state"), "blocked");
+    EXPECT_EQ(s.str_labels.at("syscall"), "read");
+  }
+  EXPECT_EQ(sleepers, 1);
+  EXPECT_THAT(absl::StrJoin(p->comments, "\n"), HasSubstr("symbolized by the agent"));
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_THAT(text.body, HasSubstr("\"sleeper\" [blocked in read"));
+  EXPECT_THAT(text.body, HasSubstr("AgentBlockedInRead"));
+  ASSERT_EQ(grouped.status, 200) << grouped.body;
+  EXPECT_THAT(grouped.body, HasSubstr("goroutine profile: total "));
+  EXPECT_THAT(grouped.body, HasSubstr("# state: blocked in read (1)"));
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_THAT(missing.body, HasSubstr("no process 1 is connected"));
+  ASSERT_TRUE(stacks.ok()) << stacks.status();
+  EXPECT_EQ(stacks->exit_code, 0) << stacks->err;
+  EXPECT_THAT(stacks->out, HasSubstr("\"sleeper\" [blocked in read"));
+}
+
 TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServes) {
   const std::string cli = testing::EnvOrEmpty("INPROF_CLI");
   if (cli.empty()) GTEST_SKIP() << "INPROF_CLI not set";

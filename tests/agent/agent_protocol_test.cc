@@ -39,6 +39,10 @@ TEST(AgentProtocolTest, EveryMessageSurvivesTheWire) {
   auto reject = DecodeAgentMessage(EncodeAgentMessage(AgentReject{"no room"}));
   ASSERT_TRUE(reject.ok()) << reject.status();
   EXPECT_EQ(std::get<AgentReject>(*reject).reason, "no room");
+
+  auto dump = DecodeAgentMessage(EncodeAgentMessage(AgentDumpRequest{77}));
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  EXPECT_EQ(std::get<AgentDumpRequest>(*dump).id, 77u);
 }
 
 TEST(AgentProtocolTest, EveryTruncationIsAnErrorNamingWhereItStopped) {

@@ -37,6 +37,12 @@ TEST(AgentStreamTest, EveryRecordRoundTrips) {
       AgentSample{2, 3, {0, 0, 4, 4096}, {}, {0x401000}, /*state=*/true},
       AgentSynthetic{2, 3, {0, 0, 1, 64}, "[inprof: unregistered]", /*state=*/true},
       AgentEventsNote{"allocations sampled=3", 524288, 1'000'000},
+      AgentDumpThread{7, 4242, "worker", {{"thread state", "blocked", 0, false},
+                                          {"waited ns", "", 1500, true}},
+                      {0x401000, 0x402000}, ""},
+      AgentDumpThread{7, 4243, "gone", {}, {}, "[inprof: the thread ended]"},
+      AgentDumpEnd{7, {"thread dump: 2 registered threads"}, ""},
+      AgentDumpEnd{8, {}, "the profiler is not running"},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);
@@ -77,6 +83,8 @@ TEST(AgentStreamTest, EveryTruncationIsAnErrorNamingTheField) {
       AgentSample{2, 0, {5}, {1, 2}, {0x401000}, /*state=*/true},
       AgentSynthetic{2, 0, {1}, "frame", /*state=*/true},
       AgentEventsNote{"line", 1, 2},
+      AgentDumpThread{1, 2, "t", {{"k", "v", 3, true}}, {0x401000}, "s"},
+      AgentDumpEnd{1, {"c"}, "e"},
   };
   for (const AgentOp& op : ops) {
     const std::vector<uint64_t> words = EncodeAgentOp(op);

@@ -41,6 +41,10 @@
 //                                lock calls, as it timed them) to DIR/waited,
 //                                prints "started", and waits until DIR/done
 //                                exists (60 s at most)
+//   agent_workload sleeper DIR   a thread registered as "sleeper" blocks in
+//                                read() in AgentBlockedInRead; prints
+//                                "started" and waits until DIR/done exists
+//                                (60 s at most), then wakes it and joins it
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -112,6 +116,14 @@ extern "C" {
 INPROF_ALLOC_FUNCTION(AgentHeapKept)
 INPROF_ALLOC_FUNCTION(AgentHeapFreed)
 INPROF_ALLOC_FUNCTION(AgentHeapLate)
+
+// Blocks in read() on `fd` (the store after it keeps the call in it).
+__attribute__((noinline)) ssize_t AgentBlockedInRead(int fd) {
+  char c;
+  const ssize_t n = read(fd, &c, 1);
+  g_sink.store(static_cast<uint64_t>(n), std::memory_order_relaxed);
+  return n;
+}
 
 // A wait of its own: the lock call stays in it (the store after it keeps
 // it from being a tail call).
@@ -228,6 +240,27 @@ int main(int argc, char** argv) {
     // held by a global, so LeakSanitizer sees them reachable).
     static void* late[10];
     for (void*& p : late) p = AgentHeapLate(16 * 1024);
+    return 0;
+  }
+  if (mode == "sleeper" && argc == 3) {
+    int fds[2];
+    if (pipe(fds) != 0) return 1;
+    std::atomic<bool> ready{false};
+    std::thread sleeper([&] {
+      auto registered = profiler.RegisterThread("sleeper");
+      ready.store(true);
+      AgentBlockedInRead(fds[0]);
+    });
+    while (!ready.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::printf("started\n");
+    std::fflush(stdout);
+    const std::string done = std::string(argv[2]) + "/done";
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (access(done.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (write(fds[1], "x", 1) != 1) return 1;
+    sleeper.join();
     return 0;
   }
   if (mode == "locks" && argc == 3) {

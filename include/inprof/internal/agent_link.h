@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,6 +33,7 @@
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
 #include "inprof/options.h"
+#include "inprof/profile_data.h"
 #include "inprof/sample_aggregator.h"
 
 namespace inprof::internal {
@@ -85,6 +87,13 @@ class AgentLink final : public SampleForwarder {
   // bytes; lock waits, nanoseconds), when they changed since the last ones
   // the ring took.
   void EventsNote(const std::string& line, int64_t period, int64_t lock_period);
+  // The agent's newest thread-dump request (an AgentDumpRequest Flush()
+  // read from the socket), taken once; 0: none.
+  uint32_t TakeDumpRequest() { return std::exchange(dump_request_, 0); }
+  // The answer to request `id`: a record per thread of `dump`, then the
+  // end (with the dump's comments, or `dump`'s error); a thread the full
+  // ring refused is counted in the end's comments.
+  void SendDump(uint32_t id, const absl::StatusOr<ProfileData>& dump);
   // The process stops profiling: the last counters and an end record, then
   // the connection is closed (the agent exports the process's last window).
   void End(const std::vector<uint64_t>& counters);
@@ -155,6 +164,7 @@ class AgentLink final : public SampleForwarder {
   std::string last_events_note_;
   int64_t last_events_period_ = -1;
   int64_t last_lock_period_ = -1;
+  uint32_t dump_request_ = 0;
   bool state_rows_ = false;
   uint64_t state_rows_dropped_ = 0;
   std::vector<uint64_t> scratch_;

@@ -9,7 +9,10 @@
 // the other is gone.
 //
 // After the Welcome the process forwards its samples through the region
-// (agent_stream.h, agent_link.h) and sends nothing more on the socket.
+// (agent_stream.h, agent_link.h) and sends nothing more on the socket. The
+// agent may send a DumpRequest (its /debug/pprof/threads of the process):
+// the process answers through its ring (AgentDumpThread ops, then an
+// AgentDumpEnd with the request's id).
 //
 // Messages are SOCK_SEQPACKET datagrams (one message, one recv): a 16-byte
 // header -- magic "INPA", protocol version (u16), type (u16), payload
@@ -44,7 +47,8 @@ namespace inprof::internal {
 
 // 2: the describe record's omitted types, state rows and the events note
 // (agent_stream.h); an agent of version 1 could not read them.
-// 3: the events note's lock-wait period (the agent's /debug/pprof/mutex).
+// 3: the events note's lock-wait period (the agent's /debug/pprof/mutex),
+// the DumpRequest and its answer's ops.
 inline constexpr uint16_t kAgentProtocolVersion = 3;
 inline constexpr uint32_t kAgentMagic = 0x41504e49;  // "INPA", little-endian
 inline constexpr size_t kAgentHeaderBytes = 16;
@@ -60,6 +64,7 @@ enum class AgentMessageType : uint16_t {
   kHello = 1,    // process -> agent
   kWelcome = 2,  // agent -> process, with the region's memfd
   kReject = 3,   // agent -> process, then the agent closes
+  kDumpRequest = 4,  // agent -> process: a thread dump, answered in the ring
 };
 
 // Who is connecting, and the rings it wants: `max_threads` rings of
@@ -82,7 +87,11 @@ struct AgentReject {
   std::string reason;  // one line, shown by the process as it is
 };
 
-using AgentMessage = std::variant<AgentHello, AgentWelcome, AgentReject>;
+struct AgentDumpRequest {
+  uint32_t id = 0;  // the answer's AgentDumpThread and AgentDumpEnd carry it
+};
+
+using AgentMessage = std::variant<AgentHello, AgentWelcome, AgentReject, AgentDumpRequest>;
 
 std::string EncodeAgentMessage(const AgentMessage& message);
 // The message of a version other than kAgentProtocolVersion is an error

@@ -178,16 +178,41 @@ struct AgentEventsNote {
   int64_t lock_period = 0;
 };
 
+// The answer to the agent's AgentDumpRequest (agent_protocol.h): one
+// AgentDumpThread per thread of the dump (ProfilerBase::DumpThreads:
+// identity, labels, frames or a synthetic frame), then AgentDumpEnd with
+// the dump's comment lines, or why there is no dump.
+struct AgentDumpLabel {
+  std::string key;
+  std::string str;
+  int64_t num = 0;
+  bool numeric = false;
+};
+struct AgentDumpThread {
+  uint32_t request = 0;
+  int64_t tid = 0;
+  std::string name;
+  std::vector<AgentDumpLabel> labels;
+  std::vector<uint64_t> frames;
+  std::string synthetic;
+};
+struct AgentDumpEnd {
+  uint32_t request = 0;
+  std::vector<std::string> comments;
+  std::string error;  // empty: the dump is whole (threads not sent are counted in a comment)
+};
+
 using AgentOp = std::variant<AgentDescribe, AgentEngine, AgentString,
                              AgentThreadAdd, AgentThreadName, AgentThreadRemove,
                              AgentSample, AgentSynthetic, AgentStats, AgentEnd,
-                             AgentEventsNote>;
+                             AgentEventsNote, AgentDumpThread, AgentDumpEnd>;
 
 // Bounds the decoder enforces (a record is never longer than the ring).
 inline constexpr size_t kAgentOpMaxValues = 64;
 inline constexpr size_t kAgentOpMaxFrames = 4096;
 inline constexpr size_t kAgentOpMaxLabelWords = 256;
 inline constexpr size_t kAgentOpMaxStringBytes = 64 * 1024;
+inline constexpr size_t kAgentOpMaxDumpLabels = 64;
 
 // Appends the record's words to `out` (cleared first).
 void EncodeAgentOp(const AgentOp& op, std::vector<uint64_t>& out);

@@ -120,6 +120,10 @@ class DebugEndpoint {
   using ThreadDump =
       std::function<absl::StatusOr<std::string>(absl::string_view type, int debug)>;
   void SetThreadDump(ThreadDump dump) { thread_dump_ = std::move(dump); }
+  // Several processes: process `pid`'s (`pid=`), as it dumps it.
+  using ProcessThreadDump = std::function<absl::StatusOr<std::string>(
+      absl::string_view type, int debug, int64_t pid)>;
+  void SetProcessThreadDump(ProcessThreadDump dump) { process_thread_dump_ = std::move(dump); }
 
   // One request: `method` ("GET"), `target` as on the request line
   // ("/debug/pprof/profile?seconds=5"). Any thread; a capture blocks the
@@ -149,6 +153,7 @@ class DebugEndpoint {
   Capture capture_;
   Snapshot snapshot_;
   ThreadDump thread_dump_;
+  ProcessThreadDump process_thread_dump_;
   ProcessSnapshot process_snapshot_;
   ProcessCapture process_capture_;  // set for several processes
   ProcessList processes_;

@@ -401,9 +401,8 @@ class Pipeline {
   // The gzip pprof of the attachments' snapshots now (SnapshotLocked: the
   // allocation provider's alloc_* since Start and inuse_* now, or the
   // lock-wait provider's contentions and delay since Start, whichever has
-  // `default_type`), only their sample types, viewers opening on
-  // `default_type`. NotFound when no attachment has one (that profiling
-  // off). Drains the threads'
+  // `default_type`), only their sample types, viewers opening on `default_type`. NotFound
+  // when no attachment has one (that profiling off). Drains the threads'
   // slots first, as a capture's end does. Any thread, between
   // StartCollector and StopCollector or outside them, not concurrently with
   // either. A `delta` > 0 (Go's ?seconds=N): the difference of two
@@ -416,6 +415,7 @@ class Pipeline {
   // 0, gzip pprof of one type, `type` ("threads", "goroutine"); 1, 2: text (thread_dump_text.h).
   using ThreadDumper = std::function<absl::StatusOr<ProfileData>()>;
   void SetThreadDumper(ThreadDumper dumper) { thread_dumper_ = std::move(dumper); }
+  const ThreadDumper& thread_dumper() const { return thread_dumper_; }  // unsymbolized
   absl::StatusOr<std::string> ThreadDump(absl::string_view type, int debug);
 
  private:
