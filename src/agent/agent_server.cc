@@ -129,9 +129,10 @@ void AgentServer::StartEndpoint() {
       },
       &internal::RenderFlamegraphPage,
       absl::StrCat("inprof agent (pid ", getpid(), ")"));
-  endpoint_->SetProcessSnapshot([this](absl::string_view default_type, int64_t pid) {
-    return HeapSnapshot(default_type, pid);
-  });
+  endpoint_->SetProcessSnapshot(
+      [this](absl::string_view default_type, int64_t pid, absl::Duration delta) {
+        return HeapSnapshot(default_type, pid, delta);
+      });
   endpoint_->SetProcessThreadDump([this](absl::string_view type, int debug, int64_t pid) {
     return ThreadDump(type, debug, pid);
   });
@@ -177,12 +178,12 @@ absl::StatusOr<std::string> AgentServer::Capture(absl::Duration duration, int64_
 }
 
 absl::StatusOr<std::string> AgentServer::HeapSnapshot(absl::string_view default_type,
-                                                      int64_t pid) {
+                                                      int64_t pid, absl::Duration delta) {
   std::shared_ptr<AgentSession> session = ConnectedSession(pid);
   if (session == nullptr) {
     return absl::NotFoundError(absl::StrCat("no process ", pid, " is connected"));
   }
-  return session->HeapSnapshot(default_type);
+  return session->HeapSnapshot(default_type, delta);
 }
 
 absl::StatusOr<std::string> AgentServer::ThreadDump(absl::string_view type, int debug,

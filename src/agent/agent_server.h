@@ -164,7 +164,8 @@ class AgentServer {
   // The endpoint's: process `pid`'s live capture and heap snapshot
   // (NotFound when it is not connected).
   absl::StatusOr<std::string> Capture(absl::Duration duration, int64_t pid);
-  absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type, int64_t pid);
+  absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type, int64_t pid,
+                                           absl::Duration delta = absl::ZeroDuration());
   // Its /debug/pprof/threads and /goroutine of process `pid` (asked of the
   // process over its socket: AgentSession::ThreadDump).
   absl::StatusOr<std::string> ThreadDump(absl::string_view type, int debug, int64_t pid);

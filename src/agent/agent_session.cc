@@ -525,10 +525,11 @@ AgentSession::Rows* AgentSession::TotalsAt(uint32_t value_offset) {
   return nullptr;
 }
 
-absl::StatusOr<std::string> AgentSession::HeapSnapshot(absl::string_view default_type) {
+absl::StatusOr<std::string> AgentSession::HeapSnapshot(absl::string_view default_type,
+                                                       absl::Duration delta) {
   absl::StatusOr<internal::Pipeline*> pipeline = LivePipeline();
   if (!pipeline.ok()) return pipeline.status();
-  return (*pipeline)->Snapshot(default_type);
+  return (*pipeline)->Snapshot(default_type, delta);
 }
 
 std::string AgentSession::AddStateLocked(SampleAggregator& aggregator, bool window_end) {

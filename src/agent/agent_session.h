@@ -111,7 +111,9 @@ class AgentSession {
   // state (sent every second), in a gzip pprof opening on `default_type`.
   // NotFound when it profiles no allocations; Unavailable before it
   // described its profile or once it is finished.
-  absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type);
+  // `delta` > 0 (?seconds=N): the difference of two snapshots that far apart.
+  absl::StatusOr<std::string> HeapSnapshot(absl::string_view default_type,
+                                           absl::Duration delta = absl::ZeroDuration());
   // The pipeline's lock held (Pipeline::Snapshot): the rows of HeapSnapshot.
   internal::PipelineAttachment::SnapshotShape HeapSnapshotLocked(SampleAggregator& aggregator);
   // Likewise for HeapSnapshot("delay"): the lock waits it forwarded since

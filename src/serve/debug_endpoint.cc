@@ -285,11 +285,6 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
     if (key == "seconds") {
       // Go answers with the difference of two snapshots N seconds apart.
       if (seconds != 0) continue;  // the first one counts
-      if (processes_) {
-        return Text(400, "seconds= is not served for the agent's processes yet: "
-                         "/debug/pprof/profile?seconds=N&pid=P has their allocations "
-                         "(alloc_*) of N seconds");
-      }
       const absl::string_view value =
           pair.find('=') == absl::string_view::npos ? "" : pair.substr(pair.find('=') + 1);
       if (value.empty() || value.size() > 4 ||
@@ -333,7 +328,7 @@ DebugResponse DebugEndpoint::HeapSnapshot(absl::string_view default_type,
     busy_until_ns_.store(absl::GetCurrentTimeNanos() + int64_t{seconds} * 1'000'000'000);
   }
   absl::StatusOr<std::string> pprof =
-      processes_ ? process_snapshot_(default_type, pid)
+      processes_ ? process_snapshot_(default_type, pid, absl::Seconds(seconds))
                  : snapshot_(default_type, absl::Seconds(seconds));
   if (seconds > 0) busy_.store(false);
   if (!pprof.ok()) return FailureAnswer(pprof.status());

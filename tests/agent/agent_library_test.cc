@@ -903,6 +903,23 @@ TEST_F(AgentLibraryTest, TheAgentServesTheLockWaitsOfAProcess) {
       server.http_address(), "GET", absl::StrCat("/debug/pprof/mutex?debug=1&pid=", pid));
   EXPECT_EQ(text.status, 200) << text.body;
   EXPECT_THAT(text.body, HasSubstr("--- mutex:"));
+  // seconds=1: the difference of two snapshots a second apart, in which
+  // the workload waits for nothing (its 8 waits came before "started"):
+  // no contention at its site.
+  testing::HttpReply delta = testing::HttpFetch(
+      server.http_address(), "GET", absl::StrCat("/debug/pprof/mutex?seconds=1&pid=", pid));
+  ASSERT_EQ(delta.status, 200) << delta.body;
+  auto later = DecodePprof(delta.body);
+  ASSERT_TRUE(later.ok()) << later.status();
+  int64_t delta_contentions = 0;
+  for (const DecodedProfile::Sample& s : later->samples) {
+    if (std::any_of(s.stack.begin(), s.stack.end(), [](const std::string& f) {
+          return absl::StrContains(f, "AgentLockWait");
+        })) {
+      delta_contentions += s.values[later->ValueIndex("contentions")];
+    }
+  }
+  EXPECT_EQ(delta_contentions, 0);
   std::ofstream(dir_ + "/done") << "";
   std::string err;
   const int status = workload.Wait(&err);

@@ -439,14 +439,16 @@ TEST(DebugEndpointTest, SeveralProcessesEachHaveTheirHeap) {
   EXPECT_THAT(endpoint.Respond("GET", "/debug/pprof/").body, Not(HasSubstr("heap?pid=")));
 
   std::vector<std::pair<std::string, int64_t>> asked;
-  endpoint.SetProcessSnapshot(
-      [&](absl::string_view type, int64_t pid) -> absl::StatusOr<std::string> {
-        asked.emplace_back(std::string(type), pid);
-        if (pid == 77) {
-          return absl::NotFoundError("allocation profiling is off in this process");
-        }
-        return absl::StrCat("HEAP ", std::string(type), " of ", pid);
-      });
+  endpoint.SetProcessSnapshot([&](absl::string_view type, int64_t pid,
+                                  absl::Duration delta) -> absl::StatusOr<std::string> {
+    asked.emplace_back(std::string(type), pid);
+    if (pid == 77) {
+      return absl::NotFoundError("allocation profiling is off in this process");
+    }
+    const std::string over =
+        delta > absl::ZeroDuration() ? absl::StrCat(" over ", absl::FormatDuration(delta)) : "";
+    return absl::StrCat("HEAP ", std::string(type), " of ", pid, over);
+  });
   EXPECT_THAT(endpoint.Respond("GET", "/debug/pprof/").body,
               HasSubstr("<a href=\"heap?pid=4242\">heap</a>"));
   DebugResponse heap = endpoint.Respond("GET", "/debug/pprof/heap?pid=4242");
@@ -463,12 +465,14 @@ TEST(DebugEndpointTest, SeveralProcessesEachHaveTheirHeap) {
           {"/debug/pprof/heap?pid=abc", 400, "pid='abc': expected a process id"},
           {"/debug/pprof/allocs?pid", 400, "pid: expected pid=N"},
           {"/debug/pprof/heap?pid=77", 404, "allocation profiling is off in this process"},
-          {"/debug/pprof/heap?pid=4242&seconds=5", 400, "seconds= is not served for the agent"},
       });
+  // seconds=N: the process's delta, as the process's own endpoint serves it.
+  EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/heap?pid=4242&seconds=5").body,
+            "HEAP inuse_space of 4242 over 5s");
   // One process: pid= is not needed.
   processes.pop_back();
   EXPECT_EQ(endpoint.Respond("GET", "/debug/pprof/heap").body, "HEAP inuse_space of 4242");
-  EXPECT_EQ(asked.size(), 4u);  // the two above, pid 77's refusal, and this one
+  EXPECT_EQ(asked.size(), 5u);  // the two above, pid 77's refusal, the delta, and this one
 }
 
 TEST(DebugEndpointTest, OneCaptureAtATimeOthersGet429) {

@@ -106,9 +106,9 @@ class DebugEndpoint {
                                                              absl::Duration delta)>;
   void SetSnapshot(Snapshot snapshot) { snapshot_ = std::move(snapshot); }
   // Several processes: process `pid`'s (NotFound when it is not connected
-  // or profiles no allocations). Before the first request.
-  using ProcessSnapshot =
-      std::function<absl::StatusOr<std::string>(absl::string_view default_type, int64_t pid)>;
+  // or profiles no allocations), `delta` as above. Before the first request.
+  using ProcessSnapshot = std::function<absl::StatusOr<std::string>(
+      absl::string_view default_type, int64_t pid, absl::Duration delta)>;
   void SetProcessSnapshot(ProcessSnapshot snapshot) {
     process_snapshot_ = std::move(snapshot);
   }
