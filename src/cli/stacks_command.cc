@@ -3,8 +3,12 @@
 // serves at /debug/pprof/threads (a process started with INPROF_HTTP_ADDR,
 // or under `inprof run --http`). Given a pid, the endpoint is found among
 // the TCP sockets the process listens on (/proc/PID/fd and
-// /proc/PID/net/tcp{,6}: the same user, or root), each asked in turn.
+// /proc/PID/net/tcp{,6}: the same user, or root), each asked in turn; a
+// process in library mode listens on none, and its agent's endpoint is
+// asked for it (?pid=PID), the agent found as the process that holds the
+// process's ring memory (a memfd "inprof-rings-PID").
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,10 +42,11 @@ extern const char kStacksHelp[] =
     "ports the process listens on (needs the right to read /proc/PID/fd: the\n"
     "same user, or root).\n"
     "\n"
-    "A process that profiles through `inprof agent` (INPROF_AGENT_SOCKET) is\n"
-    "dumped by way of the agent's endpoint (`inprof agent --http=ADDR`): give\n"
-    "its HOST:PORT and --pid PID (the agent asks the process for its threads\n"
-    "and symbolizes them).\n"
+    "A process that profiles through `inprof agent` (library mode) is dumped by\n"
+    "way of the agent's endpoint (`inprof agent --http=ADDR`), found from the\n"
+    "PID (the agent holds the process's shared memory), or given as HOST:PORT\n"
+    "with --pid PID; the agent asks the process for its threads and\n"
+    "symbolizes them.\n"
     "\n"
     "  --pid PID the process, at an agent's endpoint\n"
     "  -o FILE   write the dump as pprof (one sample per thread) to FILE instead\n"
@@ -135,6 +140,49 @@ void ListeningAddresses(int pid, const char* file, const absl::flat_hash_set<uin
   }
 }
 
+// The agent that serves process `pid` in library mode, or 0: the process
+// maps the shared memory the agent made for it (a memfd named
+// "inprof-rings-PID"), and the agent holds that same memfd open.
+int AgentOf(int pid) {
+  const std::string name = absl::StrCat("/memfd:inprof-rings-", pid, " (deleted)");
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::string line;
+  uint64_t inode = 0;
+  while (inode == 0 && std::getline(maps, line)) {
+    if (!absl::EndsWith(line, name)) continue;
+    // address perms offset dev inode path
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 6 || !absl::SimpleAtoi(f[4], &inode)) inode = 0;
+  }
+  if (inode == 0) return 0;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return 0;
+  int agent = 0;
+  while (agent == 0) {
+    dirent* e = readdir(proc);
+    if (e == nullptr) break;
+    int other = 0;
+    if (!absl::SimpleAtoi(e->d_name, &other) || other == pid) continue;
+    const std::string fd_dir = absl::StrCat("/proc/", other, "/fd");
+    DIR* fds = opendir(fd_dir.c_str());
+    if (fds == nullptr) continue;  // another user's
+    while (dirent* fd = readdir(fds)) {
+      char target[128];
+      const std::string link = absl::StrCat(fd_dir, "/", fd->d_name);
+      const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+      struct stat st {};
+      if (n > 0 && absl::string_view(target, static_cast<size_t>(n)) == name &&
+          stat(link.c_str(), &st) == 0 && st.st_ino == inode) {
+        agent = other;
+        break;
+      }
+    }
+    closedir(fds);
+  }
+  closedir(proc);
+  return agent;
+}
+
 bool LooksLikePid(const std::string& s) {
   int pid = 0;
   return !s.empty() && s.find(':') == std::string::npos && absl::SimpleAtoi(s, &pid) && pid > 0;
@@ -189,6 +237,19 @@ int StacksMain(int argc, char** argv) {
     }
     ListeningAddresses(pid, "tcp", inodes, candidates);
     ListeningAddresses(pid, "tcp6", inodes, candidates);
+    // A process in library mode: its agent's endpoint, for this pid.
+    if (const int agent = candidates.empty() ? AgentOf(pid) : 0; agent != 0) {
+      const absl::flat_hash_set<uint64_t> agent_inodes = SocketInodes(agent, &error);
+      ListeningAddresses(agent, "tcp", agent_inodes, candidates);
+      ListeningAddresses(agent, "tcp6", agent_inodes, candidates);
+      if (candidates.empty()) {
+        PrintError("stacks", absl::StrCat("process ", pid, " profiles through inprof agent "
+                                          "(pid ", agent, "), which serves no endpoint: start "
+                                          "the agent with --http=127.0.0.1:0"));
+        return 1;
+      }
+      pid_at = absl::StrCat(pid);
+    }
     if (candidates.empty()) {
       PrintError("stacks", absl::StrCat("process ", pid, " listens on no TCP port: start it "
                                         "with INPROF_HTTP_ADDR=127.0.0.1:0 (or under inprof run "

@@ -933,6 +933,8 @@ TEST_F(AgentLibraryTest, TheAgentServesTheLockWaitsOfAProcess) {
 // agent. Its thread blocked in read() is there, at its function, in its
 // state, in each form (pprof, debug=2 text, goroutine debug=1 grouped);
 // deterministic: the thread blocks before "started" and stays until done.
+// inprof stacks reaches it too, by the agent's HOST:PORT and --pid, and by
+// its pid alone.
 TEST_F(AgentLibraryTest, TheAgentServesAThreadDumpOfAProcess) {
   AgentServerOptions options = ServerOptions();
   options.profile_options.http_addr = "127.0.0.1:0";
@@ -966,6 +968,10 @@ TEST_F(AgentLibraryTest, TheAgentServesAThreadDumpOfAProcess) {
   ASSERT_TRUE(cli != nullptr && *cli != '\0') << "INPROF_CLI: set by meson test";
   auto stacks = testing::RunCommandSeparately(
       absl::StrCat(testing::ShellQuote(cli), " stacks --pid ", pid, " ", http));
+  // inprof stacks PID: the process listens on nothing; its agent (this
+  // test's process, which holds its ring memory) is found and asked.
+  auto stacks_by_pid =
+      testing::RunCommandSeparately(absl::StrCat(testing::ShellQuote(cli), " stacks ", pid));
   std::ofstream(dir_ + "/done") << "";
   std::string err;
   const int status = workload.Wait(&err);
@@ -1002,6 +1008,10 @@ TEST_F(AgentLibraryTest, TheAgentServesAThreadDumpOfAProcess) {
   ASSERT_TRUE(stacks.ok()) << stacks.status();
   EXPECT_EQ(stacks->exit_code, 0) << stacks->err;
   EXPECT_THAT(stacks->out, HasSubstr("\"sleeper\" [blocked in read"));
+  ASSERT_TRUE(stacks_by_pid.ok()) << stacks_by_pid.status();
+  EXPECT_EQ(stacks_by_pid->exit_code, 0) << stacks_by_pid->err;
+  EXPECT_THAT(stacks_by_pid->out, HasSubstr("\"sleeper\" [blocked in read"));
+  EXPECT_THAT(stacks_by_pid->out, HasSubstr(absl::StrCat("thread dump of pid ", pid)));
 }
 
 TEST_F(AgentLibraryTest, AKilledAgentLeavesTheProcessRunningAndARestartedOneServes) {
