@@ -6,9 +6,11 @@
 // unpatched and patched at a period of 1 ns, where every wait that finds
 // the lock busy is timed and sampled into a callback. Report medians:
 //   lock_hooks_benchmark --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <shared_mutex>
+#include <thread>
 
 #include "benchmark/benchmark.h"
 #include "inprof/alloc/lock_hooks.h"
@@ -80,4 +82,18 @@ BENCHMARK(BM_LockHooks_Contended_SampledEveryWait)->Threads(2)->UseRealTime();
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// A program whose locks matter has threads: glibc locks a mutex of a
+// process that never started one with a plain store instead of an atomic
+// instruction (__libc_single_threaded), which pthread_mutex_trylock does not
+// do. A thread that only sleeps makes the process multi-threaded from the
+// start, so that both sides are measured as such a program runs them.
+int main(int argc, char** argv) {
+  std::thread([] {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }).detach();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
