@@ -448,6 +448,19 @@ TEST(RunTest, TheLiveEndpointServesAnUnmodifiedProgram) {
   ASSERT_FALSE(address.empty()) << "no 'serving' line";
   testing::HttpReply r =
       testing::HttpFetch(address, "GET", "/debug/pprof/profile?seconds=1");
+  // inprof stacks PID on the program (its pid from its first window's
+  // file name, p-PID-...: due 500 ms after its start; waited for up to 3 s
+  // of its 4 s spin): its spinning main thread, at its function.
+  std::string target_pid;
+  for (int i = 0; i < 300 && target_pid.empty(); ++i) {
+    for (const std::string& path : Profiles(dir)) {
+      const std::string name = path.substr(path.rfind('/') + 1);  // p-PID-TIME.pb.gz
+      target_pid = name.substr(2, name.find('-', 2) - 2);
+    }
+    if (target_pid.empty()) usleep(10'000);
+  }
+  ASSERT_FALSE(target_pid.empty()) << "no window written";
+  auto stacks = RunCommandSeparately(absl::StrCat(ShellQuote(Cli()), " stacks ", target_pid));
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
@@ -467,6 +480,10 @@ TEST(RunTest, TheLiveEndpointServesAnUnmodifiedProgram) {
     exported_cpu += CumulativeCpu(*p, "SpinWork");
   }
   EXPECT_GT(exported_cpu, live_cpu);
+  ASSERT_TRUE(stacks.ok()) << stacks.status();
+  EXPECT_EQ(stacks->exit_code, 0) << stacks->err;
+  EXPECT_THAT(stacks->out, HasSubstr("[running]")) << stacks->out;
+  EXPECT_THAT(stacks->out, HasSubstr("SpinWork")) << stacks->out;
 }
 
 // --alloc profiles an unmodified program's allocations: each site's bytes
