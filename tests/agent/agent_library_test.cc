@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -65,6 +66,42 @@ bool Eventually(Pred pred, int seconds = 20) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return pred();
+}
+
+// The sum of `type` over the samples of `p` whose stack names `function`
+// (-1: `p` has no such type).
+int64_t SumAt(const DecodedProfile& p, const char* type, const char* function) {
+  const int index = p.ValueIndex(type);
+  if (index < 0) return -1;
+  int64_t sum = 0;
+  for (const DecodedProfile::Sample& s : p.samples) {
+    if (std::any_of(s.stack.begin(), s.stack.end(),
+                    [&](const std::string& f) { return absl::StrContains(f, function); })) {
+      sum += s.values[index];
+    }
+  }
+  return sum;
+}
+
+// Asks the agent's endpoint `http` for `path` until `done` says its page is
+// whole (20 s at most, 50 ms apart); a 503 (the process has not described
+// its profile yet) is asked again. The last page read, or why there is
+// none (another status, or no pprof).
+absl::StatusOr<DecodedProfile> PollPage(const std::string& http, const std::string& path,
+                                        const std::function<bool(const DecodedProfile&)>& done) {
+  const auto give_up = absl::Now() + absl::Seconds(20);
+  absl::StatusOr<DecodedProfile> last = absl::UnavailableError(path + ": 503 for 20 s");
+  while (absl::Now() < give_up) {
+    testing::HttpReply page = testing::HttpFetch(http, "GET", path);
+    if (page.status == 200) {
+      last = DecodePprof(page.body);
+      if (!last.ok() || done(*last)) return last;
+    } else if (page.status != 503) {
+      return absl::InternalError(absl::StrCat(path, ": ", page.status, " ", page.error, page.body));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return last;
 }
 
 // A file's content ("" when it cannot be read).
@@ -692,55 +729,23 @@ TEST_F(AgentLibraryTest, TheAgentsWindowsCarryTheHeapAsOfTheirEnd) {
     for (const AgentProcess& p : server.Processes()) pid = p.hello.pid;
     return pid != 0;
   })) << Log();
-  int64_t heap_period = -1;  // the process's INPROF_ALLOC_PERIOD, once its state is in
-  int64_t heap_kept = -1, heap_kept_alloc = -1, heap_freed_alloc = -1, heap_freed = -1;
-  std::string heap_error;
-  const auto give_up = absl::Now() + absl::Seconds(20);
   // Until both sites are in: the freed blocks are allocated after the kept
   // ones and may reach the agent a collector pass later (seen once beside
   // the whole suite: 41 of the 50 in the page read).
-  while ((heap_kept != 64 * 1024 * 100 || heap_freed_alloc != 32 * 1024 * 50) &&
-         absl::Now() < give_up) {
-    testing::HttpReply heap = testing::HttpFetch(server.http_address(), "GET",
-                                                 absl::StrCat("/debug/pprof/heap?pid=", pid));
-    if (heap.status == 503) {  // connected, its profile not described yet
-      absl::SleepFor(absl::Milliseconds(20));
-      continue;
-    }
-    if (heap.status != 200) {
-      heap_error = absl::StrCat(heap.status, " ", heap.error, heap.body);
-      break;
-    }
-    auto p = DecodePprof(heap.body);
-    if (!p.ok()) {
-      heap_error = std::string(p.status().message());
-      break;
-    }
-    heap_period = p->period;
-    EXPECT_EQ(p->default_sample_type, "inuse_space");
-    heap_kept = heap_kept_alloc = heap_freed_alloc = heap_freed = 0;
-    for (const DecodedProfile::Sample& s : p->samples) {
-      auto has = [&](const char* fn) {
-        return std::any_of(s.stack.begin(), s.stack.end(),
-                           [&](const std::string& f) { return absl::StrContains(f, fn); });
-      };
-      if (has("AgentHeapKept")) {
-        heap_kept += s.values[p->ValueIndex("inuse_space")];
-        heap_kept_alloc += s.values[p->ValueIndex("alloc_space")];
-      }
-      if (has("AgentHeapFreed")) {
-        heap_freed += s.values[p->ValueIndex("inuse_space")];
-        heap_freed_alloc += s.values[p->ValueIndex("alloc_space")];
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_EQ(heap_error, "");
-  EXPECT_EQ(heap_period, 1);
-  EXPECT_EQ(heap_kept, 64 * 1024 * 100);
-  EXPECT_EQ(heap_kept_alloc, 64 * 1024 * 100);
-  EXPECT_EQ(heap_freed_alloc, 32 * 1024 * 50);
-  EXPECT_EQ(heap_freed, 0);
+  constexpr int64_t kKeptBytes = 64 * 1024 * 100, kFreedBytes = 32 * 1024 * 50;
+  absl::StatusOr<DecodedProfile> heap = PollPage(
+      server.http_address(), absl::StrCat("/debug/pprof/heap?pid=", pid),
+      [](const DecodedProfile& p) {
+        return SumAt(p, "inuse_space", "AgentHeapKept") == kKeptBytes &&
+               SumAt(p, "alloc_space", "AgentHeapFreed") == kFreedBytes;
+      });
+  ASSERT_TRUE(heap.ok()) << heap.status();
+  EXPECT_EQ(heap->period, 1);  // the process's INPROF_ALLOC_PERIOD
+  EXPECT_EQ(heap->default_sample_type, "inuse_space");
+  EXPECT_EQ(SumAt(*heap, "inuse_space", "AgentHeapKept"), kKeptBytes);
+  EXPECT_EQ(SumAt(*heap, "alloc_space", "AgentHeapKept"), kKeptBytes);
+  EXPECT_EQ(SumAt(*heap, "alloc_space", "AgentHeapFreed"), kFreedBytes);
+  EXPECT_EQ(SumAt(*heap, "inuse_space", "AgentHeapFreed"), 0);
   std::string err;
   const int status = workload.Wait(&err);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << err;
@@ -852,49 +857,16 @@ TEST_F(AgentLibraryTest, TheAgentServesTheLockWaitsOfAProcess) {
   })) << Log();
   // Until the waits are in (the process forwards its events after each
   // collector pass, every 50 ms).
-  int64_t contentions = -1, delay = -1, period = -1;
-  std::string error, default_type;
-  const auto give_up = absl::Now() + absl::Seconds(20);
-  while (contentions != 8 && absl::Now() < give_up) {
-    testing::HttpReply page = testing::HttpFetch(server.http_address(), "GET",
-                                                 absl::StrCat("/debug/pprof/mutex?pid=", pid));
-    if (page.status == 503) {  // connected, its profile not described yet
-      absl::SleepFor(absl::Milliseconds(20));
-      continue;
-    }
-    if (page.status != 200) {
-      error = absl::StrCat(page.status, " ", page.error, page.body);
-      break;
-    }
-    auto p = DecodePprof(page.body);
-    if (!p.ok()) {
-      error = std::string(p.status().message());
-      break;
-    }
-    const int c = p->ValueIndex("contentions"), d = p->ValueIndex("delay");
-    if (c < 0 || d < 0) {
-      error = "no contentions or delay in the page's profile";
-      break;
-    }
-    period = p->period;
-    default_type = p->default_sample_type;
-    contentions = delay = 0;
-    for (const DecodedProfile::Sample& s : p->samples) {
-      if (std::any_of(s.stack.begin(), s.stack.end(), [](const std::string& f) {
-            return absl::StrContains(f, "AgentLockWait");
-          })) {
-        contentions += s.values[c];
-        delay += s.values[d];
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_EQ(error, "");
-  EXPECT_EQ(contentions, 8);
+  absl::StatusOr<DecodedProfile> mutex = PollPage(
+      server.http_address(), absl::StrCat("/debug/pprof/mutex?pid=", pid),
+      [](const DecodedProfile& p) { return SumAt(p, "contentions", "AgentLockWait") == 8; });
+  ASSERT_TRUE(mutex.ok()) << mutex.status();
+  EXPECT_EQ(SumAt(*mutex, "contentions", "AgentLockWait"), 8);
+  const int64_t delay = SumAt(*mutex, "delay", "AgentLockWait");
   EXPECT_GE(delay, 8 * 5'000'000);
   EXPECT_LE(delay, waited);
-  EXPECT_EQ(period, 1000);  // the process's INPROF_LOCK_PERIOD, in nanoseconds
-  EXPECT_EQ(default_type, "delay");
+  EXPECT_EQ(mutex->period, 1000);  // the process's INPROF_LOCK_PERIOD, in nanoseconds
+  EXPECT_EQ(mutex->default_sample_type, "delay");
   // /block is the same profile; the legacy text names the waits too.
   testing::HttpReply block = testing::HttpFetch(server.http_address(), "GET",
                                                 absl::StrCat("/debug/pprof/block?pid=", pid));
@@ -911,15 +883,7 @@ TEST_F(AgentLibraryTest, TheAgentServesTheLockWaitsOfAProcess) {
   ASSERT_EQ(delta.status, 200) << delta.body;
   auto later = DecodePprof(delta.body);
   ASSERT_TRUE(later.ok()) << later.status();
-  int64_t delta_contentions = 0;
-  for (const DecodedProfile::Sample& s : later->samples) {
-    if (std::any_of(s.stack.begin(), s.stack.end(), [](const std::string& f) {
-          return absl::StrContains(f, "AgentLockWait");
-        })) {
-      delta_contentions += s.values[later->ValueIndex("contentions")];
-    }
-  }
-  EXPECT_EQ(delta_contentions, 0);
+  EXPECT_EQ(SumAt(*later, "contentions", "AgentLockWait"), 0);
   std::ofstream(dir_ + "/done") << "";
   std::string err;
   const int status = workload.Wait(&err);
