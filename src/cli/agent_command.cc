@@ -6,6 +6,9 @@
 // exported here (src/agent/agent_session.h), configured by the agent's own
 // INPROF_* / DD_* variables.
 #include <getopt.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -210,6 +213,16 @@ int AgentMain(int argc, char** argv) {
   }
   if (http_given) options.profile_options.http_addr = http;
   RaiseDescriptorLimit();
+#ifdef __GLIBC__
+  // The agent's memory follows its processes: a session's is freed (and
+  // malloc_trim'd) when its process ends. glibc, left to itself, raises its
+  // trim threshold to twice the largest mmap'd block freed (up to 64 MiB)
+  // and then keeps that much at the top of an arena: a greedy process that
+  // left once kept the agent 64 MiB larger. Fixed thresholds (this is
+  // inprof's own process, not a host) keep it returning what it frees.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 256 * 1024);
+#endif
   // Wait for SIGINT/SIGTERM/SIGHUP synchronously (each ends the agent the
   // same clean way: last windows, socket file removed); the serving thread
   // (created after this) inherits the mask.
