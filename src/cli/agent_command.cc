@@ -62,7 +62,9 @@ const char kAgentHelp[] =
     "                       process id, %t: window start   INPROF_OUTPUT\n"
     "      --http=ADDR      serve /debug/pprof/ for the processes: a capture\n"
     "                       of the next N seconds of one (pid=N; not needed\n"
-    "                       while only one is connected)  INPROF_HTTP_ADDR\n"
+    "                       while only one is connected), its heap, lock\n"
+    "                       waits and threads (inprof stacks PID asks here)\n"
+    "                                                     INPROF_HTTP_ADDR\n"
     "  -h, --help           this text\n";
 
 namespace {
