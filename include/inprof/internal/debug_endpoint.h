@@ -18,10 +18,11 @@
 //   /debug/pprof/threads, /goroutine   every registered thread's stack now:
 //                                      gzip pprof, a sample per thread
 //                                      (its name, state, system call and
-//                                      wait); debug=1 or 2: as text
+//                                      wait); debug=2: as text, debug=1:
+//                                      grouped by stack (Go's forms)
 // An endpoint for several processes (`inprof agent --http`) takes `pid=N`
-// with a capture (optional while one process is connected), and its index
-// lists the processes.
+// on each of these pages (optional while one process is connected), and
+// its index lists the processes.
 // N defaults to 30 and is bounded (1 to kMaxSeconds); one capture runs at a
 // time and a second gets 429. The captures are windows of their own, cut
 // from a mirror of the aggregate (SampleAggregator::SetMirror): the periodic
