@@ -43,10 +43,12 @@
 //                                exists (60 s at most)
 //   agent_workload sleeper DIR   a thread registered as "sleeper" blocks in
 //                                read() in AgentBlockedInRead; prints
-//                                "started" and waits until DIR/done exists
+//                                "started" once it waits there (10 s at
+//                                most) and waits until DIR/done exists
 //                                (60 s at most), then wakes it and joins it
 #include <dirent.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -245,13 +247,22 @@ int main(int argc, char** argv) {
   if (mode == "sleeper" && argc == 3) {
     int fds[2];
     if (pipe(fds) != 0) return 1;
-    std::atomic<bool> ready{false};
+    std::atomic<pid_t> tid{0};
     std::thread sleeper([&] {
       auto registered = profiler.RegisterThread("sleeper");
-      ready.store(true);
+      tid.store(static_cast<pid_t>(syscall(SYS_gettid)));
       AgentBlockedInRead(fds[0]);
     });
-    while (!ready.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // "started" once it waits in read() (/proc's syscall file starts with
+    // the call's number), 10 s at most.
+    auto in_read = [&] {
+      std::ifstream in("/proc/self/task/" + std::to_string(tid.load()) + "/syscall");
+      long number = -1;
+      return tid.load() != 0 && static_cast<bool>(in >> number) && number == SYS_read;
+    };
+    for (int i = 0; i < 10'000 && !in_read(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     std::printf("started\n");
     std::fflush(stdout);
     const std::string done = std::string(argv[2]) + "/done";

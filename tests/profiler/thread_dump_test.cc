@@ -85,10 +85,25 @@ class Sleeper {
     std::atomic<bool> ready{false};
     thread_ = std::thread([&] {
       auto registration = profiler.RegisterThread(name);
+      tid_.store(static_cast<pid_t>(syscall(SYS_gettid)));
       ready.store(true);
       EXPECT_EQ(BlockedInRead(fds_[0]), 1);
     });
     while (!ready.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Whether it is in read() now (/proc's syscall file starts with the
+  // call's number while the thread waits in it).
+  bool InRead() const {
+    std::ifstream in(absl::StrCat("/proc/self/task/", tid_.load(), "/syscall"));
+    long number = -1;
+    return static_cast<bool>(in >> number) && number == SYS_read;
+  }
+  // Waits until it is (5 s at most); whether it is.
+  bool WaitInRead() const {
+    for (int i = 0; i < 5000 && !InRead(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return InRead();
   }
   ~Sleeper() {
     EXPECT_EQ(write(fds_[1], "x", 1), 1);
@@ -99,6 +114,7 @@ class Sleeper {
 
  private:
   int fds_[2] = {-1, -1};
+  std::atomic<pid_t> tid_{0};
   std::thread thread_;
 };
 
@@ -371,7 +387,7 @@ TEST(ThreadDumpTest, AThreadThatCannotAnswerDoesNotHoldTheDumpUp) {
 // destroyed elsewhere, later): dumped once, without a stack, on the frame
 // that says so and in state "ended"; a thread still there beside it as
 // usual. Deterministic: the dump begins after the ended thread's entry in
-// /proc is gone.
+// /proc is gone and the other thread is in read().
 TEST(ThreadDumpTest, AThreadThatEndedWithoutUnregisteringIsSaidSo) {
   DumpProfiler profiler(TestOptions("thread_dump_ended"));
   ASSERT_TRUE(profiler.Start().ok());
@@ -390,6 +406,7 @@ TEST(ThreadDumpTest, AThreadThatEndedWithoutUnregisteringIsSaidSo) {
   ASSERT_NE(access(task.c_str(), F_OK), 0) << task << " still there after 5 s";
   std::optional<Sleeper> sleeper;
   sleeper.emplace(profiler, "still here");
+  ASSERT_TRUE(sleeper->WaitInRead()) << "the sleeper in read() within 5 s";
   absl::StatusOr<ProfileData> dump = profiler.DumpThreads();
   sleeper.reset();
   outlived = ThreadRegistration();  // unregistered here, on another thread
@@ -463,7 +480,7 @@ TEST(ThreadDumpTest, TheSignalHandedOverDumpsToStderr) {
     DumpProfiler profiler(options);
     ASSERT_TRUE(profiler.Start().ok());
     auto sleeper = std::make_unique<Sleeper>(profiler, "sleeper");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(sleeper->WaitInRead()) << "the sleeper in read() within 5 s";
     ASSERT_EQ(kill(getpid(), SIGUSR2), 0);
     // Written by inprof's thread: 20 s at most.
     for (int i = 0; i < 2000 && !absl::StrContains(captured.Text(), "\n\nthread "); ++i) {
@@ -510,6 +527,7 @@ TEST(ThreadDumpTest, InprofStacksFindsTheEndpointOfAPid) {
   DumpProfiler profiler(TestOptions("thread_dump_cli"));
   ASSERT_TRUE(profiler.Start().ok());
   auto sleeper = std::make_unique<Sleeper>(profiler, "cli-sleeper");
+  ASSERT_TRUE(sleeper->WaitInRead()) << "the sleeper in read() within 5 s";
   absl::StatusOr<testing::CommandOutput> out =
       testing::RunCommandSeparately(absl::StrCat(cli, " stacks ", getpid()));
   absl::StatusOr<testing::CommandOutput> none =
