@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "inprof/base/alloc_guard.h"
+#include "inprof/base/fork_guard.h"
 #include "src/alloc/got_hooks.h"
 
 namespace inprof::internal {
@@ -57,6 +58,14 @@ double NextUniform(uint64_t seed) {
 __attribute__((noinline)) void AfterWait(const void* lock, uint64_t start, uint64_t end,
                                          void* caller) {
   g_waits.fetch_add(1, std::memory_order_relaxed);
+  // fork()'s prepare handler takes inprof's locks one by one, the
+  // callback's among them: a wait for a later one must not call back into
+  // a lock the handler holds already (it did: a fork beside a thread that
+  // held a leaf lock for a moment hung its parent).
+  if (InForkPrepare()) {
+    g_own.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   const uint64_t period = g_period.load(std::memory_order_relaxed);
   const uint64_t delay = end > start ? end - start : 0;
   double count = 0;

@@ -21,7 +21,11 @@ ForkLocks& Locks() {
   return *locks;
 }
 
+// Set on the thread that forks, while its handlers hold the locks.
+__thread bool t_in_prepare __attribute__((tls_model("initial-exec")));
+
 void Prepare() {
+  t_in_prepare = true;
   ForkLocks& f = Locks();
   f.mutex.lock();
   for (auto& [rank, mutex] : f.locks) mutex->lock();
@@ -33,6 +37,7 @@ void Release() {
     it->second->unlock();
   }
   f.mutex.unlock();
+  t_in_prepare = false;
 }
 
 }  // namespace
@@ -51,6 +56,8 @@ void RegisterForkLock(std::mutex* mutex, ForkLockRank rank) {
       [](int r, const std::pair<int, std::mutex*>& e) { return r < e.first; });
   f.locks.insert(at, {static_cast<int>(rank), mutex});
 }
+
+bool InForkPrepare() { return t_in_prepare; }
 
 void UnregisterForkLock(std::mutex* mutex) {
   ForkLocks& f = Locks();

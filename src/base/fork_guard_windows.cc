@@ -5,5 +5,6 @@ namespace inprof::internal {
 
 void RegisterForkLock(std::mutex* /*mutex*/, ForkLockRank /*rank*/) {}
 void UnregisterForkLock(std::mutex* /*mutex*/) {}
+bool InForkPrepare() { return false; }
 
 }  // namespace inprof::internal

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -38,6 +39,7 @@
 #include "gtest/gtest.h"
 #include "inprof/alloc/alloc_hooks.h"
 #include "inprof/alloc/lock_hooks.h"
+#include "inprof/base/fork_guard.h"
 #include "inprof/inprof.h"
 #include "inprof/pprof_reader.h"
 #include "locks/lock_test_lib.h"
@@ -567,6 +569,58 @@ TEST(LockWaitProviderTest, AForkedChildLocksAndExits) {
   }
   stop.store(true);
   for (std::thread& t : contenders) t.join();
+  EXPECT_TRUE(profiler.Stop().ok());
+}
+
+// fork() while another thread holds, for a moment, a lock that fork's
+// prepare handler takes after the provider's own (a leaf lock registered
+// later): the handler's wait for it is timed like any lock call, and must
+// not be recorded there, since the callback takes the provider's lock,
+// which the handler holds already (it hung the parent: found beside two
+// busy loops under ASan). Deterministic: the holder lets go 2 ms after
+// the forking thread waits for the lock (its lock word says a waiter), at
+// a period of 1 us that samples every wait. A watchdog ends the test (exit
+// 1, one line) if fork() has not returned within 20 s.
+TEST(LockWaitProviderTest, AForkWhoseHandlerWaitsForALockDoesNotHang) {
+  Options options;
+  options.output = testing::FreshTestDir("lock_fork_wait") + "/profile.pb.gz";
+  options.lock_period = absl::Microseconds(1);
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  LockProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  // Registered after the provider's table (made at Start): taken after it.
+  static std::mutex late;
+  internal::RegisterForkLock(&late, internal::kForkRankLeaf);
+  std::atomic<bool> forked{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 2000 && !forked.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!forked.load()) {
+      std::fputs("fork() has not returned in 20 s: its prepare handler hangs\n", stderr);
+      _exit(1);
+    }
+  });
+  std::atomic<bool> held{false};
+  std::thread holder([&] {
+    late.lock();
+    held.store(true);
+    while (!HasWaiter(late.native_handle())) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    late.unlock();
+  });
+  while (!held.load()) std::this_thread::yield();
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  forked.store(true);
+  holder.join();
+  watchdog.join();
+  internal::UnregisterForkLock(&late);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_TRUE(profiler.Stop().ok());
 }
 

@@ -41,6 +41,13 @@ void RegisterForkLock(std::mutex* mutex, ForkLockRank rank);
 // Removes it (before the mutex is destroyed).
 void UnregisterForkLock(std::mutex* mutex);
 
+// Whether the calling thread is in fork()'s prepare handler: from before it
+// takes the first of these locks until the parent's or child's handler has
+// released them. Code that the handler's own lock calls may reach (the
+// lock hooks' sampling callback, which takes a lock registered here) must
+// do nothing then: the handler may hold that lock already.
+bool InForkPrepare();
+
 }  // namespace inprof::internal
 
 #endif  // INPROF_BASE_FORK_GUARD_H_
