@@ -50,6 +50,7 @@ HEADERS = {
     "base": ["options"],
     "sampling": [
         "sample_provider", "spsc_ring", "cpu_time_provider", "wall_time_provider",
+        "tick_provider",
         "sample_aggregator", "labels", "signal_dispatch", "pending_slots", "thread_info", "label_table",
         "sample_record", "cpu_lattice", "thread_slot_windows", "event_stack", "event_stack_table",
         "sample_provider_windows", "cpu_time_provider_windows",

@@ -110,150 +110,9 @@
 #include "inprof/internal/label_table.h"
 #include "inprof/internal/thread_info.h"
 #include "inprof/sample_provider.h"
+#include "inprof/tick_provider.h"
 
 namespace inprof {
-
-// Optional capability of a provider: it is driven by the profiler's ticker
-// thread rather than by per-thread timers.
-//   (1) p.TickPeriod() -> absl::Duration (zero: never ticks);
-//   (2) p.ThreadsPerTick() -> size_t;
-//   (3) p.VisitThread(ThreadContext&, ThreadData&, TickTime when,
-//       bool has_episode_stack, bool has_running_sample,
-//       std::span<int64_t> values) -> TickDecision
-//       (has_episode_stack: the profiler holds the stack of the thread's
-//       current blocking episode; has_running_sample: a provider that
-//       SamplesRunningThreads took a sample of the thread since this
-//       provider's previous visit, whose stack the profiler can credit);
-//   (4) p.AwaitsEpisodeStack(ThreadData&) -> bool: a sample that will give
-//       that stack was asked for (the profiler drains the thread's ring).
-// When a visit happens. `scheduled_ns` is when the ticker meant to wake
-// (its random schedule); `now_ns` when it did (CLOCK_MONOTONIC, both;
-// scheduled_ns <= now_ns). A visit credits the wall time between the
-// scheduled times of its thread's visits, not between the times they
-// happened: on a busy machine the ticker wakes late, later when the
-// threads it samples are running (they are the load it waits behind), so
-// real intervals ending in a running look are longer -- measured with 8
-// threads alternating 5 ms of sleep and 5 ms of spinning beside two busy
-// loops: 0.6-1.1 points of the sleep share moved to the spinning stack.
-// The schedule does not depend on the threads.
-struct TickTime {
-  int64_t now_ns = 0;
-  int64_t scheduled_ns = 0;
-  // The weight of a visit whose thread's account is estimated (a first
-  // visit; with round_weights, every visit of a thread never followed),
-  // fixed when it is taken (WallTicker::VisitNext): its share of the
-  // threads' time since the last wake-up, or the round's time at the
-  // ticker's rate (WallTicker::RoundEstimate). 0: not known (tests): the
-  // first visit credits the time since the thread was armed.
-  int64_t round_ns = 0;
-  // The registered threads' time since the ticker's previous wake-up
-  // (thread-ns of real time; 0 at the first, or not known), which
-  // WallTicker::VisitNext hands out.
-  double thread_ns = 0;
-  // Set by WallTicker::VisitNext when a wake-up visits only some of the
-  // threads: every visit of a thread not followed weighs round_ns. Else
-  // (every thread visited at each wake-up; tests) a thread's visits after
-  // its first credit the time since its previous one.
-  bool round_weights = false;
-  // How many base periods apart the ticker's wake-ups come now, a batch's
-  // worth counted as one: the back-off after steady rounds, times how late
-  // the ticker wakes (ProfilerBase::Tick); 1 for the period itself.
-  double pace = 1;
-  // A visit ahead of the round robin (ProfilerBase::wall_due_: the thread
-  // ran and was not visited for a round). Chosen because the thread runs,
-  // so it is no sample of where the thread is: it only begins following
-  // (or visits a followed thread), never credits a weight.
-  bool out_of_round = false;
-  // A visit made when it was meant to (tests, and callers without a
-  // schedule).
-  static TickTime At(int64_t ns) { return TickTime{ns, ns}; }
-};
-
-enum class TickDecision {
-  kSkip,           // nothing to record now (time owed to a signal in flight)
-  kSignal,         // send the profiling signal; OnSignal records the sample
-  kSignalBlocked,  // the same for a blocked thread: a new blocking episode
-  kCreditBlocked,  // add `values` to the episode's stack, no signal
-  kCreditRunning,  // add `values` (labelled running) to the stack of the
-                   // running sample taken in the interval, no signal
-  kFollowing,      // nothing now: the thread runs throughout and its running
-                   // samples carry its wall time (FollowRunningSample)
-  kCreditSigwait,  // add `values` to kSigwaitFrame, no signal: the thread
-                   // waits in sigwait/sigwaitinfo/sigtimedwait, which would
-                   // take the signal as one of its own
-};
-
-template <typename P>
-concept TicksThreads =
-    SampleProvider<P> &&
-    requires(P& p, ThreadContext& thread, typename P::ThreadData& data,
-             std::span<int64_t> values) {
-      { p.TickPeriod() } -> std::convertible_to<absl::Duration>;
-      { p.ThreadsPerTick() } -> std::convertible_to<size_t>;
-      { p.VisitThread(thread, data, TickTime{}, bool{}, bool{}, values) }
-          -> std::same_as<TickDecision>;
-      { p.AwaitsEpisodeStack(data) } -> std::convertible_to<bool>;
-    };
-
-// Optional, for a ticking provider:
-//
-// NamesSigwaitFrame: `static constexpr const char* P::kSigwaitFrame`, where
-// kCreditSigwait's values go (else kTailFrame).
-template <typename P>
-concept NamesSigwaitFrame = TicksThreads<P> && requires {
-  { P::kSigwaitFrame } -> std::convertible_to<const char*>;
-};
-
-// ReportsSteadyVisits: `static bool P::SteadyVisit(const ThreadData&)`,
-// after a visit: the thread is followed, or blocked without having run
-// since. A whole round of steady visits lets the ticker wake less often.
-template <typename P>
-concept ReportsSteadyVisits =
-    TicksThreads<P> && requires(const typename P::ThreadData& data) {
-      { P::SteadyVisit(data) } -> std::convertible_to<bool>;
-    };
-
-// What a visit did with TickTime::round_ns: credited it (or owes it to a
-// signal); not needed it (the thread followed, or credited since arming);
-// found the thread ended (counted as unattributed); found it not armed yet
-// (its share goes to the other visits: WallTicker::VisitNext).
-enum class RoundWeight { kTaken, kOwnAccount, kEnded, kNotYet };
-
-// ReportsRoundWeight: `static RoundWeight P::RoundWeightUse(const
-// ThreadData&)`, after a visit. Without it: kTaken.
-template <typename P>
-concept ReportsRoundWeight =
-    TicksThreads<P> && requires(const typename P::ThreadData& data) {
-      { P::RoundWeightUse(data) } -> std::same_as<RoundWeight>;
-    };
-
-// FollowsRunningThreads: `static bool P::FollowRunningSample(ThreadData&,
-// int64_t cpu_ns, std::span<int64_t> values)`: a running sample (of a
-// provider that SamplesRunningThreads) drained for a thread the provider
-// follows carries its wall time; true when `values` are to be added to
-// that sample's stack.
-template <typename P>
-concept FollowsRunningThreads =
-    TicksThreads<P> &&
-    requires(typename P::ThreadData& data, std::span<int64_t> values) {
-      { P::FollowRunningSample(data, int64_t{}, values) } -> std::convertible_to<bool>;
-    };
-
-// ReadsBlockedStacks: the provider knows where a blocked thread waits, so
-// that the ticker can copy its stack instead of signalling it:
-//   (1) P::EpisodeSite(data) -> internal::SyscallSite, the pc and sp of its
-//       system call;
-//   (2) P::LookClock(data) -> int64_t, its CPU clock when the visit looked;
-//   (3) p.TakeStackRead(data, values) -> bool: the sample's values, when the
-//       copy was walked (false: signal it after all).
-template <typename P>
-concept ReadsBlockedStacks =
-    TicksThreads<P> &&
-    requires(P& p, typename P::ThreadData& data, std::span<int64_t> values) {
-      { P::EpisodeSite(data) } -> std::same_as<internal::SyscallSite>;
-      { P::LookClock(data) } -> std::convertible_to<int64_t>;
-      { p.TakeStackRead(data, values) } -> std::convertible_to<bool>;
-    };
 
 class WallTimeProvider {
  public:
@@ -335,6 +194,11 @@ class WallTimeProvider {
     // Ticker: no visit has credited the thread since it was armed; its
     // first weighs TickTime::round_ns.
     bool fresh = true;
+    // Ticker: a visit since it was armed weighed it (round_weight kTaken),
+    // when the provider's rounds_covered_ was covered_at_arm; a thread that
+    // ends then owes its time since the last wake-up (TakeTail).
+    bool weighed = false;
+    double covered_at_arm = 0;  // ArmThread
     // Ticker, drains and TakeTail (registry lock): the thread was followed,
     // or visited at a wake-up that visited every thread (its visit then
     // credited the time since the previous one, or since it was armed),
@@ -402,6 +266,18 @@ class WallTimeProvider {
     return data.round_weight;
   }
 
+  // After each wake-up with threads (EndsRounds). Registry lock.
+  void EndRound(int64_t now_ns, size_t threads, size_t looked) {
+    if (threads == 0) return;
+    const double covered = rounds_covered_.load(std::memory_order_relaxed) +
+                           static_cast<double>(looked) / static_cast<double>(threads);
+    rounds_covered_.store(covered, std::memory_order_relaxed);
+    rounds_[round_count_++ % rounds_.size()] = Round{now_ns, covered};
+  }
+  // Wall time (ns) the tails of threads that ended between two wake-ups
+  // credited (EndRound), for the profile's comments.
+  uint64_t ended_between_ns() const { return ended_between_ns_; }
+
   absl::Duration TickPeriod() const { return period_; }
   size_t ThreadsPerTick() const { return threads_per_tick_; }
   TickDecision VisitThread(ThreadContext& thread, ThreadData& data,
@@ -465,6 +341,28 @@ class WallTimeProvider {
   // The ticker's last wake-up visited every thread (round_weights off): a thread
   // ending before its first visit then owes its time since arming (TakeTail).
   bool every_thread_visited_ = false;
+  // The ticker's last wake-ups (EndRound), newest at round_count_ - 1: a
+  // thread that ended is found at the last before its end (at ~10 a
+  // second, these go back 6 s: its unregistration is finished within a
+  // collector's pass, 50 ms). Registry lock.
+  struct Round {
+    int64_t at_ns = 0;
+    double covered = 0;  // rounds_covered_ after it
+  };
+  // The rounds of the threads all wake-ups so far looked at: each, its
+  // looked-at threads over the threads then (EndRound; ArmThread reads it
+  // outside the registry lock).
+  std::atomic<double> rounds_covered_{0};
+  std::array<Round, 64> rounds_{};
+  uint64_t round_count_ = 0;
+  uint64_t ended_between_ns_ = 0;
+  // TakeTail: what a thread weighed at a visit since it was armed (when
+  // rounds_covered_ was `covered_at_arm`) owes for its time from the last
+  // wake-up before its end (`exit_ns`) to its end.
+  int64_t EndedShare(double covered_at_arm, int64_t exit_ns) const;
+  TickDecision VisitOnce(ThreadContext& thread, ThreadData& data, TickTime when,
+                         bool has_episode_stack, bool has_running_sample,
+                         std::span<int64_t> values);
   internal::DescriptorBudget kept_files_;  // DisarmThread may run outside the lock
   // Kept files of threads that left, opened by the ticker in its own descriptor
   // table (internal::EnterPrivateDescriptorTable): the leaving thread cannot close

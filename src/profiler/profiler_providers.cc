@@ -194,10 +194,10 @@ void ProfilerBase::DisarmLocked(SlotBase* slot) {
   }
 }
 
-void ProfilerBase::TakeTailsLocked(SlotBase* slot) {
+void ProfilerBase::TakeTailsLocked(SlotBase* slot, bool ticking_only) {
   for (size_t i = 0; i < shape_.providers.size(); ++i) {
     const ProviderOps& ops = shape_.providers[i];
-    if (ops.take_tail == nullptr) continue;
+    if (ops.take_tail == nullptr || (ticking_only && !ops.ticks_threads)) continue;
     int64_t values[kMaxProviderValues] = {};
     const std::span<int64_t> v(values, ops.value_count);
     if (!ops.take_tail(shape_.provider_objects[i], *slot, v)) continue;

@@ -87,6 +87,13 @@ void TickerPacing::CountThreads(int64_t now_ns, size_t threads) {
   threads_at_ns_ = std::max(threads_at_ns_, now_ns);
 }
 
+void TickerPacing::Ended(int64_t now_ns, int64_t registered_ns) {
+  if (counted_from_ns_ <= 0 || registered_ns >= counted_from_ns_ || now_ns <= counted_from_ns_) {
+    return;
+  }
+  thread_ns_ = std::max(0.0, thread_ns_ - static_cast<double>(now_ns - counted_from_ns_));
+}
+
 double TickerPacing::ThreadTime(int64_t now_ns, size_t threads) {
   CountThreads(now_ns, threads);
   const double total = counted_from_ns_ > 0 ? thread_ns_ : 0;

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "inprof/internal/thread_info.h"
@@ -38,6 +39,7 @@ absl::Status WallTimeProvider::ArmThread(ThreadContext& thread,
                                          ThreadData& data, int /*tag*/) {
   if (period_ == absl::ZeroDuration() || data.armed) return absl::OkStatus();
   data.last_wall_ns = NowNanos();
+  data.covered_at_arm = rounds_covered_.load(std::memory_order_relaxed);
   data.last_look_ns = data.last_wall_ns;
   data.pending_wall_ns.store(0, std::memory_order_relaxed);
   data.cpu_mark.store(internal::ThreadCpuNanos(thread.cpu_clock),
@@ -106,10 +108,13 @@ bool WallTimeProvider::TakeStackRead(ThreadData& data,
 
 bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
                                 std::span<int64_t> values) {
-  if (!data.tail_pending) return false;
-  data.tail_pending = false;
   // A thread that unregistered itself read the clock as it did.
   const int64_t exit_ns = thread.exit_wall_ns.load(std::memory_order_relaxed);
+  const bool weighed = data.weighed;
+  data.weighed = false;
+  data.round_weight = RoundWeight::kNotYet;
+  if (!data.tail_pending) return false;
+  data.tail_pending = false;
   const int64_t now = exit_ns >= 0 ? std::max(exit_ns, data.last_wall_ns) : NowNanos();
   // Owed to a signal that never ran (the weight of a sample the thread's
   // handler did not take). The time since the last visit is not owed: each
@@ -125,6 +130,22 @@ bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   // visit carries it there: it was lost, 3-4 ms of a 3 ms thread beside the
   // sampler at 1 ms (safety_alloc_failure's threads, before it checked CPU).
   if (data.exact || (data.fresh && every_thread_visited_)) owed += now - data.last_wall_ns;
+  // A thread weighed at the ticker's last wake-up, which visited only some
+  // of the threads (each with chance 1/round_factor_), that ended before
+  // the next: its time since that wake-up, times the factor, to where the
+  // visit found it. The visits of the next wake-up stand for the threads
+  // still there (TickerPacing::Ended takes the others' time out of what
+  // they hand out): ended threads' time is estimated from the visits
+  // before their end, unbiased (Horvitz-Thompson), and nothing is left
+  // for a wake-up that finds them gone. Handed to the visits of the next
+  // wake-up instead, it had no taker when the threads ended together: at
+  // 10,000 threads the window in which they ended held 0.72-0.85 of their
+  // lifetimes in it (bench/sampling/many_threads).
+  if (!data.exact && exit_ns >= 0 && weighed) {
+    const int64_t share = EndedShare(data.covered_at_arm, exit_ns);
+    owed += share;
+    ended_between_ns_ += static_cast<uint64_t>(share);
+  }
   if (data.following) owed -= data.followed_ns;
   owed = std::max<int64_t>(0, owed);
   data.exact = false;
@@ -137,7 +158,41 @@ bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   return owed > 0;
 }
 
-TickDecision WallTimeProvider::VisitThread(ThreadContext& thread,
+// Horvitz-Thompson: the round robin looks at each thread once a round, and
+// a wake-up that looks at j of n threads covers j/n of a round: a thread
+// armed when the wake-ups had covered A rounds is weighed at a visit by
+// the last wake-up before its end (L rounds covered) with chance
+// min(1, L - A) (a thread registers at a random place of the round
+// robin). One that was is credited
+// its time from that wake-up to its end over that chance, to the stack its
+// last visit saw -- the whole of it for a thread that lived through a
+// round. The threads' total is their time, in expectation, and nothing is
+// left for a wake-up that finds them gone. From the last wake-up's visits
+// alone (6-17 when the window's edge had just asked for one), the window
+// in which 10,000 threads ended held 0.65-1.11 of their time in it.
+int64_t WallTimeProvider::EndedShare(double covered_at_arm, int64_t exit_ns) const {
+  const uint64_t kept = std::min<uint64_t>(round_count_, rounds_.size());
+  for (uint64_t k = 1; k <= kept; ++k) {
+    const Round& round = rounds_[(round_count_ - k) % rounds_.size()];
+    if (round.at_ns >= exit_ns) continue;  // after its end
+    if (round.covered <= covered_at_arm) return 0;
+    const double chance = std::min(1.0, round.covered - covered_at_arm);
+    return std::llround(static_cast<double>(exit_ns - round.at_ns) / chance);
+  }
+  return 0;
+}
+
+TickDecision WallTimeProvider::VisitThread(ThreadContext& thread, ThreadData& data,
+                                           TickTime when, bool has_episode_stack,
+                                           bool has_running_sample,
+                                           std::span<int64_t> values) {
+  const TickDecision decision =
+      VisitOnce(thread, data, when, has_episode_stack, has_running_sample, values);
+  if (data.round_weight == RoundWeight::kTaken) data.weighed = true;
+  return decision;
+}
+
+TickDecision WallTimeProvider::VisitOnce(ThreadContext& thread,
                                            ThreadData& data, TickTime when,
                                            bool has_episode_stack,
                                            bool has_running_sample,

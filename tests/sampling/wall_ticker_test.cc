@@ -359,15 +359,18 @@ TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
   EXPECT_EQ(taken(), total);
   EXPECT_EQ(counts_.unattributed_ns, 0u);
   // A followed thread's time is accounted by its own samples: its share is
-  // not handed on (that would count it twice). A thread found ended: its
-  // share is counted as unattributed, not handed to threads on their way
-  // out.
+  // not handed on (that would count it twice). A thread found ended takes
+  // no share and is not counted as a visit: its time since the last
+  // wake-up is not in thread_ns (TickerPacing::Ended), its tail weighs it
+  // (WallTimeProvider::TakeTail); the next thread is visited instead.
   slot(6).data.use = RoundWeight::kOwnAccount;
   slot(7).data.use = RoundWeight::kEnded;
   EXPECT_THAT(wake(155 * kMs, 100.0 * kMs),
-              ElementsAre("visit 6 at 155000000", "visit 7 at 155000000"));
-  EXPECT_EQ(taken(), total - 100 * kMs);
-  EXPECT_EQ(counts_.unattributed_ns, static_cast<uint64_t>(50 * kMs));
+              ElementsAre("visit 6 at 155000000", "visit 7 at 155000000",
+                          "visit 8 at 155000000"));
+  EXPECT_EQ(slot(8).data.round_ns, 50 * kMs);
+  EXPECT_EQ(taken(), total - 50 * kMs);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);
 }
 
 // With no thread left, the time is counted as unattributed, never lost

@@ -261,6 +261,38 @@ TEST(TickerPacingTest, ThreadTimeIntegratesTheCountBetweenWakeUps) {
   EXPECT_EQ(pacing.ThreadTime(1200 * kMs, 2), 0);
 }
 
+// A thread that ended leaves the time handed out at the next wake-up from
+// the last one on (its tail weighs that: WallTimeProvider::TakeTail), up
+// to when it left the count; one registered since the last wake-up stays
+// in it (no visit saw it: the next wake-up's visits carry its time).
+TEST(TickerPacingTest, AThreadThatEndedLeavesTheTimeSinceTheLastWakeUp) {
+  TickerPacing pacing;
+  pacing.Restart(kPeriod);
+  pacing.CountThreads(900 * kMs, 3);
+  EXPECT_EQ(pacing.ThreadTime(1000 * kMs, 3), 0);
+  // One of 3 (registered at 900 ms) ends and leaves at 1040 ms.
+  pacing.CountThreads(1040 * kMs, 3);
+  pacing.Ended(1040 * kMs, 900 * kMs);
+  // One registered at 1050 ms leaves at 1070 ms.
+  pacing.CountThreads(1050 * kMs, 2);
+  pacing.CountThreads(1070 * kMs, 3);
+  pacing.Ended(1070 * kMs, 1050 * kMs);
+  // 2 threads for 100 ms, and the short one's 20 ms.
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1100 * kMs, 2), (200.0 + 20.0) * kMs);
+  // Queued at the next wake-up (ProfilerBase::Tick reads the queue): one
+  // of the 2 ended; it leaves the count later, and that part goes too.
+  pacing.CountThreads(1150 * kMs, 2);
+  pacing.Ended(1150 * kMs, 900 * kMs);
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1150 * kMs, 2), 50.0 * kMs);
+  pacing.CountThreads(1160 * kMs, 2);
+  pacing.Ended(1160 * kMs, 900 * kMs);
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1200 * kMs, 1), (10.0 + 40.0) * kMs);
+  // Before the first wake-up: nothing counted, nothing taken away.
+  pacing.Restart(kPeriod);
+  pacing.Ended(1300 * kMs, 900 * kMs);
+  EXPECT_EQ(pacing.ThreadTime(1400 * kMs, 1), 0);
+}
+
 class ArmQueueTest : public ::testing::Test {
  protected:
   void AddSlots(int n) {

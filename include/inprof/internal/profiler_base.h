@@ -93,8 +93,7 @@ struct SlotBase : ThreadSlotHeader, SlotRecordState {
   // ready and, if they were then, rebuilt since (a module built on demand).
   bool blocked_tables_ready = false;
   uint64_t blocked_tables_generation = 0;
-  // Its providers are being armed or disarmed outside the registry lock:
-  // the ticker leaves it alone meanwhile.
+  // Armed or disarmed outside the registry lock: the ticker leaves it be.
   bool arm_in_flight = false;
   // Prepared by RegisterThread and waiting in ProfilerBase::arm_queue_
   // (ArmQueue) for the ticker's armer thread to arm it (registry lock).
@@ -103,10 +102,11 @@ struct SlotBase : ThreadSlotHeader, SlotRecordState {
   // lock; ProfilerCollector<>::ReadBlockedStack): signalled there instead.
   SyscallSite unreadable_site;
   // The wall ticker's last visit (TickTime::now_ns; kNeverVisited since it
-  // registered), and whether the thread waits in ProfilerBase's due list
-  // (WallDue): it ran, and no visit came for a round. Registry lock.
+  // registered), and whether it waits in ProfilerBase's due list (WallDue:
+  // it ran, and no visit came for a round). Registry lock.
   static constexpr int64_t kNeverVisited = INT64_MIN;
   int64_t wall_last_visit_ns = kNeverVisited;
+  int64_t counted_since_ns = 0;  // entered the ticker's count (TickerPacing::Ended)
   bool wall_due = false;
   uint64_t seen_small_stack = 0;
   // Its CPU clock at the wall ticker's latest look, and the first look that
@@ -281,9 +281,9 @@ class ProfilerBase : public ProfilerCommon {
   void ArmPreparedProviders(SlotBase* slot, uint64_t session);
   void DisarmLocked(SlotBase* slot);
   // Registry lock held; no handler can run for the slot. Credits what each
-  // provider measured since the thread's last sample: to its newest stack
-  // for that provider, or to its tail frame.
-  void TakeTailsLocked(SlotBase* slot);
+  // provider (that TicksThreads: ticking_only) measured since the thread's
+  // last sample: to its newest stack for that provider, or its tail frame.
+  void TakeTailsLocked(SlotBase* slot, bool ticking_only = false);
   // The ticker's period (InfiniteDuration: no ticking provider).
   absl::Duration TickerPeriod() const;
   // Event-driven providers (sample_provider.h: RecordsEvents): started at

@@ -216,9 +216,11 @@ class WallTicker {
     // nothing to credit), or did nothing; skipping this one would take a
     // sample from the threads that run.
     size_t weighed = 0;  // visits that took a weight
+    size_t ended = 0;    // threads found ended (looked at, not visited)
     size_t j = 0;
-    for (; j < n && (j < visits || (when.round_weights && weighed < visits && left >= 1 &&
-                                    j < 4 * visits));
+    for (; j < n && (j < visits + ended ||
+                     (when.round_weights && weighed < visits && left >= 1 &&
+                      j < 4 * visits + ended));
          ++j) {
       if (when.round_weights) {
         when.round_ns = std::max<int64_t>(
@@ -226,16 +228,21 @@ class WallTicker {
       }
       const RoundWeight use =
           VisitOne(provider, host, *threads[(cursor_ + j) % n], when, counts, steady_visits);
-      if (when.round_weights && use != RoundWeight::kNotYet) {
+      // A thread found ended takes no share: the time of the threads that
+      // ended since the last wake-up is not in thread_ns (TickerPacing::
+      // Ended), their tails weigh it (EndsRounds).
+      if (use == RoundWeight::kEnded) ++ended;
+      if (when.round_weights && use != RoundWeight::kNotYet && use != RoundWeight::kEnded) {
         left -= static_cast<double>(when.round_ns);
         ++weighed;
-        if (use == RoundWeight::kEnded) {
-          counts.unattributed_ns += static_cast<uint64_t>(when.round_ns);
-        }
       }
     }
     cursor_ = (cursor_ + j) % n;
     if (when.round_weights && left >= 1) carried_ns_ = left;
+    // Each of the n threads was among the j looked at with chance j/n: a
+    // thread weighed since it was armed that ends has its time since the
+    // last wake-up estimated from its visits (WallTimeProvider::TakeTail).
+    if constexpr (EndsRounds<P>) provider.EndRound(when.now_ns, n, j);
     return counts;
   }
 

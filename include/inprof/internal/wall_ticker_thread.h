@@ -78,6 +78,13 @@ class TickerPacing {
   // whose time the visits to those left carry.
   void CountThreads(int64_t now_ns, size_t threads);
   double ThreadTime(int64_t now_ns, size_t threads);
+  // A thread registered at `registered_ns` ended and left the count at
+  // `now_ns` (after CountThreads). When it was registered at the last
+  // wake-up, its time since is taken out of the next ThreadTime: the
+  // visits of that wake-up weighed its end instead (WallTimeProvider::
+  // TakeTail). A thread that registered since stays in it (no visit saw
+  // it: the next wake-up's visits carry its time).
+  void Ended(int64_t now_ns, int64_t registered_ns);
 
   // The ticker thread's CPU clock `cpu_ns` at a wake-up: its CPU per visit
   // since the last measurement (smoothed), and from it visit_cap() within
