@@ -128,8 +128,8 @@ concept ReportsSteadyVisits =
 
 // What a visit did with TickTime::round_ns: credited it (or owes it to a
 // signal); not needed it (the thread followed, or credited since arming);
-// found the thread ended (counted as unattributed); found it not armed yet
-// (its share goes to the other visits: WallTicker::VisitNext).
+// found the thread ended (its time is its tail's: no share); found it not
+// armed yet (its share goes to the other visits: WallTicker::VisitNext).
 enum class RoundWeight { kTaken, kOwnAccount, kEnded, kNotYet };
 
 // ReportsRoundWeight: `static RoundWeight P::RoundWeightUse(const

@@ -395,6 +395,7 @@ ProfilerStats ProfilerBase::stats() const {
   s.wall_stacks_read = wall_stacks_read_.load(std::memory_order_relaxed);
   s.wall_running_credits = wall_running_credits_.load(std::memory_order_relaxed);
   s.wall_wakeups = wall_wakeups_.load(std::memory_order_relaxed);
+  s.wall_visits = pacing_.total_visits();
   s.wall_visits_deferred = wall_visits_deferred_.load(std::memory_order_relaxed);
   s.wall_unattributed_ns = wall_unattributed_ns_.load(std::memory_order_relaxed);
   s.threads_sigprof_unblocked =
@@ -714,7 +715,7 @@ void ProfilerBase::StartTicker() {
   if (period == absl::InfiniteDuration()) return;
   // A new thread, a new CPU clock: its cost per visit is measured again
   // (registry lock held by Start()).
-  pacing_.Restart(absl::ToInt64Nanoseconds(period));
+  pacing_.Restart(absl::ToInt64Nanoseconds(period), WallTimeProvider::NowNanos());
   ticker_.Start(
       period, pacing_,
       [this](size_t batch, int64_t scheduled_ns) { return Tick(batch, scheduled_ns); },

@@ -21,14 +21,18 @@
 
 namespace inprof::internal {
 
-void TickerPacing::Restart(int64_t period_ns) {
+// The threads armed at Start() are counted from the ticker's start: the
+// first wake-up hands out their time since (it was lost: the head of a
+// run, 2-20 ms of each thread registered before Start()).
+void TickerPacing::Restart(int64_t period_ns, int64_t now_ns) {
   cpu_at_ = -1;
   cost_per_visit_ns_ = 0;
   visits_ = 0;
   visit_cap_ = SIZE_MAX;
   period_ns_ = period_ns;
   thread_ns_ = 0;
-  counted_from_ns_ = 0;
+  counted_from_ns_ = now_ns;
+  threads_at_ns_ = now_ns;
 }
 
 // After Stop()'s last wake-up (ProfilerBase::Stop: TickNow), which handed

@@ -291,6 +291,10 @@ TEST(TickerPacingTest, AThreadThatEndedLeavesTheTimeSinceTheLastWakeUp) {
   pacing.Restart(kPeriod);
   pacing.Ended(1300 * kMs, 900 * kMs);
   EXPECT_EQ(pacing.ThreadTime(1400 * kMs, 1), 0);
+  // A ticker started at 1500 ms with 4 threads armed (Start()): the first
+  // wake-up hands out their time since.
+  pacing.Restart(kPeriod, 1500 * kMs);
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1520 * kMs, 4), 80.0 * kMs);
 }
 
 class ArmQueueTest : public ::testing::Test {

@@ -86,12 +86,13 @@ class Symbolizer;
   X(wall_running_credits, true, "wall samples credited to a CPU sample")      \
   X(threads_registered, false, "registrations since construction")            \
   X(profiles_written, false, "profiles written")                              \
-  /* Windows: samples not taken because the thread could not be suspended    \
-     or its registers read (it had exited); their values are kept on a frame  \
-     of their own. */                                                         \
+  /* Windows: samples not taken, the thread not suspended or its registers   \
+     not read (it had exited): their values are on a frame of their own. */   \
   X(samples_unsuspended, true, "threads that could not be suspended")         \
-  /* Wake-ups of the wall sampler (fewer while every thread is steady). */    \
+  /* Wake-ups of the wall sampler (fewer while every thread is steady), and   \
+     its visits to threads. */                                                \
   X(wall_wakeups, true, "wake-ups of the wall sampler")                       \
+  X(wall_visits, true, "wall sampler visits to threads")                      \
   /* Threads that registered with SIGPROF blocked in their signal mask        \
      (often inherited from the thread that created them): no sample can be    \
      taken of such a thread, so RegisterThread unblocked it. */               \
@@ -108,10 +109,9 @@ class Symbolizer;
   /* Visits the wall sampler deferred to stay within its CPU budget         \
      (Options::wall_cpu_budget): each thread's rounds grew longer. */       \
   X(wall_visits_deferred, true, "wall visits deferred by the CPU budget")  \
-  /* Wall time (ns) of threads that ended before any visit could take it:  \
-     every thread left (WallTicker::VisitNext) ended while the sampler's   \
-     time was still to be handed out -- a burst of exits that kept the     \
-     sampler thread off the CPU. Not on any stack. */                      \
+  /* Wall time (ns) no visit could take: threads that registered and ended \
+     between two wake-ups with no thread left (WallTicker::VisitNext) to    \
+     carry it. Not on any stack. */                                         \
   X(wall_unattributed_ns, true, "wall time no visit could take, ns")     \
   /* Wall time (ns) put on "[inprof: wall time since the thread's last       \
      sample]": threads that had no wall sample when their tail was taken     \

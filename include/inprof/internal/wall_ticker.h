@@ -81,8 +81,8 @@ struct WallVisitCounts {
   uint64_t signals = 0;
   uint64_t stacks_read = 0;
   uint64_t episodes_resampled = 0;
-  // Threads' time (ns) no visit took: the share of a visit that found its
-  // thread ended, and what was left with no thread to hand it to.
+  // Threads' time (ns) no visit took: what was left with no thread to
+  // hand it to (threads that registered and ended between two wake-ups).
   uint64_t unattributed_ns = 0;
 };
 
@@ -167,9 +167,11 @@ class WallTicker {
     // Horvitz-Thompson: each of the n threads is visited in this wake-up
     // with chance visits/n, so a visit weighs n/visits times the interval
     // the wake-up stands for: the threads' time since the last wake-up
-    // (TickTime::thread_ns), threads that ended in it included (their time
-    // is carried by the visits to the others: a ratio estimator, unbiased
-    // as long as the threads that end were where the others are). A
+    // (TickTime::thread_ns) -- of the threads still there: those that ended
+    // since are weighed by their tails from their visits before their end
+    // (EndsRounds, TickerPacing::Ended), as the ones that registered since
+    // and ended are carried by the visits to the others (a ratio
+    // estimator). A
     // wake-up credits that time whatever the budget's cap does to the
     // visits from one to the next; weights of "the time since the thread's
     // previous visit" credited a 1 s export window 0.69-1.15x its threads'
@@ -181,10 +183,9 @@ class WallTicker {
     // The time is handed out visit by visit, each taking what is left over
     // the visits still to make (RoundWeight): a thread followed, or
     // credited since its arming, has its time accounted otherwise and its
-    // share is dropped; one found ended has its share counted as
-    // unattributed (given to the threads still there, it went to threads
-    // on their way out: labelled running, or on the tail frame when they
-    // ended before their signal); one not armed yet (a burst of
+    // share is dropped; one found ended takes none and is not counted (its
+    // time is its tail's), and the round robin goes on; one not armed yet
+    // (a burst of
     // registrations) leaves its share to the others, the round robin going
     // on past `visits` (up to 4x), and what is left to the next wake-up's
     // visits, as long as threads are registered. When every thread is
@@ -275,7 +276,10 @@ class WallTicker {
     }
     // A thread that unregistered itself may be gone, and its id reused:
     // never visited again. One that unregisters during the visit waits
-    // for it to end (ThreadSlotHeader::retiring).
+    // for it to end (ThreadSlotHeader::retiring). Looked at first without
+    // marking it: a burst of exits passes thousands of these, each of
+    // which would wait (yielding) for the mark to go.
+    if (slot.retiring.load(std::memory_order_acquire)) return RoundWeight::kEnded;
     slot.visiting.store(true, std::memory_order_seq_cst);
     if (slot.retiring.load(std::memory_order_seq_cst)) {
       slot.visiting.store(false, std::memory_order_release);

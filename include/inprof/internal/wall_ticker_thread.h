@@ -56,7 +56,8 @@ class TickerPacing {
 
   // A new ticker thread at `period_ns`, a new CPU clock: its cost per visit
   // is measured again, and no cap holds until it is.
-  void Restart(int64_t period_ns);
+  // Threads' time counts from `now_ns` (0: from the first wake-up).
+  void Restart(int64_t period_ns, int64_t now_ns = 0);
 
   // Stop(), at `now_ns`: a thread's wait for its next visit, at most the
   // time since the last wake-up and a round beyond it, is noted as a wait
@@ -94,7 +95,13 @@ class TickerPacing {
   void MeasureCpu(int64_t cpu_ns, double budget);
 
   // The visits a wake-up made (counted towards the next MeasureCpu).
-  void AddVisits(uint64_t visits) { visits_ += visits; }
+  void AddVisits(uint64_t visits) {
+    visits_ += visits;
+    total_visits_.fetch_add(visits, std::memory_order_relaxed);
+  }
+  // All visits in this profiler's life (ProfilerStats::wall_visits). Any
+  // thread.
+  uint64_t total_visits() const { return total_visits_.load(std::memory_order_relaxed); }
 
   // After a wake-up's visits to `threads` threads, of which steady_visits
   // in a row were steady; `next` is the batch the next wake-up may stand
@@ -143,6 +150,7 @@ class TickerPacing {
   double lateness_ = 1;
   std::atomic<uint32_t> quiet_factor_{1};
   std::atomic<uint64_t> longest_round_ns_{0};
+  std::atomic<uint64_t> total_visits_{0};
   // The ticker thread's CPU clock when last measured (-1: not yet on this
   // thread), the visits since, and its CPU per visit (0: none measured).
   int64_t cpu_at_ = -1;
