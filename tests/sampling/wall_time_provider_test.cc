@@ -502,11 +502,19 @@ TEST(WallTimeProviderTest, AThreadThatEndsOwesItsTimeSinceTheLastWakeUpOverItsCh
   int64_t values[2] = {};
   Spin(20'000'000);  // the marks below stay positive
   const int64_t t0 = WallTimeProvider::NowNanos();
+  // Armed anew (when `visit`, then weighed at a visit of a wake-up that
+  // visits some threads; the handler's part taken by hand).
+  auto begin = [&](bool visit) {
+    provider.DisarmThread(thread, data);
+    ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+    if (!visit) return;
+    ASSERT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
+              TickDecision::kSignal);
+    data.pending_wall_ns.store(0);
+  };
   // Weighed at a wake-up that looked at 2 of 10 threads, then one more
   // such wake-up: 0.4 of a round covered since it was armed.
-  ASSERT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
-            TickDecision::kSignal);
-  data.pending_wall_ns.store(0);  // the handler's part
+  ASSERT_NO_FATAL_FAILURE(begin(true));
   provider.EndRound(t0, 10, 2);
   provider.EndRound(t0 + 100 * kMs, 10, 2);
   // It ends 30 ms after the last wake-up: 30 / 0.4 = 75 ms.
@@ -515,13 +523,10 @@ TEST(WallTimeProviderTest, AThreadThatEndsOwesItsTimeSinceTheLastWakeUpOverItsCh
   EXPECT_EQ(values[1], 75 * kMs);
   EXPECT_EQ(values[0], 0);
   EXPECT_EQ(provider.ended_between_ns(), static_cast<uint64_t>(75 * kMs));
-  // Its end is placed among the wake-ups by its own clock: ended 10 ms
-  // after the first (before the second), it owes 10 ms over 0.2.
-  provider.DisarmThread(thread, data);
-  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());  // covered 0.4
-  ASSERT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
-            TickDecision::kSignal);
-  data.pending_wall_ns.store(0);
+  // Its end is placed among the wake-ups by its own clock: armed at 0.4
+  // rounds covered, ended 10 ms after the next wake-up (before the one
+  // after), it owes 10 ms over 0.2.
+  ASSERT_NO_FATAL_FAILURE(begin(true));
   provider.EndRound(t0 + 200 * kMs, 5, 1);
   provider.EndRound(t0 + 300 * kMs, 5, 1);
   thread.exit_wall_ns.store(t0 + 210 * kMs);
@@ -529,38 +534,25 @@ TEST(WallTimeProviderTest, AThreadThatEndsOwesItsTimeSinceTheLastWakeUpOverItsCh
   EXPECT_EQ(values[1], 50 * kMs);
   // A thread that lived through a whole round was weighed for sure: its
   // own time since the last wake-up, exactly.
-  provider.DisarmThread(thread, data);
-  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
-  ASSERT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
-            TickDecision::kSignal);
-  data.pending_wall_ns.store(0);
+  ASSERT_NO_FATAL_FAILURE(begin(true));
   for (int i = 1; i <= 6; ++i) provider.EndRound(t0 + (300 + 100 * i) * kMs, 5, 1);
   thread.exit_wall_ns.store(t0 + 920 * kMs);
   ASSERT_TRUE(provider.TakeTail(thread, data, values));
   EXPECT_EQ(values[1], 20 * kMs);
-  // Never weighed (its visits credited nothing: not armed yet; or none
-  // came), or armed after the last wake-up before its end: nothing; the
-  // threads weighed carry its time.
-  provider.DisarmThread(thread, data);
-  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
+  // Never weighed (no visit came, or its visits credited nothing), or
+  // armed after the last wake-up before its end: nothing; the threads
+  // weighed carry its time.
+  ASSERT_NO_FATAL_FAILURE(begin(false));
   provider.EndRound(t0 + 1000 * kMs, 5, 1);
   thread.exit_wall_ns.store(t0 + 1010 * kMs);
   EXPECT_FALSE(provider.TakeTail(thread, data, values));
   EXPECT_EQ(values[1], 0);
-  provider.DisarmThread(thread, data);
-  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
-  ASSERT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
-            TickDecision::kSignal);
-  data.pending_wall_ns.store(0);
+  ASSERT_NO_FATAL_FAILURE(begin(true));
   thread.exit_wall_ns.store(t0 + 1020 * kMs);
   EXPECT_FALSE(provider.TakeTail(thread, data, values));
   // A thread that did not end (Stop() takes the tails of those still
   // there, after its last wake-up): nothing.
-  provider.DisarmThread(thread, data);
-  ASSERT_TRUE(provider.ArmThread(thread, data, 0).ok());
-  ASSERT_EQ(VisitAfter(provider, thread, data, 3, 1, false, values, 50, false, true),
-            TickDecision::kSignal);
-  data.pending_wall_ns.store(0);
+  ASSERT_NO_FATAL_FAILURE(begin(true));
   provider.EndRound(t0 + 1100 * kMs, 5, 5);
   thread.exit_wall_ns.store(-1);
   data.last_wall_ns = WallTimeProvider::NowNanos();
