@@ -522,6 +522,17 @@ TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
 // and the child exits (the provider's lock, taken around fork, is free in
 // it).
 TEST(LockWaitProviderTest, AForkedChildLocksAndExits) {
+#if defined(INPROF_ASAN)
+  // GCC 12's libasan takes no allocator locks around fork()
+  // (SafetyForkTest.ChildForkedWhileCollectorRunsCanStop says more): the
+  // child's timed-out wait is sampled (1 us period) and its callback
+  // interns the child's new stack (allocates), so a child forked while a
+  // contender's callback or the collector is inside malloc hangs there (a
+  // clean-clone ASan run beside two busy loops: this test hung until the
+  // 120 s timeout, 1 run of 5; 0 of 73 runs alone or beside busy loops).
+  // The plain and TSan builds run this test.
+  GTEST_SKIP() << "this libasan does not lock its allocator across fork()";
+#endif
   Options options;
   options.output = testing::FreshTestDir("lock_fork") + "/profile.pb.gz";
   options.lock_period = absl::Microseconds(1);
