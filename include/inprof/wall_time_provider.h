@@ -284,7 +284,7 @@ class WallTimeProvider {
     rounds_[round_count_++ % rounds_.size()] = Round{now_ns, covered};
   }
   // Wall time (ns) the tails of threads that ended between two wake-ups
-  // credited (EndRound), for the profile's comments.
+  // credited over their chances of a visit (EndedShare). Registry lock.
   uint64_t ended_between_ns() const { return ended_between_ns_; }
 
   absl::Duration TickPeriod() const { return period_; }

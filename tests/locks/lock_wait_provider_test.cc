@@ -303,6 +303,17 @@ std::string SiteOf(const DecodedProfile::Sample& sample) {
 using LockProfiler =
     Profiler<DefaultUnwinder, DefaultSampleRing, CpuTimeProvider, LockWaitProvider>;
 
+// Options that sample every lock wait (a 1 us period), with no wall
+// sampler and no export window, writing to a fresh `dir`'s profile.pb.gz.
+Options EveryWaitOptions(const std::string& dir) {
+  Options options;
+  options.output = testing::FreshTestDir(dir) + "/profile.pb.gz";
+  options.lock_period = absl::Microseconds(1);
+  options.wall_period = absl::ZeroDuration();
+  options.export_period = absl::ZeroDuration();
+  return options;
+}
+
 // The wait sites: noinline, each one std::mutex::lock, in the test
 // library (its slots are patched under every sanitizer), called from the
 // site.
@@ -347,11 +358,7 @@ int64_t Round(std::mutex& m, void (*site)(std::mutex&), int hold_ms,
 // the rounds' count, and a delay between the holds' sum and the sum of
 // the calls the waiter timed. Deterministic.
 TEST(LockWaitProviderTest, SitesContentionsAndDelayMatchTheRounds) {
-  Options options;
-  options.output = testing::FreshTestDir("lock_sites") + "/profile.pb.gz";
-  options.lock_period = absl::Microseconds(1);
-  options.wall_period = absl::ZeroDuration();
-  options.export_period = absl::ZeroDuration();
+  Options options = EveryWaitOptions("lock_sites");
   LockProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   constexpr int kRoundsA = 8;
@@ -533,11 +540,7 @@ TEST(LockWaitProviderTest, AForkedChildLocksAndExits) {
   // The plain and TSan builds run this test.
   GTEST_SKIP() << "this libasan does not lock its allocator across fork()";
 #endif
-  Options options;
-  options.output = testing::FreshTestDir("lock_fork") + "/profile.pb.gz";
-  options.lock_period = absl::Microseconds(1);
-  options.wall_period = absl::ZeroDuration();
-  options.export_period = absl::ZeroDuration();
+  Options options = EveryWaitOptions("lock_fork");
   LockProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   std::mutex busy;
@@ -593,11 +596,7 @@ TEST(LockWaitProviderTest, AForkedChildLocksAndExits) {
 // a period of 1 us that samples every wait. A watchdog ends the test (exit
 // 1, one line) if fork() has not returned within 20 s.
 TEST(LockWaitProviderTest, AForkWhoseHandlerWaitsForALockDoesNotHang) {
-  Options options;
-  options.output = testing::FreshTestDir("lock_fork_wait") + "/profile.pb.gz";
-  options.lock_period = absl::Microseconds(1);
-  options.wall_period = absl::ZeroDuration();
-  options.export_period = absl::ZeroDuration();
+  Options options = EveryWaitOptions("lock_fork_wait");
   LockProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   // Registered after the provider's table (made at Start): taken after it.
@@ -640,11 +639,7 @@ TEST(LockWaitProviderTest, AForkWhoseHandlerWaitsForALockDoesNotHang) {
 // legacy contention text. Each round at WaitSiteA is one wait (as above):
 // its contentions are exactly the rounds.
 TEST(LockWaitProviderTest, TheLiveEndpointServesTheWaitsSinceStart) {
-  Options options;
-  options.output = testing::FreshTestDir("lock_endpoint") + "/profile.pb.gz";
-  options.lock_period = absl::Microseconds(1);
-  options.wall_period = absl::ZeroDuration();
-  options.export_period = absl::ZeroDuration();
+  Options options = EveryWaitOptions("lock_endpoint");
   options.http_addr = "127.0.0.1:0";
   LockProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
@@ -724,12 +719,8 @@ __attribute__((noinline)) void AbslUnlockSite(absl::Mutex& m) {
 // Deterministic. Last in this file: the tracer stays registered for the
 // process's life (the hooks' tests above install callbacks of their own).
 TEST(LockWaitProviderTest, AbslMutexWaitsThroughItsTracerOnTheUnlockersStack) {
-  Options options;
-  options.output = testing::FreshTestDir("lock_absl") + "/profile.pb.gz";
-  options.lock_period = absl::Microseconds(1);
+  Options options = EveryWaitOptions("lock_absl");
   options.lock_absl = true;
-  options.wall_period = absl::ZeroDuration();
-  options.export_period = absl::ZeroDuration();
   LockProfiler profiler(options);
   ASSERT_TRUE(profiler.Start().ok());
   constexpr int kRounds = 6;
