@@ -103,7 +103,9 @@ class ProfilerCollector : public ProfilerBase {
       .acquire = []() -> SlotBase* {
         if (Slot* slot = SlotPool<Slot>::Take()) return slot;
         return SlotPool<Slot>::MakeNew([] {
-          auto slot = std::make_unique<Slot>();
+          // Not value-initialized (that zeroed the ring: 8 page faults a
+          // thread); every member but the ring's words has an initializer.
+          std::unique_ptr<Slot> slot(new Slot);
           slot->sample = &Handler::SampleThread;
           slot->sample_stackless = &Handler::SampleStackless;
           slot->sample_stack_bytes = static_cast<uint32_t>(L::kHandlerStackBytes);
