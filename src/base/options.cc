@@ -523,6 +523,7 @@ Options Options::FromLookup(const Lookup& lookup,
   duration("INPROF_UPLOAD_TIMEOUT", &up.timeout, absl::Milliseconds(100),
            absl::Minutes(10), /*allow_zero=*/false, "10s");
   integer("INPROF_PERF_FD_SHARE", &options.perf_fd_share, 0, 100);
+  integer("INPROF_PERF_THREADS", &options.perf_threads, 0, kMaxPerfThreads);
   integer("INPROF_UPLOAD_RETRIES", &up.max_retries, 0, kMaxUploadRetries);
   duration("INPROF_UPLOAD_BACKOFF", &up.backoff, absl::Milliseconds(10),
            absl::Minutes(10), /*allow_zero=*/false, "1s");
@@ -600,6 +601,10 @@ absl::Status Options::Validate() const {
   if (perf_fd_share < 0 || perf_fd_share > 100) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Options.perf_fd_share=", perf_fd_share, ": expected 0 to 100"));
+  }
+  if (perf_threads < 0 || perf_threads > kMaxPerfThreads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Options.perf_threads=", perf_threads, ": expected 0 to ", kMaxPerfThreads));
   }
   if (collect_period < absl::Milliseconds(1) ||
       collect_period > absl::Seconds(10)) {

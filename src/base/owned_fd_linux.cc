@@ -440,13 +440,14 @@ bool EnterPrivateDescriptorTable() noexcept {
 
 void DescriptorBudget::Configure(int64_t numerator, int64_t denominator,
                                  int cap, const char* what,
-                                 const char* fallback) {
+                                 const char* fallback, const char* cap_name) {
   std::lock_guard<std::mutex> lock(recount_mutex_);
   numerator_ = numerator;
   denominator_ = denominator > 0 ? denominator : 1;
   cap_ = cap;
   what_ = what;
   fallback_ = fallback;
+  cap_name_ = cap_name;
   refused_.store(0, std::memory_order_relaxed);
   said_.store(false, std::memory_order_relaxed);
   rlimit limit;
@@ -463,9 +464,20 @@ void DescriptorBudget::Recount(uint64_t soft_limit) {
   }
   // What the program could open if inprof held none of these.
   const int64_t available = free_fds + held_.load(std::memory_order_relaxed);
-  limit_.store(static_cast<int>(std::clamp<int64_t>(
-                   available * numerator_ / denominator_, 0, cap_)),
+  const int64_t share = available * numerator_ / denominator_;
+  capped_.store(share > cap_, std::memory_order_relaxed);
+  limit_.store(static_cast<int>(std::clamp<int64_t>(share, 0, cap_)),
                std::memory_order_relaxed);
+}
+
+std::string DescriptorBudget::Bound() const {
+  if (capped_.load(std::memory_order_relaxed) && cap_name_ != nullptr) {
+    return absl::StrCat("(", cap_name_, ")");
+  }
+  const uint64_t soft = soft_limit_.load(std::memory_order_relaxed);
+  return absl::StrCat(
+      "(a share of those the program may open under RLIMIT_NOFILE=",
+      soft == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(soft), ")");
 }
 
 bool DescriptorBudget::TryTake() {
@@ -484,12 +496,8 @@ bool DescriptorBudget::TryTake() {
   held_.fetch_sub(1, std::memory_order_relaxed);
   refused_.fetch_add(1, std::memory_order_relaxed);
   if (!said_.exchange(true)) {
-    const uint64_t soft = soft_limit_.load(std::memory_order_relaxed);
-    Log(absl::StrCat(
-        what_, " keeps at most ", limit(), " descriptors (a share of those "
-        "the program may open under RLIMIT_NOFILE=",
-        soft == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(soft),
-        "): ", fallback_, " (said once)"));
+    Log(absl::StrCat(what_, " keeps at most ", limit(), " descriptors ", Bound(), ": ",
+                     fallback_, " (said once)"));
   }
   return false;
 }
@@ -497,12 +505,8 @@ bool DescriptorBudget::TryTake() {
 std::string DescriptorBudget::Describe() const {
   const uint64_t refused = this->refused();
   if (refused == 0) return "";
-  const uint64_t soft = soft_limit_.load(std::memory_order_relaxed);
-  return absl::StrCat(
-      "held back ", refused, " time", refused == 1 ? "" : "s", " at ", limit(),
-      " descriptors under RLIMIT_NOFILE=",
-      soft == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(soft),
-      ": ", fallback_);
+  return absl::StrCat("held back ", refused, " time", refused == 1 ? "" : "s", " at ", limit(),
+                      " descriptors ", Bound(), ": ", fallback_);
 }
 
 int64_t FreeFileDescriptors() noexcept {

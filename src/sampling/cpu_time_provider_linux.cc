@@ -85,14 +85,15 @@ absl::Status CpuTimeProvider::Configure(const Options& options) {
   }
   // The share of descriptors still free that the engine may hold.
   if (perf_ok) {
-    perf_fds_.Configure(options.perf_fd_share, 100, INT_MAX, "the perf engine",
-                        "further threads use the timer engine");
+    // At most perf_threads of them (options.h: what a perf event costs).
+    perf_fds_.Configure(options.perf_fd_share, 100, options.perf_threads, "the perf engine",
+                        "further threads use the timer engine", "INPROF_PERF_THREADS");
     if (perf_fds_.limit() <= 0) {
       perf_ok = false;
-      perf_unavailable_ = options.perf_fd_share == 0
-                              ? "INPROF_PERF_FD_SHARE=0"
-                              : "no file descriptors to spare under "
-                                "RLIMIT_NOFILE";
+      perf_unavailable_ = options.perf_fd_share == 0  ? "INPROF_PERF_FD_SHARE=0"
+                          : options.perf_threads == 0 ? "INPROF_PERF_THREADS=0"
+                                                      : "no file descriptors to spare under "
+                                                        "RLIMIT_NOFILE";
     }
   }
 
@@ -166,7 +167,7 @@ std::string CpuTimeProvider::Describe() const {
                     " timer=", counts.timer, " itimer=", counts.itimer);
     if (counts.perf_fallbacks > 0) {
       absl::StrAppend(&s, " (", counts.perf_fallbacks,
-                      " moved from perf to timer: descriptor budget or "
+                      " moved from perf to timer: descriptor budget, INPROF_PERF_THREADS or "
                       "perf_event_open failure)");
     }
   }

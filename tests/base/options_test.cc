@@ -794,6 +794,21 @@ TEST(OptionsEngineTest, PerfFdShareIsAPercentage) {
               ::testing::HasSubstr("Options.perf_fd_share=-1"));
 }
 
+TEST(OptionsEngineTest, PerfThreadsIsACount) {
+  std::vector<std::string> errors;
+  EXPECT_EQ(FromMap({}, &errors).perf_threads, 256);
+  EXPECT_EQ(FromMap({{"INPROF_PERF_THREADS", "0"}}, &errors).perf_threads, 0);
+  EXPECT_EQ(FromMap({{"INPROF_PERF_THREADS", "20000"}}, &errors).perf_threads, 20000);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(FromMap({{"INPROF_PERF_THREADS", "-3"}}, &errors).perf_threads, 256);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("INPROF_PERF_THREADS='-3'"));
+  Options bad;
+  bad.perf_threads = Options::kMaxPerfThreads + 1;
+  EXPECT_THAT(std::string(bad.Validate().message()),
+              ::testing::HasSubstr("Options.perf_threads=1048577"));
+}
+
 #if !defined(_WIN32)
 // INPROF_DUMP_SIGNAL: a signal handed over by name or number; none that
 // reports a fault, stops or ends the process unasked, nor inprof's SIGPROF.

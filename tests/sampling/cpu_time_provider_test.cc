@@ -730,6 +730,41 @@ TEST(CpuTimeProviderTest, ThreadsArmedByTheSamplerAreSampledFromTheirRegistratio
   }
 }
 
+// More threads at once than INPROF_PERF_THREADS: the perf engine arms that
+// many, the rest are sampled by the timer engine (a perf event costs its
+// thread at each context switch; options.h). Deterministic: the four
+// threads hold their registrations until all four are registered, and a
+// thread is armed inside RegisterThread.
+TEST(CpuTimeProviderTest, PerfEngineArmsAtMostPerfThreadsAtOnce) {
+  if (!PerfAvailable()) GTEST_SKIP() << NoPerf();
+  Options options = TestOptions("perf_threads", CpuEngine::kAuto, absl::Milliseconds(10));
+  options.perf_threads = 2;
+  DefaultProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  constexpr int kThreads = 4;
+  std::mutex mu;
+  std::condition_variable cv;
+  int registered = 0;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      auto r = profiler.RegisterThread("worker");
+      std::unique_lock<std::mutex> lock(mu);
+      ++registered;
+      cv.notify_all();
+      cv.wait(lock, [&] { return registered == kThreads; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(profiler.Stop().ok());
+  auto profile = ReadPprofFile(options.output);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const std::string comments = Comments(*profile);
+  EXPECT_THAT(comments, HasSubstr("cpu engine=perf"));
+  EXPECT_THAT(comments, HasSubstr("threads armed: perf=2 timer=2 itimer=0 (2 moved from perf"));
+  EXPECT_THAT(comments, HasSubstr("held back 2 times at 2 descriptors (INPROF_PERF_THREADS)"));
+}
+
 // More threads than the perf engine's descriptor budget (a share of those
 // free under RLIMIT_NOFILE): the rest are sampled by the timer engine, the
 // host can still open what it had, and every thread is in the profile.

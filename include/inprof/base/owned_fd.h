@@ -220,9 +220,11 @@ class OwnedFd {
 // what it could open.
 class DescriptorBudget {
  public:
-  // `what` names the component in the log ("the perf engine").
+  // `what` names the component in the log ("the perf engine"), `cap_name`
+  // the setting that fixed `cap` (null: none the user sets).
   void Configure(int64_t numerator, int64_t denominator, int cap,
-                 const char* what, const char* fallback);
+                 const char* what, const char* fallback,
+                 const char* cap_name = nullptr);
   // Reserves one descriptor; false when the component holds its share
   // already (the first refusal is logged, once per Configure).
   bool TryTake();
@@ -234,17 +236,21 @@ class DescriptorBudget {
   // Reservations refused since Configure.
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   // "" or, once something was refused, what inprof held back, e.g. "held
-  // back: at most 3 descriptors under RLIMIT_NOFILE=16, 9 times".
+  // back 9 times at 3 descriptors under RLIMIT_NOFILE=16: ...".
   std::string Describe() const;
 
  private:
   void Recount(uint64_t soft_limit);
+  // What bounds the share now: "under RLIMIT_NOFILE=N" or the cap's name.
+  std::string Bound() const;
 
   int64_t numerator_ = 0;
   int64_t denominator_ = 1;
   int cap_ = 0;
   const char* what_ = "";
   const char* fallback_ = "";
+  const char* cap_name_ = nullptr;
+  std::atomic<bool> capped_{false};  // the cap, not the share, bounds it
   std::mutex recount_mutex_;
   std::atomic<uint64_t> soft_limit_{0};
   std::atomic<int> limit_{0};
