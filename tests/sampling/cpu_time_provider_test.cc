@@ -734,14 +734,16 @@ TEST(CpuTimeProviderTest, ThreadsArmedByTheSamplerAreSampledFromTheirRegistratio
 // many, the rest are sampled by the timer engine (a perf event costs its
 // thread at each context switch; options.h). Deterministic: the four
 // threads hold their registrations until all four are registered, and a
-// thread is armed inside RegisterThread.
+// thread is armed inside RegisterThread (never left to the ticker's armer,
+// whatever the other threads registering meanwhile).
 TEST(CpuTimeProviderTest, PerfEngineArmsAtMostPerfThreadsAtOnce) {
   if (!PerfAvailable()) GTEST_SKIP() << NoPerf();
   Options options = TestOptions("perf_threads", CpuEngine::kAuto, absl::Milliseconds(10));
   options.perf_threads = 2;
-  DefaultProfiler profiler(options);
-  ASSERT_TRUE(profiler.Start().ok());
   constexpr int kThreads = 4;
+  DefaultProfiler profiler(options);
+  profiler.SetBurstThreadsForTesting(kThreads);
+  ASSERT_TRUE(profiler.Start().ok());
   std::mutex mu;
   std::condition_variable cv;
   int registered = 0;
