@@ -11,15 +11,21 @@
 namespace inprof::internal {
 namespace {
 
-// A record written part by part at RecordLayout's offsets.
+// A record written as the writers write it: the header by
+// WriteRecordHeader (from a meta without its counts, which the layout
+// gives), the other parts at RecordLayout's offsets.
 std::vector<uint64_t> Write(const RecordMeta& meta, const RecordLayout& at,
                             const std::vector<uint64_t>& values,
                             const std::vector<uint64_t>& leaf,
                             const std::vector<uint64_t>& labels,
                             const std::vector<uint64_t>& frames) {
   std::vector<uint64_t> record(at.size(), 0xdead);
-  record[RecordLayout::kMetaAt] = meta.Encode();
-  for (size_t i = 0; i < values.size(); ++i) record[at.value(i)] = values[i];
+  RecordMeta bare = meta;
+  bare.leaf_words = false;
+  bare.label_count = 0;
+  bare.depth = 0;
+  const std::vector<int64_t> signed_values(values.begin(), values.end());
+  EXPECT_EQ(WriteRecordHeader(record.data(), at, bare, signed_values.data()), at.size());
   for (size_t i = 0; i < leaf.size(); ++i) record[at.leaf_at() + i] = leaf[i];
   for (size_t i = 0; i < labels.size(); ++i) record[at.labels_at() + i] = labels[i];
   for (size_t i = 0; i < frames.size(); ++i) record[at.frames_at() + i] = frames[i];

@@ -291,7 +291,6 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
       const size_t nvalues = L::kValueCounts[p.provider];
       internal::RecordMeta meta;
       meta.provider = static_cast<uint8_t>(p.provider);
-      meta.label_count = static_cast<uint8_t>(labels.count);
       meta.blocked = p.blocked;
       size_t depth = 0;
       if (!suspended) {
@@ -306,11 +305,9 @@ class ProfilerSampler : public ProfilerCollector<U, R, Ps...> {
           slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
         }
       }
-      meta.depth = static_cast<uint16_t>(depth);
       // No leaf words here (sample_record.h: RecordLayout).
       const internal::RecordLayout at{.values = nvalues, .labels = labels.count, .depth = depth};
-      record_[internal::RecordLayout::kMetaAt] = meta.Encode();
-      for (size_t v = 0; v < nvalues; ++v) record_[at.value(v)] = static_cast<uint64_t>(p.values[v]);
+      internal::WriteRecordHeader(record_.data(), at, meta, p.values.data());
       for (size_t w = 0; w < 2 * labels.count; ++w) record_[at.labels_at() + w] = labels.words[w];
       for (size_t f = 0; f < depth; ++f) record_[at.frames_at() + f] = frames_[f];
       slot->samples_taken.fetch_add(1, std::memory_order_relaxed);

@@ -235,13 +235,8 @@ class ProfilerVisits : public ProfilerCollector<U, R, Ps...> {
       meta.provisional = unwound.provisional;
       meta.tables_ready = unwound.provisional && tables_ready;
       meta.generation = unwound.provisional ? static_cast<uint32_t>(generation) : 0;
-      meta.label_count = static_cast<uint8_t>(nlabels);
-      meta.depth = static_cast<uint16_t>(unwound.depth);
       at.depth = unwound.depth;
-      record[RecordLayout::kMetaAt] = meta.Encode();
-      for (size_t i = 0; i < nvalues; ++i) {
-        record[at.value(i)] = static_cast<uint64_t>(values[i]);
-      }
+      WriteRecordHeader(record, at, meta, values);
       slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
       Pipeline::Ingesting ingest = pipeline_.Ingest();
       if (this->AddRecordLocked(slot, ingest.aggregator(), record, at.size(),

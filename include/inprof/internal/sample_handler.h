@@ -112,14 +112,8 @@ class SampleHandler {
     meta.truncated = unwound.truncated;
     meta.blocked = sampled_blocked;
     meta.provisional = unwound.provisional;
-    meta.leaf_words = L::kLeafWords > 0;
-    meta.label_count = static_cast<uint8_t>(nlabels);
-    meta.depth = static_cast<uint16_t>(unwound.depth);
     at.depth = unwound.depth;
-    record[RecordLayout::kMetaAt] = meta.Encode();
-    for (size_t i = 0; i < nvalues; ++i) {
-      record[at.value(i)] = static_cast<uint64_t>(values[i]);
-    }
+    WriteRecordHeader(record, at, meta, values);
     slot->samples_taken.fetch_add(1, std::memory_order_relaxed);
     if (unwound.truncated) {
       slot->samples_truncated.fetch_add(1, std::memory_order_relaxed);
@@ -244,10 +238,7 @@ class SampleHandler {
     meta.stackless = true;
     meta.blocked = blocked;
     const RecordLayout at{.values = nvalues};
-    record[RecordLayout::kMetaAt] = meta.Encode();
-    for (size_t i = 0; i < nvalues; ++i) {
-      record[at.value(i)] = static_cast<uint64_t>(values[i]);
-    }
+    WriteRecordHeader(record, at, meta, values);
     slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
     if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, at.size()))) {
       for (size_t i = 0; i < nvalues; ++i) {
@@ -332,13 +323,7 @@ class SampleHandler {
             RecordMeta meta;
             meta.provider = static_cast<uint8_t>(I);
             meta.truncated = truncated;
-            meta.leaf_words = L::kLeafWords > 0;
-            meta.label_count = static_cast<uint8_t>(nlabels);
-            meta.depth = static_cast<uint16_t>(depth);
-            record[RecordLayout::kMetaAt] = meta.Encode();
-            for (size_t i = 0; i < now.values; ++i) {
-              record[now.value(i)] = static_cast<uint64_t>(values[i]);
-            }
+            WriteRecordHeader(record, now, meta, values);
             slot.samples_taken.fetch_add(1, std::memory_order_relaxed);
             if (truncated) slot.samples_truncated.fetch_add(1, std::memory_order_relaxed);
             if (!slot.active_ring->TryPush(std::span<const uint64_t>(record, now.size()))) {

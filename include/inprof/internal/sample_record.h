@@ -144,6 +144,23 @@ struct RecordLayout {
   constexpr size_t size() const { return frames_at() + depth; }
 };
 
+// The writer's half of the codec, for every writer (the signal handler,
+// its stackless and swallowed samples, the wall sampler's stack reads, the
+// Windows sampler): `meta`, its counts taken from `at`, and `values` (at.values
+// of them) into the header of `record`; the leaf words, labels and frames
+// go where `at` says, before or after. Returns the record's length.
+// Async-signal-safe.
+template <typename Value>
+constexpr size_t WriteRecordHeader(uint64_t* record, const RecordLayout& at, RecordMeta meta,
+                                   const Value* values) {
+  meta.leaf_words = at.leaf_words > 0;
+  meta.label_count = static_cast<uint8_t>(at.labels);
+  meta.depth = static_cast<uint16_t>(at.depth);
+  record[RecordLayout::kMetaAt] = meta.Encode();
+  for (size_t i = 0; i < at.values; ++i) record[at.value(i)] = static_cast<uint64_t>(values[i]);
+  return at.size();
+}
+
 // A record read back: its meta, and each part, checked against the words
 // there are. `value_counts[p]` is provider p's value count and
 // `leaf_words` the unwinder's (the meta says whether they are there).
