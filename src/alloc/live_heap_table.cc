@@ -86,16 +86,9 @@ void LiveHeapTable::MaybeGrow(int newest) {
   growing_.store(false, std::memory_order_release);
 }
 
-void LiveHeapTable::Level::ClearOccupied(size_t index) {
-  occupied[index / 64].fetch_and(~(uint64_t{1} << (index % 64)), std::memory_order_seq_cst);
-  // An Insert may have taken the slot between its emptying and the clear,
-  // its own SetOccupied after its CAS landing before the clear.
-  if (slots[index].key.load(std::memory_order_seq_cst) != kEmpty) SetOccupied(index);
-}
-
 bool LiveHeapTable::Insert(const void* address, const Entry& entry) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(address);
-  if (a == 0 || (a & kBusy) != 0) {
+  if (a == 0 || (a & (kBusy | kMarkBit)) != 0) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
@@ -154,15 +147,28 @@ bool LiveHeapTable::Level::Insert(uintptr_t a, const Entry& entry) {
     // A lookup stops at the first empty slot, so the slots between home and
     // ours must all be non-empty. An Erase may have emptied one behind us
     // while we probed past it (it checks the slot after, ours, which was
-    // empty then): then take the entry out and place it again.
+    // empty then): then take the entry out and place it again. One it is
+    // emptying (marked) is put back as a tombstone, which makes its last
+    // step fail. Read from ours back to home: a slot read non-empty is
+    // marked later only after the slot after it, read before it, which
+    // then is not empty.
     bool chain = true;
-    for (size_t j = 0; j < i; ++j) {
-      if (slots[(home + j) & mask].key.load(std::memory_order_acquire) == kEmpty) {
+    for (size_t j = i; j-- > 0;) {
+      std::atomic<uintptr_t>& key = slots[(home + j) & mask].key;
+      uintptr_t seen = key.load(std::memory_order_seq_cst);
+      while (IsMark(seen) &&
+             !key.compare_exchange_weak(seen, kTombstone, std::memory_order_seq_cst)) {
+      }
+      if (seen == kEmpty) {
         chain = false;
         break;
       }
     }
     if (chain) {
+      // The home slot is taken (ours, or one the chain runs through): its
+      // bit is set before the caller's free can look, whatever an Insert
+      // that took it has not yet done.
+      SetOccupied(home);
       live.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
@@ -174,7 +180,7 @@ bool LiveHeapTable::Level::Insert(uintptr_t a, const Entry& entry) {
 
 bool LiveHeapTable::Take(const void* address, Entry* out) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(address);
-  if (a == 0 || (a & kBusy) != 0) return false;
+  if (a == 0 || (a & (kBusy | kMarkBit)) != 0) return false;
   const int n = nlevels_.load(std::memory_order_acquire);
   for (int i = n - 1; i >= 0; --i) {
     Entry entry;
@@ -218,26 +224,39 @@ bool LiveHeapTable::Level::Take(uintptr_t a, Entry* out) {
 void LiveHeapTable::Level::Reclaim(size_t index) {
   // A tombstone whose next slot is empty ends no chain a lookup needs: no
   // key lies past it. Empty it, then its predecessor, and so on.
+  //
+  // The slot is marked first. An Insert that fills the next slot after the
+  // check below finds the mark in its chain and puts the tombstone back,
+  // and the last step (mark -> kEmpty) then fails. Emptying the slot in one
+  // step, then putting the tombstone back when the next slot had filled,
+  // left a moment when the chain to the key just inserted had a hole; and
+  // clearing the bit after the slot was empty, then setting it again, one
+  // when a taken home slot had no bit: a free in either moment left its
+  // block counted live (tests/alloc/live_heap_table_test.cc,
+  // AFreeFindsItsBlockWhileOthersEmptyTheSlotsBeforeIt). The bit is cleared
+  // inside the count of reclaims begun and not ended, which Erase reads.
   for (size_t n = 0; n < kMaxProbe; ++n) {
     Slot& slot = slots[index];
     const Slot& next = slots[(index + 1) & mask];
-    if (next.key.load(std::memory_order_acquire) != kEmpty) return;
+    if (next.key.load(std::memory_order_seq_cst) != kEmpty) return;
+    const uintptr_t mark =
+        kMarkBit | (reclaims_started.fetch_add(1, std::memory_order_seq_cst) << 1) | kBusy;
+    bool emptied = false;
     uintptr_t expected = kTombstone;
-    if (!slot.key.compare_exchange_strong(expected, kEmpty, std::memory_order_seq_cst)) return;
-    ClearOccupied(index);
-    if (next.key.load(std::memory_order_acquire) != kEmpty) {
-      // An Insert placed a key after us meanwhile, having probed past this
-      // slot: restore the tombstone so that its chain holds (if another
-      // Insert took the empty slot instead, the chain holds as well).
-      expected = kEmpty;
-      SetOccupied(index);
-      if (slot.key.compare_exchange_strong(expected, kTombstone, std::memory_order_seq_cst)) {
-        SetOccupied(index);
+    if (slot.key.compare_exchange_strong(expected, mark, std::memory_order_seq_cst)) {
+      expected = mark;
+      // Read after the mark: an Insert that filled `next` before it is
+      // seen here; one that fills it later sees the mark in its chain.
+      if (next.key.load(std::memory_order_seq_cst) != kEmpty) {
+        slot.key.compare_exchange_strong(expected, kTombstone, std::memory_order_seq_cst);
       } else {
-        ClearOccupied(index);  // set again when another Insert holds it
+        occupied[index / 64].fetch_and(~(uint64_t{1} << (index % 64)), std::memory_order_seq_cst);
+        emptied = slot.key.compare_exchange_strong(expected, kEmpty, std::memory_order_seq_cst);
+        if (!emptied) SetOccupied(index);  // put back as a tombstone
       }
-      return;
     }
+    reclaims_done.fetch_add(1, std::memory_order_seq_cst);
+    if (!emptied) return;
     index = (index - 1) & mask;
   }
 }
@@ -249,10 +268,14 @@ void LiveHeapTable::ForEach(
     const Level& level = levels_[l];
     for (size_t i = 0; i <= level.mask; ++i) {
       // A clear bitmap word says 64 empty slots without touching them (a
-      // grown table is mostly empty pages).
-      if (i % 64 == 0 && level.occupied[i / 64].load(std::memory_order_acquire) == 0) {
-        i += 63;
-        continue;
+      // grown table is mostly empty pages), unless a Reclaim ran meanwhile.
+      if (i % 64 == 0) {
+        const uint64_t done = level.reclaims_done.load(std::memory_order_seq_cst);
+        if (level.occupied[i / 64].load(std::memory_order_seq_cst) == 0 &&
+            level.reclaims_started.load(std::memory_order_seq_cst) == done) {
+          i += 63;
+          continue;
+        }
       }
       const Slot& slot = level.slots[i];
       const uintptr_t key = slot.key.load(std::memory_order_acquire);

@@ -38,12 +38,12 @@
 // the same address from any thread that the program ordered after it (as a
 // free is ordered after its malloc). ForEach sees each entry that stays in
 // the table for its whole run exactly once, and never a half-written one.
-// One race is left, and it costs accuracy, never memory safety: Erase
-// empties a tombstone whose next slot is empty, then puts the tombstone
-// back if an Insert filled that next slot meanwhile; a free of the block
-// just inserted there that probes inside that moment stops early and
-// leaves the entry behind (counted live until the address is handed out
-// and sampled again, which replaces it). Not async-signal-safe to destroy.
+// Erase empties a tombstone in two steps (kTombstone, a mark of its own,
+// kEmpty) and an Insert whose chain runs through a marked slot puts the
+// tombstone back, so no chain to a key an Insert returned has a hole, even
+// for a moment; and while an Erase is clearing a slot's occupancy bit, a
+// free that finds its home's bit clear looks at the slots instead. Not
+// async-signal-safe to destroy.
 //
 // Example:
 //   LiveHeapTable live(1 << 16, 1 << 23);  // grows from 65,536 to 8 M slots
@@ -116,8 +116,9 @@ class LiveHeapTable {
   // Records `address` with `entry`, replacing any entry the table held for
   // it. False (and counted) when no level has a free slot within
   // kMaxProbe of the address's home slot, or the address is null or odd
-  // (the allocator's blocks are at least 2-aligned; the low bit marks a
-  // slot being written). Lock-free; never calls malloc.
+  // or in the top half of the address space (the allocator's blocks are
+  // at least 2-aligned and in user space; the low bit marks a slot being
+  // written, the top bit a slot being emptied). Lock-free; never calls malloc.
   bool Insert(const void* address, const Entry& entry);
 
   // Removes `address` if it is there. True when it was. Lock-free; never
@@ -133,8 +134,12 @@ class LiveHeapTable {
     for (int i = 0; i < n; ++i) {
       const Level& level = levels_[i];
       const size_t home = level.Home(a);
-      if ((level.occupied[home / 64].load(std::memory_order_acquire) &
-           (uint64_t{1} << (home % 64))) != 0) {
+      // A Reclaim clears a bit before it knows that it may: when one ran
+      // while the bit was read, the bit says nothing (Level::Reclaim).
+      const uint64_t done = level.reclaims_done.load(std::memory_order_seq_cst);
+      if ((level.occupied[home / 64].load(std::memory_order_seq_cst) &
+           (uint64_t{1} << (home % 64))) != 0 ||
+          level.reclaims_started.load(std::memory_order_seq_cst) != done) {
         return EraseOccupied(a);
       }
     }
@@ -166,7 +171,7 @@ class LiveHeapTable {
   // One slot: the key, then the entry, each word atomic so that a reader
   // racing a writer reads no torn word (it then rechecks the key).
   struct alignas(32) Slot {
-    std::atomic<uintptr_t> key{0};  // kEmpty, kTombstone, address|kBusy or address
+    std::atomic<uintptr_t> key{0};  // kEmpty, kTombstone, a mark, address|kBusy or address
     std::atomic<uint64_t> size{0};
     std::atomic<uint64_t> weight_bits{0};  // the double weight_objects' bits
     std::atomic<uint64_t> tag{0};
@@ -175,22 +180,34 @@ class LiveHeapTable {
   static constexpr uintptr_t kEmpty = 0;
   static constexpr uintptr_t kTombstone = 1;  // an odd value: never an address
   static constexpr uintptr_t kBusy = 1;       // low bit of a key being written
+  // A tombstone an Erase is turning into kEmpty (Level::Reclaim) holds a
+  // mark: this bit, the Reclaim's own number and kBusy. Never an address
+  // or an address being written (both are below this bit); each mark
+  // differs, so a Reclaim whose mark was put back and set again by another
+  // cannot mistake the other's for its own.
+  static constexpr uintptr_t kMarkBit = uintptr_t{1} << 63;
+  static bool IsMark(uintptr_t key) { return (key & kMarkBit) != 0; }
 
-  // One open-addressed table. Its fields are written once, before the
-  // level is published through nlevels_, and read-only after.
+  // One open-addressed table. Its fields but the counters are written once,
+  // before the level is published through nlevels_, and read-only after.
   struct Level {
     size_t mask = 0;
     unsigned shift = 0;  // 64 - log2(capacity)
     Slot* slots = nullptr;
     // The occupancy bitmap: a slot's bit is set whenever its key is not
-    // kEmpty (and, transiently, around a change). Set before and after a
-    // slot's key leaves kEmpty; cleared after it returns to kEmpty, then
-    // set again if the key left kEmpty meanwhile (SetOccupied,
-    // ClearOccupied).
+    // kEmpty, except while a Reclaim runs (reclaims_started differs from
+    // reclaims_done); and on the home slot of every key an Insert has
+    // returned. Set before and after a slot's key leaves kEmpty, and on the
+    // home slot before an Insert returns; cleared by a Reclaim that marked
+    // the slot, before it empties it, and set again when an Insert put the
+    // tombstone back meanwhile.
     std::atomic<uint64_t>* occupied = nullptr;
     void* mapping = nullptr;
     size_t mapping_bytes = 0;
     std::atomic<uint64_t> live{0};  // keys in it (a growth trigger, approximate)
+    // Reclaims begun and ended: the begun count numbers the marks.
+    std::atomic<uint64_t> reclaims_started{0};
+    std::atomic<uint64_t> reclaims_done{0};
 
     size_t Home(uintptr_t address) const {
       // Fibonacci hashing: the product's high bits depend on every bit of
@@ -201,7 +218,6 @@ class LiveHeapTable {
     void SetOccupied(size_t index) {
       occupied[index / 64].fetch_or(uint64_t{1} << (index % 64), std::memory_order_seq_cst);
     }
-    void ClearOccupied(size_t index);
     // Inserts into this level; false when no free slot within kMaxProbe.
     bool Insert(uintptr_t a, const Entry& entry);
     bool Take(uintptr_t a, Entry* out);
