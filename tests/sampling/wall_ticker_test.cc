@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <vector>
@@ -109,6 +110,7 @@ struct FakeHost {
   }
   void Signal(internal::SlotBase& slot) { g_log->push_back(absl::StrCat("signal ", Id(slot))); }
   void CreditBlocked(internal::SlotBase& slot, std::span<const int64_t> v) {
+    if (credit_throws) throw std::bad_alloc();  // the heap full (aggregation allocates)
     g_log->push_back(absl::StrCat("blocked ", Id(slot), " ", v[0], " ", v[1]));
   }
   void CreditRunning(internal::SlotBase& slot, std::span<const int64_t> v) {
@@ -122,6 +124,7 @@ struct FakeHost {
   uint64_t TablesGeneration() { return generation; }
 
   bool stacks_readable = false;
+  bool credit_throws = false;
   bool tables_ready = true;
   uint64_t generation = 0;
 };
@@ -486,6 +489,23 @@ TEST_F(WallTickerTest, EachCreditGoesWhereTheProviderSays) {
   // A sigwait is no episode with a stack: the next visit looks again.
   EXPECT_THAT(slot(2).blocked_stack, IsEmpty());
   EXPECT_EQ(counts_.signals + counts_.stacks_read, 0u);
+}
+
+// A visit that throws (the heap full; the ticker thread's RunContained
+// skips the wake-up) leaves the thread unmarked: its unregistration waits
+// for the mark to go (signal_dispatch), and waited for ever before.
+TEST_F(WallTickerTest, AVisitThatThrowsLeavesTheThreadUnmarked) {
+  AddThreads(2);
+  provider_.per_tick = 2;
+  slot(0).data.decision = TickDecision::kCreditBlocked;
+  host_.credit_throws = true;
+  EXPECT_THROW(Wake(), std::bad_alloc);
+  EXPECT_FALSE(slot(0).visiting.load());
+  EXPECT_FALSE(slot(1).visiting.load());
+  // The next wake-up visits as before.
+  host_.credit_throws = false;
+  EXPECT_THAT(Wake(), ElementsAre("visit 0 at 0", "blocked 0 7000000 1", "visit 1 at 0"));
+  EXPECT_FALSE(slot(0).visiting.load());
 }
 
 TEST_F(WallTickerTest, TheEpisodesFirstSampleIsDrainedBeforeTheVisitThatNeedsIt) {

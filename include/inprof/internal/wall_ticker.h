@@ -285,6 +285,13 @@ class WallTicker {
       slot.visiting.store(false, std::memory_order_release);
       return RoundWeight::kEnded;
     }
+    // Cleared however the visit ends: one that throws (the heap full: the
+    // ticker's RunContained skips it) must not leave the thread's
+    // unregistration waiting for the mark forever.
+    struct Unmark {
+      SlotBase& slot;
+      ~Unmark() { slot.visiting.store(false, std::memory_order_release); }
+    } unmark{slot};
     slot.wall_last_visit_ns = when.now_ns;
     Visit(provider, host, slot, when, counts);
     ++counts.visits;
@@ -304,8 +311,8 @@ class WallTicker {
     }
     RoundWeight took = RoundWeight::kTaken;
     if constexpr (ReportsRoundWeight<P>) took = P::RoundWeightUse(host.Data(slot));
-    // Last: the thread may unregister (and its data change) from here.
-    slot.visiting.store(false, std::memory_order_release);
+    // Last (`unmark`, after `took` is read): the thread may unregister (and
+    // its data change) from here.
     return took;
   }
 
