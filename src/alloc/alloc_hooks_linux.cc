@@ -21,6 +21,7 @@
 #include "inprof/alloc/got_scan.h"
 #include "inprof/base/contained.h"
 #include "inprof/base/fork_guard.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/base/log.h"
 #include "inprof/base/sanitizers.h"
 #include "src/alloc/alloc_wrappers.h"
@@ -243,9 +244,9 @@ struct HookState {
   pid_t locks_pid = 0;
   AllocHooks::Options options;
   // Slot address -> the value it held before we wrote it.
-  absl::flat_hash_map<uintptr_t, uintptr_t> saved;
+  internal::ThrowSafeMap<uintptr_t, uintptr_t> saved;
   // Objects already logged about, so that each failure is one line.
-  absl::flat_hash_set<std::string> logged;
+  internal::ThrowSafeSet<std::string> logged;
   // What dlsym(RTLD_DEFAULT) gives per symbol: the definition the loader
   // binds a slot to (0: none yet).
   uintptr_t bound[kAllocSymbolCount] = {};

@@ -132,7 +132,7 @@ HeapState& State() {
 
 // The live table's blocks summed per stack id: (objects, bytes) as
 // weighted. Without the mutex (the table is lock-free).
-using LiveSums = absl::flat_hash_map<uint64_t, std::pair<double, double>>;
+using LiveSums = internal::ThrowSafeMap<uint64_t, std::pair<double, double>>;
 LiveSums LiveSumsByStack(HeapState& h) {
   LiveSums live;
   h.live.ForEach([&](const void*, const LiveHeapTable::Entry& entry) {
@@ -473,7 +473,7 @@ void AllocationProvider::AddLiveState(SampleAggregator& aggregator, uint32_t thr
   const LiveSums live = LiveSumsByStack(h);
   // The peak since the previous call: the agent keeps the highest of these
   // intervals in each of its windows (agent_session.h).
-  absl::flat_hash_map<uint64_t, std::pair<double, double>> peak;
+  internal::ThrowSafeMap<uint64_t, std::pair<double, double>> peak;
   for (const PeakSum& p : PeakSumsByStack(h)) peak[p.id] = {p.objects, p.bytes};
   h.peak.StartWindow();
   std::vector<Row> rows;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "inprof/base/alloc_guard.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/base/log.h"
 #include "inprof/base/owned_fd.h"
 #include "inprof/internal/pipeline.h"
@@ -172,7 +173,7 @@ std::string SampleKey(const ProfileData& data, const ProfileSample& s) {
 // `later` - `earlier`, sample by sample (Go's delta profile: what changed
 // between two snapshots); samples whose every value is 0 go.
 void SubtractProfile(ProfileData& later, const ProfileData& earlier) {
-  absl::flat_hash_map<std::string, size_t> index;
+  internal::ThrowSafeMap<std::string, size_t> index;
   for (size_t i = 0; i < later.samples.size(); ++i) {
     index.emplace(SampleKey(later, later.samples[i]), i);
   }

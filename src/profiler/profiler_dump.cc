@@ -40,7 +40,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -78,6 +77,7 @@ struct Dumped {
   uint64_t* room;
   bool signalled = false;
   bool answered = false;
+  bool ended = false;  // its request withdrawn or answered, its mark cleared
 };
 
 void AddLabel(ProfileSample& sample, std::string key, std::string value) {
@@ -161,6 +161,32 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
       std::max<size_t>(n, 1) * kDumpFrames);
   std::vector<Dumped> dumped;
   dumped.reserve(n);
+  // However the dump ends (the heap full: an exception from any of its
+  // allocations), no thread is left marked (its unregistration would wait
+  // for ever) or asked to write into `room` after it is freed. Declared
+  // after both, so destroyed before them.
+  struct EndRequests {
+    std::vector<Dumped>& dumped;
+    ~EndRequests() {
+      for (Dumped& d : dumped) {
+        if (d.ended) continue;
+        if (d.signalled) {
+          uint32_t asked = ThreadSlotHeader::kDumpAsked;
+          if (!d.slot->dump_state.compare_exchange_strong(asked, ThreadSlotHeader::kDumpIdle,
+                                                          std::memory_order_acq_rel)) {
+            while (d.slot->dump_state.load(std::memory_order_acquire) ==
+                   ThreadSlotHeader::kDumpWriting) {
+              sched_yield();
+            }
+          }
+          d.slot->dump_state.store(ThreadSlotHeader::kDumpIdle, std::memory_order_relaxed);
+          d.slot->dump_frames = nullptr;
+          d.slot->dump_capacity = 0;
+        }
+        d.slot->visiting.store(false, std::memory_order_release);
+      }
+    }
+  } end_requests{dumped};
   data.threads.reserve(n);
   data.samples.reserve(n);
   const pid_t self = CurrentTid();
@@ -189,7 +215,9 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
       slot->visiting.store(false, std::memory_order_release);
       continue;  // gone or going: its id may be reused
     }
-    Dumped d{slot, data.samples.size(), room.get() + i * kDumpFrames};
+    // In `dumped` at once (room reserved: no throw), so that a dump that
+    // throws from here on still ends this thread's request and mark.
+    Dumped& d = dumped.emplace_back(Dumped{slot, data.samples.size(), room.get() + i * kDumpFrames});
     data.threads.push_back(ThreadIdentity{slot->tid, slot->name});
     ProfileSample& sample = data.samples.emplace_back();
     sample.thread = static_cast<uint32_t>(data.threads.size() - 1);
@@ -200,7 +228,6 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
       AddLabel(sample, kThreadState, kThreadRunning);
       const size_t depth = shape_.unwind_here(out);
       sample.frames.assign(d.room, d.room + depth);
-      dumped.push_back(d);
       continue;
     }
     const int64_t clock = ThreadCpuNanos(slot->cpu_clock);
@@ -208,7 +235,6 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     if (look.state == 0 || clock < 0) {
       AddLabel(sample, kThreadState, "ended");
       sample.synthetic_frame = "[inprof: the thread ended without unregistering]";
-      dumped.push_back(d);
       continue;
     }
     const bool blocked = look.state != 'R';
@@ -232,7 +258,6 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
           ThreadCpuNanos(slot->cpu_clock) == clock) {
         sample.frames.assign(d.room, d.room + walked.depth);
         ++read;
-        dumped.push_back(d);
         continue;
       }
     }
@@ -244,20 +269,23 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     SendProfilingSignal(*slot, MakeSignalTag(kDumpSignalProvider, session_));
     d.signalled = true;
     ++signalled;
-    dumped.push_back(d);
   }
   // Threads that never registered (inprof's own left out): a waiting one
   // read from a copy of its stack up to the end of the mapping that holds
   // its sp (its bounds are not known), kept when a second look finds it
   // waiting at the same place; a running one named, without a stack (its
   // handler has no slot to serve a request from).
-  absl::flat_hash_set<pid_t> registered;
-  for (const Dumped& d : dumped) registered.insert(d.slot->tid);
+  // Sorted ids (a vector: absl's tables as Debian ships them are left
+  // corrupt by a growth that throws, growth_safe_table.h).
+  std::vector<pid_t> registered;
+  registered.reserve(dumped.size());
+  for (const Dumped& d : dumped) registered.push_back(d.slot->tid);
+  std::sort(registered.begin(), registered.end());
   std::optional<std::vector<MapsEntry>> maps;
   std::vector<uint64_t> unregistered_room(kDumpFrames);
   uint64_t unregistered = 0, unregistered_read = 0, own = 0;
   for (const pid_t tid : TaskIds(kMaxUnregisteredThreads)) {
-    if (registered.contains(tid) || tid == self) continue;
+    if (std::binary_search(registered.begin(), registered.end(), tid) || tid == self) continue;
     std::string name = TaskName(tid);
     // inprof's own: its threads, and libmicrohttpd's (the endpoint's).
     if (absl::StartsWith(name, "inprof") || absl::StartsWith(name, "MHD-")) {
@@ -353,6 +381,7 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
       sample.synthetic_frame = "[inprof: no frame could be walked]";
     }
     d.slot->visiting.store(false, std::memory_order_release);
+    d.ended = true;
   }
   const int64_t took_ns = MonotonicNanos() - start_ns;
   const int64_t cpu_ns = ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID) - start_cpu_ns;

@@ -30,6 +30,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/inprof.h"
 #include "src/run/auto_profiler.h"
 #include "src/run/run_report.h"
@@ -84,7 +85,7 @@ struct State {
   // pthread_setname_np(other, ...) finds the thread. A leaf lock, held
   // across fork() (base/fork_guard.h).
   std::mutex tids_mu;
-  absl::flat_hash_map<pthread_t, pid_t> tids;
+  internal::ThrowSafeMap<pthread_t, pid_t> tids;
 };
 
 State& state();

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/line_table.h"
 #include "inprof/symbolizer.h"
 #include "src/symbolize/debug_files_dwfl.h"
@@ -92,10 +93,10 @@ class ElfSymbols {
   Dwfl_Module* mod_ = nullptr;
   SessionFiles files_;  // the module's userdata points here
   std::unique_ptr<SymbolTable> symbols_;  // built on first use
-  absl::flat_hash_map<Dwarf_Off, std::unique_ptr<internal::LineTable>>
+  internal::ThrowSafeMap<Dwarf_Off, std::unique_ptr<internal::LineTable>>
       line_tables_;
   // By CU DIE offset. Dwarf_Dies stay valid while dwfl_ lives.
-  absl::flat_hash_map<Dwarf_Off, std::unique_ptr<CuScopes>> cu_scopes_;
+  internal::ThrowSafeMap<Dwarf_Off, std::unique_ptr<CuScopes>> cu_scopes_;
   // Every unit's address ranges, by start (Dwfl addresses); see FindUnit.
   struct UnitRange {
     Dwarf_Addr start;

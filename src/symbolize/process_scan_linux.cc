@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "inprof/base/elf_notes.h"
+#include "inprof/base/growth_safe_table.h"
 #include "src/symbolize/elf_symbols_dwfl.h"
 
 namespace inprof::internal {
@@ -123,7 +124,7 @@ std::pair<unsigned long long, unsigned long long> LoaderCounters() {
 ScanResult ScanProcess(pid_t pid, const std::vector<internal::MapsEntry>& maps) {
   ScanResult scan;
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  absl::flat_hash_set<std::string> seen;  // dev:inode:path
+  internal::ThrowSafeSet<std::string> seen;  // dev:inode:path
   for (const internal::MapsEntry& entry : maps) {
     if (!entry.executable) continue;
     LoadedObject obj;

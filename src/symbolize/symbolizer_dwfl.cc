@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/base/log.h"
 #include "inprof/internal/process_maps.h"
 #include "src/symbolize/debug_files_dwfl.h"
@@ -65,13 +66,14 @@ void Warn(const absl::Status& status) {
 }
 
 // Heap bytes one cache entry holds (its node, frames and out-of-line
-// strings) plus its slot in the hash table.
+// strings) plus its place in the hash table (the table's node: a link, the
+// key, the pointer and the cached hash; its bucket).
 size_t EntryBytes(const SymbolizedAddress& entry) {
   auto string_bytes = [](const std::string& s) {
     // Strings up to the small-string capacity live inside the object.
     return s.capacity() > std::string().capacity() ? s.capacity() + 1 : 0;
   };
-  size_t bytes = sizeof(SymbolizedAddress) + sizeof(uint64_t) +
+  size_t bytes = sizeof(SymbolizedAddress) + 3 * sizeof(void*) + sizeof(uint64_t) +
                  sizeof(std::unique_ptr<SymbolizedAddress>) +
                  entry.frames.capacity() * sizeof(SourceFrame);
   for (const SourceFrame& f : entry.frames) {
@@ -148,8 +150,8 @@ struct Symbolizer::Impl {
   std::vector<Range> ranges;  // sorted by start
   // Keyed by the address looked up (address - 1 for return addresses).
   // unique_ptr keeps references returned by Lookup stable across rehashes.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<SymbolizedAddress>> cache;
-  absl::flat_hash_set<std::string> warned;  // paths already warned about
+  internal::ThrowSafeMap<uint64_t, std::unique_ptr<SymbolizedAddress>> cache;
+  internal::ThrowSafeSet<std::string> warned;  // paths already warned about
   // Another process's symbolizer (ForProcess): its pid, and the maps text
   // the module list was built from.
   pid_t pid = 0;
@@ -202,11 +204,11 @@ void Symbolizer::Impl::Rebuild(ScanResult scan) {
   auto key = [](const LoadedObject& o) {
     return absl::StrCat(o.path, "|", o.bias, "|", o.build_id);
   };
-  absl::flat_hash_map<std::string, size_t> old_by_key;
+  internal::ThrowSafeMap<std::string, size_t> old_by_key;
   for (size_t i = 0; i < objects.size(); ++i) {
     old_by_key[key(objects[i].loaded)] = i;
   }
-  absl::flat_hash_map<std::string, int> new_module_by_key;  // key|start
+  internal::ThrowSafeMap<std::string, int> new_module_by_key;  // key|start
   std::vector<Object> new_objects;
   std::vector<ModuleInfo> new_modules;
   std::vector<int> new_module_object;
@@ -338,7 +340,7 @@ absl::StatusOr<std::unique_ptr<Symbolizer>> Symbolizer::ForProcess(pid_t pid,
 
 void Symbolizer::Refresh() {
   if (impl_->cached_bytes > impl_->max_cached_bytes) {
-    impl_->cache = {};  // also gives the table's memory back
+    decltype(impl_->cache)().swap(impl_->cache);  // also gives the table's memory back
     impl_->cached_bytes = 0;
   }
   if (impl_->pid != 0) {

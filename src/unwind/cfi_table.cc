@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/cfi_walk.h"
 
 namespace inprof::internal {
@@ -38,20 +38,29 @@ CfiModuleTable::CfiModuleTable(uint64_t text_lo, uint64_t text_hi,
       path_(std::move(path)),
       build_id_(std::move(build_id)) {
   if (text_size_ > std::numeric_limits<uint32_t>::max()) text_size_ = 0;
-  absl::flat_hash_map<uint64_t, uint16_t> index;
+  // Growth-safe: a build on the collector's thread that meets the heap
+  // exhausted unwinds through it (growth_safe_table.h).
+  internal::GrowthSafeMap<uint64_t, uint16_t> index;
   rules_.push_back(0);  // [0]: kNone
-  index[0] = 0;
+  {
+    internal::GrowthReserve reserve(index);
+    index[0] = 0;
+  }
   CfiRule unsupported_rule;
   unsupported_rule.kind = CfiRule::kUnsupported;
   const uint64_t unsupported = EncodeRule(unsupported_rule);
   rules_.push_back(unsupported);  // [1]: the overflow rule
-  index[unsupported] = 1;
+  {
+    internal::GrowthReserve reserve(index);
+    index[unsupported] = 1;
+  }
   auto rule_index = [&](const CfiRule& rule) -> uint16_t {
     const uint64_t word = EncodeRule(rule);
     auto it = index.find(word);
     if (it != index.end()) return it->second;
     if (rules_.size() > std::numeric_limits<uint16_t>::max()) return 1;
     const auto i = static_cast<uint16_t>(rules_.size());
+    internal::GrowthReserve reserve(index);
     rules_.push_back(word);
     index[word] = i;
     return i;

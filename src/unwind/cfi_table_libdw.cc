@@ -7,6 +7,7 @@
 // of the row libdw reports (dwarf_frame_info). Each such call re-runs the
 // FDE's program from its start, which made libdw alone cost 25 ms of CPU
 // for a 600 KB executable. Runs off the hot path (the collector thread).
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/dwarf_registers.h"
 #include "src/unwind/cfi_interpreter.h"
@@ -272,9 +273,9 @@ void CollectFdes(Elf* elf, const char* section, bool eh_frame,
   if (ident == nullptr) return;
   const auto* base = static_cast<const uint8_t*>(data->d_buf);
   // CIE offset -> FDE pointer encoding (or none when not understood).
-  absl::flat_hash_map<Dwarf_Off, int> encodings;
+  internal::ThrowSafeMap<Dwarf_Off, int> encodings;
   // CIE offset -> its index in *cies.
-  absl::flat_hash_map<Dwarf_Off, uint32_t> cie_index;
+  internal::ThrowSafeMap<Dwarf_Off, uint32_t> cie_index;
   std::vector<std::pair<Dwarf_Off, Dwarf_FDE>> pending;
   // An FDE takes 20-40 bytes of the section.
   pending.reserve(data->d_size / 24);

@@ -32,6 +32,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/cfi_table.h"
 #include "inprof/internal/cfi_walk.h"
 #include "inprof/base/contained.h"
@@ -75,14 +76,14 @@ struct State {
   bool initialized = false;
   unsigned long long adds = 0, subs = 0;
   uint64_t generation = 0;
-  absl::flat_hash_map<std::string, CacheEntry> cache;
+  internal::ThrowSafeMap<std::string, CacheEntry> cache;
   // Loaded modules whose table is not built yet (on demand), by cache key.
-  absl::flat_hash_map<std::string, std::shared_ptr<const CfiModuleTable>>
+  internal::ThrowSafeMap<std::string, std::shared_ptr<const CfiModuleTable>>
       pending;
   // Builds a stop interrupted, resumed by the next refresh (by cache key):
   // a profiler started and stopped every few milliseconds still completes
   // its tables, and no Stop pays for a build's start again.
-  absl::flat_hash_map<std::string, std::unique_ptr<internal::CfiPartialBuild>>
+  internal::ThrowSafeMap<std::string, std::unique_ptr<internal::CfiPartialBuild>>
       partial;
   std::vector<CurrentModule> current;
   size_t modules_without_cfi = 0;
@@ -282,7 +283,7 @@ bool RebuildLocked(State& s, absl::FunctionRef<bool()> between_tables,
   std::vector<std::pair<uintptr_t, std::shared_ptr<const CfiModuleTable>>>
       entries;
   std::vector<size_t> to_build;
-  absl::flat_hash_map<std::string, std::shared_ptr<const CfiModuleTable>>
+  internal::ThrowSafeMap<std::string, std::shared_ptr<const CfiModuleTable>>
       pending;
   for (size_t i = 0; i < modules.size(); ++i) {
     const LoadedModule& m = modules[i];

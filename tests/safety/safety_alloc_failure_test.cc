@@ -30,9 +30,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <span>
 #include <string>
@@ -134,7 +136,8 @@ enum class Phase { kRegister, kUnregister, kStop };
 // Exit codes of a scenario's child.
 enum Result {
   kFailedAndSurvived = 0,  // the k-th allocation failed; all held
-  kNothingFailed = 1,      // the call made fewer than k allocations
+  kNothingFailed = 2,      // the call made fewer than k allocations (not 1: a
+                           // sanitizer's report exits 1)
   kStartFailed = 10,
   kWrongStatus,      // a refused registration did not say ResourceExhausted
   kStillActive,      // a registration is active after Reset()
@@ -334,6 +337,110 @@ TEST(SafetyAllocFailureTest, EachAllocationOfAThreadsUnregistrationMayFail) {
   // The drain of the thread's last samples meets stacks the profile has
   // not seen: it allocates.
   EXPECT_GT(FailEachPoint(Phase::kUnregister, /*warm=*/false, "an unregistration", 40), 0);
+}
+
+// In a forked child: a thread dump (the live endpoint's /debug/pprof/
+// goroutine) that meets a heap exhausted from its `k`-th allocation, with a
+// waiting thread (read from a copy of its stack) and a running one
+// (signalled: its handler writes into the dump's room). The dump fails or
+// not; then the running thread unregisters (one left marked as being
+// visited waited for ever there: SIGALRM), the waiting one is dumped whole
+// again, and the profiler stops.
+enum DumpResult { kDumpFine = 0, kDumpNothingFailed = 2, kDumpStartFailed = 10,
+                  kDumpAgainFailed, kDumpAgainIncomplete, kDumpStopFailed };
+
+int DumpScenario(int64_t k) {
+  Options options;
+  options.output = testing::FreshTestDir(absl::StrCat("safety_alloc_failure_dump_", getpid())) +
+                   "/profile.pb.gz";
+  DefaultProfiler profiler(options);
+  if (!profiler.Start().ok()) return kDumpStartFailed;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false;
+  std::atomic<bool> running_stop{false};
+  std::atomic<int> registered{0};
+  std::thread waiter([&] {
+    ThreadRegistration r = profiler.RegisterThread(kLongName);
+    registered.fetch_add(1);
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return stop; });
+  });
+  std::atomic<bool> runner_done{false};
+  std::thread runner([&] {
+    {
+      ThreadRegistration r = profiler.RegisterThread("runner");
+      registered.fetch_add(1);
+      uint64_t x = 0;
+      while (!running_stop.load()) x = BurnAt(1, x);
+      asm volatile("" : : "r"(x) : "memory");
+    }
+    runner_done.store(true);
+  });
+  while (registered.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the waiter waits
+  Inject(k);
+  try {
+    absl::StatusOr<ProfileData> first = profiler.DumpThreads(absl::Milliseconds(500));
+    (void)first;
+  } catch (const std::bad_alloc&) {
+    // Thrown to the caller (the endpoint's request fails); the host runs on.
+  }
+  const int64_t failed = StopInjecting();
+  int result = failed == 0 ? kDumpNothingFailed : kDumpFine;
+  // The running thread unregisters while the registry lock is taken, so
+  // that it queues its slot without the lock: it waited for ever there on
+  // the mark the failed dump left.
+  {
+    std::lock_guard<std::mutex> held(profiler.registry_mutex_for_testing());
+    running_stop.store(true);
+    for (int i = 0; i < 1000 && !runner_done.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  runner.join();
+  // The waiting thread is dumped whole again.
+  absl::StatusOr<ProfileData> again = profiler.DumpThreads(absl::Seconds(5));
+  if (!again.ok()) {
+    result = kDumpAgainFailed;
+  } else {
+    int whole = 0;
+    for (const ProfileSample& sample : again->samples) {
+      if (again->threads[sample.thread].name == kLongName && !sample.frames.empty()) ++whole;
+    }
+    if (whole != 1) result = kDumpAgainIncomplete;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stop = true;
+  }
+  cv.notify_all();
+  waiter.join();
+  if (!profiler.Stop().ok()) return kDumpStopFailed;
+  return result;
+}
+
+TEST(SafetyAllocFailureTest, EachAllocationOfAThreadDumpMayFail) {
+  int64_t points = 0;
+  int quiet = 0;
+  for (int64_t k = 1; k <= kMaxPoints && quiet < 3; k += (k < 40 || !safety::kSanitized) ? 1 : 8) {
+    const int rc = safety::RunInChild([&] { return DumpScenario(k); }, 30);
+    if (rc == kDumpNothingFailed) {
+      ++quiet;
+      continue;
+    }
+    EXPECT_EQ(rc, kDumpFine) << "a thread dump, allocation " << k << " and later failing: "
+                             << (rc == kDumpAgainFailed       ? "the next dump failed"
+                                 : rc == kDumpAgainIncomplete ? "the next dump lacked a thread's stack"
+                                 : rc == kDumpStopFailed      ? "Stop() failed"
+                                                              : Explain(rc));
+    if (rc != kDumpFine) break;
+    quiet = 0;
+    points = k;
+  }
+  std::fprintf(stderr, "a thread dump: allocation points failed in turn up to the %lld-th\n",
+               static_cast<long long>(points));
+  EXPECT_GT(points, 0);
 }
 
 }  // namespace

@@ -31,10 +31,15 @@
 #define INPROF_BASE_GROWTH_SAFE_TABLE_H_
 
 #include <cstddef>
+#include <functional>
 #include <new>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 
 namespace inprof::internal {
 
@@ -78,6 +83,24 @@ template <typename K, typename V,
           typename Hash = absl::container_internal::hash_default_hash<K>,
           typename Eq = absl::container_internal::hash_default_eq<K>>
 using GrowthSafeMap = absl::flat_hash_map<K, V, Hash, Eq, GrowthSafeAllocator<std::pair<const K, V>>>;
+
+// absl::flat_hash_set with that allocator.
+template <typename K, typename Hash = absl::container_internal::hash_default_hash<K>,
+          typename Eq = absl::container_internal::hash_default_eq<K>>
+using GrowthSafeSet = absl::flat_hash_set<K, Hash, Eq, GrowthSafeAllocator<K>>;
+
+// For a table that also erases (so that GrowthReserve cannot predict its
+// growth), or that is small and off the sampled path: the standard's
+// node-based tables, whose insertion leaves the table as it was when an
+// allocation throws (its strong guarantee), hashed with absl's hash. The
+// absl table a growth left corrupt is not only unusable: destroying it
+// frees what it never allocated (a first insertion into an empty table
+// frees absl's static empty group), so even a table local to a function
+// that an exception leaves must be one of these, or reserved.
+template <typename K, typename V, typename Hash = absl::Hash<K>, typename Eq = std::equal_to<K>>
+using ThrowSafeMap = std::unordered_map<K, V, Hash, Eq>;
+template <typename K, typename Hash = absl::Hash<K>, typename Eq = std::equal_to<K>>
+using ThrowSafeSet = std::unordered_set<K, Hash, Eq>;
 
 // Before an insertion into `table` (see above); frees the block on
 // destruction if the insertion did not take it.

@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/base/owned_fd.h"
 #include "inprof/internal/agent_protocol.h"
 #include "inprof/internal/agent_stream.h"
@@ -157,7 +158,7 @@ class AgentLink final : public SampleForwarder {
   uint64_t samples_ring_full_ = 0;
   uint64_t samples_after_loss_ = 0;
   // Values of samples the full ring refused, per thread, sent when it has room.
-  absl::flat_hash_map<uint32_t, std::vector<int64_t>> lost_values_;
+  ThrowSafeMap<uint32_t, std::vector<int64_t>> lost_values_;
   size_t num_values_ = 0;
   std::vector<uint64_t> last_counters_;
   std::string last_engine_detail_;
@@ -179,7 +180,7 @@ class AgentLink final : public SampleForwarder {
   uint32_t chunks_made_ = 0;
   std::vector<char*> batches_;
   std::vector<uint32_t> free_chunks_;
-  absl::flat_hash_map<void*, uint32_t> ring_chunks_;
+  ThrowSafeMap<void*, uint32_t> ring_chunks_;
   uint64_t thread_rings_refused_ = 0;
 };
 
