@@ -14,8 +14,6 @@
 #include <new>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/alloc/alloc_sampler.h"
 #include "inprof/alloc/got_scan.h"

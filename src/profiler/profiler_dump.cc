@@ -80,6 +80,32 @@ struct Dumped {
   bool ended = false;  // its request withdrawn or answered, its mark cleared
 };
 
+// A signalled thread's request ended: withdrawn while its handler has not
+// taken it, else waited for until the handler has written the room
+// (`answered`).
+void SettleRequest(Dumped& d) {
+  uint32_t asked = ThreadSlotHeader::kDumpAsked;
+  if (d.answered || d.slot->dump_state.compare_exchange_strong(asked, ThreadSlotHeader::kDumpIdle,
+                                                               std::memory_order_acq_rel)) {
+    return;
+  }
+  while (d.slot->dump_state.load(std::memory_order_acquire) == ThreadSlotHeader::kDumpWriting) {
+    sched_yield();
+  }
+  d.answered = true;
+}
+
+// The thread as the dump found it: no request, no room, no mark.
+void ReleaseThread(Dumped& d) {
+  if (d.signalled) {
+    d.slot->dump_state.store(ThreadSlotHeader::kDumpIdle, std::memory_order_relaxed);
+    d.slot->dump_frames = nullptr;
+    d.slot->dump_capacity = 0;
+  }
+  d.slot->visiting.store(false, std::memory_order_release);
+  d.ended = true;
+}
+
 void AddLabel(ProfileSample& sample, std::string key, std::string value) {
   SampleLabel label;
   label.key = std::move(key);
@@ -170,20 +196,8 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     ~EndRequests() {
       for (Dumped& d : dumped) {
         if (d.ended) continue;
-        if (d.signalled) {
-          uint32_t asked = ThreadSlotHeader::kDumpAsked;
-          if (!d.slot->dump_state.compare_exchange_strong(asked, ThreadSlotHeader::kDumpIdle,
-                                                          std::memory_order_acq_rel)) {
-            while (d.slot->dump_state.load(std::memory_order_acquire) ==
-                   ThreadSlotHeader::kDumpWriting) {
-              sched_yield();
-            }
-          }
-          d.slot->dump_state.store(ThreadSlotHeader::kDumpIdle, std::memory_order_relaxed);
-          d.slot->dump_frames = nullptr;
-          d.slot->dump_capacity = 0;
-        }
-        d.slot->visiting.store(false, std::memory_order_release);
+        if (d.signalled) SettleRequest(d);
+        ReleaseThread(d);
       }
     }
   } end_requests{dumped};
@@ -217,7 +231,8 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     }
     // In `dumped` at once (room reserved: no throw), so that a dump that
     // throws from here on still ends this thread's request and mark.
-    Dumped& d = dumped.emplace_back(Dumped{slot, data.samples.size(), room.get() + i * kDumpFrames});
+    Dumped& d =
+        dumped.emplace_back(Dumped{slot, data.samples.size(), room.get() + i * kDumpFrames});
     data.threads.push_back(ThreadIdentity{slot->tid, slot->name});
     ProfileSample& sample = data.samples.emplace_back();
     sample.thread = static_cast<uint32_t>(data.threads.size() - 1);
@@ -351,17 +366,7 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
   for (Dumped& d : dumped) {
     ProfileSample& sample = data.samples[d.sample];
     if (d.signalled) {
-      uint32_t asked = ThreadSlotHeader::kDumpAsked;
-      if (!d.answered &&
-          !d.slot->dump_state.compare_exchange_strong(asked, ThreadSlotHeader::kDumpIdle,
-                                                      std::memory_order_acq_rel)) {
-        // Its handler took the request meanwhile: it writes the room now.
-        while (d.slot->dump_state.load(std::memory_order_acquire) ==
-               ThreadSlotHeader::kDumpWriting) {
-          sched_yield();
-        }
-        d.answered = true;
-      }
+      SettleRequest(d);
       const uint32_t state = d.slot->dump_state.load(std::memory_order_acquire);
       if (!d.answered) {
         ++unanswered;
@@ -373,15 +378,11 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
         const size_t depth = std::min<size_t>(d.slot->dump_depth, kDumpFrames);
         sample.frames.assign(d.room, d.room + depth);
       }
-      d.slot->dump_state.store(ThreadSlotHeader::kDumpIdle, std::memory_order_relaxed);
-      d.slot->dump_frames = nullptr;
-      d.slot->dump_capacity = 0;
     }
     if (sample.frames.empty() && sample.synthetic_frame.empty()) {
       sample.synthetic_frame = "[inprof: no frame could be walked]";
     }
-    d.slot->visiting.store(false, std::memory_order_release);
-    d.ended = true;
+    ReleaseThread(d);
   }
   const int64_t took_ns = MonotonicNanos() - start_ns;
   const int64_t cpu_ns = ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID) - start_cpu_ns;

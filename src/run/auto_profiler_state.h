@@ -28,7 +28,6 @@
 #include <mutex>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "inprof/base/growth_safe_table.h"
 #include "inprof/inprof.h"

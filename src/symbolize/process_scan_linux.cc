@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "inprof/base/elf_notes.h"

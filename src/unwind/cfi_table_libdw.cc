@@ -28,7 +28,6 @@
 #include <utility>
 
 #include "inprof/base/owned_fd.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 

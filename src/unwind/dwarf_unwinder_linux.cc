@@ -30,7 +30,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/cfi_table.h"

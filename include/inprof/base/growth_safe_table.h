@@ -38,7 +38,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 
 namespace inprof::internal {
@@ -83,11 +82,6 @@ template <typename K, typename V,
           typename Hash = absl::container_internal::hash_default_hash<K>,
           typename Eq = absl::container_internal::hash_default_eq<K>>
 using GrowthSafeMap = absl::flat_hash_map<K, V, Hash, Eq, GrowthSafeAllocator<std::pair<const K, V>>>;
-
-// absl::flat_hash_set with that allocator.
-template <typename K, typename Hash = absl::container_internal::hash_default_hash<K>,
-          typename Eq = absl::container_internal::hash_default_eq<K>>
-using GrowthSafeSet = absl::flat_hash_set<K, Hash, Eq, GrowthSafeAllocator<K>>;
 
 // For a table that also erases (so that GrowthReserve cannot predict its
 // growth), or that is small and off the sampled path: the standard's

@@ -27,7 +27,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "inprof/base/growth_safe_table.h"
 #include "inprof/base/owned_fd.h"
