@@ -35,7 +35,10 @@
 //       threads' lifetimes within it)
 //     nap_running=share of the nappers' wall time labelled running
 //     register_us_p50/p90=RegisterThread's CPU on the registering thread,
-//       in the burst of THREADS registrations, microseconds
+//       in the burst of THREADS registrations, microseconds;
+//       register_sys_us_p90 the kernel's part of it (getrusage's ticks),
+//       register_wall_us_p50/p90 its wall time; process_sys_s the
+//       kernel's part of process_cpu_s
 //     busy_vs_life=the busy thread's wall time over its registered span
 //   MANY_THREADS_WINDOWS=1 also prints each window's length, wall time,
 //   lifetimes within it and share on real stacks (stderr).
@@ -176,6 +179,19 @@ double ProcessCpuS() {
          (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
 }
 
+// System (kernel) CPU of the process, seconds.
+double ProcessSysS() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_stime.tv_sec + usage.ru_stime.tv_usec / 1e6;
+}
+
+int64_t ThreadSysNs() {
+  rusage usage;
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_stime.tv_sec * 1'000'000'000LL + usage.ru_stime.tv_usec * 1'000LL;
+}
+
 double RssKibPerThread(int threads) {
   rusage usage;
   getrusage(RUSAGE_SELF, &usage);
@@ -185,6 +201,8 @@ double RssKibPerThread(int threads) {
 struct Span {
   absl::Time begin, end;  // registered: after RegisterThread, before its end
   int64_t register_cpu_ns = 0;  // RegisterThread's CPU on the thread
+  int64_t register_sys_ns = 0;  // of which in the kernel (10 ms ticks' resolution)
+  int64_t register_wall_ns = 0;
 };
 
 struct Run {
@@ -216,10 +234,14 @@ Run RunWorkload(int threads, double seconds, bool wait, Register register_thread
       ours[i] = gettid();
       Span& span = run.nappers[i];
       const int64_t cpu0 = Now(CLOCK_THREAD_CPUTIME_ID);
+      const int64_t sys0 = ThreadSysNs();
+      const int64_t wall0 = Now(CLOCK_MONOTONIC);
       {
         auto registration = register_thread("napper");
         (void)registration;
         span.register_cpu_ns = Now(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+        span.register_sys_ns = ThreadSysNs() - sys0;
+        span.register_wall_ns = Now(CLOCK_MONOTONIC) - wall0;
         span.begin = absl::Now();
         registered.fetch_add(1);
         if (wait) {
@@ -291,9 +313,10 @@ int main(int argc, char** argv) {
 #endif
   std::printf(
       "RESULT many_threads profiler=%s threads=%d %s seconds=%.1f run_s=%.3f "
-      "profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f rss_kib_per_thread=%.1f\n",
+      "profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f process_sys_s=%.2f "
+      "rss_kib_per_thread=%.1f\n",
       INPROF_MANY_THREADS_PEER, threads, wait ? "wait" : "nap", seconds, run.run_ns / 1e9,
-      run.profiler_ms, ProcessCpuS(), RssKibPerThread(threads));
+      run.profiler_ms, ProcessCpuS(), ProcessSysS(), RssKibPerThread(threads));
   return 0;
 }
 #else
@@ -429,9 +452,17 @@ int main(int argc, char** argv) {
   auto share = [](int64_t part, int64_t total) {
     return total > 0 ? static_cast<double>(part) / static_cast<double>(total) : 0.0;
   };
-  std::vector<int64_t> reg;
-  for (const Span& s : run.nappers) reg.push_back(s.register_cpu_ns);
-  std::sort(reg.begin(), reg.end());
+  // p50 and p90 of one of the spans' registration figures.
+  auto percentiles = [&](int64_t Span::*field) {
+    std::vector<int64_t> v;
+    for (const Span& s : run.nappers) v.push_back(s.*field);
+    std::sort(v.begin(), v.end());
+    return std::pair<double, double>(v.empty() ? 0.0 : v[v.size() / 2] / 1e3,
+                                     v.empty() ? 0.0 : v[v.size() * 9 / 10] / 1e3);
+  };
+  const auto reg = percentiles(&Span::register_cpu_ns);
+  const auto reg_sys = percentiles(&Span::register_sys_ns);
+  const auto reg_wall = percentiles(&Span::register_wall_ns);
   const double busy_life = absl::ToDoubleSeconds(run.busy.end - run.busy.begin);
   std::printf(
       "RESULT many_threads profiler=inprof threads=%d %s%s seconds=%.1f run_s=%.3f "
@@ -440,16 +471,16 @@ int main(int argc, char** argv) {
       "win_vs_life_min=%.3f win_vs_life_max=%.3f nap_running=%.4f "
       "busy_wall=%.2f busy_wall_share=%.3f busy_vs_life=%.3f cpu_real=%.3f "
       "ticker_cpu_ms=%.0f ticker_core_pct=%.2f profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f "
-      "rss_kib_per_thread=%.1f register_us_p50=%.1f register_us_p90=%.1f\n",
+      "process_sys_s=%.2f rss_kib_per_thread=%.1f register_us_p50=%.1f register_us_p90=%.1f "
+      "register_sys_us_p90=%.0f register_wall_us_p50=%.1f register_wall_us_p90=%.1f\n",
       threads, wait ? "wait" : "nap", stop_first ? " stop-first" : "", seconds, run_ns / 1e9,
       stop_ns / 1e6, stop_cpu_ns / 1e6, 1 - share(wall_pseudo, wall_total), share(wall_tail, wall_total),
       wall_total / 1e9, life_total > 0 ? wall_total / 1e9 / life_total : 0.0, kept.size(),
       win_real_min, win_ratio_min, win_ratio_max, share(nap_running, nap_wall),
       busy_wall / 1e9, share(busy_wall, run_ns), busy_life > 0 ? busy_wall / 1e9 / busy_life : 0.0,
       1 - share(cpu_pseudo, cpu_total), ticker_ms, 100.0 * ticker_ms / (run_ns / 1e6),
-      run.profiler_ms, cpu_s, RssKibPerThread(threads),
-      reg.empty() ? 0.0 : reg[reg.size() / 2] / 1e3,
-      reg.empty() ? 0.0 : reg[reg.size() * 9 / 10] / 1e3);
+      run.profiler_ms, cpu_s, ProcessSysS(), RssKibPerThread(threads), reg.first, reg.second,
+      reg_sys.second, reg_wall.first, reg_wall.second);
   return 0;
 }
 #endif
