@@ -417,10 +417,12 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         "when it visits every thread, a visit weighs the time since the "
         "thread's previous one; a followed thread's running samples carry "
         "their CPU time as wall time, and its account stays exact. Longest "
-        "wait between two visits of a thread=",
+        "round of the threads at the sampler's pace=",
         absl::FormatDuration(absl::Nanoseconds(
             static_cast<int64_t>(window_stats.wall_longest_round_ns))),
-        " (so far)"));
+        " (so far; the threads over the visits a wake-up, times the "
+        "wake-ups' spacing: a thread's mean wait between two visits, which "
+        "can be longer than the run when the budget defers visits)"));
   }
   if (window_stats.wall_visits_deferred > 0) {
     data.comments.push_back(absl::StrCat(

@@ -131,7 +131,7 @@ class Symbolizer;
      (a round of the threads: WallTicker::RoundEstimate at each wake-up,    \
      and at Stop() the time since the last wake-up): what one wall sample   \
      weighs at most. Since the profiler was made. */                        \
-  X(wall_longest_round_ns, false, "longest wait between two wall visits, ns") \
+  X(wall_longest_round_ns, false, "longest round of the threads at the wall sampler's pace, ns") \
   /* Thread registrations that failed, and unregistrations that could not   \
      drain the thread's last samples, because the heap was exhausted       \
      (std::bad_alloc): the threads are not profiled, or their last samples \
