@@ -132,7 +132,7 @@ std::unique_ptr<DwarfLines> DwarfLines::Read(const PeImage& image,
       !read_section(".debug_str", &debug_str)) {
     return nullptr;
   }
-  const absl::flat_hash_map<uint64_t, UnitLines> units =
+  const internal::ThrowSafeMap<uint64_t, UnitLines> units =
       ReadUnits(image, debug_str, debug_line_str);
   const internal::LineSections sections{
       .debug_line = debug_line,
@@ -283,10 +283,10 @@ bool DwarfLines::Find(uint64_t address, std::string* file, int64_t* line) const 
   return true;
 }
 
-absl::flat_hash_map<uint64_t, UnitLines> DwarfLines::ReadUnits(
+internal::ThrowSafeMap<uint64_t, UnitLines> DwarfLines::ReadUnits(
     const PeImage& image, const std::vector<uint8_t>& debug_str,
     const std::vector<uint8_t>& debug_line_str) {
-  absl::flat_hash_map<uint64_t, UnitLines> units;
+  internal::ThrowSafeMap<uint64_t, UnitLines> units;
   PeImage::FileSection info, abbrev_section;
   if (!image.FindSection(".debug_info", &info) ||
       !image.FindSection(".debug_abbrev", &abbrev_section) ||

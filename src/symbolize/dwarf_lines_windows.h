@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/internal/line_table.h"
 #include "src/symbolize/pe_image_windows.h"
 
@@ -63,7 +63,7 @@ class DwarfLines {
   // The compile directory and address size of each unit of .debug_info,
   // by its DW_AT_stmt_list: directory 0 of a DWARF 2-4 line table. Only
   // each unit's header and first DIE are read.
-  static absl::flat_hash_map<uint64_t, UnitLines> ReadUnits(
+  static internal::ThrowSafeMap<uint64_t, UnitLines> ReadUnits(
       const PeImage& image, const std::vector<uint8_t>& debug_str,
       const std::vector<uint8_t>& debug_line_str);
 

@@ -70,8 +70,6 @@
 
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -82,6 +80,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "inprof/base/growth_safe_table.h"
 #include "inprof/base/log.h"
 #include "src/symbolize/dbghelp_guard_windows.h"
 #include "src/symbolize/dbghelp_lookup_windows.h"
@@ -262,8 +261,8 @@ struct Symbolizer::Impl {
   std::vector<std::pair<uint64_t, uint64_t>> listed;  // (base, size) listed
   // Keyed by the address looked up (address - 1 for return addresses).
   // unique_ptr keeps references returned by Lookup stable across rehashes.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<SymbolizedAddress>> cache;
-  absl::flat_hash_set<std::string> warned;  // what was warned about
+  internal::ThrowSafeMap<uint64_t, std::unique_ptr<SymbolizedAddress>> cache;
+  internal::ThrowSafeSet<std::string> warned;  // what was warned about
   // Modules whose CodeView record names no PDB go to the second session
   // (see LoadModule); the others to the first, which searches the debug
   // info path.
@@ -326,7 +325,7 @@ void Symbolizer::Impl::Rebuild() {
 
   // Carry over what is known of modules still loaded at the same place;
   // unload the others from DbgHelp.
-  absl::flat_hash_map<std::string, int> new_by_key;
+  internal::ThrowSafeMap<std::string, int> new_by_key;
   for (size_t i = 0; i < new_modules.size(); ++i) {
     new_by_key[key(new_modules[i])] = static_cast<int>(i);
   }
@@ -476,7 +475,7 @@ absl::StatusOr<std::unique_ptr<Symbolizer>> Symbolizer::ForProcess(
 
 void Symbolizer::Refresh() {
   if (impl_->cached_bytes > impl_->max_cached_bytes) {
-    impl_->cache = {};  // also gives the table's memory back
+    decltype(impl_->cache)().swap(impl_->cache);  // also gives the table's memory back
     // The modules' line tables too: read again on their next lookup.
     for (Impl::Module& state : impl_->states) {
       state.dwarf.reset();
