@@ -216,7 +216,8 @@ case "${1:-}" in
       esac
     done
     for name in "${later[@]}"; do
-      if await "$name"; then tail -n 12 "$logs/$name.log"; else status=1; fi
+      # Its tests' lines and summary, from the first test on.
+      if await "$name"; then sed -n '/^ *1\/[0-9]* /,$p' "$logs/$name.log"; else status=1; fi
     done
     wait "${builders[@]}" 2>/dev/null || true
     echo
