@@ -71,7 +71,6 @@ status=0
 for san in ${INPROF_SANITIZERS:-asan tsan}; do
   dir="$build-$san"
   env=()
-  jobs=()
   case "$san" in
     asan)
       # ASan's checks as calls into its runtime rather than inline code
@@ -109,10 +108,6 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
       skip=(report options byte_cursor pprof_writer symbolizer symbolization_e2e safety_bounded_input
             agent_protocol sample_aggregator datadog_uploader profiler_e2e safety_memory
             safety_alloc_failure)
-      # One test more than the cores at a time: its tests wait about half
-      # their time (128 CPU-s in 91 s on two cores beside Wine's suite,
-      # the last stage of the test command, docs/test_command.md).
-      jobs=(--num-processes "$(($(nproc) + 1))")
       ;;
     *)
       echo "sanitizers: unknown sanitizer '$san' (expected asan or tsan)" >&2
@@ -133,8 +128,7 @@ for san in ${INPROF_SANITIZERS:-asan tsan}; do
   echo "sanitizers: testing $dir: ${#names[@]} tests (GTEST_FILTER=$filter)"
   # Both sanitizers run even when the first fails; the exit status says.
   env "${env[@]}" GTEST_FILTER="$filter" \
-    meson test -C "$dir" --print-errorlogs --no-rebuild --timeout-multiplier 2 "${jobs[@]}" \
-      "${names[@]}" ||
+    meson test -C "$dir" --print-errorlogs --no-rebuild --timeout-multiplier 2 "${names[@]}" ||
     status=1
 done
 exit $status
