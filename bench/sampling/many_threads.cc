@@ -172,18 +172,18 @@ void ThreadCpuMs(const char* name, const std::vector<pid_t>& ours, double* named
   closedir(dir);
 }
 
-double ProcessCpuS() {
-  rusage usage;
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
-}
+// The process's CPU, user + system and system alone, seconds: one reading.
+struct ProcessCpu {
+  double total_s = 0;
+  double sys_s = 0;
+};
 
-// System (kernel) CPU of the process, seconds.
-double ProcessSysS() {
+ProcessCpu ReadProcessCpu() {
   rusage usage;
   getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_stime.tv_sec + usage.ru_stime.tv_usec / 1e6;
+  const double user = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6;
+  const double sys = usage.ru_stime.tv_sec + usage.ru_stime.tv_usec / 1e6;
+  return ProcessCpu{user + sys, sys};
 }
 
 int64_t ThreadSysNs() {
@@ -201,7 +201,7 @@ double RssKibPerThread(int threads) {
 struct Span {
   absl::Time begin, end;  // registered: after RegisterThread, before its end
   int64_t register_cpu_ns = 0;  // RegisterThread's CPU on the thread
-  int64_t register_sys_ns = 0;  // of which in the kernel (10 ms ticks' resolution)
+  int64_t register_sys_ns = 0;  // of which in the kernel (getrusage's split, from ticks)
   int64_t register_wall_ns = 0;
 };
 
@@ -311,12 +311,13 @@ int main(int argc, char** argv) {
   const Run run = RunWorkload(
       threads, seconds, wait, [](const char*) { return 0; }, [] {});
 #endif
+  const ProcessCpu cpu = ReadProcessCpu();
   std::printf(
       "RESULT many_threads profiler=%s threads=%d %s seconds=%.1f run_s=%.3f "
       "profiler_threads_cpu_ms=%.0f process_cpu_s=%.2f process_sys_s=%.2f "
       "rss_kib_per_thread=%.1f\n",
       INPROF_MANY_THREADS_PEER, threads, wait ? "wait" : "nap", seconds, run.run_ns / 1e9,
-      run.profiler_ms, ProcessCpuS(), ProcessSysS(), RssKibPerThread(threads));
+      run.profiler_ms, cpu.total_s, cpu.sys_s, RssKibPerThread(threads));
   return 0;
 }
 #else
@@ -378,7 +379,7 @@ int main(int argc, char** argv) {
         });
     stop();
   }
-  const double cpu_s = ProcessCpuS();
+  const ProcessCpu cpu = ReadProcessCpu();
   const int64_t run_ns = run.run_ns;
   const double ticker_ms = run.ticker_ms;
   if (stop_first) {
@@ -479,7 +480,7 @@ int main(int argc, char** argv) {
       win_real_min, win_ratio_min, win_ratio_max, share(nap_running, nap_wall),
       busy_wall / 1e9, share(busy_wall, run_ns), busy_life > 0 ? busy_wall / 1e9 / busy_life : 0.0,
       1 - share(cpu_pseudo, cpu_total), ticker_ms, 100.0 * ticker_ms / (run_ns / 1e6),
-      run.profiler_ms, cpu_s, ProcessSysS(), RssKibPerThread(threads), reg.first, reg.second,
+      run.profiler_ms, cpu.total_s, cpu.sys_s, RssKibPerThread(threads), reg.first, reg.second,
       reg_sys.second, reg_wall.first, reg_wall.second);
   return 0;
 }
