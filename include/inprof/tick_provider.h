@@ -61,8 +61,14 @@ struct TickTime {
   int64_t round_ns = 0;
   // The registered threads' time since the ticker's previous wake-up
   // (thread-ns of real time; 0 at the first, or not known), which
-  // WallTicker::VisitNext hands out.
+  // WallTicker::VisitNext hands out: the threads that keep their own
+  // account (KeepsOwnAccounts) left out.
   double thread_ns = 0;
+  // Up to when the wake-ups handed out the threads' time (the last that
+  // did, WallTicker::VisitNext; 0: none). A thread whose own account begins
+  // at a wake-up that visits every thread credits its time from there: its
+  // time before was in the shares already.
+  int64_t handed_ns = 0;
   // Set by WallTicker::VisitNext when a wake-up visits only some of the
   // threads: every visit of a thread not followed weighs round_ns. Else
   // (every thread visited at each wake-up; tests) a thread's visits after
@@ -127,10 +133,22 @@ concept ReportsSteadyVisits =
     };
 
 // What a visit did with TickTime::round_ns: credited it (or owes it to a
-// signal); not needed it (the thread followed, or credited since arming);
-// found the thread ended (its time is its tail's: no share); found it not
-// armed yet (its share goes to the other visits: WallTicker::VisitNext).
+// signal); not needed it (the thread keeps its own account: KeepsOwnAccounts;
+// its share goes to the other visits); found the thread ended (its time is
+// its tail's: no share); found it not armed yet (its share goes to the
+// other visits: WallTicker::VisitNext).
 enum class RoundWeight { kTaken, kOwnAccount, kEnded, kNotYet };
+
+// KeepsOwnAccounts: `static bool P::OwnAccount(const ThreadData&)`, after a
+// visit: the thread's wall time is credited by its own visits and tail from
+// now on (ThreadData::exact), not by shares of the threads' time. The
+// ticker then counts it out of the time it hands out (TickerPacing::
+// BeginOwnAccounts), or it would be credited twice.
+template <typename P>
+concept KeepsOwnAccounts =
+    TicksThreads<P> && requires(const typename P::ThreadData& data) {
+      { P::OwnAccount(data) } -> std::convertible_to<bool>;
+    };
 
 // ReportsRoundWeight: `static RoundWeight P::RoundWeightUse(const
 // ThreadData&)`, after a visit. Without it: kTaken.

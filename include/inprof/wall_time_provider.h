@@ -37,7 +37,10 @@
 // its first a round at the ticker's pace (TickTime::round_ns). A thread
 // once followed (below) keeps an exact account instead
 // (ThreadData::exact): its running samples carry its wall time as it goes,
-// and its visits settle the rest exactly. Time no visit could take --
+// and its visits settle the rest exactly. Its own account begins at a
+// wake-up, and from then on the ticker counts it out of the time it hands
+// out (OwnAccount, TickerPacing::BeginOwnAccounts): the visit that begins
+// it in the round takes its share for the time before, as any visit. Time no visit could take --
 // threads that registered and ended between two wake-ups, with no thread
 // left to carry it -- is counted (ProfilerStats::wall_unattributed_ns) and
 // shown in the comments.
@@ -274,6 +277,9 @@ class WallTimeProvider {
   static RoundWeight RoundWeightUse(const ThreadData& data) noexcept {
     return data.round_weight;
   }
+  // The thread's account is exact (ThreadData::exact): the ticker counts
+  // it out of the threads' time it hands out (KeepsOwnAccounts).
+  static bool OwnAccount(const ThreadData& data) noexcept { return data.exact; }
 
   // After each wake-up with threads (EndsRounds). Registry lock.
   void EndRound(int64_t now_ns, size_t threads, size_t looked) {
@@ -348,8 +354,11 @@ class WallTimeProvider {
   size_t threads_per_tick_ = 5;
   VisitCounts counts_;  // ticker (registry lock)
   // The ticker's last wake-up visited every thread (round_weights off): a thread
-  // ending before its first visit then owes its time since arming (TakeTail).
+  // ending before its first visit then owes its time since arming (TakeTail),
+  // or since the wake-ups last handed out the threads' time (TickTime::
+  // handed_ns, as of the last visit).
   bool every_thread_visited_ = false;
+  int64_t handed_ns_ = 0;
   // The ticker's last wake-ups (EndRound), newest at round_count_ - 1: a
   // thread that ended is found at the last before its end (at ~10 a
   // second, these go back 6 s: its unregistration is finished within a

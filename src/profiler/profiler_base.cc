@@ -160,6 +160,7 @@ absl::Status ProfilerBase::Stop() {
     // ticker was late for it) count as waits between visits (the
     // comments' longest).
     pacing_.Stop(WallTimeProvider::NowNanos());
+    for (SlotBase* slot : active_) slot->ticker_own_account = false;
     for (SlotBase* slot : active_) DisarmLocked(slot);
     DeactivateSession(session_);
     // What allocates from here on is contained (base/contained.h): with
@@ -256,6 +257,7 @@ ThreadRegistration ProfilerBase::RegisterThread(absl::string_view name) {
   slot->unreadable_site = SyscallSite{};
   slot->wall_last_visit_ns = SlotBase::kNeverVisited;
   slot->wall_due = false;
+  slot->ticker_own_account = false;
   slot->running_stack.clear();
   slot->running_labels.clear();
   ClearProviderHistory(slot);
@@ -557,8 +559,12 @@ bool ProfilerBase::RemoveActiveLocked(SlotBase* slot) {
   const int64_t now = WallTimeProvider::NowNanos();
   pacing_.CountThreads(now, active_.size());
   // A thread that ended: its time since the last wake-up is its tail's
-  // (WallTimeProvider::TakeTail), not the next wake-up's to hand out.
-  if (slot->exit_wall_ns.load(std::memory_order_relaxed) >= 0) {
+  // (WallTimeProvider::TakeTail), not the next wake-up's to hand out. One
+  // that keeps its own account was out of the count.
+  if (slot->ticker_own_account) {
+    slot->ticker_own_account = false;
+    pacing_.LeaveOwnAccount();
+  } else if (slot->exit_wall_ns.load(std::memory_order_relaxed) >= 0) {
     pacing_.Ended(now, slot->counted_since_ns);
   }
   active_.erase(it);
@@ -748,10 +754,19 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   // thread-seconds unattributed). The queue is only read: the collector
   // finishes them, in the process's descriptor table (the ticker has its
   // own: their descriptors closed here would stay open).
+  // Only those that ended before `now`: one that ended after it (this
+  // thread was preempted between reading the clock and the queue) lived
+  // through the interval, and its tail counts from this wake-up
+  // (WallTimeProvider::EndedShare). Nor those that keep their own account:
+  // out of the count already.
   pacing_.CountThreads(now, active_.size());
   for (ThreadSlotHeader* h = registry_->retired.load(std::memory_order_acquire); h != nullptr;
        h = h->next_retired) {
-    pacing_.Ended(now, static_cast<SlotBase*>(h)->counted_since_ns);
+    const SlotBase* retired = static_cast<SlotBase*>(h);
+    if (retired->ticker_own_account || h->exit_wall_ns.load(std::memory_order_relaxed) > now) {
+      continue;
+    }
+    pacing_.Ended(now, retired->counted_since_ns);
   }
   when.thread_ns = pacing_.ThreadTime(now, active_.size());
   // The visits a tick within Options::wall_cpu_budget, from the ticker

@@ -33,6 +33,7 @@ void TickerPacing::Restart(int64_t period_ns, int64_t now_ns) {
   thread_ns_ = 0;
   counted_from_ns_ = now_ns;
   threads_at_ns_ = now_ns;
+  own_accounts_ = 0;
 }
 
 // After Stop()'s last wake-up (ProfilerBase::Stop: TickNow), which handed
@@ -43,6 +44,7 @@ void TickerPacing::Stop(int64_t now_ns) {
   last_round_ns_ = 0;
   thread_ns_ = 0;
   counted_from_ns_ = 0;
+  own_accounts_ = 0;
   lateness_ = 1;
 }
 
@@ -85,8 +87,9 @@ void TickerPacing::MeasureCpu(int64_t cpu_ns, double budget) {
 }
 
 void TickerPacing::CountThreads(int64_t now_ns, size_t threads) {
-  if (counted_from_ns_ > 0 && now_ns > threads_at_ns_) {
-    thread_ns_ += static_cast<double>(threads) * static_cast<double>(now_ns - threads_at_ns_);
+  if (counted_from_ns_ > 0 && now_ns > threads_at_ns_ && threads > own_accounts_) {
+    thread_ns_ += static_cast<double>(threads - own_accounts_) *
+                  static_cast<double>(now_ns - threads_at_ns_);
   }
   threads_at_ns_ = std::max(threads_at_ns_, now_ns);
 }

@@ -129,7 +129,11 @@ bool WallTimeProvider::TakeTail(ThreadContext& thread, ThreadData& data,
   // its time since arming, as its first visit would have credited. No other
   // visit carries it there: it was lost, 3-4 ms of a 3 ms thread beside the
   // sampler at 1 ms (safety_alloc_failure's threads, before it checked CPU).
-  if (data.exact || (data.fresh && every_thread_visited_)) owed += now - data.last_wall_ns;
+  if (data.exact) {
+    owed += now - data.last_wall_ns;
+  } else if (data.fresh && every_thread_visited_) {
+    owed += std::max<int64_t>(0, now - std::max(data.last_wall_ns, handed_ns_));
+  }
   // A thread weighed at the ticker's last wake-up, which visited only some
   // of the threads (each with chance 1/round_factor_), that ended before
   // the next: its time since that wake-up, times the factor, to where the
@@ -201,6 +205,7 @@ TickDecision WallTimeProvider::VisitOnce(ThreadContext& thread,
   data.steady_visit = false;
   data.round_weight = RoundWeight::kNotYet;
   every_thread_visited_ = !when.round_weights;
+  handed_ns_ = when.handed_ns;
   if (!data.armed) return TickDecision::kSkip;
   // Credited up to the visit's scheduled time (TickTime); a thread armed
   // after it waits for the next visit.
@@ -233,7 +238,14 @@ TickDecision WallTimeProvider::VisitOnce(ThreadContext& thread,
   const int64_t weight = when.round_ns > 0 ? when.round_ns : backward;
   const bool fresh = data.fresh;
   const bool estimated = when.round_weights && (fresh || !data.exact);
-  int64_t elapsed = estimated ? weight : backward;
+  // Not estimated, the visit credits the thread's own interval. One whose
+  // own account begins here credits from where the wake-ups stopped handing
+  // out the threads' time (its time before is in their shares): not from
+  // its last visit, whose weight stood for a share, nor from its arming.
+  const int64_t own_from =
+      data.exact ? data.last_wall_ns : std::max(data.last_wall_ns, when.handed_ns);
+  if (!estimated && credit_to <= own_from) return TickDecision::kSkip;
+  int64_t elapsed = estimated ? weight : credit_to - own_from;
   // A visit that credits: the thread's account runs up to credit_to, and
   // is exact when the visit credited its own interval.
   auto credited = [&] {
@@ -427,16 +439,28 @@ TickDecision WallTimeProvider::VisitOnce(ThreadContext& thread,
       const bool was_exact = data.exact;
       data.exact = true;
       data.round_weight = RoundWeight::kOwnAccount;
-      if (!fresh && !was_exact) {
-        data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns - ahead, 0);
-        return TickDecision::kFollowing;
+      if (!was_exact && when.round_weights) {
+        // Among threads whose time the wake-ups hand out: its own account
+        // begins now, and the ticker counts it out from here
+        // (KeepsOwnAccounts). Its time up to now is in the shares: a visit
+        // in the round takes its share, as any would, to where it ran; one
+        // ahead of the round takes none (its share went to the round's
+        // visits). Crediting it the time since its arming or its last visit
+        // instead counted that time twice, and dropping its shares from
+        // then on left the threads' total off by a round (0.6 s of 720 s).
+        data.last_wall_ns = when.now_ns;
+        if (when.out_of_round) {
+          data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns - ahead, 0);
+          return TickDecision::kFollowing;
+        }
+        data.round_weight = RoundWeight::kTaken;
       }
-      // Its first visit, or one of an exact account: the interval before
-      // it (less what was credited ahead), which it ran throughout.
+      // Its share, or the interval before the visit (less what was
+      // credited ahead), which it ran throughout.
       data.follow_balance_ns = std::min<int64_t>(data.follow_balance_ns, 0);
       ++counts_.running_credits;
       values[0] = 1;
-      values[1] = fresh ? backward : elapsed;
+      values[1] = elapsed;
       return TickDecision::kCreditRunning;
     }
     // Running or runnable: its stack now, in the handler.

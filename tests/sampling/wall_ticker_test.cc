@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -65,6 +66,7 @@ struct FakeProvider {
                            std::span<int64_t> values) {
     g_log->push_back(absl::StrCat("visit ", data.id, " at ", when.scheduled_ns,
                                   when.out_of_round ? " ahead" : ""));
+    if (on_visit) on_visit(when);
     data.round_ns = when.round_ns;
     data.round_weights = when.round_weights;
     if (when.round_weights && data.use == RoundWeight::kTaken) data.weight_taken += when.round_ns;
@@ -77,16 +79,19 @@ struct FakeProvider {
   bool AwaitsEpisodeStack(const ThreadData& data) { return data.awaits_stack; }
   static bool SteadyVisit(const ThreadData& data) { return data.steady; }
   static RoundWeight RoundWeightUse(const ThreadData& data) { return data.use; }
+  static bool OwnAccount(const ThreadData& data) { return data.use == RoundWeight::kOwnAccount; }
   static bool FollowRunningSample(ThreadData&, int64_t, std::span<int64_t>) {
     return false;
   }
 
   absl::Duration period = absl::Milliseconds(10);
   size_t per_tick = 1;
+  std::function<void(TickTime)> on_visit;
 };
 static_assert(TicksThreads<FakeProvider>);
 static_assert(NamesSigwaitFrame<FakeProvider> && ReportsSteadyVisits<FakeProvider> &&
-              FollowsRunningThreads<FakeProvider> && ReportsRoundWeight<FakeProvider>);
+              FollowsRunningThreads<FakeProvider> && ReportsRoundWeight<FakeProvider> &&
+              KeepsOwnAccounts<FakeProvider>);
 
 struct FakeSlot : internal::SlotBase {
   FakeProvider::ThreadData data;
@@ -361,19 +366,84 @@ TEST_F(WallTickerTest, AWakeUpHandsTheThreadsTimeOutToItsVisits) {
   EXPECT_EQ(slot(5).data.round_ns, 100 * kMs);
   EXPECT_EQ(taken(), total);
   EXPECT_EQ(counts_.unattributed_ns, 0u);
-  // A followed thread's time is accounted by its own samples: its share is
-  // not handed on (that would count it twice). A thread found ended takes
-  // no share and is not counted as a visit: its time since the last
-  // wake-up is not in thread_ns (TickerPacing::Ended), its tail weighs it
+  // A thread that keeps its own account (followed, or credited since its
+  // arming) is out of thread_ns (TickerPacing::BeginOwnAccounts): its
+  // visit counts as one and takes no share, which goes to the other visits
+  // (dropped, it left the total off by its share against its time). Its
+  // account's beginning is reported once. A thread found ended takes no
+  // share and is not counted as a visit: its time since the last wake-up is
+  // not in thread_ns (TickerPacing::Ended), its tail weighs it
   // (WallTimeProvider::TakeTail); the next thread is visited instead.
   slot(6).data.use = RoundWeight::kOwnAccount;
   slot(7).data.use = RoundWeight::kEnded;
   EXPECT_THAT(wake(155 * kMs, 100.0 * kMs),
               ElementsAre("visit 6 at 155000000", "visit 7 at 155000000",
                           "visit 8 at 155000000"));
-  EXPECT_EQ(slot(8).data.round_ns, 50 * kMs);
-  EXPECT_EQ(taken(), total - 50 * kMs);
+  EXPECT_EQ(slot(8).data.round_ns, 100 * kMs);
+  EXPECT_EQ(taken(), total);
   EXPECT_EQ(counts_.unattributed_ns, 0u);
+  EXPECT_EQ(counts_.own_accounts_begun, 1u);
+  EXPECT_TRUE(slot(6).ticker_own_account);
+  EXPECT_FALSE(slot(8).ticker_own_account);
+  // Visited again: not reported again. When the last visits of a wake-up
+  // are to such threads, their shares go to the next wake-up's visits.
+  slot(9).data.use = RoundWeight::kOwnAccount;
+  EXPECT_THAT(wake(165 * kMs, 100.0 * kMs),
+              ElementsAre("visit 9 at 165000000", "visit 0 at 165000000"));
+  EXPECT_EQ(counts_.own_accounts_begun, 1u);
+  EXPECT_EQ(slot(0).data.round_ns, 100 * kMs);
+  EXPECT_EQ(taken(), total);
+  for (int i : {1, 2}) slot(i).data.use = RoundWeight::kOwnAccount;
+  EXPECT_THAT(wake(175 * kMs, 100.0 * kMs),
+              ElementsAre("visit 1 at 175000000", "visit 2 at 175000000"));
+  EXPECT_EQ(counts_.own_accounts_begun, 2u);
+  EXPECT_EQ(taken(), total - 100 * kMs);
+  EXPECT_THAT(wake(185 * kMs, 50.0 * kMs),
+              ElementsAre("visit 3 at 185000000", "visit 4 at 185000000"));
+  EXPECT_EQ(slot(3).data.round_ns, 75 * kMs);
+  EXPECT_EQ(taken(), total);
+  EXPECT_EQ(counts_.unattributed_ns, 0u);
+}
+
+// A wake-up tells the visits up to when the threads' time was handed out
+// (TickTime::handed_ns): a thread whose own account begins at a wake-up that
+// visits every thread credits its time from there, its time before being in
+// the earlier wake-ups' shares.
+TEST_F(WallTickerTest, AWakeUpSaysUpToWhenTheThreadsTimeWasHandedOut) {
+  constexpr int64_t kMs = 1'000'000;
+  AddThreads(4);
+  provider_.per_tick = 2;
+  int64_t handed_seen = -1;
+  provider_.on_visit = [&](TickTime when) { handed_seen = when.handed_ns; };
+  TickTime when = TickTime::At(100 * kMs);
+  when.thread_ns = 40.0 * kMs;
+  next_ = 10;
+  ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  EXPECT_EQ(handed_seen, 0);  // none before
+  when = TickTime::At(110 * kMs);
+  when.thread_ns = 40.0 * kMs;
+  ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  EXPECT_EQ(handed_seen, 100 * kMs);
+  // Two threads, each visited: they weigh their own intervals, and the
+  // time stays handed out up to 110 ms.
+  pointers_.resize(2);
+  for (int64_t at : {120, 130}) {
+    when = TickTime::At(at * kMs);
+    when.thread_ns = 20.0 * kMs;
+    ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+    EXPECT_FALSE(slot(0).data.round_weights);
+    EXPECT_EQ(handed_seen, 110 * kMs);
+  }
+  // No time to hand out (every thread left keeps its own account): handed
+  // out up to then all the same.
+  pointers_.clear();
+  for (auto& s : slots_) pointers_.push_back(s.get());
+  when = TickTime::At(140 * kMs);
+  ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  when = TickTime::At(150 * kMs);
+  when.thread_ns = 40.0 * kMs;
+  ticker_.VisitNext(provider_, host_, pointers_, when, 1, 10, next_, steady_);
+  EXPECT_EQ(handed_seen, 140 * kMs);
 }
 
 // With no thread left, the time is counted as unattributed, never lost

@@ -297,6 +297,32 @@ TEST(TickerPacingTest, AThreadThatEndedLeavesTheTimeSinceTheLastWakeUp) {
   EXPECT_DOUBLE_EQ(pacing.ThreadTime(1520 * kMs, 4), 80.0 * kMs);
 }
 
+// Threads that keep their own account (SlotBase::ticker_own_account) are
+// counted out from the wake-up at which it began: their visits and tails
+// credit their time, and a share of it as well would count it twice.
+TEST(TickerPacingTest, ThreadsKeepingTheirOwnAccountAreCountedOut) {
+  TickerPacing pacing;
+  pacing.Restart(kPeriod, 1000 * kMs);
+  // 4 threads for 100 ms; at that wake-up 2 begin their own accounts.
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1100 * kMs, 4), 400.0 * kMs);
+  pacing.BeginOwnAccounts(2);
+  EXPECT_EQ(pacing.own_accounts(), 2u);
+  // One of them leaves at 1150 ms: no Ended (its time was not counted).
+  pacing.CountThreads(1150 * kMs, 4);
+  pacing.LeaveOwnAccount();
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1200 * kMs, 3), 200.0 * kMs);
+  // Never below none; Stop() and Restart() forget them.
+  pacing.LeaveOwnAccount();
+  pacing.LeaveOwnAccount();
+  EXPECT_EQ(pacing.own_accounts(), 0u);
+  pacing.BeginOwnAccounts(3);
+  pacing.Stop(1300 * kMs);
+  EXPECT_EQ(pacing.own_accounts(), 0u);
+  pacing.BeginOwnAccounts(3);
+  pacing.Restart(kPeriod, 1400 * kMs);
+  EXPECT_DOUBLE_EQ(pacing.ThreadTime(1500 * kMs, 3), 300.0 * kMs);
+}
+
 class ArmQueueTest : public ::testing::Test {
  protected:
   void AddSlots(int n) {

@@ -565,8 +565,9 @@ TEST(WallTimeProviderTest, AThreadThatEndsOwesItsTimeSinceTheLastWakeUpOverItsCh
 // sample taken then would be one more of it running: it does nothing
 // unless it begins the following -- a CPU sample of it is there, and it
 // ran throughout or runs now (on a busy machine a busy thread does not
-// get 97% of a core) -- which credits the time since arming, or nothing
-// after earlier visits, whose weights stand for the time up to now.
+// get 97% of a core) -- which credits the time since arming when every
+// thread is visited at each wake-up, or nothing among shares, which stand
+// for the time up to now (its own account begins then).
 TEST(WallTimeProviderTest, AVisitAheadOfTheRoundOnlyBeginsTheFollowing) {
   WallTimeProvider provider;
   ThreadContext thread;
@@ -615,6 +616,72 @@ TEST(WallTimeProviderTest, AVisitAheadOfTheRoundOnlyBeginsTheFollowing) {
             TickDecision::kCreditRunning);
   EXPECT_EQ(values[1], 10'000'000);
   EXPECT_TRUE(own.following);
+}
+
+// Among threads whose time the wake-ups hand out in shares (round_weights),
+// a visit in the round that begins the following takes its share, as any
+// visit would, to where the thread ran, and the thread's own account
+// begins at the wake-up (WallTimeProvider::OwnAccount: the ticker counts
+// it out of the shares from then on). Crediting it instead the time since
+// its arming and dropping its shares from then on left the threads' total
+// off by up to a round's worth (WallManyThreadsTest, 0.03-0.6 s of 720 s).
+// A thread whose own account begins at a wake-up that visits every thread
+// credits its time from where the shares stopped (TickTime::handed_ns).
+TEST(WallTimeProviderTest, AnOwnAccountBeginsWhereTheSharesStop) {
+  WallTimeProvider provider;
+  ThreadContext thread;
+  WallTimeProvider::ThreadData data;
+  ASSERT_NO_FATAL_FAILURE(ArmThisThread("wall_own", provider, thread, data));
+  int64_t values[2] = {};
+  Spin(20'000'000);
+  // Fresh, ran 10 ms of 10 and sampled: its 50 ms share, then its own.
+  EXPECT_FALSE(WallTimeProvider::OwnAccount(data));
+  EXPECT_EQ(VisitAfter(provider, thread, data, 10, 10, true, values, 50, false, true),
+            TickDecision::kCreditRunning);
+  EXPECT_EQ(values[1], 50'000'000);
+  EXPECT_EQ(WallTimeProvider::RoundWeightUse(data), RoundWeight::kTaken);
+  EXPECT_TRUE(WallTimeProvider::OwnAccount(data));
+  EXPECT_TRUE(data.following);
+  const int64_t began = data.last_wall_ns;
+  // Its next visits credit its own intervals, taking no share.
+  Spin(2'000'000);
+  TickTime when = TickTime::At(WallTimeProvider::NowNanos());
+  when.round_ns = 50'000'000;
+  when.round_weights = true;
+  data.cpu_mark.store(ThreadCpuNow() - (when.now_ns - began));
+  data.last_look_ns = began;
+  values[1] = 0;
+  EXPECT_EQ(provider.VisitThread(thread, data, when, false, true, std::span<int64_t>(values, 2)),
+            TickDecision::kCreditRunning);
+  EXPECT_EQ(values[1], when.now_ns - began);
+  EXPECT_EQ(WallTimeProvider::RoundWeightUse(data), RoundWeight::kOwnAccount);
+
+  // Not fresh: the same (it credited nothing before).
+  WallTimeProvider::ThreadData later;
+  ASSERT_TRUE(provider.ArmThread(thread, later, 0).ok());
+  EXPECT_EQ(VisitAfter(provider, thread, later, 3, 1, false, values, 50, false, true),
+            TickDecision::kSignal);
+  EXPECT_EQ(later.pending_wall_ns.exchange(0), 50'000'000);
+  EXPECT_EQ(VisitAfter(provider, thread, later, 10, 10, true, values, 40, false, true),
+            TickDecision::kCreditRunning);
+  EXPECT_EQ(values[1], 40'000'000);
+  EXPECT_TRUE(WallTimeProvider::OwnAccount(later));
+
+  // A wake-up that visits every thread, after shares handed out up to 4 ms
+  // ago: the 4 ms since, not the 10 ms since its last visit.
+  WallTimeProvider::ThreadData all;
+  ASSERT_TRUE(provider.ArmThread(thread, all, 0).ok());
+  const int64_t now = WallTimeProvider::NowNanos();
+  all.last_wall_ns = now - 10'000'000;
+  all.last_look_ns = all.last_wall_ns;
+  all.fresh = false;
+  all.cpu_mark.store(ThreadCpuNow() - 10'000'000);
+  when = TickTime::At(now);
+  when.handed_ns = now - 4'000'000;
+  EXPECT_EQ(provider.VisitThread(thread, all, when, false, true, std::span<int64_t>(values, 2)),
+            TickDecision::kCreditRunning);
+  EXPECT_EQ(values[1], 4'000'000);
+  EXPECT_TRUE(WallTimeProvider::OwnAccount(all));
 }
 
 // The ticker's visit to a thread that used nearly all the wall time since

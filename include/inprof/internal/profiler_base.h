@@ -102,12 +102,12 @@ struct SlotBase : ThreadSlotHeader, SlotRecordState {
   // lock; ProfilerCollector<>::ReadBlockedStack): signalled there instead.
   SyscallSite unreadable_site;
   // The wall ticker's last visit (TickTime::now_ns; kNeverVisited since it
-  // registered), and whether it waits in ProfilerBase's due list (WallDue:
-  // it ran, and no visit came for a round). Registry lock.
+  // registered), whether it waits in ProfilerBase's due list (WallDue: it
+  // ran, and no visit came for a round), out of its count (KeepsOwnAccounts). Registry lock.
   static constexpr int64_t kNeverVisited = INT64_MIN;
   int64_t wall_last_visit_ns = kNeverVisited;
   int64_t counted_since_ns = 0;  // entered the ticker's count (TickerPacing::Ended)
-  bool wall_due = false;
+  bool wall_due = false, ticker_own_account = false;
   uint64_t seen_small_stack = 0;
   // Its CPU clock at the wall ticker's latest look, and the first look that
   // read it: how long a waiting thread waited, to a round (DumpThreads).

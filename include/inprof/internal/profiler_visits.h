@@ -69,6 +69,7 @@ class ProfilerVisits : public ProfilerCollector<U, R, Ps...> {
           when, batch, kMaxTickBatch, next, pacing_.steady_visits, pacing_.visit_cap(),
           std::span<const internal::WallDue>(wall_due_));
       pacing_.AddVisits(counts.visits);
+      pacing_.BeginOwnAccounts(counts.own_accounts_begun);
       pacing_.NoteRound(std::get<I>(tickers_).round_estimate_ns());
       wall_visits_deferred_.fetch_add(counts.deferred, std::memory_order_relaxed);
       wall_unattributed_ns_.fetch_add(counts.unattributed_ns, std::memory_order_relaxed);

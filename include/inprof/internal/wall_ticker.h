@@ -84,6 +84,9 @@ struct WallVisitCounts {
   // Threads' time (ns) no visit took: what was left with no thread to
   // hand it to (threads that registered and ended between two wake-ups).
   uint64_t unattributed_ns = 0;
+  // Threads whose own account began at this wake-up (KeepsOwnAccounts,
+  // SlotBase::ticker_own_account): for TickerPacing::BeginOwnAccounts.
+  uint64_t own_accounts_begun = 0;
 };
 
 // The most visits a tick that keep the sampler within `budget` (a
@@ -158,6 +161,7 @@ class WallTicker {
       counts.unattributed_ns = static_cast<uint64_t>(
           carried_ns_ + (visited_all_ ? 0.0 : std::max(0.0, when.thread_ns)));
       carried_ns_ = 0;
+      handed_ns_ = when.now_ns;
       return counts;
     }
     const size_t visits = std::min(n, batch * per_tick);
@@ -193,6 +197,10 @@ class WallTicker {
     // previous one instead.
     when.round_weights = when.thread_ns > 0 && visits < n;
     visited_all_ = visits >= n;
+    when.handed_ns = handed_ns_;
+    // The threads' time is handed out up to now (or there was none to hand
+    // out); a wake-up that visits every thread has each credit its own.
+    if (when.round_weights || when.thread_ns <= 0) handed_ns_ = when.now_ns;
     double left = when.round_weights ? when.thread_ns + carried_ns_ : 0;
     // Visiting every thread, each visit takes its own interval: time
     // carried from earlier wake-ups has no taker, and is counted.
@@ -217,23 +225,30 @@ class WallTicker {
     // nothing to credit), or did nothing; skipping this one would take a
     // sample from the threads that run.
     size_t weighed = 0;  // visits that took a weight
+    size_t own = 0;      // visits to threads that keep their own account
     size_t ended = 0;    // threads found ended (looked at, not visited)
     size_t j = 0;
     for (; j < n && (j < visits + ended ||
-                     (when.round_weights && weighed < visits && left >= 1 &&
+                     (when.round_weights && weighed + own < visits && left >= 1 &&
                       j < 4 * visits + ended));
          ++j) {
       if (when.round_weights) {
+        const size_t to_weigh = visits > weighed + own ? visits - weighed - own : 1;
         when.round_ns = std::max<int64_t>(
-            1, static_cast<int64_t>(left / static_cast<double>(visits - weighed)));
+            1, static_cast<int64_t>(left / static_cast<double>(to_weigh)));
       }
       const RoundWeight use =
           VisitOne(provider, host, *threads[(cursor_ + j) % n], when, counts, steady_visits);
       // A thread found ended takes no share: the time of the threads that
       // ended since the last wake-up is not in thread_ns (TickerPacing::
-      // Ended), their tails weigh it (EndsRounds).
+      // Ended), their tails weigh it (EndsRounds). Nor does one that keeps
+      // its own account: its time is not in thread_ns either (TickerPacing::
+      // BeginOwnAccounts), so its share is the other visits' (dropped, it
+      // left the total short or long by its share against its time: up to
+      // a round's worth, 0.6 s of 720 s in WallManyThreadsTest).
       if (use == RoundWeight::kEnded) ++ended;
-      if (when.round_weights && use != RoundWeight::kNotYet && use != RoundWeight::kEnded) {
+      if (use == RoundWeight::kOwnAccount) ++own;
+      if (when.round_weights && use == RoundWeight::kTaken) {
         left -= static_cast<double>(when.round_ns);
         ++weighed;
       }
@@ -294,6 +309,7 @@ class WallTicker {
     } unmark{slot};
     slot.wall_last_visit_ns = when.now_ns;
     Visit(provider, host, slot, when, counts);
+    NoteOwnAccount(host, slot, counts);
     ++counts.visits;
     if constexpr (ReportsSteadyVisits<P>) {
       if (P::SteadyVisit(host.Data(slot))) {
@@ -314,6 +330,18 @@ class WallTicker {
     // Last (`unmark`, after `took` is read): the thread may unregister (and
     // its data change) from here.
     return took;
+  }
+
+  // After a visit: a thread whose provider began its own account leaves
+  // the ticker's count (SlotBase::ticker_own_account).
+  template <typename H>
+  static void NoteOwnAccount(H& host, SlotBase& slot, WallVisitCounts& counts) noexcept {
+    if constexpr (KeepsOwnAccounts<P>) {
+      if (!slot.ticker_own_account && P::OwnAccount(host.Data(slot))) {
+        slot.ticker_own_account = true;
+        ++counts.own_accounts_begun;
+      }
+    }
   }
 
   template <typename H>
@@ -416,6 +444,9 @@ class WallTicker {
   double carried_ns_ = 0;
   // Whether the last wake-up with threads visited each of them.
   bool visited_all_ = false;
+  // Up to when the wake-ups handed the threads' time out (TickTime::
+  // handed_ns).
+  int64_t handed_ns_ = 0;
 };
 
 }  // namespace inprof::internal

@@ -77,8 +77,18 @@ class TickerPacing {
   // wake-up: the threads' time since the previous wake-up, in thread-
   // nanoseconds (0 at the first) -- threads that ended since included,
   // whose time the visits to those left carry.
+  // Threads that keep their own account (SlotBase::ticker_own_account)
+  // are left out of `threads`.
   void CountThreads(int64_t now_ns, size_t threads);
   double ThreadTime(int64_t now_ns, size_t threads);
+  // `n` threads began to keep their own account at this wake-up (after
+  // ThreadTime): counted out from its time on. One that leaves the count
+  // (after CountThreads) keeps its time out of Ended: its tail credits it.
+  void BeginOwnAccounts(size_t n) { own_accounts_ += n; }
+  void LeaveOwnAccount() {
+    if (own_accounts_ > 0) --own_accounts_;
+  }
+  size_t own_accounts() const { return own_accounts_; }
   // A thread registered at `registered_ns` ended and left the count at
   // `now_ns` (after CountThreads). When it was registered at the last
   // wake-up, its time since is taken out of the next ThreadTime: the
@@ -147,6 +157,7 @@ class TickerPacing {
   double thread_ns_ = 0;
   int64_t threads_at_ns_ = 0;
   int64_t counted_from_ns_ = 0;
+  size_t own_accounts_ = 0;
   double lateness_ = 1;
   std::atomic<uint32_t> quiet_factor_{1};
   std::atomic<uint64_t> longest_round_ns_{0};
