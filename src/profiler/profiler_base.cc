@@ -160,8 +160,10 @@ absl::Status ProfilerBase::Stop() {
     // ticker was late for it) count as waits between visits (the
     // comments' longest).
     pacing_.Stop(WallTimeProvider::NowNanos());
-    for (SlotBase* slot : active_) slot->ticker_own_account = false;
-    for (SlotBase* slot : active_) DisarmLocked(slot);
+    for (SlotBase* slot : active_) {
+      slot->ticker_own_account = false;
+      DisarmLocked(slot);
+    }
     DeactivateSession(session_);
     // What allocates from here on is contained (base/contained.h): with
     // the heap exhausted Stop() still stops (no exception reaches the

@@ -388,7 +388,8 @@ void ArmThisThread(const std::string& name, WallTimeProvider& provider,
 TickDecision VisitAfter(WallTimeProvider& provider, ThreadContext& thread,
                         WallTimeProvider::ThreadData& data, int64_t ms,
                         int64_t ran_ms, bool sampled, int64_t* values,
-                        int64_t round_ms = 0, bool ahead = false, bool shares = false) {
+                        int64_t round_ms = 0, bool ahead = false, bool shares = false,
+                        int64_t handed_ms_ago = -1) {
   const int64_t now = WallTimeProvider::NowNanos();
   data.last_wall_ns = now - ms * 1'000'000;
   data.last_look_ns = data.last_wall_ns;
@@ -397,6 +398,7 @@ TickDecision VisitAfter(WallTimeProvider& provider, ThreadContext& thread,
   when.round_ns = round_ms * 1'000'000;
   when.out_of_round = ahead;
   when.round_weights = shares;
+  if (handed_ms_ago >= 0) when.handed_ns = now - handed_ms_ago * 1'000'000;
   return provider.VisitThread(thread, data, when, false, sampled,
                               std::span<int64_t>(values, 2));
 }
@@ -671,14 +673,7 @@ TEST(WallTimeProviderTest, AnOwnAccountBeginsWhereTheSharesStop) {
   // ago: the 4 ms since, not the 10 ms since its last visit.
   WallTimeProvider::ThreadData all;
   ASSERT_TRUE(provider.ArmThread(thread, all, 0).ok());
-  const int64_t now = WallTimeProvider::NowNanos();
-  all.last_wall_ns = now - 10'000'000;
-  all.last_look_ns = all.last_wall_ns;
-  all.fresh = false;
-  all.cpu_mark.store(ThreadCpuNow() - 10'000'000);
-  when = TickTime::At(now);
-  when.handed_ns = now - 4'000'000;
-  EXPECT_EQ(provider.VisitThread(thread, all, when, false, true, std::span<int64_t>(values, 2)),
+  EXPECT_EQ(VisitAfter(provider, thread, all, 10, 10, true, values, 0, false, false, 4),
             TickDecision::kCreditRunning);
   EXPECT_EQ(values[1], 4'000'000);
   EXPECT_TRUE(WallTimeProvider::OwnAccount(all));
