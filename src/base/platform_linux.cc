@@ -2,6 +2,7 @@
 #include "inprof/base/platform.h"
 #include "inprof/base/alloc_guard.h"
 #include "inprof/base/profiler_thread.h"
+#include "inprof/base/sanitizers.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+
+#if defined(INPROF_ASAN)
+#include <sanitizer/asan_interface.h>
+#endif
 
 namespace inprof {
 namespace internal {
@@ -337,8 +342,84 @@ __thread bool tls_profiler_thread __attribute__((tls_model("initial-exec"))) = f
 // whether or not the allocation profiler is linked.
 __thread AllocThreadState alloc_thread_state __attribute__((tls_model("initial-exec"))) = {};
 
+#if defined(INPROF_ASAN)
+namespace {
+// AddressSanitizer poisons the redzones around each live frame's locals and
+// unpoisons them when the frame returns. fork() copies that shadow, but
+// not the threads: in the child, the frames inprof's threads had live at
+// fork() never return, and their poison outlives the stacks. Once glibc
+// unmaps such a stack (its stack cache holds 40 MiB), a later mapping
+// there (libelf mapping libc.so.6 for the child's symbolizer) reads as
+// poisoned, and ASan reports a false error in the host's child, then fails
+// a CHECK describing it (the dead thread's frame is gone): about 1 child in
+// 10 in safety_fork_test's ForkedChildGetsNoTimers... under ASan. The
+// child's handler clears the stacks of inprof's threads, which do not exist
+// there; the host's own threads' stacks stay as ASan leaves them.
+struct AsanStack {
+  std::atomic<uintptr_t> lo{0};  // claimed first; 0: a free entry
+  std::atomic<uintptr_t> hi{0};  // set after; hi <= lo: not yet usable
+};
+constexpr int kAsanStacks = 512;  // inprof's threads alive at once
+AsanStack asan_stacks[kAsanStacks];
+
+void ClearDeadStacksInChild() {
+  // The forking thread lives on in the child; its frames keep their poison.
+  const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  for (AsanStack& stack : asan_stacks) {
+    const uintptr_t lo = stack.lo.load();
+    const uintptr_t hi = stack.hi.load();
+    if (lo == 0 || hi <= lo || (sp >= lo && sp < hi)) continue;
+    __asan_unpoison_memory_region(reinterpret_cast<void*>(lo), hi - lo);
+    stack.hi.store(0);
+    stack.lo.store(0);
+  }
+}
+
+// Frees the thread's entry when it ends (its frames have returned then).
+struct AsanStackEntry {
+  int index = -1;
+  ~AsanStackEntry() {
+    if (index < 0) return;
+    asan_stacks[index].hi.store(0);
+    asan_stacks[index].lo.store(0);
+  }
+};
+thread_local AsanStackEntry asan_stack_entry;
+
+void NoteProfilerThreadStack() {
+  static std::atomic<bool> installed{false};
+  if (!installed.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, &ClearDeadStacksInChild);
+  }
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return;
+  void* addr = nullptr;
+  size_t size = 0;
+  const bool known = pthread_attr_getstack(&attr, &addr, &size) == 0;
+  pthread_attr_destroy(&attr);
+  if (!known || size == 0) return;
+  const auto lo = reinterpret_cast<uintptr_t>(addr);
+  for (int i = 0; i < kAsanStacks; ++i) {
+    uintptr_t expected = 0;
+    if (asan_stacks[i].lo.compare_exchange_strong(expected, lo)) {
+      asan_stacks[i].hi.store(lo + size);
+      asan_stack_entry.index = i;
+      return;
+    }
+  }
+  // Full: this thread's stack keeps ASan's behaviour (a diagnostic aid only).
+}
+}  // namespace
+#endif
+
 bool IsProfilerThread() noexcept { return tls_profiler_thread; }
-void MarkProfilerThread() noexcept { tls_profiler_thread = true; }
+void MarkProfilerThread() noexcept {
+  if (tls_profiler_thread) return;  // libmicrohttpd's threads mark per call
+  tls_profiler_thread = true;
+#if defined(INPROF_ASAN)
+  NoteProfilerThreadStack();
+#endif
+}
 }  // namespace internal
 
 }  // namespace inprof

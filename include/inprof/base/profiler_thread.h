@@ -62,7 +62,8 @@ uintptr_t ProfilerThreadStartAddress();
 // no loader call).
 bool IsProfilerThread() noexcept;
 // Marks the calling thread as inprof's (what ProfilerThread's thread does
-// first).
+// first). Under AddressSanitizer it also notes the thread's stack, whose
+// poison a forked child clears (the thread does not exist there).
 void MarkProfilerThread() noexcept;
 
 class ProfilerThread {
