@@ -271,10 +271,20 @@ class GuardedStack {
 // Runs `body` in a forked child and returns its exit code, or 128 + signal
 // when it died of a signal. The child is killed by SIGALRM after
 // `timeout_s`, which reads as 128 + SIGALRM (a hang).
+//
+// The child's stderr goes to a memory file that the parent copies to its
+// own stderr, and to its stdout when the child failed: a sanitizer's report
+// in the child (ASan exits 1 with it) then sits in the test's output beside
+// the failed assertion, which is the part a CI log shows.
 inline int RunInChild(const std::function<int()>& body, unsigned timeout_s) {
   fflush(nullptr);
+  const int log = memfd_create("child-stderr", 0);
   const pid_t pid = fork();
   if (pid == 0) {
+    if (log >= 0) {
+      dup2(log, STDERR_FILENO);
+      close(log);
+    }
     signal(SIGALRM, SIG_DFL);
     alarm(timeout_s);
     _exit(body());
@@ -282,7 +292,27 @@ inline int RunInChild(const std::function<int()>& body, unsigned timeout_s) {
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (log >= 0) {
+    std::string text;
+    char buf[4096];
+    ssize_t n = 0;
+    while (text.size() < (1u << 20) &&
+           (n = pread(log, buf, sizeof(buf), static_cast<off_t>(text.size()))) > 0) {
+      text.append(buf, static_cast<size_t>(n));
+    }
+    close(log);
+    if (!text.empty()) {
+      std::fwrite(text.data(), 1, text.size(), stderr);
+      if (code != 0) {
+        std::printf("the child (exit code %d) wrote to stderr:\n%s", code,
+                    text.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  return code;
 }
 
 // Aborts the process with a message if not destroyed within `limit`: a hang
