@@ -143,7 +143,7 @@ case "${1:-}" in
       exit 1
     fi
     # The suites that ran, as STAGE=BUILD_DIR: their skipped tests are
-    # listed at the end (scripts/skipped_tests.py).
+    # listed at the end (scripts/test_report.py).
     ran=()
     # background NICE NAME COMMAND...: runs it with its times in $logs/NAME.done.
     background() {
@@ -220,14 +220,20 @@ case "${1:-}" in
       if await "$name"; then sed -n '/^ *1\/[0-9]* /,$p' "$logs/$name.log"; else status=1; fi
     done
     wait "${builders[@]}" 2>/dev/null || true
+    # Every skip, with the reason the test gave: a skip is a statement
+    # about this machine or a sanitizer, never a pass (docs/test_command.md
+    # lists the expected ones). Then the stages' times, then every failed
+    # test with its failure lines: last, since a CI service may show only
+    # the end of the log.
+    echo
+    python3 scripts/test_report.py skipped "${ran[@]}" || status=1
     echo
     echo "quickstart: where the time went (logs in $logs)"
     printf '%s\n' "${table[@]}"
-    # Every skip, with the reason the test gave: a skip is a statement
-    # about this machine or a sanitizer, never a pass (docs/test_command.md
-    # lists the expected ones).
-    echo
-    python3 scripts/skipped_tests.py "${ran[@]}" || status=1
+    if [ "$status" != 0 ]; then
+      echo
+      python3 scripts/test_report.py failed "${ran[@]}" || true
+    fi
     exit $status
     ;;
   *)
