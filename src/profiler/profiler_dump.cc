@@ -113,6 +113,19 @@ void AddLabel(ProfileSample& sample, std::string key, std::string value) {
   sample.labels.push_back(std::move(label));
 }
 
+// A signalled thread whose handler returns into system call `nr` (the
+// kernel restarts it there) waits in it, whatever the look before the
+// signal saw: a thread out of its wait for a moment, in the handler of
+// another of inprof's signals (the wall sampler's), reads as running.
+void LabelWaiting(ProfileSample& sample, int64_t nr) {
+  bool has_syscall = false;
+  for (SampleLabel& label : sample.labels) {
+    if (label.key == kThreadState) label.str = kThreadBlocked;
+    has_syscall = has_syscall || label.key == "syscall";
+  }
+  if (!has_syscall) AddLabel(sample, "syscall", SyscallName(nr));
+}
+
 // The thread's own labels (ScopedLabels), read as the wall ticker reads a
 // waiting thread's (relaxed loads: a running thread may change them).
 void AddThreadLabels(const SlotBase& slot, ProfileSample& sample) {
@@ -206,7 +219,7 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
   const pid_t self = CurrentTid();
   const int64_t start_ns = MonotonicNanos();
   const int64_t start_cpu_ns = ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID);
-  uint64_t read = 0, signalled = 0, unanswered = 0, small = 0;
+  uint64_t read = 0, signalled = 0, unanswered = 0, small = 0, at_syscall = 0;
   // A waiting thread's stack from `site.sp` up to `hi` (at most
   // kStackReadBytes) copied and walked into `out`; depth 0 when it cannot be.
   std::unique_ptr<uint64_t[]> copy;
@@ -280,6 +293,7 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     slot->dump_frames = d.room;
     slot->dump_capacity = kDumpFrames;
     slot->dump_depth = 0;
+    slot->dump_syscall = -1;
     slot->dump_state.store(ThreadSlotHeader::kDumpAsked, std::memory_order_release);
     SendProfilingSignal(*slot, MakeSignalTag(kDumpSignalProvider, session_));
     d.signalled = true;
@@ -378,6 +392,10 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
         const size_t depth = std::min<size_t>(d.slot->dump_depth, kDumpFrames);
         sample.frames.assign(d.room, d.room + depth);
       }
+      if (d.answered && d.slot->dump_syscall >= 0) {
+        ++at_syscall;
+        LabelWaiting(sample, d.slot->dump_syscall);
+      }
     }
     if (sample.frames.empty() && sample.synthetic_frame.empty()) {
       sample.synthetic_frame = "[inprof: no frame could be walked]";
@@ -397,7 +415,9 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
       ", of them not answering within ", absl::FormatDuration(wait), "=", unanswered,
       ", on a small or foreign stack=", small, "; threads that never registered=",
       unregistered, " (stacks read of those waiting=", unregistered_read,
-      "), inprof's own threads (left out)=", own));
+      "), inprof's own threads (left out)=", own,
+      "; signalled threads whose handler returns into a system call (labelled blocked in it)=",
+      at_syscall));
   return data;
 }
 

@@ -106,6 +106,7 @@ class Sleeper {
     }
     return InRead();
   }
+  pid_t tid() const { return tid_.load(); }
   ~Sleeper() {
     EXPECT_EQ(write(fds_[1], "x", 1), 1);
     thread_.join();
@@ -450,6 +451,100 @@ TEST(ThreadDumpTest, AThreadThatEndedWithoutUnregisteringIsSaidSo) {
   }
   EXPECT_EQ(seen_gone, 1);
   EXPECT_EQ(seen_sleeper, 1);
+}
+
+// A handler of the program's that holds a thread out of its read() (the
+// kernel restarts the call after it: SA_RESTART), every signal blocked
+// meanwhile, until told to return.
+std::atomic<bool> g_in_handler{false};
+std::atomic<bool> g_release_handler{false};
+void HoldingHandler(int) {
+  g_in_handler.store(true);
+  while (!g_release_handler.load()) asm volatile("" ::: "memory");
+}
+
+// Signals pending for thread `tid` (/proc's SigPnd), 0 when unreadable.
+uint64_t PendingSignals(pid_t tid) {
+  std::ifstream in(absl::StrCat("/proc/self/task/", tid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "SigPnd:")) return std::stoull(line.substr(7), nullptr, 16);
+  }
+  return 0;
+}
+
+// A thread the dump finds running, taken out of its wait for a moment by a
+// handler (as the wall sampler's takes a thread whose stack it cannot copy),
+// is still waiting: the dump's signal, held until that handler returns, is
+// handled where the kernel restarts the call, and the dump says "blocked",
+// in read, from its stack there. Deterministic: the dump looks while the
+// handler holds the thread (/proc: running) and lets it go only once the
+// dump's signal is pending.
+TEST(ThreadDumpTest, AThreadOutOfItsWaitInAHandlerIsDumpedWaiting) {
+#if defined(INPROF_TSAN)
+  GTEST_SKIP() << "TSan defers a signal to a thread blocked in read() until the call returns: "
+                  "no handler takes the thread out of its wait";
+#else
+  Options options = TestOptions("thread_dump_restart");
+  options.http_addr.clear();
+  // No other signal of inprof's: no wall visits, and a CPU period the
+  // handler's spin (5 s at most) never reaches.
+  options.wall_period = absl::ZeroDuration();
+  options.cpu_period = absl::Hours(1);
+  DumpProfiler profiler(options);
+  ASSERT_TRUE(profiler.Start().ok());
+  struct sigaction holding {}, saved {};
+  holding.sa_handler = &HoldingHandler;
+  holding.sa_flags = SA_RESTART;
+  sigfillset(&holding.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR1, &holding, &saved), 0);
+  g_in_handler.store(false);
+  g_release_handler.store(false);
+  std::optional<Sleeper> sleeper;
+  sleeper.emplace(profiler, "held");
+  ASSERT_TRUE(sleeper->WaitInRead()) << "the sleeper in read() within 5 s";
+  const pid_t tid = sleeper->tid();
+  ASSERT_EQ(syscall(SYS_tgkill, getpid(), tid, SIGUSR1), 0);
+  for (int i = 0; i < 5000 && !g_in_handler.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(g_in_handler.load()) << "the handler ran within 5 s";
+  // The handler returns once a signal is pending for the thread: the
+  // dump's, the only one inprof sends here.
+  std::thread releaser([&] {
+    for (int i = 0; i < 5000 && PendingSignals(tid) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    g_release_handler.store(true);
+  });
+  absl::StatusOr<ProfileData> dump = profiler.DumpThreads(absl::Seconds(10));
+  releaser.join();
+  sleeper.reset();
+  ASSERT_EQ(sigaction(SIGUSR1, &saved, nullptr), 0);
+  ASSERT_TRUE(profiler.Stop().ok());
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  const std::string comments = absl::StrJoin(dump->comments, "\n");
+  int seen = 0;
+  for (const ProfileSample& s : dump->samples) {
+    if (dump->threads[s.thread].name != "held") continue;
+    ++seen;
+    std::string state, call;
+    for (const SampleLabel& l : s.labels) {
+      if (l.key == internal::kThreadState) state = l.str;
+      if (l.key == "syscall") call = l.str;
+    }
+    EXPECT_EQ(state, internal::kThreadBlocked) << comments;
+    EXPECT_EQ(call, "read") << comments;
+    EXPECT_TRUE(s.synthetic_frame.empty()) << s.synthetic_frame;
+    // Walked from where the call is restarted: through BlockedInRead.
+    const auto fn = reinterpret_cast<uintptr_t>(&BlockedInRead);
+    EXPECT_TRUE(absl::c_any_of(s.frames, [&](uint64_t pc) { return pc > fn && pc < fn + 256; }))
+        << s.frames.size() << " frames";
+  }
+  EXPECT_EQ(seen, 1);
+  EXPECT_TRUE(absl::StrContains(comments, "threads signalled=1,")) << comments;
+  EXPECT_TRUE(absl::StrContains(comments, "(labelled blocked in it)=1")) << comments;
+#endif
 }
 
 // The stderr of this process redirected to a file while it lives, and

@@ -55,6 +55,7 @@ class SampleHandler {
                         std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(slot->dump_frames),
                                              slot->dump_capacity))
               .depth);
+      slot->dump_syscall = SyscallAtContext(ucontext);
       slot->dump_state.store(ThreadSlotHeader::kDumpDone, std::memory_order_release);
       if ((tag & 0xff) == kDumpSignalProvider) {
         slot->handler_exit_clock.store(ThreadCpuNanos(slot->cpu_clock),
@@ -145,10 +146,11 @@ class SampleHandler {
   // values, and those of signals it swallowed, as records without a stack.
   // Its frame is a few words. Async-signal-safe.
   static void SampleStackless(ThreadSlotHeader* header,
-                              siginfo_t* info, void*, int tag) noexcept {
+                              siginfo_t* info, void* ucontext, int tag) noexcept {
     Slot* slot = static_cast<Slot*>(header);
     if (TakeDumpRequest(*slot)) {
       slot->dump_depth = 0;
+      slot->dump_syscall = SyscallAtContext(ucontext);
       slot->dump_state.store(ThreadSlotHeader::kDumpNoStack, std::memory_order_release);
     }
     size_t provider;
