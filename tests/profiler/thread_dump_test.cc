@@ -585,11 +585,10 @@ TEST(ThreadDumpTest, TheSignalHandedOverDumpsToStderr) {
   Options options = TestOptions("thread_dump_signal");
   options.http_addr.clear();
   options.dump_signal = SIGUSR2;
-  // No wall sampler: a visit that signals the sleeper (its stack not read
-  // from a copy) leaves it runnable for a moment, and a dump then labels it
-  // running (5 runs in 250 beside three busy loops under ASan; 0 in 250
-  // without it). This test is about the signal; EveryThreadOnceWhereItIs
-  // is about the states.
+  // No wall sampler: this test is about the signal; EveryThreadOnceWhereItIs
+  // is about the states (a visit that signals the sleeper had the dump label
+  // it running, 5 runs in 250 beside three busy loops under ASan, before the
+  // dump read the handler's context: AThreadOutOfItsWaitInAHandler...).
   options.wall_period = absl::ZeroDuration();
   std::string text;
   {
