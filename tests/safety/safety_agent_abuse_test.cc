@@ -935,6 +935,28 @@ int64_t VmRssKiB(pid_t pid, const std::string& field = "VmRSS:") {
   return -1;
 }
 
+// The mappings of process `pid` holding more than `min_kib` of RSS, a line
+// each ("start-end perms name: N KiB"): where a grown process's memory is.
+std::string BigMappings(pid_t pid, int64_t min_kib) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/smaps"));
+  std::string line, header, out;
+  while (std::getline(in, line)) {
+    if (!line.empty() && absl::ascii_isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find('-') != std::string::npos && line.find(':') > line.find(' ')) {
+      header = line;
+      continue;
+    }
+    int64_t kib = 0;
+    if (absl::StartsWith(line, "Rss:") &&
+        absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(line.substr(4)), " kB"),
+                         &kib) &&
+        kib > min_kib) {
+      absl::StrAppend(&out, header, ": ", kib, " KiB\n");
+    }
+  }
+  return out;
+}
+
 // Runs `body` in a forked child (a process of its own pid); its exit code.
 int InChild(const std::function<bool()>& body) {
   fflush(nullptr);
@@ -1023,6 +1045,10 @@ TEST(SafetyAgentAbuseTest, AGreedyProcessCannotGrowTheAgentOrSpoilLaterLabels) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     rss_after = std::min(rss_after, VmRssKiB(agent.pid));
   }
+  // Where it is, when it stayed (1 run in ~40 clean-clone runs kept 63 MiB
+  // for 5 s; never reproduced in 100 runs here): said beside the failure.
+  const std::string kept =
+      rss_after - rss_start > 16 * 1024 ? BigMappings(agent.pid, 4 * 1024) : std::string();
 
   // A later process: its labels are its own.
   const int later_code = InChild([&] {
@@ -1051,7 +1077,9 @@ TEST(SafetyAgentAbuseTest, AGreedyProcessCannotGrowTheAgentOrSpoilLaterLabels) {
   // (ASan's: 256 MiB) and no malloc_trim gives it back: RSS says nothing.
   if (!safety::kSanitized) {
     EXPECT_LT(rss_after - rss_start, 48 * 1024)
-        << "the agent kept the greedy process's " << big * 32 / 1024 << " MiB of strings";
+        << "the agent kept the greedy process's " << big * 32 / 1024
+        << " MiB of strings; its mappings over 4 MiB:\n"
+        << kept;
   }
   // One line per quota, each naming the process, once.
   for (const char* what : {"label strings", "threads", "stacks"}) {
