@@ -293,7 +293,8 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
     slot->dump_frames = d.room;
     slot->dump_capacity = kDumpFrames;
     slot->dump_depth = 0;
-    slot->dump_syscall = -1;
+    slot->dump_pc = 0;
+    slot->dump_nr = -1;
     slot->dump_state.store(ThreadSlotHeader::kDumpAsked, std::memory_order_release);
     SendProfilingSignal(*slot, MakeSignalTag(kDumpSignalProvider, session_));
     d.signalled = true;
@@ -392,9 +393,11 @@ absl::StatusOr<ProfileData> ProfilerBase::DumpThreads(absl::Duration wait) {
         const size_t depth = std::min<size_t>(d.slot->dump_depth, kDumpFrames);
         sample.frames.assign(d.room, d.room + depth);
       }
-      if (d.answered && d.slot->dump_syscall >= 0) {
+      const int64_t nr =
+          d.answered ? SyscallAt(start_pid_, d.slot->dump_pc, d.slot->dump_nr) : -1;
+      if (nr >= 0) {
         ++at_syscall;
-        LabelWaiting(sample, d.slot->dump_syscall);
+        LabelWaiting(sample, nr);
       }
     }
     if (sample.frames.empty() && sample.synthetic_frame.empty()) {

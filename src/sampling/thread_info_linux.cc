@@ -214,28 +214,36 @@ int64_t ThreadCpuNanos(clockid_t clock) noexcept {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-int64_t SyscallAtContext(const void* ucontext) noexcept {
-  if (ucontext == nullptr) return -1;
+void SyscallRegisters(const void* ucontext, uint64_t* pc, int64_t* nr) noexcept {
+  *pc = 0;
+  *nr = -1;
+  if (ucontext == nullptr) return;
   const auto* uc = static_cast<const ucontext_t*>(ucontext);
 #if defined(__x86_64__)
-  const auto* pc = reinterpret_cast<const unsigned char*>(uc->uc_mcontext.gregs[REG_RIP]);
-  if (pc == nullptr) return -1;
-  unsigned char insn[2];
-  std::memcpy(insn, pc, sizeof(insn));
-  if (insn[0] != 0x0f || insn[1] != 0x05) return -1;  // syscall
-  const int64_t nr = uc->uc_mcontext.gregs[REG_RAX];
+  *pc = static_cast<uint64_t>(uc->uc_mcontext.gregs[REG_RIP]);
+  *nr = uc->uc_mcontext.gregs[REG_RAX];
 #elif defined(__aarch64__)
-  const auto* pc = reinterpret_cast<const unsigned char*>(uc->uc_mcontext.pc);
-  if (pc == nullptr) return -1;
-  uint32_t insn = 0;
-  std::memcpy(&insn, pc, sizeof(insn));
-  if (insn != 0xd4000001u) return -1;  // svc #0
-  const int64_t nr = static_cast<int64_t>(uc->uc_mcontext.regs[8]);
+  *pc = uc->uc_mcontext.pc;
+  *nr = static_cast<int64_t>(uc->uc_mcontext.regs[8]);
 #else
   (void)uc;
-  const int64_t nr = -1;
 #endif
-  return nr >= 0 && nr < 4096 ? nr : -1;
+}
+
+int64_t SyscallAt(pid_t pid, uint64_t pc, int64_t nr) noexcept {
+  if (pc == 0 || nr < 0 || nr >= 4096) return -1;
+#if defined(__x86_64__)
+  unsigned char insn[2];
+  if (CopyOwnMemory(pid, pc, sizeof(insn), insn) != 0) return -1;
+  return insn[0] == 0x0f && insn[1] == 0x05 ? nr : -1;  // syscall
+#elif defined(__aarch64__)
+  uint32_t insn = 0;
+  if (CopyOwnMemory(pid, pc, sizeof(insn), &insn) != 0) return -1;
+  return insn == 0xd4000001u ? nr : -1;  // svc #0
+#else
+  (void)pid;
+  return -1;
+#endif
 }
 
 std::string SyscallName(int64_t nr) {

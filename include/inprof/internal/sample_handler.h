@@ -55,7 +55,7 @@ class SampleHandler {
                         std::span<uintptr_t>(reinterpret_cast<uintptr_t*>(slot->dump_frames),
                                              slot->dump_capacity))
               .depth);
-      slot->dump_syscall = SyscallAtContext(ucontext);
+      SyscallRegisters(ucontext, &slot->dump_pc, &slot->dump_nr);
       slot->dump_state.store(ThreadSlotHeader::kDumpDone, std::memory_order_release);
       if ((tag & 0xff) == kDumpSignalProvider) {
         slot->handler_exit_clock.store(ThreadCpuNanos(slot->cpu_clock),
@@ -150,7 +150,7 @@ class SampleHandler {
     Slot* slot = static_cast<Slot*>(header);
     if (TakeDumpRequest(*slot)) {
       slot->dump_depth = 0;
-      slot->dump_syscall = SyscallAtContext(ucontext);
+      SyscallRegisters(ucontext, &slot->dump_pc, &slot->dump_nr);
       slot->dump_state.store(ThreadSlotHeader::kDumpNoStack, std::memory_order_release);
     }
     size_t provider;

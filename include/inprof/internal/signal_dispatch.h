@@ -150,10 +150,12 @@ struct ThreadSlotHeader {
   std::atomic<uint32_t> dump_state{kDumpIdle};
   uint32_t dump_capacity = 0;
   uint32_t dump_depth = 0;
-  // The system call the handler that answered will return into
-  // (SyscallAtContext), -1 when none: a thread the dump saw running while
-  // another of inprof's handlers had it out of its wait is still waiting.
-  int64_t dump_syscall = -1;
+  // The answering handler's pc and call-number register (SyscallRegisters):
+  // whether it returns into a system call, which the dump then reads
+  // (SyscallAt). A thread the dump saw running while another handler had it
+  // out of its wait is still waiting.
+  uint64_t dump_pc = 0;
+  int64_t dump_nr = -1;
   uint64_t* dump_frames = nullptr;
   // The slot's bit in its profiler type's PendingSlots (pending_slots.h:
   // MarkPending), set once when the slot is created; null: none.

@@ -89,16 +89,21 @@ ThreadLook LookAtThread(pid_t tid, OwnedFd* kept, bool keep) noexcept;
 // (EPERM or ENOSYS where a sandbox forbids the call). `pid` is getpid().
 int CopyOwnMemory(pid_t pid, uintptr_t address, size_t bytes, void* out) noexcept;
 
-// The system call a signal's handler will return into: when `ucontext`
-// (the handler's third argument) has its pc at a system call instruction,
-// the call's number (x86-64: rax; arm64: x8), else -1. A thread blocked in
-// a call that the kernel restarts after a handler (SA_RESTART, as inprof's
-// is installed) is handed to it so: the pc moved back onto the
-// instruction and the number restored. A thread running user code right
-// at such an instruction reads the same; it is about to make the call.
-// Async-signal-safe: reads two or four bytes at the pc, which the thread
-// was about to execute.
-int64_t SyscallAtContext(const void* ucontext) noexcept;
+// The registers a signal's handler reads to tell, later, whether it will
+// return into a system call: the context's pc and the register that holds
+// a call's number (x86-64: rax; arm64: x8). Reads `ucontext` only, no
+// memory it points at: async-signal-safe.
+void SyscallRegisters(const void* ucontext, uint64_t* pc, int64_t* nr) noexcept;
+
+// The system call a thread whose handler had those registers returned
+// into: `nr` when the instruction at `pc` is a system call (`syscall`,
+// `svc #0`), else -1. A thread blocked in a call that the kernel restarts
+// after a handler (SA_RESTART, as inprof's are installed) is handed to it
+// so: the pc moved back onto the instruction and the number restored. A
+// thread running user code right at such an instruction reads the same; it
+// is about to make the call. The instruction is read with CopyOwnMemory
+// (never a fault, even on execute-only code); not for handlers.
+int64_t SyscallAt(pid_t pid, uint64_t pc, int64_t nr) noexcept;
 
 // The name of system call `nr` on this machine's architecture for the
 // calls threads wait in ("futex", "epoll_wait", "read"), else "syscall N".
