@@ -24,8 +24,10 @@ packages=(g++ pkg-config meson ninja-build libabsl-dev libgtest-dev libgmock-dev
 # browser; gperftools' pprof reads the drop-in's GetHeapProfile text; dwz
 # makes the alt file the symbolizer reads; gperftools' library and
 # jemalloc's build the side-by-side bench targets (bench/meson.build), so
-# that the build the suite checks is the one with every optional target.
-[ "${1:-}" = test ] && packages+=(chromium google-perftools dwz libgoogle-perftools-dev libjemalloc-dev)
+# that the build the suite checks is the one with every optional target;
+# lld links the sanitizer builds and the fuzzers in a quarter of GNU ld's
+# CPU (scripts/sanitizers.sh).
+[ "${1:-}" = test ] && packages+=(chromium google-perftools dwz libgoogle-perftools-dev libjemalloc-dev lld)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -163,7 +165,7 @@ case "${1:-}" in
     ) &
     builders=($!)
     (
-      [ "$fuzz_seconds" = 0 ] || background 5 "fuzzers: build" env FUZZ_STEP=build bash fuzz/run.sh "$build-fuzz"
+      [ "$fuzz_seconds" = 0 ] || background 5 "fuzzers: build" env FUZZ_STEP=build FUZZ_OPT=-O0 bash fuzz/run.sh "$build-fuzz"
       [ "$windows" = 0 ] || background 5 "windows: build" bash scripts/windows.sh build
     ) &
     builders+=($!)

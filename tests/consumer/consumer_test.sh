@@ -14,7 +14,8 @@
 #     gperftools-API program links with `pkg-config ... inprof-gperftools`.
 #   consumer_test.sh subproject SOURCE_DIR
 #     builds the same program in a fresh Meson project that has inprof as a
-#     subproject (dependency('inprof') with the fallback forced) and runs it.
+#     subproject (dependency('inprof') with the fallback forced), with clang
+#     where it is installed, and runs it.
 set -euo pipefail
 
 fail() { echo "consumer_test: FAIL: $*" >&2; exit 1; }
@@ -120,14 +121,21 @@ case "$mode" in
     cp "$src/tests/consumer/subproject/meson.build" "$src/tests/consumer/app.cc" "$tmp/proj/"
     ln -s "$src" "$tmp/proj/subprojects/inprof"
     cd "$tmp/proj"
-    meson setup build --force-fallback-for=inprof -Doptimization=0 -Ddebug=false >"$tmp/setup.log" 2>&1 ||
+    # With clang where it is installed (the test command installs it for
+    # the sanitizer builds): the plain build and consumer_install use GCC,
+    # so this also checks that inprof builds with the other compiler a
+    # consumer may have, and clang compiles the library at -O0 in 31 CPU-s
+    # against GCC's 49.
+    cc=(); command -v clang++ >/dev/null && command -v clang >/dev/null && cc=(CC=clang CXX=clang++)
+    env "${cc[@]}" meson setup build --force-fallback-for=inprof -Doptimization=0 -Ddebug=false \
+      >"$tmp/setup.log" 2>&1 ||
       { tail -20 "$tmp/setup.log"; fail "meson setup of a project using inprof as a subproject failed"; }
     ninja -C build app >"$tmp/ninja.log" 2>&1 ||
       { tail -30 "$tmp/ninja.log"; fail "building inprof as a subproject failed"; }
     out=$(INPROF_OUTPUT="$tmp/sub.pb.gz" ./build/app 2>&1) || fail "app failed: $out"
     grep -q "libcurl mapped: no" <<< "$out" || fail "libcurl mapped without an upload: $out"
     check_profile "$tmp/sub.pb.gz"
-    echo "consumer_test: subproject build ran and profiled"
+    echo "consumer_test: subproject build (${cc[1]:-CXX=c++}) ran and profiled"
     ;;
   *)
     fail "usage: consumer_test.sh install BUILD SRC | subproject SRC"
