@@ -661,6 +661,11 @@ TEST(LockWaitProviderTest, TheLiveEndpointServesTheWaitsSinceStart) {
   testing::HttpReply mutex = testing::HttpFetch(address, "GET", "/debug/pprof/mutex");
   testing::HttpReply block = testing::HttpFetch(address, "GET", "/debug/pprof/block");
   testing::HttpReply text = testing::HttpFetch(address, "GET", "/debug/pprof/mutex?debug=1");
+  // The profile is live: a wait anywhere in the process (the endpoint's
+  // own server thread took one in a run beside two busy loops) may land
+  // between two fetches. The pprof form again after the text bounds the
+  // text's totals from above, as the first one does from below.
+  testing::HttpReply mutex_after = testing::HttpFetch(address, "GET", "/debug/pprof/mutex");
   ASSERT_TRUE(profiler.Stop().ok());
   ASSERT_EQ(mutex.error, "");
   ASSERT_EQ(mutex.status, 200) << mutex.body;
@@ -687,11 +692,26 @@ TEST(LockWaitProviderTest, TheLiveEndpointServesTheWaitsSinceStart) {
   }
   auto top = testing::GoPprof("-sample_index=contentions -top " + saved);
   ASSERT_TRUE(top.ok()) << top.status();
-  int64_t total = 0;
-  for (const auto& sample : p->samples) total += sample.values[0];
-  EXPECT_TRUE(absl::StrContains(*top, absl::StrCat("of ", total, " total")) ||
-              absl::StrContains(*top, absl::StrCat(", ", total, " total")))
-      << *top;
+  ASSERT_EQ(mutex_after.status, 200) << mutex_after.body;
+  absl::StatusOr<DecodedProfile> after = DecodePprof(mutex_after.body);
+  ASSERT_TRUE(after.ok()) << after.status();
+  int64_t before_total = 0, after_total = 0;
+  for (const auto& sample : p->samples) before_total += sample.values[0];
+  for (const auto& sample : after->samples) after_total += sample.values[0];
+  // go tool pprof's header: "Showing nodes accounting for N, P% of T total"
+  // (or "..., T total" when every node is shown).
+  int64_t text_total = -1;
+  const size_t end = top->find(" total");
+  for (const std::string marker : {" of ", ", "}) {
+    const size_t start = end == std::string::npos ? end : top->rfind(marker, end);
+    if (start != std::string::npos &&
+        absl::SimpleAtoi(top->substr(start + marker.size(), end - start - marker.size()),
+                         &text_total)) {
+      break;
+    }
+  }
+  EXPECT_GE(text_total, before_total) << *top;
+  EXPECT_LE(text_total, after_total) << *top;
 }
 
 // Whether thread `tid` of this process is in a futex call now (absl::Mutex
