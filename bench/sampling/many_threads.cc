@@ -42,6 +42,14 @@
 //     busy_vs_life=the busy thread's wall time over its registered span
 //   MANY_THREADS_WINDOWS=1 also prints each window's length, wall time,
 //   lifetimes within it and share on real stacks (stderr).
+//   MANY_THREADS_SPLIT=1: each napper alternates naps in SplitNapA (50-150
+//   ms, uniform) and SplitNapB (150-450 ms) and counts its time in each;
+//   also prints split_a_true (A's share of the two), split_a_err (the
+//   profile's A time less the truth, over the truth) and split_a_z (that
+//   error in standard deviations of the estimator as the profile states
+//   it: sqrt(p (1 - p) S), S the squared weights of its estimated wall
+//   samples, ProfilerStats::wall_weight_sq_ms2), and split_sd_pct (that
+//   standard deviation over A's time).
 //
 // The same workload for peers (python3 bench/sampling/many_threads.py BUILD
 // runs them all and prints one table), one more argument, the profile file:
@@ -64,6 +72,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -110,6 +119,39 @@ __attribute__((noinline)) uint64_t Spin(int64_t ns) {
 __attribute__((noinline)) void NapLoop(const std::atomic<bool>& stop) {
   const timespec nap{0, 200'000'000};
   while (!stop.load(std::memory_order_relaxed)) nanosleep(&nap, nullptr);
+}
+
+// MANY_THREADS_SPLIT: two places to nap, of one frame size (so the same sp
+// and pc in nanosleep's wrapper).
+__attribute__((noinline)) void SplitNapA(int64_t ns) {
+  const timespec nap{0, ns};
+  nanosleep(&nap, nullptr);
+  asm volatile("" : : : "memory");
+}
+__attribute__((noinline)) void SplitNapB(int64_t ns) {
+  const timespec nap{0, ns};
+  nanosleep(&nap, nullptr);
+  asm volatile("nop" : : : "memory");  // not folded into A (identical code)
+}
+// Naps in A and B until `stop`; the time in each, ns.
+void SplitLoop(const std::atomic<bool>& stop, uint64_t seed, int64_t* a_ns, int64_t* b_ns) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+  auto uniform = [&](int64_t lo, int64_t hi) {  // splitmix64
+    x += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return lo + static_cast<int64_t>(z % static_cast<uint64_t>(hi - lo));
+  };
+  while (!stop.load(std::memory_order_relaxed)) {
+    const int64_t t0 = Now(CLOCK_MONOTONIC);
+    SplitNapA(uniform(50'000'000, 150'000'000));
+    const int64_t t1 = Now(CLOCK_MONOTONIC);
+    SplitNapB(uniform(150'000'000, 450'000'000));
+    *a_ns += t1 - t0;
+    *b_ns += Now(CLOCK_MONOTONIC) - t1;
+  }
 }
 
 std::mutex g_mu;
@@ -203,6 +245,7 @@ struct Span {
   int64_t register_cpu_ns = 0;  // RegisterThread's CPU on the thread
   int64_t register_sys_ns = 0;  // of which in the kernel (getrusage's split, from ticks)
   int64_t register_wall_ns = 0;
+  int64_t split_a_ns = 0, split_b_ns = 0;  // MANY_THREADS_SPLIT: time in each
 };
 
 struct Run {
@@ -246,6 +289,8 @@ Run RunWorkload(int threads, double seconds, bool wait, Register register_thread
         registered.fetch_add(1);
         if (wait) {
           WaitLoop(stop);
+        } else if (std::getenv("MANY_THREADS_SPLIT") != nullptr) {
+          SplitLoop(stop, static_cast<uint64_t>(i), &span.split_a_ns, &span.split_b_ns);
         } else {
           NapLoop(stop);
         }
@@ -380,6 +425,7 @@ int main(int argc, char** argv) {
     stop();
   }
   const ProcessCpu cpu = ReadProcessCpu();
+  const uint64_t weight_sq_ms2 = profiler.stats().wall_weight_sq_ms2;
   const int64_t run_ns = run.run_ns;
   const double ticker_ms = run.ticker_ms;
   if (stop_first) {
@@ -391,6 +437,7 @@ int main(int argc, char** argv) {
   }
   int64_t wall_total = 0, wall_pseudo = 0, wall_tail = 0, busy_wall = 0;
   int64_t cpu_total = 0, cpu_pseudo = 0, nap_wall = 0, nap_running = 0;
+  int64_t split_a = 0, split_b = 0;  // MANY_THREADS_SPLIT: the profile's
   double life_total = 0, win_real_min = 1, win_ratio_min = 1e9, win_ratio_max = 0;
   const auto kept = windows->Take();
   for (const auto& window : kept) {
@@ -406,13 +453,19 @@ int main(int argc, char** argv) {
     int64_t w_total = 0, w_pseudo = 0;
     for (const auto& s : profile->samples) {
       const bool pseudo = !s.stack.empty() && absl::StartsWith(s.stack[0], "[inprof:");
-      bool in_spin = false;
-      for (const std::string& f : s.stack) in_spin |= absl::StrContains(f, "Spin");
+      bool in_spin = false, in_a = false, in_b = false;
+      for (const std::string& f : s.stack) {
+        in_spin |= absl::StrContains(f, "Spin");
+        in_a |= absl::StrContains(f, "SplitNapA");
+        in_b |= absl::StrContains(f, "SplitNapB");
+      }
       if (wall >= 0) {
         w_total += s.values[wall];
         if (pseudo) w_pseudo += s.values[wall];
         if (pseudo && absl::StrContains(s.stack[0], "wall time since")) wall_tail += s.values[wall];
         if (in_spin) busy_wall += s.values[wall];
+        if (in_a) split_a += s.values[wall];
+        if (in_b) split_b += s.values[wall];
         auto name = s.str_labels.find("thread name");
         if (name != s.str_labels.end() && name->second == "napper") {
           nap_wall += s.values[wall];
@@ -482,6 +535,23 @@ int main(int argc, char** argv) {
       1 - share(cpu_pseudo, cpu_total), ticker_ms, 100.0 * ticker_ms / (run_ns / 1e6),
       run.profiler_ms, cpu.total_s, cpu.sys_s, RssKibPerThread(threads), reg.first, reg.second,
       reg_sys.second, reg_wall.first, reg_wall.second);
+  if (std::getenv("MANY_THREADS_SPLIT") != nullptr) {
+    double true_a = 0, true_b = 0;
+    for (const Span& sp : run.nappers) {
+      true_a += static_cast<double>(sp.split_a_ns);
+      true_b += static_cast<double>(sp.split_b_ns);
+    }
+    // The estimator's standard deviation for A, as the profile states it.
+    const double p = true_a + true_b > 0 ? true_a / (true_a + true_b) : 0;
+    const double sd_ns = std::sqrt(p * (1 - p) * static_cast<double>(weight_sq_ms2)) * 1e6;
+    std::printf("RESULT many_threads_split threads=%d split_a_true=%.3f split_a_err=%+.4f "
+                "split_a_z=%+.2f split_sd_pct=%.2f weight_sq_s2=%.0f est_a_s=%.1f true_a_s=%.1f "
+                "est_b_s=%.1f true_b_s=%.1f\n",
+                threads, p, true_a > 0 ? (static_cast<double>(split_a) - true_a) / true_a : 0.0,
+                sd_ns > 0 ? (static_cast<double>(split_a) - true_a) / sd_ns : 0.0,
+                true_a > 0 ? 100 * sd_ns / true_a : 0.0, static_cast<double>(weight_sq_ms2) / 1e6,
+                split_a / 1e9, true_a / 1e9, split_b / 1e9, true_b / 1e9);
+  }
   return 0;
 }
 #endif

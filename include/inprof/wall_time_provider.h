@@ -115,6 +115,7 @@
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -292,6 +293,10 @@ class WallTimeProvider {
   // Wall time (ns) the tails of threads that ended between two wake-ups
   // credited over their chances of a visit (EndedShare). Registry lock.
   uint64_t ended_between_ns() const { return ended_between_ns_; }
+  // The squared weights (ms^2) of those tails since the last call: a part
+  // of the estimator's variance (WallVisitCounts::weight_sq_ms2). Registry
+  // lock.
+  double TakeEndedShareSq() { return std::exchange(ended_share_sq_ms2_, 0.0); }
 
   absl::Duration TickPeriod() const { return period_; }
   size_t ThreadsPerTick() const { return threads_per_tick_; }
@@ -374,6 +379,7 @@ class WallTimeProvider {
   std::array<Round, 64> rounds_{};
   uint64_t round_count_ = 0;
   uint64_t ended_between_ns_ = 0;
+  double ended_share_sq_ms2_ = 0;
   // TakeTail: what a thread weighed at a visit since it was armed (when
   // rounds_covered_ was `covered_at_arm`) owes for its time from the last
   // wake-up before its end (`exit_ns`) to its end.

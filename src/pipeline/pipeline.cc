@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -423,6 +424,20 @@ void Pipeline::Describe(ProfileData& data, int64_t start, int64_t end,
         " (so far; the threads over the visits a wake-up, times the "
         "wake-ups' spacing: a thread's mean wait between two visits, which "
         "can be longer than the run when the budget defers visits)"));
+  }
+  if (window_stats.wall_weight_sq_ms2 > 0) {
+    // Var(a stack's estimate) = sum(w^2) p (1 - p) for visits that find it
+    // there with chance p: at most sum(w^2) / 4.
+    const double sd_ms = 0.5 * std::sqrt(static_cast<double>(window_stats.wall_weight_sq_ms2));
+    data.comments.push_back(absl::StrCat(
+        "wall-time sampling error: a stack's wall time is within one standard "
+        "deviation of about sqrt(p (1 - p) S) of the time the threads spent "
+        "there, p being its share of the estimated wall time, so at most ",
+        absl::FormatDuration(absl::Milliseconds(std::llround(sd_ms))),
+        " for any stack (S=", window_stats.wall_weight_sq_ms2,
+        " ms^2: the squared weights of the wall samples that took a share of "
+        "the threads' time or an ended thread's tail over its chance of a "
+        "visit)"));
   }
   if (window_stats.wall_visits_deferred > 0) {
     data.comments.push_back(absl::StrCat(

@@ -406,6 +406,7 @@ ProfilerStats ProfilerBase::stats() const {
       threads_sigprof_unblocked_.load(std::memory_order_relaxed);
   s.wall_tail_frame_ns = wall_tail_frame_ns_.load(std::memory_order_relaxed);
   s.wall_longest_round_ns = pacing_.longest_round_ns();
+  s.wall_weight_sq_ms2 = wall_weight_sq_ms2_.load(std::memory_order_relaxed);
   s.threads_armed_by_sampler =
       threads_armed_by_sampler_.load(std::memory_order_relaxed);
   s.registrations_without_memory = registry_->without_memory.load(std::memory_order_relaxed);

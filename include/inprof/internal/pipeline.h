@@ -78,10 +78,9 @@ class Symbolizer;
   /* Blocking episodes whose first wall sample was such a walk, sampled       \
      again once the tables were ready (one more signal to that thread). */    \
   X(blocked_episodes_resampled, true, "blocked episodes sampled again")       \
-  /* Signals the wall sampler sent (running threads, and blocked ones at the  \
-     start of an episode), and its samples of threads that ran throughout     \
-     credited to a CPU sample's stack or carried by their CPU samples         \
-     (followed threads, wall_time_provider.h) instead of a signal. */         \
+  /* Signals the wall sampler sent (running threads; blocked ones at an      \
+     episode's start), and its samples of threads that ran throughout that   \
+     CPU samples carried instead (followed: wall_time_provider.h). */        \
   X(wall_signals, true, "signals the wall sampler sent")                      \
   X(wall_running_credits, true, "wall samples credited to a CPU sample")      \
   X(threads_registered, false, "registrations since construction")            \
@@ -136,7 +135,8 @@ class Symbolizer;
      drain the thread's last samples, because the heap was exhausted       \
      (std::bad_alloc): the threads are not profiled, or their last samples \
      are lost. */                                                           \
-  X(registrations_without_memory, true, "registrations that failed for want of memory")
+  X(registrations_without_memory, true, "registrations that failed for want of memory") \
+  X(wall_weight_sq_ms2, true, "squared weights of estimated wall samples, ms^2")
 
 struct ProfilerStats {
 #define INPROF_STATS_FIELD(name, per_window, what) uint64_t name = 0;

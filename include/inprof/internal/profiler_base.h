@@ -401,10 +401,10 @@ class ProfilerBase : public ProfilerCommon {
     slot->wall_due = true;
     wall_due_.push_back(WallDue{slot, slot->generation});
   }
-  // A round at most (WallTicker::kMaxRoundNs).
-  static constexpr int64_t kWallDueAfterNs = 2'000'000'000;
+  static constexpr int64_t kWallDueAfterNs = 2'000'000'000;  // a round (kMaxRoundNs)
   std::atomic<uint64_t> wall_visits_deferred_{0};
   std::atomic<uint64_t> wall_unattributed_ns_{0};
+  std::atomic<uint64_t> wall_weight_sq_ms2_{0};  // ProfilerStats::wall_weight_sq_ms2
   std::atomic<uint64_t> small_stack_{0};
   std::atomic<uint64_t> wall_running_credits_{0};
   std::atomic<uint64_t> wall_signals_{0};

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -46,7 +47,8 @@ class ProfilerVisits : public ProfilerCollector<U, R, Ps...> {
   using Base = ProfilerBase;
   using Base::active_, Base::pacing_, Base::wall_due_, Base::kMaxTickBatch, Base::session_,
       Base::wall_visits_deferred_, Base::wall_unattributed_ns_, Base::wall_signals_,
-      Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::start_pid_,
+      Base::wall_stacks_read_, Base::wall_episodes_resampled_, Base::wall_weight_sq_ms2_,
+      Base::start_pid_,
       Base::pipeline_, Base::recorded_;
 
   // One wake-up of the ticker (internal::ProfilerBase::Tick): each ticking
@@ -77,6 +79,12 @@ class ProfilerVisits : public ProfilerCollector<U, R, Ps...> {
       wall_stacks_read_.fetch_add(counts.stacks_read, std::memory_order_relaxed);
       wall_episodes_resampled_.fetch_add(counts.episodes_resampled,
                                          std::memory_order_relaxed);
+      double weight_sq_ms2 = counts.weight_sq_ms2;
+      if constexpr (requires { provider.TakeEndedShareSq(); }) {
+        weight_sq_ms2 += provider.TakeEndedShareSq();
+      }
+      wall_weight_sq_ms2_.fetch_add(static_cast<uint64_t>(std::llround(weight_sq_ms2)),
+                                    std::memory_order_relaxed);
     }
   }
 

@@ -87,6 +87,10 @@ struct WallVisitCounts {
   // Threads whose own account began at this wake-up (KeepsOwnAccounts,
   // SlotBase::ticker_own_account): for TickerPacing::BeginOwnAccounts.
   uint64_t own_accounts_begun = 0;
+  // The squared weights (ms^2) of the visits that took a share of the
+  // threads' time (TickTime::round_weights): the estimator's variance is
+  // sum(w^2) p (1 - p) for a stack on which the threads spend a share p.
+  double weight_sq_ms2 = 0;
 };
 
 // The most visits a tick that keep the sampler within `budget` (a
@@ -251,6 +255,8 @@ class WallTicker {
       if (when.round_weights && use == RoundWeight::kTaken) {
         left -= static_cast<double>(when.round_ns);
         ++weighed;
+        const double ms = static_cast<double>(when.round_ns) / 1e6;
+        counts.weight_sq_ms2 += ms * ms;
       }
     }
     cursor_ = (cursor_ + j) % n;
