@@ -60,20 +60,25 @@
 //     signal would). A busy thread then costs the wall sampler a clock read
 //     per visit instead of a second signal and a second walk;
 //   - blocked (sleeping, in I/O, stopped): the first visit of a blocking
-//     episode signals it once, to learn where it blocks (that sample is
-//     labelled "blocked"); later visits of the same episode credit that
-//     stack without a signal, because a signal interrupts epoll_wait, poll or
-//     nanosleep with EINTR even under SA_RESTART (the profiler samples an
-//     episode once more when that first stack was walked before the unwind
-//     tables it needed existed: UnwindResult::provisional). The episode goes on while
-//     the thread waits in the same place: the same system call from the
-//     same stack pointer and pc (/proc/self/task/TID/syscall), or, where
-//     that cannot be read, while its CPU clock has not moved by more than
-//     kBlockedCpuSlackNs since the last look (or since inprof's handler last
-//     returned on it). A thread that wakes and re-enters the same wait (a
-//     sleep loop, an event loop with nothing to do) keeps its episode; one
-//     that blocks anywhere else starts a new one: blocked time is never
-//     charged to another place's stack.
+//     episode learns where it blocks (that sample is labelled "blocked"):
+//     the profiler reads the stack from a copy where it can
+//     (ReadBlockedStack), else signals the thread once; later visits of the
+//     same episode credit that stack without either, because a signal
+//     interrupts epoll_wait, poll or nanosleep with EINTR even under
+//     SA_RESTART (the profiler samples an episode once more when that first
+//     stack was walked before the unwind tables it needed existed:
+//     UnwindResult::provisional). The episode goes on while the thread
+//     waits where it was seen and has not run since: its CPU clock moved by
+//     at most kBlockedCpuSlackNs since the last look (or since inprof's
+//     handler last returned on it), and the same system call from the same
+//     stack pointer and pc (/proc/self/task/TID/syscall) where that can be
+//     read. A thread that ran and waits again at the same sp and pc (a
+//     sleep loop, an event loop) begins a new episode: any caller at the
+//     same depth reaches that sp and pc, and crediting the old episode's
+//     stack gave each such thread's time to its first episode's stack. Its
+//     stack is then read again, or, where it cannot be read, it is
+//     signalled: an EINTR for a thread that ran since its last one, never
+//     two in one wait.
 // So a thread blocked for a whole run sees one signal, however long the run.
 //
 // A thread found running throughout an interval in which a CPU provider

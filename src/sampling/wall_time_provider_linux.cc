@@ -489,26 +489,24 @@ TickDecision WallTimeProvider::VisitOnce(ThreadContext& thread,
     values[1] = elapsed;
     return TickDecision::kCreditSigwait;
   }
-  if (has_episode_stack) {
-    // The same place only when the thread barely ran since it was seen
-    // there (woken by our signal, or by an event handled in microseconds):
-    // one that ran longer left the wait and came back, and the same sp and
-    // pc in a system call's wrapper are reached from any caller at the
-    // same depth (a loop's two reads, two helpers of one size). Taken as
-    // the same episode, each such thread's time went to the stack of its
-    // first episode for the rest of the run: 200 threads napping in two
-    // functions of one frame size credited their time to the wrong one by
-    // 3-4x the sampling spread (WallManyThreadsTest.EachStacksWallTime...).
-    const bool same_place =
-        barely_ran && (!site.known() || !data.episode_site.known() || site == data.episode_site);
-    if (same_place) {
-      data.steady_visit = barely_ran;
-      values[0] = 1;
-      values[1] = elapsed;
-      return TickDecision::kCreditBlocked;
-    }
+  const bool same_site = site.known() && data.episode_site.known() && site == data.episode_site;
+  if (has_episode_stack && barely_ran && (same_site || !site.known() || !data.episode_site.known())) {
+    // The same episode: it did not run since it was seen there (woken by
+    // our signal, or by an event handled in microseconds).
+    data.steady_visit = true;
+    values[0] = 1;
+    values[1] = elapsed;
+    return TickDecision::kCreditBlocked;
   }
-  // A new blocking episode: one signal to learn where.
+  // One that ran left the wait and came back: a new episode, even at the
+  // same sp and pc, which a system call's wrapper reaches from any caller
+  // at the same depth (a loop's two reads, two helpers of one frame size).
+  // Taken as the same episode, each such thread's time went to the stack
+  // of its first episode for the rest of the run: 200 threads napping in
+  // two functions of one frame size credited their time to the wrong one
+  // by 3-4x the sampling spread (WallManyThreadsTest.EachStacksWallTime...).
+  // A new blocking episode: its stack read without a signal where it can
+  // be (WallTicker: ReadBlockedStack), else one signal to learn where.
   ++counts_.blocked_signals;
   data.episode_site = site;
   data.signal_sent_ns = when.now_ns;

@@ -146,8 +146,10 @@ TEST(WallTimeProviderTest, EachThreadsWallTotalMatchesItsRegisteredLifetime) {
 }
 
 // Waits in epoll_wait on `efd` from one place; each time it is woken,
-// reads the event, counts the wake-up and waits there again, until `leave`.
+// reads the event, runs for `run_us` of its own CPU (0: not at all), counts
+// the wake-up and waits there again, until `leave`.
 __attribute__((noinline)) void WaitAgainAfterEachWakeUp(int efd, std::atomic<int>& woken,
+                                                       std::atomic<int>& run_us,
                                                        std::atomic<bool>& leave) {
   int ep = epoll_create1(0);
   epoll_event ev{};
@@ -157,21 +159,31 @@ __attribute__((noinline)) void WaitAgainAfterEachWakeUp(int efd, std::atomic<int
     epoll_event out;
     if (epoll_wait(ep, &out, 1, -1) == 1) {
       uint64_t n = 0;
-      if (read(efd, &n, sizeof(n)) == sizeof(n)) woken.fetch_add(1);
+      if (read(efd, &n, sizeof(n)) == sizeof(n)) {
+        const int64_t until = internal::ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID) +
+                              int64_t{1000} * run_us.load();
+        while (internal::ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID) < until) {
+        }
+        woken.fetch_add(1);
+      }
     }
   }
   close(ep);
 }
 
-// A blocked thread is signalled once per blocking episode, and a thread
-// that wakes and waits again in the same place (a sleep loop, an event loop
-// with nothing to do) keeps its episode: no second signal, so no second
-// EINTR, however long it goes on. Driven directly, with the wake-ups made
-// by the test and the visits' times given; one that blocks elsewhere
-// begins a new episode. (How many EINTRs such threads see in a real run
-// depends on when the sampler happens to look: bench/sampling/
-// wall_sampler_load eintr.)
-TEST(WallTimeProviderTest, AThreadThatWaitsAgainInTheSamePlaceKeepsItsEpisode) {
+// A blocked thread's episode goes on, without a signal or a stack read
+// (so without an EINTR), while it waits where it was seen and has not run
+// since: not woken, or woken by inprof's own signal. One that ran and
+// waits again at the same sp and pc (an event loop) may have come back
+// from another caller at the same depth: a new episode, its stack read
+// (here: taken as the ticker does after a read, TakeStackRead) or
+// signalled for. One that blocks elsewhere begins a new episode too.
+// Driven directly, with the wake-ups made by the test and the visits'
+// times given; deterministic (the thread runs 1 ms of CPU after a wake-up
+// that counts as running, 20x kBlockedCpuSlackNs). (How many EINTRs such
+// threads see in a real run depends on when the sampler happens to look:
+// bench/sampling/wall_sampler_load eintr.)
+TEST(WallTimeProviderTest, AThreadWaitingWhereItWasSeenKeepsItsEpisodeUntilItRuns) {
   WallTimeProvider provider;
   ASSERT_TRUE(provider.Configure(WallOptions("wall_same_wait")).ok());
   const int efd = eventfd(0, 0);
@@ -179,11 +191,12 @@ TEST(WallTimeProviderTest, AThreadThatWaitsAgainInTheSamePlaceKeepsItsEpisode) {
   int pipe_fds[2];
   ASSERT_EQ(pipe(pipe_fds), 0);
   std::atomic<int> woken{0};
+  std::atomic<int> run_us{0};
   std::atomic<bool> leave{false};
   std::atomic<pid_t> tid{0};
   std::thread waiter([&] {
     tid = static_cast<pid_t>(syscall(SYS_gettid));
-    WaitAgainAfterEachWakeUp(efd, woken, leave);
+    WaitAgainAfterEachWakeUp(efd, woken, run_us, leave);
     WallTestWaitInRead(pipe_fds[0]);
   });
   while (tid.load() == 0) std::this_thread::yield();
@@ -222,10 +235,8 @@ TEST(WallTimeProviderTest, AThreadThatWaitsAgainInTheSamePlaceKeepsItsEpisode) {
   ASSERT_TRUE(WallTimeProvider::OnSignal(thread, data, info, values));
   EXPECT_EQ(values[1], 10'000'000);
 
-  // Woken five times, waiting again in the same place each time: each visit
-  // credits the episode's stack, without a signal.
-  for (int round = 1; round <= 5; ++round) {
-    ASSERT_TRUE(wake(round)) << round;
+  // Not woken: each visit credits the episode's stack.
+  for (int round = 1; round <= 3; ++round) {
     t += 20'000'000;
     values[1] = 0;
     EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t), true, false, values),
@@ -233,12 +244,37 @@ TEST(WallTimeProviderTest, AThreadThatWaitsAgainInTheSamePlaceKeepsItsEpisode) {
         << round;
     EXPECT_EQ(values[1], 20'000'000) << round;
   }
+  // Woken by inprof's signal and back in the same wait: the handler's
+  // return marks the thread's clock (sample_handler.h), as here.
+  ASSERT_TRUE(wake(1));
+  thread.handler_exit_clock.store(internal::ThreadCpuNanos(thread.cpu_clock));
+  t += 20'000'000;
+  EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t), true, false, values),
+            TickDecision::kCreditBlocked);
   EXPECT_EQ(data.signals, 1u);
-  EXPECT_EQ(provider.visit_counts().blocked_signals, 1u);
+
+  // Woken by its event, it ran 1 ms and waits at the same sp and pc: a new
+  // episode, whose sample takes the interval.
+  run_us = 1000;
+  ASSERT_TRUE(wake(2));
+  t += 20'000'000;
+  values[1] = 0;
+  EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t), true, false, values),
+            TickDecision::kSignalBlocked);
+  EXPECT_EQ(values[1], 0);
+  ASSERT_TRUE(provider.TakeStackRead(data, values));
+  EXPECT_EQ(values[1], 20'000'000);
+  EXPECT_EQ(provider.visit_counts().blocked_stack_reads, 1u);
+  EXPECT_EQ(data.signals, 1u);  // read, not signalled
+  // Unwoken since: the new episode goes on.
+  t += 20'000'000;
+  EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t), true, false, values),
+            TickDecision::kCreditBlocked);
+  EXPECT_EQ(values[1], 20'000'000);
 
   // Waiting somewhere else (read() on a pipe): a new episode, signalled.
   leave = true;
-  ASSERT_TRUE(wake(6));
+  ASSERT_TRUE(wake(3));
   t += 20'000'000;
   EXPECT_EQ(provider.VisitThread(thread, data, TickTime::At(t), true, false, values),
             TickDecision::kSignalBlocked);
