@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <string>
 
 #include "inprof/inprof.h"
 #include "src/run/auto_profiler_state.h"
@@ -39,12 +40,26 @@ void* Trampoline(void* p) {
   PreloadProfiler* profiler = g_profiler.load(std::memory_order_acquire);
   if (profiler == nullptr) return args.fn(args.arg);
   ThreadRegistration registration;
+  std::string name;
   {
     InprofScope scope;
-    registration = profiler->RegisterThread(CurrentThreadName());
+    name = CurrentThreadName();
+    registration = profiler->RegisterThread(name);
   }
   const pthread_t self = pthread_self();
   RememberTid(self, Gettid());
+  {
+    // The creator may have named this thread (pthread_setname_np(other))
+    // after its name was read above and before RememberTid let the
+    // interposer below find it: that rename found no thread, so it is
+    // taken from the kernel now (the rename's lookup, under the same lock,
+    // came before RememberTid; its write to the kernel before that). Lost
+    // before: a CI run of RunTest.ThreadsOfAnUnmodifiedProgram... found
+    // worker-b's 0.5 s of CPU under its creator's name.
+    InprofScope scope;
+    std::string now = CurrentThreadName();
+    if (now != name) profiler->SetThreadName(Gettid(), now);
+  }
   struct Undo {
     pthread_t self;
     ~Undo() { ForgetTid(self); }

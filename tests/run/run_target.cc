@@ -5,6 +5,9 @@
 //                               (pthread_setname_np on itself and on
 //                               another thread, prctl); writes each
 //                               thread's CPU to OUT ("name ns" lines)
+//   run_target renames N        N threads, each named by main right after
+//                               pthread_create returns (as it registers),
+//                               each asleep 500 ms
 //   run_target end HOW PIDFILE  spins, then: return (3), exit (4), wait (for
 //                               a signal, default action), handler (its own
 //                               SIGTERM handler; exits 5), quick_exit (6),
@@ -54,6 +57,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -147,6 +151,29 @@ int Threads(const char* out) {
           static_cast<long long>(cpu_main), static_cast<long long>(cpu_a),
           static_cast<long long>(cpu_b), static_cast<long long>(cpu_c));
   fclose(f);
+  return 0;
+}
+
+void* Asleep(void*) {
+  usleep(500'000);
+  return nullptr;
+}
+
+// Main names each thread while the thread may still be registering: a
+// few microseconds' spin, different for each, spreads the renames across
+// the registration's window.
+int Renames(int n) {
+  std::vector<pthread_t> threads(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    if (pthread_create(&threads[i], nullptr, &Asleep, nullptr) != 0) return 1;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(i % 16 * 3);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    char name[16];
+    std::snprintf(name, sizeof(name), "rn-%d", i);
+    pthread_setname_np(threads[i], name);
+  }
+  for (pthread_t t : threads) pthread_join(t, nullptr);
   return 0;
 }
 
@@ -525,6 +552,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return 2;
   const std::string mode = argv[1];
   if (mode == "threads" && argc == 3) return Threads(argv[2]);
+  if (mode == "renames" && argc == 3) return Renames(std::atoi(argv[2]));
   if (mode == "end" && argc == 4) return End(argv[2], argv[3]);
   if (mode == "children") return Children(argv[0]);
   if (mode == "prefork" && argc == 3) return Prefork(std::atoi(argv[2]));

@@ -119,6 +119,31 @@ TEST(RunTest, ThreadsOfAnUnmodifiedProgramAreProfiledUnderTheirNames) {
   }
 }
 
+// A thread its creator names while it registers keeps the name: each of
+// 32 threads named by main right after pthread_create holds its own wall
+// time, under its own name. Deterministic: every wake-up visits every
+// thread (no budget, 100 a period), and each sleeps 500 ms, 50 periods, so
+// each has its first visit's sample (blocked in usleep) under whatever
+// name the profiler gave it. A rename lost while the thread registered
+// left its time under the creator's name (before: seen in CI).
+TEST(RunTest, AThreadNamedByItsCreatorAsItStartsKeepsTheName) {
+  const std::string dir = FreshDir("renames");
+  CommandOutput r = RunInprof(
+      absl::StrCat("-o ", ShellQuote(dir + "/p-%p.pb.gz"), " -- ", ShellQuote(Target()),
+                   " renames 32"),
+      "INPROF_WALL_THREADS_PER_TICK=100 INPROF_WALL_CPU_BUDGET=0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto profiles = Profiles(dir);
+  ASSERT_EQ(profiles.size(), 1u) << r.err;
+  auto p = ReadPprofFile(profiles[0]);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto by_thread = p->ByLabel("thread name", p->ValueIndex("wall-time"));
+  for (int i = 0; i < 32; ++i) {
+    const std::string name = absl::StrCat("rn-", i);
+    EXPECT_GT(by_thread[name], 0) << name;
+  }
+}
+
 struct Ending {
   const char* how;
   int signal;  // sent to the program (0: none)
