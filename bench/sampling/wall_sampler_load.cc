@@ -21,8 +21,8 @@
 //
 // Prints one "RESULT name key=value ..." line per measurement.
 // tests/sampling/wall_time_provider_test.cc checks the mechanisms behind
-// these figures deterministically (the same wait keeps its episode, the
-// back-off's bound on wake-ups, the labels).
+// these figures deterministically (a wait keeps its episode until the
+// thread runs, the back-off's bound on wake-ups, the labels).
 #include <errno.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>

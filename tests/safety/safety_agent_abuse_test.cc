@@ -1045,8 +1045,10 @@ TEST(SafetyAgentAbuseTest, AGreedyProcessCannotGrowTheAgentOrSpoilLaterLabels) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     rss_after = std::min(rss_after, VmRssKiB(agent.pid));
   }
-  // Where it is, when it stayed (1 run in ~40 clean-clone runs kept 63 MiB
-  // for 5 s; never reproduced in 100 runs here): said beside the failure.
+  // Where it is, when it stayed: said beside the failure. (It stayed, 20-62
+  // MiB in ~1 run of 15, while the agent let its threads have arenas of
+  // their own: glibc's malloc_trim never shrinks a thread arena's top;
+  // src/cli/agent_command.cc.)
   const std::string kept =
       rss_after - rss_start > 16 * 1024 ? BigMappings(agent.pid, 4 * 1024) : std::string();
 
