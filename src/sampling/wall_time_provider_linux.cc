@@ -489,8 +489,8 @@ TickDecision WallTimeProvider::VisitOnce(ThreadContext& thread,
     values[1] = elapsed;
     return TickDecision::kCreditSigwait;
   }
-  const bool same_site = site.known() && data.episode_site.known() && site == data.episode_site;
-  if (has_episode_stack && barely_ran && (same_site || !site.known() || !data.episode_site.known())) {
+  if (has_episode_stack && barely_ran &&
+      (!site.known() || !data.episode_site.known() || site == data.episode_site)) {
     // The same episode: it did not run since it was seen there (woken by
     // our signal, or by an event handled in microseconds).
     data.steady_visit = true;
