@@ -237,7 +237,7 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
   ASSERT_TRUE(profile.ok()) << profile.status();
   const int wall = profile->ValueIndex("wall-time");
   ASSERT_GE(wall, 0);
-  int64_t waiting = 0, total = 0;
+  int64_t waiting = 0, running_there = 0, total = 0;
   for (const auto& sample : profile->samples) {
     if (sample.str_labels.count("thread name") == 0 ||
         sample.str_labels.at("thread name") != "reader") {
@@ -252,16 +252,30 @@ TEST(WallTimeProviderTest, AWaitingThreadsStackIsReadWithoutASignal) {
         })) {
       continue;
     }
-    waiting += sample.values[wall];
-    EXPECT_EQ(sample.str_labels.at("thread state"), "blocked");
     EXPECT_EQ(sample.str_labels.at("request"), "r1");
+    // A visit that finds the thread running -- before its read(), slower
+    // under ASan and on a busy machine, or after the write woke it --
+    // signals it as running, and the signal can land in the frame (the
+    // read() it entered since the look, ASan's interceptor): a running
+    // sample weighing the interval before that visit, which the head and
+    // tail allowed for below hold. Seen once in CI under ASan. The wait
+    // itself is what must be blocked.
+    const std::string& state = sample.str_labels.at("thread state");
+    if (state == "running") {
+      running_there += sample.values[wall];
+      continue;
+    }
+    EXPECT_EQ(state, "blocked");
+    waiting += sample.values[wall];
   }
-  // The 400 ms wait on its stack, less what the visits' weights left to
-  // before its first visit there and after its last (a round each at most,
-  // the round at most the longest wait between two visits); the thread's
-  // whole life in all (WithinSpan).
+  // The 400 ms wait on its stack and blocked, less what the visits'
+  // weights left to before its first visit there and after its last (a
+  // round each at most, the round at most the longest wait between two
+  // visits); the thread's whole life in all (WithinSpan).
   const int64_t round = static_cast<int64_t>(profiler.stats().wall_longest_round_ns);
-  EXPECT_GE(waiting, 400'000'000 - 2 * round) << "round " << round / 1e9 << " s";
+  EXPECT_GE(waiting, 400'000'000 - 2 * round)
+      << "round " << round / 1e9 << " s, sampled running in the frame " << running_there / 1e9
+      << " s";
   EXPECT_TRUE(WithinSpan(total, lifetime, 0, round));
   bool commented = false;
   for (const auto& c : profile->comments) {
