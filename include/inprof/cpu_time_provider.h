@@ -223,7 +223,10 @@ class CpuTimeProvider {
   EngineCounts counts() const;
 
  private:
-  absl::Status ArmPerf(ThreadContext& thread, ThreadData& data, int tag);
+  // `now`: the thread's CPU clock as ArmThread read it; `soft_limit`: the
+  // RLIMIT_NOFILE soft limit the descriptor budget read (-1: unknown).
+  absl::Status ArmPerf(ThreadContext& thread, ThreadData& data, int tag, int64_t now,
+                       int64_t soft_limit);
   absl::Status ArmTimer(ThreadContext& thread, ThreadData& data, int tag);
   absl::Status ArmItimer(ThreadContext& thread, ThreadData& data, int tag);
   // A thread's first sample point: uniform in (0, period] of its CPU.

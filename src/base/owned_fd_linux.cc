@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <system_error>
 #include <thread>
 
@@ -35,12 +36,14 @@ std::atomic<bool> g_foreign_said{false};
 
 // The first number MoveAboveProgramRange tries: half the soft limit, at most
 // 1024 (a higher number grows the kernel's descriptor table to it).
+int HighFloorUnder(rlim_t soft) noexcept {
+  if (soft == RLIM_INFINITY || soft >= 2048) return 1024;
+  return static_cast<int>(soft / 2);
+}
 int HighFloor() noexcept {
   rlimit limit;
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
-  const rlim_t soft = limit.rlim_cur;
-  if (soft == RLIM_INFINITY || soft >= 2048) return 1024;
-  return static_cast<int>(soft / 2);
+  return HighFloorUnder(limit.rlim_cur);
 }
 
 }  // namespace
@@ -126,21 +129,32 @@ int MoveAboveProgramRange(int fd) noexcept {
 }
 
 namespace {
-// The perf event's id if `fd` is one now (no ioctl reaches a device).
-bool PerfEventId(int fd, uint64_t* id) noexcept {
+// The perf event's id if `fd` is one now (no ioctl reaches a device), and
+// in `*identity` (when given) what IdentifyFd(fd, true) would say.
+bool PerfEventId(int fd, uint64_t* id, FdIdentity* identity = nullptr) noexcept {
   struct stat st;
   if (fstat(fd, &st) != 0 || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
     return false;
   }
-  return ioctl(fd, PERF_EVENT_IOC_ID, id) == 0;
+  if (ioctl(fd, PERF_EVENT_IOC_ID, id) != 0) return false;
+  if (identity != nullptr) {
+    identity->dev = st.st_dev;
+    identity->ino = st.st_ino;
+    identity->type = st.st_mode & S_IFMT;
+    identity->perf_id = *id;
+    identity->valid = true;
+  }
+  return true;
 }
 }  // namespace
 
-int MovePerfEventAboveProgramRange(int fd, uint64_t* id) noexcept {
+int MovePerfEventAboveProgramRange(int fd, uint64_t* id, FdIdentity* identity,
+                                   int64_t soft_limit) noexcept {
   if (fd < 0) return fd;
   const int saved = errno;
   uint64_t own = 0;
-  if (!PerfEventId(fd, &own)) {
+  FdIdentity seen;
+  if (!PerfEventId(fd, &own, &seen)) {
     // The program put a file of its own on the number (dup2) since
     // perf_event_open returned it: the event is gone, the file is left be.
     NoteDescriptorTaken(fd, "a perf event being opened");
@@ -148,7 +162,9 @@ int MovePerfEventAboveProgramRange(int fd, uint64_t* id) noexcept {
     return -1;
   }
   *id = own;
-  const int floor = HighFloor();
+  if (identity != nullptr) *identity = seen;
+  const int floor = soft_limit >= 0 ? HighFloorUnder(static_cast<rlim_t>(soft_limit))
+                                    : HighFloor();
   if (floor <= fd) {
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     errno = saved;
@@ -160,7 +176,7 @@ int MovePerfEventAboveProgramRange(int fd, uint64_t* id) noexcept {
     return fd;  // no number free up there: it stays where it is
   }
   uint64_t copy = 0;
-  if (!PerfEventId(moved, &copy) || copy != own) {
+  if (!PerfEventId(moved, &copy, &seen) || copy != own) {
     // The number changed hands between the check and the copy: the copy
     // is of the program's file (a number the program never saw), dropped.
     close(moved);
@@ -168,6 +184,7 @@ int MovePerfEventAboveProgramRange(int fd, uint64_t* id) noexcept {
     errno = EBADF;
     return -1;
   }
+  if (identity != nullptr) *identity = seen;  // the copy's
   uint64_t still = 0;
   if (PerfEventId(fd, &still) && still == own) close(fd);
   errno = saved;
@@ -480,10 +497,16 @@ std::string DescriptorBudget::Bound() const {
       soft == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(soft), ")");
 }
 
-bool DescriptorBudget::TryTake() {
+bool DescriptorBudget::TryTake(int64_t* soft_limit) {
   rlimit now;
-  if (getrlimit(RLIMIT_NOFILE, &now) == 0 &&
-      now.rlim_cur != soft_limit_.load(std::memory_order_relaxed)) {
+  const bool read = getrlimit(RLIMIT_NOFILE, &now) == 0;
+  if (read && soft_limit != nullptr) {
+    *soft_limit = now.rlim_cur == RLIM_INFINITY
+                      ? std::numeric_limits<int64_t>::max()
+                      : static_cast<int64_t>(std::min<rlim_t>(
+                            now.rlim_cur, std::numeric_limits<int64_t>::max()));
+  }
+  if (read && now.rlim_cur != soft_limit_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(recount_mutex_);
     if (now.rlim_cur != soft_limit_.load(std::memory_order_relaxed)) {
       Recount(now.rlim_cur);

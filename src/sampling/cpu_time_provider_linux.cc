@@ -226,9 +226,10 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
   absl::Status status;
   if (engine_ == CpuEngine::kPerf) {
     // Reserve a descriptor of the budget first: threads arm concurrently.
-    if (perf_fds_.TryTake()) {
+    int64_t soft_limit = -1;  // read by TryTake; the event's move needs it
+    if (perf_fds_.TryTake(&soft_limit)) {
       try {
-        status = ArmPerf(thread, data, tag);
+        status = ArmPerf(thread, data, tag, now, soft_limit);
       } catch (...) {  // std::bad_alloc making its error
         perf_fds_.Give();
         throw;
@@ -266,13 +267,14 @@ int64_t CpuTimeProvider::FirstExpiry(const ThreadData& data, int64_t origin,
 }
 
 absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
-                                      int tag) {
+                                      int tag, int64_t now, int64_t soft_limit) {
   // A prepared thread's event overflows at its next point, or within a
   // microsecond when its CPU has passed it (the one-overflow limit keeps
-  // that short period from repeating).
-  const int64_t prepared_origin =
-      data.prepared ? internal::ThreadCpuNanos(thread.cpu_clock) : 0;
-  int64_t first = FirstExpiry(data, prepared_origin, kPreparedShortestNs);
+  // that short period from repeating). The origin is ArmThread's read of
+  // the clock (`now`): the thread's CPU between it and the enabling makes
+  // that first overflow as late, not the point (the read it replaces came
+  // one getrlimit later, before the same system calls).
+  int64_t first = FirstExpiry(data, data.prepared ? now : 0, kPreparedShortestNs);
   const bool refresh = !perf_refresh_failed_.load(std::memory_order_relaxed);
   // The event's first period ends at the first sample point; without a
   // one-overflow limit, not before the floor (the point itself stays where
@@ -288,7 +290,9 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
         "perf_event_open for thread ", thread.tid, ": ", strerror(errno)));
   }
   uint64_t perf_id = 0;
-  const int fd = internal::MovePerfEventAboveProgramRange(opened, &perf_id);
+  internal::FdIdentity identity;
+  const int fd =
+      internal::MovePerfEventAboveProgramRange(opened, &perf_id, &identity, soft_limit);
   if (fd < 0) {
     return absl::AbortedError(absl::StrCat(
         "the perf event of thread ", thread.tid, " lost its number to the "
@@ -305,7 +309,7 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
         strerror(err)));
   }
   data.perf_fd = fd;
-  data.perf_identity = internal::IdentifyFd(fd, /*perf_event=*/true);
+  data.perf_identity = identity;  // read by the move's checks
   // The handler matches the overflow's si_fd against these.
   thread.perf_tag.store(tag, std::memory_order_relaxed);
   thread.perf_fd.store(fd, std::memory_order_release);
