@@ -224,9 +224,9 @@ class CpuTimeProvider {
 
  private:
   // `now`: the thread's CPU clock as ArmThread read it; `soft_limit`: the
-  // RLIMIT_NOFILE soft limit the descriptor budget read (-1: unknown).
+  // RLIMIT_NOFILE soft limit the descriptor budget read (0: unknown).
   absl::Status ArmPerf(ThreadContext& thread, ThreadData& data, int tag, int64_t now,
-                       int64_t soft_limit);
+                       uint64_t soft_limit);
   absl::Status ArmTimer(ThreadContext& thread, ThreadData& data, int tag);
   absl::Status ArmItimer(ThreadContext& thread, ThreadData& data, int tag);
   // A thread's first sample point: uniform in (0, period] of its CPU.

@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
-#include <limits>
 #include <system_error>
 #include <thread>
 
@@ -48,18 +47,25 @@ int HighFloor() noexcept {
 
 }  // namespace
 
-FdIdentity IdentifyFd(int fd, bool perf_event) noexcept {
+namespace {
+FdIdentity IdentityOf(const struct stat& st) noexcept {
   FdIdentity id;
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0) return id;
   id.dev = st.st_dev;
   id.ino = st.st_ino;
   id.type = st.st_mode & S_IFMT;
+  id.valid = true;
+  return id;
+}
+}  // namespace
+
+FdIdentity IdentifyFd(int fd, bool perf_event) noexcept {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) return FdIdentity{};
+  FdIdentity id = IdentityOf(st);
   if (perf_event) {
     uint64_t perf_id = 0;
     if (ioctl(fd, PERF_EVENT_IOC_ID, &perf_id) == 0) id.perf_id = perf_id;
   }
-  id.valid = true;
   return id;
 }
 
@@ -129,42 +135,34 @@ int MoveAboveProgramRange(int fd) noexcept {
 }
 
 namespace {
-// The perf event's id if `fd` is one now (no ioctl reaches a device), and
-// in `*identity` (when given) what IdentifyFd(fd, true) would say.
-bool PerfEventId(int fd, uint64_t* id, FdIdentity* identity = nullptr) noexcept {
+// The perf event `fd` is now (no ioctl reaches a device): its identity,
+// as IdentifyFd(fd, true) says it; false when it is none.
+bool PerfEventIdentity(int fd, FdIdentity* identity) noexcept {
   struct stat st;
   if (fstat(fd, &st) != 0 || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
     return false;
   }
-  if (ioctl(fd, PERF_EVENT_IOC_ID, id) != 0) return false;
-  if (identity != nullptr) {
-    identity->dev = st.st_dev;
-    identity->ino = st.st_ino;
-    identity->type = st.st_mode & S_IFMT;
-    identity->perf_id = *id;
-    identity->valid = true;
-  }
+  uint64_t perf_id = 0;
+  if (ioctl(fd, PERF_EVENT_IOC_ID, &perf_id) != 0) return false;
+  *identity = IdentityOf(st);
+  identity->perf_id = perf_id;
   return true;
 }
 }  // namespace
 
-int MovePerfEventAboveProgramRange(int fd, uint64_t* id, FdIdentity* identity,
-                                   int64_t soft_limit) noexcept {
+int MovePerfEventAboveProgramRange(int fd, FdIdentity* identity, uint64_t soft_limit) noexcept {
   if (fd < 0) return fd;
   const int saved = errno;
-  uint64_t own = 0;
-  FdIdentity seen;
-  if (!PerfEventId(fd, &own, &seen)) {
+  FdIdentity own;
+  if (!PerfEventIdentity(fd, &own)) {
     // The program put a file of its own on the number (dup2) since
     // perf_event_open returned it: the event is gone, the file is left be.
     NoteDescriptorTaken(fd, "a perf event being opened");
     errno = EBADF;
     return -1;
   }
-  *id = own;
-  if (identity != nullptr) *identity = seen;
-  const int floor = soft_limit >= 0 ? HighFloorUnder(static_cast<rlim_t>(soft_limit))
-                                    : HighFloor();
+  *identity = own;
+  const int floor = soft_limit != 0 ? HighFloorUnder(soft_limit) : HighFloor();
   if (floor <= fd) {
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     errno = saved;
@@ -175,8 +173,8 @@ int MovePerfEventAboveProgramRange(int fd, uint64_t* id, FdIdentity* identity,
     errno = saved;
     return fd;  // no number free up there: it stays where it is
   }
-  uint64_t copy = 0;
-  if (!PerfEventId(moved, &copy, &seen) || copy != own) {
+  FdIdentity copy;
+  if (!PerfEventIdentity(moved, &copy) || copy.perf_id != own.perf_id) {
     // The number changed hands between the check and the copy: the copy
     // is of the program's file (a number the program never saw), dropped.
     close(moved);
@@ -184,9 +182,9 @@ int MovePerfEventAboveProgramRange(int fd, uint64_t* id, FdIdentity* identity,
     errno = EBADF;
     return -1;
   }
-  if (identity != nullptr) *identity = seen;  // the copy's
-  uint64_t still = 0;
-  if (PerfEventId(fd, &still) && still == own) close(fd);
+  *identity = copy;
+  FdIdentity still;
+  if (PerfEventIdentity(fd, &still) && still.perf_id == own.perf_id) close(fd);
   errno = saved;
   return moved;
 }
@@ -497,15 +495,10 @@ std::string DescriptorBudget::Bound() const {
       soft == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(soft), ")");
 }
 
-bool DescriptorBudget::TryTake(int64_t* soft_limit) {
+bool DescriptorBudget::TryTake(uint64_t* soft_limit) {
   rlimit now;
   const bool read = getrlimit(RLIMIT_NOFILE, &now) == 0;
-  if (read && soft_limit != nullptr) {
-    *soft_limit = now.rlim_cur == RLIM_INFINITY
-                      ? std::numeric_limits<int64_t>::max()
-                      : static_cast<int64_t>(std::min<rlim_t>(
-                            now.rlim_cur, std::numeric_limits<int64_t>::max()));
-  }
+  if (read && soft_limit != nullptr) *soft_limit = now.rlim_cur;
   if (read && now.rlim_cur != soft_limit_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(recount_mutex_);
     if (now.rlim_cur != soft_limit_.load(std::memory_order_relaxed)) {

@@ -226,7 +226,7 @@ absl::Status CpuTimeProvider::ArmThread(ThreadContext& thread,
   absl::Status status;
   if (engine_ == CpuEngine::kPerf) {
     // Reserve a descriptor of the budget first: threads arm concurrently.
-    int64_t soft_limit = -1;  // read by TryTake; the event's move needs it
+    uint64_t soft_limit = 0;  // read by TryTake; the event's move needs it
     if (perf_fds_.TryTake(&soft_limit)) {
       try {
         status = ArmPerf(thread, data, tag, now, soft_limit);
@@ -267,7 +267,7 @@ int64_t CpuTimeProvider::FirstExpiry(const ThreadData& data, int64_t origin,
 }
 
 absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
-                                      int tag, int64_t now, int64_t soft_limit) {
+                                      int tag, int64_t now, uint64_t soft_limit) {
   // A prepared thread's event overflows at its next point, or within a
   // microsecond when its CPU has passed it (the one-overflow limit keeps
   // that short period from repeating). The origin is ArmThread's read of
@@ -289,10 +289,8 @@ absl::Status CpuTimeProvider::ArmPerf(ThreadContext& thread, ThreadData& data,
     return absl::ResourceExhaustedError(absl::StrCat(
         "perf_event_open for thread ", thread.tid, ": ", strerror(errno)));
   }
-  uint64_t perf_id = 0;
   internal::FdIdentity identity;
-  const int fd =
-      internal::MovePerfEventAboveProgramRange(opened, &perf_id, &identity, soft_limit);
+  const int fd = internal::MovePerfEventAboveProgramRange(opened, &identity, soft_limit);
   if (fd < 0) {
     return absl::AbortedError(absl::StrCat(
         "the perf event of thread ", thread.tid, " lost its number to the "

@@ -81,16 +81,15 @@ int MoveAboveProgramRange(int fd) noexcept;
 // while the number still is a perf event (PERF_EVENT_IOC_ID, an ioctl only
 // perf answers, asked of no device), and the same one throughout: a program
 // that put a file of its own on that number (dup2) keeps it untouched, and
-// -1 (EBADF) is returned, counted as taken. Its id in `*id`, and when
-// `identity` is given, the returned number's IdentifyFd(.., true), read by
-// the checks (no second fstat and ioctl). `soft_limit`: the RLIMIT_NOFILE
-// soft limit the caller has just read (DescriptorBudget::TryTake), or -1 to
-// read it here. The one kind of descriptor inprof must open in the
-// program's table (the kernel routes an overflow through it, and the
-// handler re-arms it); between the last check and the close of the low
-// number lie nanoseconds.
-int MovePerfEventAboveProgramRange(int fd, uint64_t* id, FdIdentity* identity = nullptr,
-                                   int64_t soft_limit = -1) noexcept;
+// -1 (EBADF) is returned, counted as taken. `*identity`: the returned
+// number's IdentifyFd(.., true), as the checks read it (no second fstat and
+// ioctl). `soft_limit`: the RLIMIT_NOFILE soft limit the caller has just
+// read (DescriptorBudget::TryTake), or 0 to read it here. The one kind of
+// descriptor inprof must open in the program's table (the kernel routes an
+// overflow through it, and the handler re-arms it); between the last check
+// and the close of the low number lie nanoseconds.
+int MovePerfEventAboveProgramRange(int fd, FdIdentity* identity,
+                                   uint64_t soft_limit = 0) noexcept;
 
 // Descriptors this process may still open under its RLIMIT_NOFILE soft
 // limit (counted in /proc/self/fd; an unlimited one counts as 2^20), or -1
@@ -233,8 +232,8 @@ class DescriptorBudget {
   // Reserves one descriptor; false when the component holds its share
   // already (the first refusal is logged, once per Configure). The soft
   // limit it read goes to `*soft_limit` when given (unchanged when it
-  // could not be read; INT64_MAX for unlimited).
-  bool TryTake(int64_t* soft_limit = nullptr);
+  // could not be read).
+  bool TryTake(uint64_t* soft_limit = nullptr);
   // Returns one that TryTake reserved.
   void Give() noexcept { held_.fetch_sub(1, std::memory_order_relaxed); }
   // The share now (changes with the limit).
