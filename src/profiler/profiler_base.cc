@@ -775,7 +775,7 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   // The visits a tick within Options::wall_cpu_budget, from the ticker
   // thread's CPU since the last wake-up.
   pacing_.MeasureCpu(ThreadCpuNanos(CLOCK_THREAD_CPUTIME_ID),
-                     options_.wall_cpu_budget / 100.0);
+                     options_.wall_cpu_budget / 100.0, now, active_.size());
   size_t next = kMaxTickBatch;
   TickProvidersLocked(when, batch, next);
   for (const WallDue& due : wall_due_) {
@@ -786,7 +786,7 @@ size_t ProfilerBase::Tick(size_t batch, int64_t scheduled_ns) {
   // without having run): the next wake-up comes later; anything new brings
   // the base period back.
   pacing_.EndWakeUp(active_.size(), next);
-  return next;
+  return pacing_.BatchWhenStretched(next);
 }
 
 // After a thread registers: the ticker, if waiting long, is brought back

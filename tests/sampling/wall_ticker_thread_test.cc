@@ -170,6 +170,80 @@ TEST(TickerPacingTest, TheCostPerVisitIsSmoothedAndTheCapIsAtLeastOne) {
   EXPECT_EQ(pacing.visit_cap(), 1u);
 }
 
+// The allowance holds the CPU, not only the visits the cap sees. A ticker
+// at 1% of 10 ms (100 us a tick) that spends 200 us a tick (2 visits and
+// what they do not explain: visits ahead of the round robin, a cost that
+// rose) runs 100 us into debt each tick, down to 4 s of budget (40 ms);
+// the cap stays at its floor of 1 and the wake-ups come further apart.
+// Under budget the debt is paid back; nothing is saved up beyond it.
+TEST(TickerPacingTest, TheAllowanceHoldsTheCpuToTheBudgetOverTime) {
+  // A round at one visit a tick: 100 s, past kLongRoundNs.
+  constexpr size_t kThreads = 10'000;
+  TickerPacing pacing;
+  pacing.Restart(kPeriod);
+  int64_t cpu = 0, now = 1'000 * kMs;
+  pacing.MeasureCpu(cpu, 0.01, now, kThreads);  // the baselines
+  EXPECT_EQ(pacing.allowance_ns(), 0);
+  // 10 wake-ups 10 ms apart, 2 visits each at 40 us, and 120 us more each
+  // that the visits do not explain: 200 us a tick, 2% of a core.
+  for (int i = 0; i < 10; ++i) {
+    pacing.AddVisits(2);
+    cpu += 200'000;
+    now += 10 * kMs;
+    pacing.MeasureCpu(cpu, 0.01, now, kThreads);
+  }
+  EXPECT_NEAR(pacing.allowance_ns(), -10 * 100'000.0, 1);  // 100 us over a tick
+  // The cost alone (100 us a visit) allows 1; the debt scales it by 0.9:
+  // below one a tick, the wake-ups come twice as far apart.
+  EXPECT_EQ(pacing.visit_cap(), 1u);
+  EXPECT_EQ(pacing.budget_stretch(), 2u);  // ceil(1 / 0.9)
+  // A batch of 10 ticks stands for 5 (10 apart, as unstretched).
+  EXPECT_EQ(pacing.BatchWhenStretched(10), 5u);
+  // 500 ticks more at 2%: the debt stops at 4 s of budget (40 ms).
+  for (int i = 0; i < 500; ++i) {
+    pacing.AddVisits(2);
+    cpu += 200'000;
+    now += 10 * kMs;
+    pacing.MeasureCpu(cpu, 0.01, now, kThreads);
+  }
+  EXPECT_NEAR(pacing.allowance_ns(), -0.01 * TickerPacing::kBudgetDebtNs, 1);
+  EXPECT_EQ(pacing.visit_cap(), 1u);
+  EXPECT_EQ(pacing.budget_stretch(), 16u);  // the scale at its floor, 1/16
+  EXPECT_EQ(pacing.spacing(), 16u);
+  // One tick a wake-up, 16 apart: a thread due is visited within 16, not
+  // 160 (10 x 16).
+  EXPECT_EQ(pacing.BatchWhenStretched(10), 1u);
+  EXPECT_EQ(pacing.BatchWhenStretched(1), 1u);
+  // Now 2 visits at 30 us a tick (0.6%): the debt is paid back at 40 us a
+  // tick, 40 ms in 1,000 ticks; then the allowance stays at 0.
+  for (int i = 0; i < 1'500; ++i) {
+    pacing.AddVisits(2);
+    cpu += 60'000;
+    now += 10 * kMs;
+    pacing.MeasureCpu(cpu, 0.01, now, kThreads);
+  }
+  EXPECT_EQ(pacing.allowance_ns(), 0);
+  EXPECT_NEAR(pacing.cost_per_visit_ns(), 30'000, 1);
+  EXPECT_EQ(pacing.visit_cap(), 3u);  // 100 us / 30 us, rounded down
+  EXPECT_EQ(pacing.budget_stretch(), 1u);
+  EXPECT_EQ(pacing.BatchWhenStretched(10), 10u);
+  // In debt again (one tick of 10 ms of CPU): the wake-ups spaced, but
+  // not for 10 threads (a round of 100 ms at one visit a tick).
+  pacing.AddVisits(2);
+  cpu += 10 * kMs;
+  now += 10 * kMs;
+  pacing.MeasureCpu(cpu, 0.01, now, kThreads);
+  EXPECT_LT(pacing.allowance_ns(), 0);
+  EXPECT_EQ(pacing.visit_cap(), 1u);
+  EXPECT_GT(pacing.budget_stretch(), 1u);
+  pacing.AddVisits(2);
+  cpu += 60'000;
+  now += 10 * kMs;
+  pacing.MeasureCpu(cpu, 0.01, now, 10);
+  EXPECT_EQ(pacing.visit_cap(), 1u);
+  EXPECT_EQ(pacing.budget_stretch(), 1u);
+}
+
 TEST(TickerPacingTest, NoBudgetNoCap) {
   TickerPacing pacing;
   pacing.Restart(kPeriod);

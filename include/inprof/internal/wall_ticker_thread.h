@@ -102,7 +102,24 @@ class TickerPacing {
   // `budget` (a fraction of one core; <= 0: none). The first measurement
   // on a thread (or a clock that went back) only sets the baseline; one
   // with no visits since waits for them.
-  void MeasureCpu(int64_t cpu_ns, double budget);
+  //
+  // With `now_ns` (CLOCK_MONOTONIC; -1: none), the CPU is also held to the
+  // budget over time: the allowance (the budget's CPU since the baseline
+  // less what was spent, kept within [-kBudgetDebtNs of the budget's time,
+  // 0]) scales the cap by 1 + allowance over a second of budget, at least
+  // 1/16. What the cap does not see -- visits ahead of the round robin, a
+  // cost that rose since it was smoothed -- is paid back by fewer visits
+  // next. CPU left unused is not saved up: a surplus spent later took the
+  // sampler over its budget in the window that spent it.
+  // `threads`: the threads registered (budget_stretch()).
+  void MeasureCpu(int64_t cpu_ns, double budget, int64_t now_ns = -1, size_t threads = 0);
+  // A round this long at one visit a tick (WallTicker::kMaxRoundNs): past
+  // it, less than one visit a tick spaces the wake-ups (budget_stretch()).
+  static constexpr int64_t kLongRoundNs = 2'000'000'000;
+  static constexpr int64_t kBudgetHorizonNs = 1'000'000'000;
+  static constexpr int64_t kBudgetDebtNs = 4'000'000'000;
+  // The allowance now (ns of CPU), for tests.
+  double allowance_ns() const { return allowance_ns_; }
 
   // The visits a wake-up made (counted towards the next MeasureCpu).
   void AddVisits(uint64_t visits) {
@@ -121,9 +138,23 @@ class TickerPacing {
   // it back to 1.
   void EndWakeUp(size_t threads, size_t next);
 
-  // How many base periods the next wake-up waits (1: the base period).
-  // Any thread.
+  // How many base periods the next wake-up waits (1: the base period),
+  // from the back-off after steady rounds. Any thread.
   uint32_t quiet_factor() const { return quiet_factor_.load(std::memory_order_relaxed); }
+  // How many times further apart the wake-ups come to keep the CPU budget
+  // when even one visit a tick costs more than it allows and the threads'
+  // round is long already (MeasureCpu; 1 otherwise, at most
+  // kMaxBudgetStretch). Any thread.
+  uint32_t budget_stretch() const { return budget_stretch_.load(std::memory_order_relaxed); }
+  static constexpr uint32_t kMaxBudgetStretch = 16;
+  // The spacing of the wake-ups in base periods (a batch counted as one):
+  // quiet_factor() times budget_stretch(). Any thread.
+  uint32_t spacing() const { return quiet_factor() * budget_stretch(); }
+  // The batch the next wake-up stands for (`batch`: the round's), fewer
+  // ticks each while the wake-ups are spaced for the budget: the visits a
+  // second are the same, and a thread that starts running is visited
+  // ahead of the round robin within kMaxBudgetStretch ticks.
+  size_t BatchWhenStretched(size_t batch) const;
 
   // A thread registered: back to the base period. True when the ticker was
   // spaced wider and must plan its next wake-up again. Any thread.
@@ -160,6 +191,7 @@ class TickerPacing {
   size_t own_accounts_ = 0;
   double lateness_ = 1;
   std::atomic<uint32_t> quiet_factor_{1};
+  std::atomic<uint32_t> budget_stretch_{1};
   std::atomic<uint64_t> longest_round_ns_{0};
   std::atomic<uint64_t> total_visits_{0};
   // The ticker thread's CPU clock when last measured (-1: not yet on this
@@ -168,6 +200,11 @@ class TickerPacing {
   uint64_t visits_ = 0;
   double cost_per_visit_ns_ = 0;
   size_t visit_cap_ = SIZE_MAX;
+  // The allowance (MeasureCpu's `now_ns`) and the clocks it was counted to
+  // (-1: no baseline yet).
+  double allowance_ns_ = 0;
+  int64_t allowance_cpu_at_ = -1;
+  int64_t allowance_wall_at_ = -1;
 };
 
 // Threads prepared by RegisterThread in a burst, waiting for the armer
@@ -208,7 +245,7 @@ class WallTickerThread {
 
   // Starts both threads. The ticker calls tick(batch, scheduled_ns) at
   // intervals drawn uniformly from [0.5, 1.5] x period x batch x
-  // pacing.quiet_factor() (tick returns the next batch); the armer calls
+  // pacing.spacing() (tick returns the next batch); the armer calls
   // arm() after WakeToArm. Then armer_ready() is true.
   void Start(absl::Duration period, const TickerPacing& pacing,
              std::function<size_t(size_t batch, int64_t scheduled_ns)> tick,
