@@ -261,6 +261,14 @@ TEST(SafetyDescriptorsTest, AProgramDupingOntoAFreedNumberBesideThreadChurnKeeps
         // inprof's). glibc's, once in a process's life, whoever's malloc
         // makes that arena: a fixed limit skips it.
         mallopt(M_ARENA_MAX, 16);
+        // glibc also reads /proc/sys/vm/overcommit_memory the first time it
+        // shrinks a thread arena's heap (check_may_shrink_heap), on the
+        // thread whose free() trims it: a churning thread, 1.8 s into a run,
+        // holding number 3 as the loop's dup2 came (1 EBUSY; ftrace's
+        // syscall events showed that thread's openat = 3, its path
+        // libc's string, 1 run in 13-27 beside busy loops). A trim threshold
+        // above any heap's size never shrinks one.
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
         ChurnProfiler profiler(options);
         if (!profiler.Start().ok()) return 2;
         std::atomic<bool> stop{false};
