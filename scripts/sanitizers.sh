@@ -72,7 +72,7 @@ timing="$timing:CpuTimeProviderTest.PerfEngineDelivers*:CpuTimeProviderTest.Perf
 # point crosses none, but is in the CPU the test times. Under TSan the
 # handler costs ~0.2 ms of CPU a sample (a 1 ms period): the threads' CPU
 # from arming to exit was 2,076-2,300 periods and their points 1,574-2,084
-# (-9 to -21%; without TSan -2 to +2%), which put the 500 us class below
+# (-9 to -21%; without TSan -2.4 to +1.7%), which put the 500 us class below
 # its bound in a CI run (706 against 716).
 timing="$timing:CpuTimeProviderTest.ShortThreadsAreSampled*"
 timing="$timing:WallTimeProviderTest.ThreadsBlockedBeforeTheTables*"
